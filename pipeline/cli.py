@@ -1,0 +1,85 @@
+"""`python -m pipeline COMMAND ...`; works under `torchrun -m` and `deepspeed --module`.
+
+Exit codes: 0 done; 2 the user's input is wrong (one line on stderr); 1 anything else.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from pipeline.errors import UserError
+
+USAGE = """usage:
+  python -m pipeline train   [CONFIG.yaml] [key=value ...]   one training stage
+  python -m pipeline distill [CONFIG.yaml] [key=value ...]   one knowledge-distillation stage
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = _strip_local_rank(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    _quiet_libraries()
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, end="")
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    try:
+        if command in ("train", "distill"):
+            return _stage(command, rest)
+        raise UserError(f"unknown command {command!r}\n{USAGE}".splitlines()[0])
+    except UserError as e:
+        if rank == 0:  # every rank hits the same check; one line is enough
+            print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def _stage(command: str, args: list[str]) -> int:
+    from pipeline.config import load_config
+
+    config_path = None
+    if args and "=" not in args[0]:
+        config_path, args = args[0], args[1:]
+    for a in args:
+        if "=" not in a:
+            raise UserError(f"argument {a!r}: expected key=value (a config file goes first)")
+    cfg = load_config(config_path, args)
+    if command == "distill":
+        raise UserError("distill: knowledge distillation is not available in this version yet")
+    from pipeline.train import run
+
+    run(cfg, stage=command)
+    return 0
+
+
+def _strip_local_rank(argv: list[str]) -> list[str]:
+    """The deepspeed launcher appends --local_rank=N; the environment already says the same."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None)
+    known, rest = parser.parse_known_args(argv)
+    if known.local_rank is not None:
+        os.environ.setdefault("LOCAL_RANK", str(known.local_rank))
+    return rest
+
+
+def _quiet_libraries() -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # fork-safety warnings in DataLoader workers
+    for name in ("transformers", "datasets", "alembic", "mlflow", "mlflow.store.db.utils", "urllib3"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    try:
+        import datasets
+
+        datasets.disable_progress_bars()
+    except ImportError:
+        pass
+    try:
+        import transformers
+
+        transformers.utils.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    except ImportError:
+        pass

@@ -1,0 +1,288 @@
+"""Typed configuration: dataclasses whose fields carry their meaning, loaded from YAML plus
+dotted `key=value` overrides, validated before anything else runs.
+
+Every problem is a `UserError` naming the key and the reason (exit code 2).
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipeline.errors import UserError
+
+TASKS = ("sentiment", "ner", "error_cls", "qa", "wikiqa")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "auto")
+BACKENDS = ("auto", "single", "ddp", "deepspeed")
+
+
+@dataclass
+class DataConfig:
+    train: str | None = None
+    """Training file, or `hub:ID[:CONFIG]`; unset = the task's built-in sample set."""
+    dev: str | None = None
+    """Dev file used for evaluation each epoch and early stopping; unset = sample set."""
+    test: str | None = None
+    """Test file evaluated once with the best model; unset = sample set."""
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 3
+    """Passes over the training set."""
+    max_steps: int = -1
+    """Stop after this many optimizer steps; -1 runs all epochs."""
+    batch_size: int = 16
+    """Micro-batch per device (the global batch is batch_size * grad_accum * world_size)."""
+    eval_batch_size: int = 64
+    """Batch per device for evaluation."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step; gradients are all-reduced only on the last one."""
+    lr: float = 5e-5
+    """Peak learning rate of AdamW."""
+    warmup_ratio: float = 0.1
+    """Fraction of optimizer steps with linear warm-up; then linear decay to zero."""
+    weight_decay: float = 0.01
+    """AdamW weight decay (not applied to biases and LayerNorm weights)."""
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this; 0 disables clipping (the norm is still logged)."""
+    max_length: int = 128
+    """Truncate inputs to this many tokens; batches are padded to their longest sequence only."""
+    patience: int = 0
+    """Stop after this many evaluations without a better main metric; 0 = never stop early."""
+    log_every: int = 10
+    """Log train/loss, train/lr and train/grad_norm every this many optimizer steps."""
+    num_workers: int = 0
+    """DataLoader worker processes per rank."""
+
+
+@dataclass
+class KDConfig:
+    teacher: str | None = None
+    """Teacher model: a train stage's output directory (its best/), a hub id or a local model."""
+    alpha: float = 0.5
+    """Weight of the distillation term; (1 - alpha) weighs the task loss."""
+    temperature: float = 2.0
+    """Softmax temperature of the KD term (the term is scaled by T^2)."""
+    cache: bool = True
+    """Cache the teacher's logits on disk, keyed by teacher, data, tokenizer and max_length."""
+
+
+@dataclass
+class TrackingConfig:
+    uri: str | None = None
+    """MLflow tracking URI; unset = $MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db."""
+    experiment: str = "pipeline"
+    """MLflow experiment name (one per study)."""
+    run_name: str | None = None
+    """MLflow run name; unset = task-model-precision."""
+    log_model: bool = False
+    """Also upload the best model directory as a run artifact."""
+    tags: dict = field(default_factory=dict)
+    """Extra run tags, e.g. tracking.tags.study=NAME (the study runner sets study and procedure)."""
+
+
+@dataclass
+class Config:
+    task: str = "sentiment"
+    """One of sentiment, ner, error_cls, qa, wikiqa."""
+    model: str | None = None
+    """Hub id, local directory, `preset:NAME` or `from_teacher:N`; unset = the task's default."""
+    model_config: dict = field(default_factory=dict)
+    """Overrides applied to the model's config, e.g. model_config.hidden_dropout_prob=0."""
+    task_options: dict = field(default_factory=dict)
+    """Task-specific switches, e.g. task_options.binary=true for error_cls."""
+    precision: str = "fp32"
+    """fp32 (strict, TF32 off) | tf32 | fp16 (autocast + dynamic loss scaling) | bf16 | auto."""
+    backend: str = "auto"
+    """auto (from the launcher's environment) | single | ddp | deepspeed."""
+    deepspeed: str | None = None
+    """Path of a DeepSpeed JSON config (ds_configs/); "auto" values are filled from this config."""
+    seed: int = 42
+    """Seed for model init, data order and (plus the rank) dropout."""
+    output_dir: str | None = None
+    """Where config.yaml, metrics.json, best/ and the journal go; unset = outputs/TASK-PRECISION."""
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    kd: KDConfig = field(default_factory=KDConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    def validate(self) -> "Config":
+        _one_of("task", self.task, TASKS)
+        _one_of("precision", self.precision, PRECISIONS)
+        _one_of("backend", self.backend, BACKENDS)
+        t = self.train
+        _check("train.epochs", t.epochs, t.epochs >= 1, "must be >= 1")
+        _check("train.max_steps", t.max_steps, t.max_steps == -1 or t.max_steps >= 1, "must be -1 or >= 1")
+        _check("train.batch_size", t.batch_size, t.batch_size >= 1, "must be >= 1")
+        _check("train.eval_batch_size", t.eval_batch_size, t.eval_batch_size >= 1, "must be >= 1")
+        _check("train.grad_accum", t.grad_accum, t.grad_accum >= 1, "must be >= 1")
+        _check("train.lr", t.lr, t.lr > 0, "must be > 0")
+        _check("train.warmup_ratio", t.warmup_ratio, 0 <= t.warmup_ratio < 1, "must be in [0, 1)")
+        _check("train.weight_decay", t.weight_decay, t.weight_decay >= 0, "must be >= 0")
+        _check("train.max_grad_norm", t.max_grad_norm, t.max_grad_norm >= 0, "must be >= 0 (0 = no clipping)")
+        _check("train.max_length", t.max_length, t.max_length >= 8, "must be >= 8")
+        _check("train.patience", t.patience, t.patience >= 0, "must be >= 0 (0 = off)")
+        _check("train.log_every", t.log_every, t.log_every >= 1, "must be >= 1")
+        _check("train.num_workers", t.num_workers, t.num_workers >= 0, "must be >= 0")
+        _check("kd.alpha", self.kd.alpha, 0 <= self.kd.alpha <= 1, "must be in [0, 1]")
+        _check("kd.temperature", self.kd.temperature, self.kd.temperature > 0, "must be > 0")
+        if self.deepspeed is not None and not Path(self.deepspeed).is_file():
+            raise UserError(f"config: deepspeed={self.deepspeed}: no such file")
+        if self.output_dir is None:
+            self.output_dir = f"outputs/{self.task}-{self.precision}"
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def load_config(path: str | None = None, overrides: list[str] = ()) -> Config:
+    """YAML file (optional) then `a.b=value` overrides, coerced to the fields' types."""
+    raw: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"config: {path}: no such file")
+        try:
+            raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except (yaml.YAMLError, UnicodeDecodeError) as e:
+            reason = str(e).replace("\n", " ")
+            raise UserError(f"config: {path}: not valid YAML ({reason})") from None
+        if not isinstance(raw, dict):
+            raise UserError(f"config: {path}: the top level must be a mapping of keys")
+    cfg = _build(Config, raw, prefix="")
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"config: override {item!r}: expected key=value")
+        _set_dotted(cfg, key.strip(), value)
+    return cfg.validate()
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """{'train': {'lr': 1}} -> {'train.lr': 1}; used for MLflow params."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+# ---------------------------------------------------------------- internals
+
+
+def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise UserError(f"config: {key}={value}: must be one of {' | '.join(allowed)}")
+
+
+def _check(key: str, value: Any, ok: bool, reason: str) -> None:
+    if not ok:
+        raise UserError(f"config: {key}={value}: {reason}")
+
+
+def _build(cls, raw: dict, prefix: str):
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in known:
+            raise UserError(f"config: unknown key '{prefix}{key}'")
+    kwargs = {}
+    for name in known:
+        if name not in raw:
+            continue
+        kind = hints[name]
+        value = raw[name]
+        if dataclasses.is_dataclass(kind):
+            if not isinstance(value, dict):
+                raise UserError(f"config: {prefix}{name}: expected a mapping of keys")
+            kwargs[name] = _build(kind, value, prefix=f"{prefix}{name}.")
+        else:
+            kwargs[name] = _coerce(f"{prefix}{name}", value, kind, from_text=False)
+    return cls(**kwargs)
+
+
+def _set_dotted(cfg: Config, key: str, text: str) -> None:
+    obj: Any = cfg
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        path = ".".join(parts[: i + 1])
+        if isinstance(obj, dict):  # free-form dicts (model_config, task_options) take any sub-key
+            if i == len(parts) - 1:
+                obj[part] = yaml.safe_load(text) if text.strip() else text
+            else:
+                obj = obj.setdefault(part, {})
+            continue
+        if not dataclasses.is_dataclass(obj) or part not in {f.name for f in dataclasses.fields(obj)}:
+            raise UserError(f"config: unknown key '{path}'")
+        if i == len(parts) - 1:
+            kind = typing.get_type_hints(type(obj))[part]
+            if dataclasses.is_dataclass(kind):
+                raise UserError(f"config: {path}: is a section; set one of its keys ({path}.KEY=VALUE)")
+            setattr(obj, part, _coerce(path, text, kind, from_text=True))
+        else:
+            obj = getattr(obj, part)
+
+
+def _coerce(key: str, value: Any, kind: Any, from_text: bool) -> Any:
+    """Return value as `kind` or raise a UserError naming the key and the expected type."""
+    optional = False
+    if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        optional = len(args) < len(typing.get_args(kind))
+        kind = args[0]
+    if from_text and optional and value.strip().lower() in ("null", "none", "~", ""):
+        return None
+    if value is None:
+        if optional:
+            return None
+        raise UserError(f"config: {key}: must not be empty (expected {kind.__name__})")
+    try:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            if from_text and value.strip().lower() in ("true", "yes", "1", "on"):
+                return True
+            if from_text and value.strip().lower() in ("false", "no", "0", "off"):
+                return False
+            raise ValueError
+        if kind is int:
+            if isinstance(value, bool):
+                raise ValueError
+            if from_text:
+                return int(value.strip())
+            if isinstance(value, int):
+                return value
+            raise ValueError
+        if kind is float:
+            if isinstance(value, bool):
+                raise ValueError
+            if from_text or isinstance(value, str):
+                return float(value.strip())  # YAML reads 1e-4 as a string; float() does not
+            if isinstance(value, (int, float)):
+                return float(value)
+            raise ValueError
+        if kind is str:
+            if from_text:
+                return value
+            if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+                return str(value)
+            raise ValueError
+        if kind is dict:
+            if from_text:
+                value = yaml.safe_load(value)
+            if isinstance(value, dict):
+                return value
+            raise ValueError
+    except ValueError:
+        pass
+    raise UserError(f"config: {key}={value!r}: expected {kind.__name__}")

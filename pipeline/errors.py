@@ -1,0 +1,9 @@
+"""The one exception type that means "the user's input is wrong" (exit code 2)."""
+
+
+class UserError(Exception):
+    """Wrong config, data, path or launch combination.
+
+    The message is one line that names the thing (key, file, row) and the reason;
+    the CLI prints it without a traceback and exits with code 2.
+    """

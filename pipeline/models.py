@@ -1,0 +1,97 @@
+"""Model factory: `model` is a hub id, a local directory, `preset:NAME` or `from_teacher:N`.
+
+Presets are BERT encoders built from config (random init) with a WordPiece tokenizer trained
+with the `tokenizers` library on the training texts, cached by a hash of those texts, so the
+embedded default runs with no hub access. Hub ids and local directories load through the
+Auto classes, exactly as a user would load them.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from transformers import AutoConfig, AutoTokenizer, BertConfig, PreTrainedTokenizerFast
+
+from pipeline.errors import UserError
+from pipeline.tasks.base import Task
+from pipeline.fsutil import atomic_dir, cache_root
+
+PRESETS: dict[str, dict] = {
+    # name: BERT sizes; vocab comes from the trained tokenizer
+    "bangla-tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512),
+    "bangla-small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
+    "bangla-base": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1536),
+}
+PRESET_VOCAB = 4000
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def build(spec: str, task: Task, train_texts: list[str], overrides: dict, max_length: int):
+    """(tokenizer, model) for the task's head; UserError for a model that cannot be found."""
+    if spec.startswith("preset:"):
+        name = spec.split(":", 1)[1]
+        if name not in PRESETS:
+            raise UserError(f"config: model={spec}: unknown preset (available: {', '.join(PRESETS)})")
+        tokenizer = preset_tokenizer(train_texts)
+        config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=max(512, max_length),
+                            pad_token_id=tokenizer.pad_token_id, **PRESETS[name], **task.model_kwargs())
+        _apply_overrides(config, overrides, spec)
+        return tokenizer, task.model_class.from_config(config)
+    if spec.startswith("from_teacher:"):
+        raise UserError(f"config: model={spec}: only the distill command builds a student from a teacher")
+    return _load_pretrained(spec, task, overrides)
+
+
+def _load_pretrained(spec: str, task: Task, overrides: dict):
+    local = Path(spec).expanduser()
+    looks_local = spec.startswith((".", "/", "~")) or local.exists()
+    if looks_local and not local.is_dir():
+        raise UserError(f"config: model={spec}: no such directory")
+    source = str(local) if looks_local else spec
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        config = AutoConfig.from_pretrained(source, **task.model_kwargs())
+        _apply_overrides(config, overrides, spec)
+        model = task.model_class.from_pretrained(source, config=config)
+    except (OSError, ValueError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        offline = " (offline and not in the Hugging Face cache?)" if not looks_local else ""
+        raise UserError(f"config: model={spec}: cannot load{offline}: {first}") from None
+    return tokenizer, model
+
+
+def _apply_overrides(config, overrides: dict, spec: str) -> None:
+    for key, value in overrides.items():
+        if not hasattr(config, key):
+            raise UserError(f"config: model_config.{key}: {spec}'s config has no such field")
+        setattr(config, key, value)
+
+
+def preset_tokenizer(texts: list[str], vocab_size: int = PRESET_VOCAB) -> PreTrainedTokenizerFast:
+    """A WordPiece tokenizer trained on `texts`, cached by their hash (ranks race safely)."""
+    import tokenizers
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+    digest = hashlib.sha256()
+    for t in texts:
+        digest.update(t.encode("utf-8") + b"\0")
+    key = f"{digest.hexdigest()[:16]}-v{vocab_size}-tok{tokenizers.__version__}"
+    final = cache_root() / "tokenizers" / key
+    if not (final / "tokenizer.json").is_file():
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+        # no lower-casing or accent stripping: that would delete Bangla vowel signs
+        tok.normalizer = normalizers.BertNormalizer(lowercase=False, strip_accents=False, clean_text=True)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece()
+        tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
+                                                                  show_progress=False))
+        cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
+        tok.post_processor = processors.TemplateProcessing(
+            single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+            special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+        fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
+                                       cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
+                                       model_input_names=["input_ids", "token_type_ids", "attention_mask"])
+        with atomic_dir(final) as tmp:
+            fast.save_pretrained(tmp)
+    return PreTrainedTokenizerFast.from_pretrained(final)

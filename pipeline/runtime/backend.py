@@ -1,0 +1,98 @@
+"""The Backend: the one seam between the loop and the launch mode.
+
+It wraps model and optimizer, runs backward (through the loss scaler for fp16), steps and
+says whether the optimizer really stepped, offers no_sync for accumulation micro-steps, and
+saves/loads its state. The loop never asks which backend it runs on.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from pipeline.runtime.dist import Runtime
+from pipeline.runtime.precision import PrecisionPolicy
+
+
+@dataclass
+class StepResult:
+    stepped: bool
+    """False when the update was skipped (fp16 overflow, or a non-finite gradient)."""
+    grad_norm: torch.Tensor
+    """Global gradient norm before clipping (unscaled), still on the device."""
+
+
+class TorchBackend:
+    """One process, or torchrun DDP (gloo on CPU, NCCL on GPU)."""
+
+    def __init__(self, rt: Runtime, policy: PrecisionPolicy, max_grad_norm: float):
+        self.rt = rt
+        self.policy = policy
+        self.max_grad_norm = max_grad_norm
+        self.scaler = policy.make_scaler()
+
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+        self.module = model.to(self.rt.device)
+        self.optimizer = optimizer
+        if self.rt.backend == "ddp":
+            ids = [self.rt.device.index] if self.rt.device.type == "cuda" else None
+            self.model = DistributedDataParallel(self.module, device_ids=ids)
+        else:
+            self.model = self.module
+        return self.model
+
+    def no_sync(self):
+        """Skip the gradient all-reduce on accumulation micro-steps (DDP only)."""
+        if isinstance(self.model, DistributedDataParallel):
+            return self.model.no_sync()
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def step(self) -> StepResult:
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+        if self.max_grad_norm > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        else:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if self.scaler:
+            scale_before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)  # skips optimizer.step() when grads hold inf/nan
+            self.scaler.update()
+            stepped = self.scaler.get_scale() >= scale_before  # a skip halves the scale
+        else:
+            # note: syncs the device once per optimizer step; a NaN update would ruin the weights
+            stepped = bool(torch.isfinite(grad_norm))
+            if stepped:
+                self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(stepped, grad_norm)
+
+    @property
+    def loss_scale(self) -> float | None:
+        return self.scaler.get_scale() if self.scaler else None
+
+    def state_dict(self) -> dict:
+        state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.scaler:
+            state["scaler"] = self.scaler.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+
+
+def make_backend(rt: Runtime, policy: PrecisionPolicy, max_grad_norm: float):
+    if rt.backend == "deepspeed":
+        from pipeline.runtime.deepspeed_backend import DeepSpeedBackend
+
+        return DeepSpeedBackend(rt, policy, max_grad_norm)
+    return TorchBackend(rt, policy, max_grad_norm)

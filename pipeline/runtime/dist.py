@@ -1,0 +1,113 @@
+"""Who and where this process is: launcher, ranks, nodes, device; process-group set-up and
+the few collectives the loop needs (all of them no-ops in a single process)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from pipeline.errors import UserError
+
+
+@dataclass
+class Runtime:
+    launcher: str
+    """none | torchrun | deepspeed: read from the environment the launcher sets."""
+    backend: str
+    """single | ddp | deepspeed: the resolved `backend` key."""
+    rank: int
+    local_rank: int
+    world_size: int
+    num_nodes: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1 or dist.is_initialized()
+
+
+def detect_launcher() -> str:
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # set by torchrun's elastic agent
+        return "torchrun"
+    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
+        return "deepspeed"  # deepspeed's launcher sets the ranks but is not an elastic agent
+    return "none"
+
+
+def env_rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def init(backend: str, want_cuda: bool = True) -> Runtime:
+    """Resolve `backend` against the launcher and start the process group if needed."""
+    launcher = detect_launcher()
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = env_rank()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    num_nodes = max(1, world // max(1, local_world))
+
+    if backend == "auto":
+        backend = "deepspeed" if launcher == "deepspeed" else ("ddp" if world > 1 else "single")
+    if backend == "single" and world > 1:
+        raise UserError(f"backend=single: launched with {world} processes; use backend=ddp or auto")
+    if backend == "ddp" and launcher == "none":
+        raise UserError("backend=ddp: needs a launcher (torchrun --nproc_per_node N -m pipeline train ...)")
+
+    if want_cuda and torch.cuda.is_available():
+        if local_rank >= torch.cuda.device_count():
+            raise UserError(
+                f"launch: local rank {local_rank} but only {torch.cuda.device_count()} visible GPU(s); "
+                "lower --nproc_per_node"
+            )
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+
+    if backend in ("ddp", "deepspeed") and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None)
+    return Runtime(launcher, backend, rank, local_rank, world, num_nodes, device)
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce(values: list[float], op: str = "sum") -> list[float]:
+    """Reduce a few host scalars over all ranks (one collective for the whole list)."""
+    if not dist.is_initialized():
+        return list(values)
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+    return t.tolist()
+
+
+def all_gather_objects(obj):
+    """Every rank's object, in rank order (a plain list of one in a single process)."""
+    if not dist.is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj):
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]

@@ -1,0 +1,77 @@
+"""One flag, `precision`, decides autocast, loss scaling and the float32 matmul mode.
+
+Master weights and optimizer state stay fp32 in every mode: autocast casts per op, the
+parameters themselves are never converted.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.errors import UserError
+
+
+def cpu_supports_bf16() -> bool:
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def cpu_supports_fp16() -> bool:
+    return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    name: str
+    """Resolved mode: fp32 | tf32 | fp16 | bf16 (never auto)."""
+    device_type: str
+    """cuda | cpu: the autocast and GradScaler device."""
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(self.name, torch.float32)
+
+    @property
+    def uses_autocast(self) -> bool:
+        return self.name in ("fp16", "bf16")
+
+    @property
+    def uses_loss_scaling(self) -> bool:
+        return self.name == "fp16"  # bf16 has fp32's exponent range: nothing underflows
+
+    def autocast(self):
+        if not self.uses_autocast:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.compute_dtype)
+
+    def make_scaler(self) -> torch.amp.GradScaler | None:
+        # dynamic scaling: halve and skip on overflow, double after 2000 clean steps
+        return torch.amp.GradScaler(self.device_type) if self.uses_loss_scaling else None
+
+    def apply_matmul_mode(self) -> None:
+        """fp32 is strict IEEE (TF32 off for matmul and cuDNN); tf32 allows TF32 tensor cores."""
+        allow = self.name == "tf32"
+        torch.set_float32_matmul_precision("high" if allow else "highest")
+        torch.backends.cudnn.allow_tf32 = allow
+
+
+def resolve(requested: str, device: torch.device) -> PrecisionPolicy:
+    """Turn the `precision` key into a policy for this device, refusing what it cannot run."""
+    kind = device.type
+    if requested == "auto":
+        if kind == "cuda":
+            requested = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        else:
+            requested = "bf16" if cpu_supports_bf16() else "fp32"
+    if requested == "bf16":
+        ok = torch.cuda.is_bf16_supported() if kind == "cuda" else cpu_supports_bf16()
+        if not ok:
+            raise UserError(f"precision=bf16: this {kind} device has no bf16 support; use fp16 or fp32")
+    if requested == "fp16" and kind == "cpu" and not cpu_supports_fp16():
+        raise UserError("precision=fp16: this CPU has no fp16 kernels (oneDNN reports none); use bf16 or fp32")
+    if requested == "tf32" and kind == "cuda" and torch.cuda.get_device_capability(device)[0] < 8:
+        raise UserError("precision=tf32: needs an Ampere or newer GPU; use fp32 or fp16")
+    policy = PrecisionPolicy(requested, kind)
+    policy.apply_matmul_mode()
+    return policy

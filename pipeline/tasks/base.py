@@ -1,0 +1,133 @@
+"""The Task interface: everything that differs between tasks lives behind it.
+
+read (file in the dataset's own format, or hub:ID[:CONFIG]) -> validate -> normalize ->
+featurize (tokenize) -> collate (dynamic padding) -> model head -> predictions -> metrics.
+A data problem is a UserError naming file, row and reason, raised before training starts.
+"""
+from __future__ import annotations
+
+import csv
+import io
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+import numpy as np
+import torch
+from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding
+
+from pipeline.errors import UserError
+from pipeline.tasks import samples
+
+SPLITS = ("train", "dev", "test")
+HUB_SPLIT = {"train": "train", "dev": "validation", "test": "test"}
+
+
+class Task(ABC):
+    name: ClassVar[str]
+    main_metric: ClassVar[str]
+    """The key of metrics() that early stopping and eval/main use."""
+    default_model: ClassVar[str] = "preset:bangla-small"
+    model_class: ClassVar[Any] = AutoModelForSequenceClassification
+
+    def __init__(self, options: dict | None = None):
+        self.options = dict(options or {})
+
+    # ------------------------------------------------------------------ data
+    @abstractmethod
+    def write_samples(self, directory: Path) -> dict[str, Path]:
+        """Write the built-in deterministic sample set in the dataset's own format."""
+
+    @abstractmethod
+    def read_file(self, path: Path) -> list[dict]:
+        """Parse and validate one file; UserError names file, row and reason."""
+
+    @abstractmethod
+    def from_hub_rows(self, rows, source: str) -> list[dict]:
+        """Validate rows of a hub dataset (same checks as files)."""
+
+    def load(self, source: str | None, split: str) -> list[dict]:
+        """Examples of one split; `source` None means the built-in sample set."""
+        if source is None:
+            source = str(samples.ensure_samples(self.name, self.write_samples)[split])
+        if source.startswith("hub:"):
+            return self.from_hub_rows(load_hub_split(source, split), source)
+        path = Path(source)
+        if not path.is_file():
+            raise UserError(f"data.{split}={source}: no such file")
+        return self.read_file(path)
+
+    @abstractmethod
+    def texts(self, examples: list[dict]) -> list[str]:
+        """Normalized text of the examples, for training a preset's tokenizer."""
+
+    # ------------------------------------------------------------------ model side
+    def model_kwargs(self) -> dict:
+        """Head configuration for AutoConfig (num_labels, id2label, label2id)."""
+        return {}
+
+    @abstractmethod
+    def featurize(self, examples: list[dict], tokenizer, max_length: int):
+        """A datasets.Dataset of model inputs plus `labels` and `idx` (the example's index)."""
+
+    def collator(self, tokenizer) -> Callable:
+        return DataCollatorWithPadding(tokenizer)  # pads to the longest in the batch
+
+    @abstractmethod
+    def predictions(self, outputs, batch: dict) -> dict[str, np.ndarray]:
+        """Per-row numpy arrays from one eval batch (gathered over ranks, ordered by idx)."""
+
+    @abstractmethod
+    def metrics(self, predictions: dict[str, np.ndarray], examples: list[dict]) -> dict[str, float]:
+        """Task metrics; must include `main_metric`."""
+
+    def report(self, predictions: dict[str, np.ndarray], examples: list[dict]) -> str:
+        """A human-readable per-class report (logged as an artifact)."""
+        return ""
+
+
+# ---------------------------------------------------------------------- helpers for tasks
+
+
+def read_text(path: Path) -> str:
+    """UTF-8 text, or a UserError naming the line with the first invalid byte."""
+    data = path.read_bytes()
+    if not data.strip():
+        raise UserError(f"{path}: empty file")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise UserError(f"{path}: line {line}: not UTF-8 text (byte {data[e.start]:#04x})") from None
+
+
+def read_table(path: Path, required: tuple[str, ...], delimiter: str) -> list[tuple[int, dict]]:
+    """Rows of a CSV/TSV file with a header, as (line number, row); checks the columns."""
+    text = read_text(path)
+    reader = csv.DictReader(io.StringIO(text), delimiter=delimiter)
+    columns = [c.strip() for c in (reader.fieldnames or [])]
+    missing = [c for c in required if c not in columns]
+    if missing:
+        raise UserError(f"{path}: missing column(s) {', '.join(missing)} (found: {', '.join(columns) or 'none'})")
+    reader.fieldnames = columns
+    rows = [(reader.line_num, {k: (v if v is not None else "") for k, v in row.items()}) for row in reader]
+    if not rows:
+        raise UserError(f"{path}: no data rows")
+    return rows
+
+
+def load_hub_split(source: str, split: str):
+    """`hub:ID[:CONFIG]` through datasets.load_dataset (dev reads the 'validation' split)."""
+    import datasets
+
+    _, _, rest = source.partition(":")
+    ident, _, config = rest.partition(":")
+    try:
+        return datasets.load_dataset(ident, config or None, split=HUB_SPLIT[split])
+    except Exception as e:  # offline, unknown id, missing split: all the user's to fix
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise UserError(f"data.{split}={source}: cannot load from the hub ({reason})") from None
+
+
+def logits_to_numpy(t: torch.Tensor) -> np.ndarray:
+    return t.detach().float().cpu().numpy()

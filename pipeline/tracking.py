@@ -1,0 +1,185 @@
+"""One MLflow run per job, created by global rank 0 only, plus a local journal of every
+figure in the run's output directory, written as it is produced.
+
+If the tracking server cannot be reached (at start or mid-run) training goes on: the journal
+keeps everything, and `python -m pipeline sync RUN_DIR` uploads it later.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from pipeline.errors import UserError
+
+log = logging.getLogger("pipeline")
+
+JOURNAL = "journal.jsonl"
+MAX_PARAM_LEN = 6000  # MLflow's limit for a param value
+DEFAULT_URI = "sqlite:///mlruns/mlflow.db"
+KNOWN_SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks")
+SECRET_NAME = re.compile(r"(TOKEN|KEY|PASSWORD|SECRET|CREDENTIAL)S?$", re.IGNORECASE)
+
+
+def resolve_uri(configured: str | None) -> str:
+    """tracking.uri, else $MLFLOW_TRACKING_URI, else the project's sqlite store under mlruns/."""
+    uri = configured or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    scheme = uri.split(":", 1)[0].split("+", 1)[0] if "://" in uri else ""
+    if scheme not in KNOWN_SCHEMES:
+        raise UserError(f"config: tracking.uri={redact(uri)}: not a tracking URI "
+                        f"(expected one of {', '.join(s + '://' for s in KNOWN_SCHEMES)})")
+    if scheme == "file":
+        raise UserError(f"config: tracking.uri={uri}: MLflow 3 refuses the plain file store; use {DEFAULT_URI}")
+    if scheme == "sqlite":
+        path = uri[len("sqlite:///"):]
+        if not path.startswith("/"):  # relative to the working directory, as MLflow reads it
+            path = str(Path(path).resolve())
+            uri = f"sqlite:///{path}"
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return uri
+
+
+def redact(value: str) -> str:
+    """Drop credentials from a URI-looking string (user:password@host)."""
+    if "://" not in value or "@" not in value:
+        return value
+    parts = urlsplit(value)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"***@{host}"))
+
+
+def safe_params(params: dict) -> dict[str, str]:
+    """Flattened config as MLflow params: secrets masked, over-long values shortened."""
+    out = {}
+    for key, value in params.items():
+        text = "***" if SECRET_NAME.search(key.split(".")[-1]) else redact(str(value))
+        out[key] = text if len(text) <= MAX_PARAM_LEN else text[: MAX_PARAM_LEN - 3] + "..."
+    return out
+
+
+class Tracker:
+    """MLflow client on rank 0 (a no-op elsewhere) that never stops training on a tracking error."""
+
+    def __init__(self, output_dir: Path, active: bool):
+        self.active = active
+        self.journal_path = Path(output_dir) / JOURNAL
+        self.client = None
+        self.run_id: str | None = None
+        self.experiment_id: str | None = None
+        self.uri: str | None = None
+        self._warned = False
+        if active:
+            self.journal_path.parent.mkdir(parents=True, exist_ok=True)
+            self.journal_path.write_text("", encoding="utf-8")
+
+    # -------------------------------------------------------------- lifecycle
+    def start(self, uri: str, experiment: str, run_name: str, tags: dict, params: dict) -> None:
+        if not self.active:
+            return
+        self.uri = uri
+        params = safe_params(params)
+        tags = {k: str(v) for k, v in tags.items()}
+        self._journal({"type": "start", "uri": redact(uri), "experiment": experiment, "run_name": run_name,
+                       "tags": tags, "params": params})
+        try:
+            self.client, self.experiment_id = open_experiment(uri, experiment)
+            run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
+            self.run_id = run.info.run_id
+            self._upload_params(params)
+        except Exception as e:  # noqa: BLE001 - any tracking failure degrades to journal-only
+            self._degrade(e)
+        self._journal({"type": "run", "run_id": self.run_id})
+
+    def end(self, status: str = "FINISHED") -> None:
+        if not self.active:
+            return
+        self._journal({"type": "end", "status": status})
+        self._call(lambda: self.client.set_terminated(self.run_id, status=status))
+
+    # -------------------------------------------------------------- logging
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        if not self.active or not metrics:
+            return
+        now = int(time.time() * 1000)
+        for key, value in metrics.items():
+            self._journal({"type": "metric", "key": key, "value": float(value), "step": step, "ts": now})
+
+        def upload():
+            from mlflow.entities import Metric
+
+            self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+        self._call(upload)
+
+    def set_tags(self, tags: dict) -> None:
+        if not self.active:
+            return
+        tags = {k: str(v) for k, v in tags.items()}
+        self._journal({"type": "tags", "tags": tags})
+
+        def upload():
+            from mlflow.entities import RunTag
+
+            self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
+
+        self._call(upload)
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        if not self.active or not Path(path).exists():
+            return
+        self._journal({"type": "artifact", "path": str(path), "artifact_path": artifact_path})
+        if Path(path).is_dir():
+            self._call(lambda: self.client.log_artifacts(self.run_id, str(path), artifact_path))
+        else:
+            self._call(lambda: self.client.log_artifact(self.run_id, str(path), artifact_path))
+
+    # -------------------------------------------------------------- internals
+    def _upload_params(self, params: dict[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in params.items()]
+        for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
+
+    def _call(self, fn) -> None:
+        if self.client is None or self.run_id is None:
+            return
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001
+            self._degrade(e)
+
+    def _degrade(self, error: Exception) -> None:
+        if not self._warned:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            log.warning("tracking: MLflow unavailable (%s); figures go to %s only; upload later with "
+                        "`python -m pipeline sync %s`", first[:200], self.journal_path, self.journal_path.parent)
+            self._warned = True
+        self.client = None
+
+    def _journal(self, record: dict) -> None:
+        with self.journal_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def open_experiment(uri: str, name: str):
+    """(MlflowClient, experiment id); for the sqlite store, artifacts live beside the db."""
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # schema migrations are noisy
+    from mlflow.exceptions import MlflowException
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return client, exp.experiment_id
+    location = None
+    if uri.startswith("sqlite:///"):
+        location = Path(uri[len("sqlite:///"):]).parent.resolve().as_uri()
+    try:
+        return client, client.create_experiment(name, artifact_location=location)
+    except MlflowException:  # created meanwhile by another job
+        return client, client.get_experiment_by_name(name).experiment_id
