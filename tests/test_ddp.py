@@ -1,0 +1,65 @@
+"""torchrun DDP on CPU (gloo): same weights as one process with the same global batch, and
+exactly one MLflow run per job however many processes."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import mlflow_runs, torchrun
+from pipeline.config import load_config
+from pipeline.train import run
+
+# dropout off, so that the only difference between the runs is how the batch is split
+PARITY = ["model=preset:bangla-tiny", "train.max_length=48", "train.lr=1e-3", "train.max_steps=6",
+          "train.warmup_ratio=0", "model_config.hidden_dropout_prob=0",
+          "model_config.attention_probs_dropout_prob=0", "train.log_every=2"]
+
+
+def max_weight_diff(a_dir, b_dir):
+    a, b = load_file(a_dir / "best" / "model.safetensors"), load_file(b_dir / "best" / "model.safetensors")
+    assert a.keys() == b.keys()
+    return max((a[k] - b[k]).abs().max().item() for k in a)
+
+
+@pytest.fixture(scope="module")
+def single_reference(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("single")
+    run(load_config(None, [*PARITY, "train.batch_size=8", f"output_dir={tmp / 'out'}",
+                           f"tracking.uri=sqlite:///{tmp}/m.db"]))
+    return tmp / "out"
+
+
+def test_gradient_accumulation_matches_the_full_batch(tmp_path, single_reference):
+    run(load_config(None, [*PARITY, "train.batch_size=4", "train.grad_accum=2", f"output_dir={tmp_path / 'out'}",
+                           f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
+    assert max_weight_diff(single_reference, tmp_path / "out") < 1e-5
+
+
+def test_two_process_ddp_matches_single_process_and_logs_one_run(tmp_path, single_reference):
+    db = tmp_path / "m.db"
+    result = torchrun(2, "train", *PARITY, "train.batch_size=4", f"output_dir={tmp_path / 'out'}",
+                      f"tracking.uri=sqlite:///{db}", "tracking.experiment=ddp")
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    assert max_weight_diff(single_reference, tmp_path / "out") < 1e-5
+    single = json.loads((single_reference / "metrics.json").read_text())
+    ddp = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert ddp["train/loss"] == pytest.approx(single["train/loss"], abs=1e-5)
+    assert ddp["eval/main"] == pytest.approx(single["eval/main"], abs=1e-6)
+
+    (mlrun,) = mlflow_runs(db, "ddp")  # one run for the job, not one per process
+    assert mlrun.info.status == "FINISHED"
+    assert mlrun.data.tags["world_size"] == "2" and mlrun.data.tags["backend"] == "ddp"
+    assert mlrun.data.tags["launcher"] == "torchrun" and mlrun.data.tags["num_nodes"] == "1"
+    assert {"train/loss", "train/lr", "train/grad_norm", "eval/main", "perf/train_samples_per_s",
+            "perf/epoch_time_s", "perf/peak_rss_mb", "amp/skipped_steps", "test/main"} <= set(mlrun.data.metrics)
+    assert ddp["train/steps"] == 6  # optimizer steps of the job, not of each process
+
+
+def test_ddp_without_a_launcher_is_refused(tmp_path):
+    from conftest import run_cli
+
+    result = run_cli("train", "backend=ddp", f"output_dir={tmp_path}")
+    assert result.returncode == 2
+    assert "backend=ddp: needs a launcher" in result.stderr

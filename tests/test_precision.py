@@ -1,0 +1,110 @@
+"""AMP semantics users rely on: loss scaling skips overflowing steps without advancing the
+schedule, master weights and optimizer state stay fp32, `auto` and refusals per device."""
+import json
+import math
+
+import pytest
+import torch
+import transformers
+
+from pipeline.errors import UserError
+from pipeline.runtime import precision
+from pipeline.runtime.backend import TorchBackend
+from pipeline.runtime.dist import Runtime
+
+CPU = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
+
+
+def tiny_setup(policy_name, lr=1e-2):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    sched = transformers.get_linear_schedule_with_warmup(opt, num_warmup_steps=2, num_training_steps=10)
+    backend = TorchBackend(CPU, precision.PrecisionPolicy(policy_name, "cpu"), max_grad_norm=1.0)
+    backend.prepare(model, opt)
+    return backend, opt, sched
+
+
+def train_step(backend, sched, scale_loss=1.0):
+    x = torch.randn(4, 8)
+    with backend.policy.autocast():
+        loss = backend.model(x).float().pow(2).mean() * scale_loss
+    backend.backward(loss)
+    result = backend.step()
+    if result.stepped:
+        sched.step()
+    return result
+
+
+def test_fp16_overflow_skips_step_halves_scale_and_freezes_schedule():
+    backend, opt, sched = tiny_setup("fp16")
+    train_step(backend, sched)
+    scale = backend.loss_scale
+    lr_before, epoch_before = sched.get_last_lr()[0], sched.last_epoch
+    weights_before = [p.detach().clone() for p in backend.module.parameters()]
+
+    result = train_step(backend, sched, scale_loss=math.inf)  # forced overflow
+
+    assert not result.stepped
+    assert backend.loss_scale == scale / 2
+    assert sched.last_epoch == epoch_before and sched.get_last_lr()[0] == lr_before
+    for before, after in zip(weights_before, backend.module.parameters()):
+        assert torch.equal(before, after)
+    assert all(p.grad is None for p in backend.module.parameters())  # nothing leaks into the next step
+
+    result = train_step(backend, sched)  # training continues at the halved scale
+    assert result.stepped and sched.last_epoch == epoch_before + 1
+
+
+def test_nonfinite_gradient_is_skipped_without_scaler():
+    backend, opt, sched = tiny_setup("fp32")
+    train_step(backend, sched)
+    before = [p.detach().clone() for p in backend.module.parameters()]
+    result = train_step(backend, sched, scale_loss=math.nan)
+    assert not result.stepped
+    assert all(torch.equal(b, a) for b, a in zip(before, backend.module.parameters()))
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16"])
+def test_master_weights_and_optimizer_state_stay_fp32(name):
+    backend, opt, sched = tiny_setup(name)
+    with backend.policy.autocast():
+        out = backend.model(torch.randn(4, 8))
+    assert out.dtype == backend.policy.compute_dtype  # the matmuls really ran in 16 bit
+    for _ in range(3):
+        assert train_step(backend, sched).stepped
+    assert all(p.dtype == torch.float32 for p in backend.module.parameters())
+    for state in opt.state.values():
+        assert state["exp_avg"].dtype == torch.float32 and state["exp_avg_sq"].dtype == torch.float32
+
+
+def test_clipping_sees_unscaled_gradients():
+    backend, opt, sched = tiny_setup("fp16")
+    ref, _, ref_sched = tiny_setup("fp32")
+    torch.manual_seed(1)
+    r16 = train_step(backend, sched)
+    torch.manual_seed(1)
+    r32 = train_step(ref, ref_sched)
+    # the scale is 65536: a norm of the scaled gradients would be off by that factor
+    assert float(r16.grad_norm) == pytest.approx(float(r32.grad_norm), rel=2e-2)
+
+
+def test_policy_resolution_on_cpu(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(precision, "cpu_supports_bf16", lambda: True)
+    assert precision.resolve("auto", cpu).name == "bf16"
+    monkeypatch.setattr(precision, "cpu_supports_bf16", lambda: False)
+    assert precision.resolve("auto", cpu).name == "fp32"
+    with pytest.raises(UserError, match="precision=bf16: this cpu device has no bf16 support"):
+        precision.resolve("bf16", cpu)
+    monkeypatch.setattr(precision, "cpu_supports_fp16", lambda: False)
+    with pytest.raises(UserError, match="precision=fp16: this CPU has no fp16 kernels"):
+        precision.resolve("fp16", cpu)
+
+
+def test_fp32_is_strict_and_tf32_allows_tensor_cores():
+    cpu = torch.device("cpu")
+    precision.resolve("tf32", cpu)
+    assert torch.get_float32_matmul_precision() == "high" and torch.backends.cudnn.allow_tf32
+    precision.resolve("fp32", cpu)
+    assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cudnn.allow_tf32

@@ -1,0 +1,94 @@
+"""The sentiment job end to end in one process: it learns, writes its outputs, lands in MLflow."""
+import json
+import math
+
+import pytest
+from safetensors import safe_open
+
+from conftest import FAST, mlflow_runs, run_cli
+from pipeline.config import load_config
+from pipeline.runtime import backend as backend_mod
+from pipeline.runtime import precision
+from pipeline.train import run
+
+EXPECTED_METRICS = {"train/loss", "train/lr", "train/grad_norm", "eval/main", "eval/macro_f1", "eval/accuracy",
+                    "eval/micro_f1", "perf/epoch_time_s", "perf/train_samples_per_s", "perf/train_tokens_per_s",
+                    "perf/peak_rss_mb", "amp/skipped_steps", "amp/nonfinite_losses", "test/main"}
+
+
+@pytest.mark.parametrize("prec", ["fp32", "bf16"])
+def test_sentiment_learns_and_lands_in_mlflow(tmp_path, prec):
+    if prec == "bf16" and not precision.cpu_supports_bf16():
+        pytest.skip("this CPU has no bf16")
+    out, db = tmp_path / "out", tmp_path / "mlflow.db"
+    cfg = load_config(None, [*FAST, "train.epochs=3", f"precision={prec}", f"output_dir={out}",
+                             f"tracking.uri=sqlite:///{db}", "tracking.experiment=t"])
+    figures = run(cfg)
+
+    assert figures["eval/main"] > 0.6  # chance is ~0.33 macro-F1 on three balanced classes
+    assert figures["test/main"] > 0.6
+    assert json.loads((out / "metrics.json").read_text()) == pytest.approx(figures)
+    assert {"config.yaml", "metrics.json", "journal.jsonl", "report.txt", "best"} <= {p.name for p in out.iterdir()}
+    assert (out / "best" / "model.safetensors").is_file() and (out / "best" / "tokenizer.json").is_file()
+    with safe_open(out / "best" / "model.safetensors", "pt") as f:  # master weights saved in fp32
+        assert all(f.get_tensor(k).dtype.is_floating_point and f.get_tensor(k).dtype.itemsize == 4
+                   for k in f.keys() if f.get_tensor(k).dtype.is_floating_point)
+
+    (mlrun,) = mlflow_runs(db, "t")
+    assert mlrun.info.status == "FINISHED"
+    assert EXPECTED_METRICS <= set(mlrun.data.metrics)
+    assert mlrun.data.tags["precision"] == prec and mlrun.data.tags["world_size"] == "1"
+    assert mlrun.data.tags["energy_available"] == "false"
+    assert mlrun.data.params["train.lr"] == "0.001"
+    assert mlrun.data.metrics["test/main"] == pytest.approx(figures["test/main"])
+
+
+def test_fp16_overflow_in_the_loop_skips_one_step_and_keeps_the_schedule(tmp_path, monkeypatch):
+    """Force an inf loss at optimizer step 3: the step is skipped, the scale halves, the LR holds."""
+    monkeypatch.setattr(precision, "cpu_supports_fp16", lambda: True)  # CPU autocast fp16 runs, if slowly
+    calls = {"n": 0}
+    original = backend_mod.TorchBackend.backward
+
+    def backward_with_overflow(self, loss):
+        calls["n"] += 1
+        original(self, loss * math.inf if calls["n"] == 3 else loss)
+
+    monkeypatch.setattr(backend_mod.TorchBackend, "backward", backward_with_overflow)
+    out = tmp_path / "out"
+    cfg = load_config(None, [*FAST, "precision=fp16", "train.max_steps=6", "train.log_every=1",
+                             "train.warmup_ratio=0", f"output_dir={out}", f"tracking.uri=sqlite:///{tmp_path}/m.db"])
+    figures = run(cfg)
+
+    assert figures["amp/skipped_steps"] == 1 and figures["train/steps"] == 6
+    records = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
+    series = lambda key: {r["step"]: r["value"] for r in records if r.get("key") == key}
+    scale, lr = series("amp/loss_scale"), series("train/lr")
+    assert scale[3] == scale[2] / 2 and scale[4] == scale[3]
+    assert lr[3] == lr[2]  # the skipped step did not advance the schedule
+    assert lr[2] > lr[4] > lr[5]  # every real step did (linear decay)
+    assert figures["amp/loss_scale"] == scale[6]
+
+
+def test_bad_data_fails_before_any_run(tmp_path):
+    bad = tmp_path / "train.tsv"
+    bad.write_text("id\ttext\tlabel\n1\tভালো\tPositive\n2\tখারাপ\tVeryBad\n", encoding="utf-8")
+    db = tmp_path / "m.db"
+    result = run_cli("train", f"data.train={bad}", f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{db}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"error: {bad}: row 3: unknown label 'VeryBad' "
+                                                  "(expected Positive, Negative, Neutral)"]
+    assert not (tmp_path / "out").exists() and not db.exists()
+
+
+def test_uncached_hub_model_offline_is_one_line(tmp_path):
+    result = run_cli("train", "model=csebuetnlp/banglabert", f"output_dir={tmp_path / 'out'}",
+                     env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: config: model=csebuetnlp/banglabert: cannot load (offline and not in the")
+
+
+def test_missing_local_model_is_a_user_error(tmp_path):
+    result = run_cli("train", "model=./no/such/model", f"output_dir={tmp_path / 'out'}")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: config: model=./no/such/model: no such directory"
