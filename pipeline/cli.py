@@ -14,6 +14,7 @@ from pipeline.errors import UserError
 USAGE = """usage:
   python -m pipeline train   [CONFIG.yaml] [key=value ...]   one training stage
   python -m pipeline distill [CONFIG.yaml] [key=value ...]   one knowledge-distillation stage
+  python -m pipeline ui [--experiment NAME] [--host H]       MLflow UI on the tracking store
 """
 
 
@@ -31,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if command in ("train", "distill"):
             return _stage(command, rest)
+        if command == "ui":
+            from pipeline import ui
+
+            return ui.main(rest)
         raise UserError(f"unknown command {command!r}\n{USAGE}".splitlines()[0])
     except UserError as e:
         if rank == 0:  # every rank hits the same check; one line is enough

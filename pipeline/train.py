@@ -67,7 +67,9 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
             raise
         tracker.end("FINISHED")
         if rt.is_main and tracker.run_id:
-            log.info("MLflow run %s in experiment '%s' at %s", tracker.run_id, cfg.tracking.experiment, uri)
+            ui = "python -m pipeline ui" + (f" --uri {uri}" if cfg.tracking.uri else "")
+            log.info("MLflow run %s (experiment '%s') in %s\n    open it: %s --experiment %s",
+                     tracker.run_id, cfg.tracking.experiment, uri, ui, cfg.tracking.experiment)
         return figures
     finally:
         dist.shutdown()
