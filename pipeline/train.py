@@ -78,7 +78,7 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
 def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, tracker: Tracker, out: Path) -> dict:
     t = cfg.train
     collate = task.collator(tokenizer)
-    features = {split: task.featurize(examples[split], tokenizer, t.max_length) for split in SPLITS}
+    features = {split: task.featurize(examples[split], tokenizer, t.max_length, split) for split in SPLITS}
 
     # Every rank sees a disjoint slice of each epoch's permutation; the seed makes the
     # permutation identical across ranks and equal to a single process's.
@@ -173,7 +173,7 @@ def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, tracker: Trac
         mem = telemetry.peak_memory(rt.device)
         mem = dict(zip(mem, dist.all_reduce(list(mem.values()), op="max")))
         peak = {k: max(v, peak.get(k, 0.0)) for k, v in mem.items()}
-        scores = evaluate(backend.module, eval_loaders["dev"], task, policy, rt, examples["dev"])
+        scores = evaluate(backend.module, eval_loaders["dev"], task, policy, rt, examples["dev"], features["dev"])
         figures = {"perf/epoch_time_s": elapsed, "perf/train_samples_per_s": samples / elapsed,
                    "perf/train_tokens_per_s": tokens / elapsed, **mem,
                    "amp/skipped_steps": skipped, "amp/nonfinite_losses": nonfinite,
@@ -202,7 +202,8 @@ def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, tracker: Trac
     # ---- test with the best weights, then the final figures
     if best_state is not None:  # None only if every evaluation scored NaN
         backend.module.load_state_dict(best_state)
-    test_scores = evaluate(backend.module, eval_loaders["test"], task, policy, rt, examples["test"], keep=True)
+    test_scores = evaluate(backend.module, eval_loaders["test"], task, policy, rt, examples["test"],
+                           features["test"], keep=True)
     final = {
         **best_figures,
         **{f"test/{k}": v for k, v in test_scores.items() if k != "_predictions"},
@@ -218,7 +219,8 @@ def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, tracker: Trac
     tracker.log_metrics({k: v for k, v in final.items() if not k.startswith("eval/")}, step)
     if rt.is_main:
         write_json(out / "metrics.json", final)
-        (out / "report.txt").write_text(task.report(test_scores["_predictions"], examples["test"]), encoding="utf-8")
+        report = task.report(test_scores["_predictions"], examples["test"], features["test"])
+        (out / "report.txt").write_text(report, encoding="utf-8")
         for name in ("metrics.json", "report.txt"):
             tracker.log_artifact(out / name)
         if cfg.tracking.log_model:
@@ -229,7 +231,7 @@ def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, tracker: Trac
 
 
 @torch.inference_mode()
-def evaluate(module, loader, task, policy, rt, examples, keep: bool = False) -> dict:
+def evaluate(module, loader, task, policy, rt, examples, features, keep: bool = False) -> dict:
     """Task metrics on a split: each rank predicts its shard, predictions are gathered by idx."""
     module.eval()
     indices, parts, loss_sum = [], [], 0.0
@@ -238,7 +240,8 @@ def evaluate(module, loader, task, policy, rt, examples, keep: bool = False) -> 
         inputs = {k: v.to(rt.device, non_blocking=True) for k, v in batch.items()}
         with policy.autocast():
             outputs = module(**inputs)
-        loss_sum += float(outputs.loss) * len(indices[-1])
+        if outputs.get("loss") is not None:  # heads without targets in eval (QA windows) have none
+            loss_sum += float(outputs.loss) * len(indices[-1])
         parts.append(task.predictions(outputs, batch))
     local = (np.concatenate(indices) if indices else np.zeros(0, dtype=np.int64),
              {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}, loss_sum)
@@ -246,9 +249,10 @@ def evaluate(module, loader, task, policy, rt, examples, keep: bool = False) -> 
     order = np.argsort(np.concatenate([g[0] for g in gathered]), kind="stable")
     keys = next(g[1].keys() for g in gathered if g[1])
     predictions = {k: np.concatenate([g[1][k] for g in gathered if g[1]])[order] for k in keys}
-    scores = task.metrics(predictions, examples)
+    scores = task.metrics(predictions, examples, features)
     scores["main"] = scores[task.main_metric]
-    scores["loss"] = sum(g[2] for g in gathered) / len(examples)
+    if any(g[2] for g in gathered):
+        scores["loss"] = sum(g[2] for g in gathered) / len(features)
     if keep:
         scores["_predictions"] = predictions
     return scores

@@ -47,7 +47,7 @@ def test_missing_file_names_the_key(tmp_path):
 def test_metrics_against_hand_computed_values():
     examples = [{"label": l} for l in [0, 0, 1, 1, 2, 2]]
     logits = np.eye(3)[[0, 1, 1, 1, 2, 0]]  # predictions 0,1,1,1,2,0
-    m = TASK.metrics({"logits": logits}, examples)
+    m = TASK.metrics({"logits": logits}, examples, None)
     # per class F1: c0 P=1/2 R=1/2 -> .5 ; c1 P=2/3 R=1 -> .8 ; c2 P=1 R=1/2 -> 2/3
     assert m["accuracy"] == pytest.approx(4 / 6)
     assert m["macro_f1"] == pytest.approx((0.5 + 0.8 + 2 / 3) / 3)

@@ -1,14 +1,28 @@
-"""Task registry: `task=NAME` -> the Task class."""
+"""Task registry: `task=NAME` -> the Task class, imported on first use."""
 from __future__ import annotations
+
+import importlib
 
 from pipeline.errors import UserError
 from pipeline.tasks.base import Task
 
+REGISTRY = {
+    "sentiment": "pipeline.tasks.sentiment:SentimentTask",
+    "ner": "pipeline.tasks.ner:NerTask",
+    "error_cls": "pipeline.tasks.error_cls:ErrorClsTask",
+    "qa": "pipeline.tasks.qa:QaTask",
+    "wikiqa": "pipeline.tasks.wikiqa:WikiQaTask",
+}
+
 
 def get_task(name: str, options: dict | None = None) -> Task:
-    from pipeline.tasks.sentiment import SentimentTask
-
-    registry = {cls.name: cls for cls in (SentimentTask,)}
-    if name not in registry:
-        raise UserError(f"config: task={name}: not implemented yet (available: {', '.join(registry)})")
-    return registry[name](options)
+    if name not in REGISTRY:
+        raise UserError(f"config: task={name}: unknown task (available: {', '.join(REGISTRY)})")
+    module, _, cls = REGISTRY[name].partition(":")
+    try:
+        task_class = getattr(importlib.import_module(module), cls)
+    except ModuleNotFoundError as e:
+        if e.name != module:
+            raise
+        raise UserError(f"config: task={name}: not implemented in this version") from None
+    return task_class(options)

@@ -67,21 +67,28 @@ class Task(ABC):
         return {}
 
     @abstractmethod
-    def featurize(self, examples: list[dict], tokenizer, max_length: int):
-        """A datasets.Dataset of model inputs plus `labels` and `idx` (the example's index)."""
+    def featurize(self, examples: list[dict], tokenizer, max_length: int, split: str):
+        """A datasets.Dataset of features: model inputs, the training target(s) the HF head
+        takes (`labels`, or `start_positions`/`end_positions`) and `idx` (the feature's row
+        number, 0..n-1). One example may give several features (QA windows)."""
 
     def collator(self, tokenizer) -> Callable:
-        return DataCollatorWithPadding(tokenizer)  # pads to the longest in the batch
+        """Batches of features -> dict of tensors: model inputs, targets and `idx`, padded to
+        the longest sequence in the batch. Anything else must be dropped here."""
+        return DataCollatorWithPadding(tokenizer)
 
     @abstractmethod
     def predictions(self, outputs, batch: dict) -> dict[str, np.ndarray]:
-        """Per-row numpy arrays from one eval batch (gathered over ranks, ordered by idx)."""
+        """Numpy arrays with one row per feature of an eval batch. Shapes beyond the first
+        dimension must not depend on the batch (pad per-token outputs to max_length): the
+        loop concatenates batches, gathers ranks and orders the rows by `idx`."""
 
     @abstractmethod
-    def metrics(self, predictions: dict[str, np.ndarray], examples: list[dict]) -> dict[str, float]:
-        """Task metrics; must include `main_metric`."""
+    def metrics(self, predictions: dict[str, np.ndarray], examples: list[dict], features) -> dict[str, float]:
+        """Task metrics from all predictions of a split (row i = feature i of `features`, the
+        Dataset featurize returned); must include `main_metric`."""
 
-    def report(self, predictions: dict[str, np.ndarray], examples: list[dict]) -> str:
+    def report(self, predictions: dict[str, np.ndarray], examples: list[dict], features) -> str:
         """A human-readable per-class report (logged as an artifact)."""
         return ""
 

@@ -68,7 +68,7 @@ class SentimentTask(Task):
         return {"num_labels": len(LABELS), "id2label": dict(enumerate(LABELS)),
                 "label2id": {l: i for i, l in enumerate(LABELS)}}
 
-    def featurize(self, examples, tokenizer, max_length):
+    def featurize(self, examples, tokenizer, max_length, split):
         import datasets
 
         ds = datasets.Dataset.from_dict({
@@ -82,7 +82,7 @@ class SentimentTask(Task):
     def predictions(self, outputs, batch):
         return {"logits": logits_to_numpy(outputs.logits)}
 
-    def metrics(self, predictions, examples):
+    def metrics(self, predictions, examples, features):
         y_true = np.array([e["label"] for e in examples])
         y_pred = predictions["logits"].argmax(-1)
         return {
@@ -91,7 +91,7 @@ class SentimentTask(Task):
             "micro_f1": float(f1_score(y_true, y_pred, average="micro", labels=range(len(LABELS)), zero_division=0)),
         }
 
-    def report(self, predictions, examples):
+    def report(self, predictions, examples, features):
         y_true = [e["label"] for e in examples]
         return classification_report(y_true, predictions["logits"].argmax(-1), labels=range(len(LABELS)),
                                      target_names=LABELS, digits=4, zero_division=0)
