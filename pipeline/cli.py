@@ -15,6 +15,7 @@ USAGE = """usage:
   python -m pipeline train   [CONFIG.yaml] [key=value ...]   one training stage
   python -m pipeline distill [CONFIG.yaml] [key=value ...]   one knowledge-distillation stage
   python -m pipeline ui [--experiment NAME] [--host H]       MLflow UI on the tracking store
+  python -m pipeline sync RUN_DIR [--uri URI]                upload a run's journal to MLflow
 """
 
 
@@ -32,6 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if command in ("train", "distill"):
             return _stage(command, rest)
+        if command == "sync":
+            return _sync(rest)
         if command == "ui":
             from pipeline import ui
 
@@ -41,6 +44,13 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:  # every rank hits the same check; one line is enough
             print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:
+        from pipeline.train import Preempted
+
+        if not isinstance(e, Preempted):
+            raise
+        logging.getLogger("pipeline").warning("preempted: %s; continue with resume=auto", e)
+        return 143  # 128 + SIGTERM, what schedulers expect of a job that stopped on TERM
 
 
 def _stage(command: str, args: list[str]) -> int:
@@ -61,6 +71,18 @@ def _stage(command: str, args: list[str]) -> int:
     return 0
 
 
+def _sync(args: list[str]) -> int:
+    from pipeline.tracking import sync
+
+    parser = argparse.ArgumentParser(prog="python -m pipeline sync")
+    parser.add_argument("run_dir", help="a stage's output_dir (it holds journal.jsonl)")
+    parser.add_argument("--uri", help="tracking URI (default: $MLFLOW_TRACKING_URI, else the journal's)")
+    opts = parser.parse_args(args)
+    run_id = sync(opts.run_dir, opts.uri)
+    print(f"synced {opts.run_dir} into MLflow run {run_id}")
+    return 0
+
+
 def _strip_local_rank(argv: list[str]) -> list[str]:
     """The deepspeed launcher appends --local_rank=N; the environment already says the same."""
     parser = argparse.ArgumentParser(add_help=False)
@@ -73,6 +95,7 @@ def _strip_local_rank(argv: list[str]) -> list[str]:
 
 def _quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # fork-safety warnings in DataLoader workers
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
     for name in ("transformers", "datasets", "alembic", "mlflow", "mlflow.store.db.utils", "urllib3"):
         logging.getLogger(name).setLevel(logging.WARNING)
     try:

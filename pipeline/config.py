@@ -59,6 +59,12 @@ class TrainConfig:
     """Log train/loss, train/lr and train/grad_norm every this many optimizer steps."""
     num_workers: int = 0
     """DataLoader worker processes per rank."""
+    save_every: int = 0
+    """Also checkpoint every this many optimizer steps (0 = only at each epoch end)."""
+    keep_checkpoints: int = 2
+    """Keep the newest K checkpoints."""
+    max_nonfinite: int = 5
+    """Stop with an error after this many consecutive non-finite losses."""
 
 
 @dataclass
@@ -85,6 +91,10 @@ class TrackingConfig:
     """Also upload the best model directory as a run artifact."""
     tags: dict = field(default_factory=dict)
     """Extra run tags, e.g. tracking.tags.study=NAME (the study runner sets study and procedure)."""
+    system_metrics: bool = True
+    """MLflow system metrics (CPU, memory, GPU) on every node, tagged with a node id."""
+    system_metrics_interval: float = 10.0
+    """Seconds between system-metric samples."""
 
 
 @dataclass
@@ -105,6 +115,8 @@ class Config:
     """Path of a DeepSpeed JSON config (ds_configs/); "auto" values are filled from this config."""
     seed: int = 42
     """Seed for model init, data order and (plus the rank) dropout."""
+    resume: str = "never"
+    """never | auto (continue from the newest complete checkpoint in output_dir, if any)."""
     output_dir: str | None = None
     """Where config.yaml, metrics.json, best/ and the journal go; unset = outputs/TASK-PRECISION."""
     data: DataConfig = field(default_factory=DataConfig)
@@ -130,6 +142,12 @@ class Config:
         _check("train.patience", t.patience, t.patience >= 0, "must be >= 0 (0 = off)")
         _check("train.log_every", t.log_every, t.log_every >= 1, "must be >= 1")
         _check("train.num_workers", t.num_workers, t.num_workers >= 0, "must be >= 0")
+        _check("train.save_every", t.save_every, t.save_every >= 0, "must be >= 0 (0 = epoch ends only)")
+        _check("train.keep_checkpoints", t.keep_checkpoints, t.keep_checkpoints >= 1, "must be >= 1")
+        _check("train.max_nonfinite", t.max_nonfinite, t.max_nonfinite >= 1, "must be >= 1")
+        _one_of("resume", self.resume, ("never", "auto"))
+        _check("tracking.system_metrics_interval", self.tracking.system_metrics_interval,
+               self.tracking.system_metrics_interval > 0, "must be > 0")
         _check("kd.alpha", self.kd.alpha, 0 <= self.kd.alpha <= 1, "must be in [0, 1]")
         _check("kd.temperature", self.kd.temperature, self.kd.temperature > 0, "must be > 0")
         if self.deepspeed is not None and not Path(self.deepspeed).is_file():

@@ -87,3 +87,96 @@ def environment_tags() -> dict[str, str]:
     except (OSError, subprocess.SubprocessError):
         pass
     return tags
+
+
+# ---------------------------------------------------------------------- compute
+
+# Dense peak TFLOP/s from the vendors' data sheets, per precision mode. A device that is not
+# listed gets no MFU: a guessed peak would make the figure meaningless.
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "H100 80GB HBM3": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},  # SXM5
+    "H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0},
+    "H200": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
+    "A100": {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
+}
+
+
+def peak_tflops(device_name: str, precision_name: str) -> float | None:
+    for model, table in PEAK_TFLOPS.items():
+        if model in device_name:
+            return table.get(precision_name)
+    return None
+
+
+def count_flops(fn) -> int:
+    """FLOPs of fn() (forward and backward) as torch's flop counter sees them; it counts
+    attention's matmuls, which the 6·N·tokens rule of thumb leaves out."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+# ---------------------------------------------------------------------- energy
+
+
+class EnergyMeter:
+    """GPU energy from NVML's total-energy counter (mJ since driver load), read at the edges
+    of the measured interval; plus the mean GPU utilization sampled once a second.
+
+    available is False on a CPU, without NVML, or on a GPU whose counter cannot be read:
+    then nothing is reported, never a zero or an estimate.
+    """
+
+    def __init__(self, device: torch.device):
+        self.available = False
+        self.uuid: str | None = None
+        self._handle = None
+        self._start_mj = 0
+        self.joules = 0.0
+        self._util: list[float] = []
+        self._stop = None
+        if device.type != "cuda":
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self.uuid = "GPU-" + str(torch.cuda.get_device_properties(device).uuid)
+            self._handle = pynvml.nvmlDeviceGetHandleByUUID(self.uuid)
+            pynvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)  # raises where unsupported
+            self._nvml = pynvml
+            self.available = True
+        except Exception:  # noqa: BLE001 - no NVML, no permission, pre-Volta GPU
+            self.available = False
+
+    def start(self) -> None:
+        if not self.available:
+            return
+        import threading
+
+        self._start_mj = self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
+        self._util = []
+        self._stop = threading.Event()
+        threading.Thread(target=self._sample, daemon=True).start()
+
+    def stop(self) -> float:
+        """Joules used since start() (0.0 if unavailable; callers check .available)."""
+        if not self.available:
+            return 0.0
+        self._stop.set()
+        joules = (self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle) - self._start_mj) / 1000.0
+        self.joules += joules
+        return joules
+
+    @property
+    def mean_utilization(self) -> float | None:
+        return sum(self._util) / len(self._util) if self._util else None
+
+    def _sample(self) -> None:
+        while not self._stop.wait(1.0):
+            try:
+                self._util.append(float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
+            except Exception:  # noqa: BLE001
+                return

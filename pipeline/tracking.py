@@ -53,7 +53,7 @@ def redact(value: str) -> str:
 
 
 def safe_params(params: dict) -> dict[str, str]:
-    """Flattened config as MLflow params: secrets masked, over-long values shortened."""
+    """Params or tags for MLflow: secrets masked, over-long values shortened."""
     out = {}
     for key, value in params.items():
         text = "***" if SECRET_NAME.search(key.split(".")[-1]) else redact(str(value))
@@ -64,7 +64,7 @@ def safe_params(params: dict) -> dict[str, str]:
 class Tracker:
     """MLflow client on rank 0 (a no-op elsewhere) that never stops training on a tracking error."""
 
-    def __init__(self, output_dir: Path, active: bool):
+    def __init__(self, output_dir: Path, active: bool, resume: bool = False):
         self.active = active
         self.journal_path = Path(output_dir) / JOURNAL
         self.client = None
@@ -72,33 +72,67 @@ class Tracker:
         self.experiment_id: str | None = None
         self.uri: str | None = None
         self._warned = False
+        self._monitor = None
         if active:
             self.journal_path.parent.mkdir(parents=True, exist_ok=True)
-            self.journal_path.write_text("", encoding="utf-8")
+            if not resume:  # a resumed job appends to the journal of its first attempt
+                self.journal_path.write_text("", encoding="utf-8")
 
     # -------------------------------------------------------------- lifecycle
-    def start(self, uri: str, experiment: str, run_name: str, tags: dict, params: dict) -> None:
+    def start(self, uri: str, experiment: str, run_name: str, tags: dict, params: dict,
+              resume_run_id: str | None = None) -> None:
+        """Create the run (rank 0), or reopen `resume_run_id` when a job resumes."""
         if not self.active:
             return
         self.uri = uri
+        # a dead server must not stall training for minutes of retries
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
         params = safe_params(params)
-        tags = {k: str(v) for k, v in tags.items()}
+        tags = safe_params(tags)
         self._journal({"type": "start", "uri": redact(uri), "experiment": experiment, "run_name": run_name,
-                       "tags": tags, "params": params})
+                       "tags": tags, "params": params, "resume_run_id": resume_run_id})
         try:
             self.client, self.experiment_id = open_experiment(uri, experiment)
-            run = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags)
-            self.run_id = run.info.run_id
-            self._upload_params(params)
+            if resume_run_id:
+                self.client.update_run(resume_run_id, status="RUNNING")
+                self.run_id = resume_run_id
+                self.client.log_batch(self.run_id, tags=[_tag(k, v) for k, v in tags.items()])
+            else:
+                self.run_id = self.client.create_run(self.experiment_id, run_name=run_name, tags=tags).info.run_id
+                self._upload_params(params)
         except Exception as e:  # noqa: BLE001 - any tracking failure degrades to journal-only
             self._degrade(e)
         self._journal({"type": "run", "run_id": self.run_id})
 
     def end(self, status: str = "FINISHED") -> None:
+        self.stop_system_metrics()
         if not self.active:
             return
         self._journal({"type": "end", "status": status})
         self._call(lambda: self.client.set_terminated(self.run_id, status=status))
+
+    def start_system_metrics(self, run_id: str | None, uri: str, node_id: str, interval: float) -> None:
+        """MLflow's CPU/memory/GPU sampler into the job's run; one per node (local rank 0)."""
+        if run_id is None:
+            return
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            self._monitor = SystemMetricsMonitor(run_id, sampling_interval=interval, node_id=node_id,
+                                                 tracking_uri=uri)
+            self._monitor.start()
+        except Exception as e:  # noqa: BLE001 - optional: psutil missing, server down
+            log.warning("tracking: system metrics unavailable (%s)", str(e).splitlines()[0][:200] if str(e) else e)
+            self._monitor = None
+
+    def stop_system_metrics(self) -> None:
+        if self._monitor is not None:
+            try:
+                self._monitor.finish()
+            except Exception:  # noqa: BLE001
+                pass
+            self._monitor = None
 
     # -------------------------------------------------------------- logging
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
@@ -121,12 +155,7 @@ class Tracker:
         tags = {k: str(v) for k, v in tags.items()}
         self._journal({"type": "tags", "tags": tags})
 
-        def upload():
-            from mlflow.entities import RunTag
-
-            self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in tags.items()])
-
-        self._call(upload)
+        self._call(lambda: self.client.log_batch(self.run_id, tags=[_tag(k, v) for k, v in tags.items()]))
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         if not self.active or not Path(path).exists():
@@ -166,6 +195,12 @@ class Tracker:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
+def _tag(key: str, value: str):
+    from mlflow.entities import RunTag
+
+    return RunTag(key, value)
+
+
 def open_experiment(uri: str, name: str):
     """(MlflowClient, experiment id); for the sqlite store, artifacts live beside the db."""
     logging.getLogger("alembic").setLevel(logging.WARNING)  # schema migrations are noisy
@@ -184,3 +219,62 @@ def open_experiment(uri: str, name: str):
         return client, client.create_experiment(name, artifact_location=location)
     except MlflowException:  # created meanwhile by another job
         return client, client.get_experiment_by_name(name).experiment_id
+
+
+def sync(run_dir: Path, uri: str | None = None) -> str:
+    """Upload a run directory's journal into one MLflow run; returns the run id.
+
+    The run the job created is completed if the server has it (only what is missing is
+    logged, so a sync after a partial upload does not duplicate history); otherwise a new run
+    is created from the journal's params and tags.
+    """
+    from mlflow.entities import Metric, Param
+
+    path = Path(run_dir) / JOURNAL
+    if not path.is_file():
+        raise UserError(f"sync: {run_dir}: no {JOURNAL} (is it a stage's output_dir?)")
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    start = next((r for r in records if r["type"] == "start"), None)
+    if start is None:
+        raise UserError(f"sync: {path}: the journal has no start record")
+    target = uri or os.environ.get("MLFLOW_TRACKING_URI") or start["uri"]
+    if "***" in target:
+        raise UserError(f"sync: the journal's tracking URI had credentials, which are never stored; pass --uri")
+    target = resolve_uri(target)
+    client, experiment_id = open_experiment(target, start["experiment"])
+
+    run_id = next((r["run_id"] for r in reversed(records) if r["type"] == "run" and r["run_id"]), None)
+    if run_id is not None:
+        try:
+            client.get_run(run_id)
+        except Exception:  # noqa: BLE001 - not on this server: upload as a new run
+            run_id = None
+    if run_id is None:
+        run_id = client.create_run(experiment_id, run_name=start["run_name"], tags=start["tags"]).info.run_id
+    run = client.get_run(run_id)
+
+    params = [Param(k, v) for k, v in start["params"].items() if k not in run.data.params]
+    for i in range(0, len(params), 100):
+        client.log_batch(run_id, params=params[i : i + 100])
+    tags = {k: v for r in records if r["type"] in ("start", "tags") for k, v in r["tags"].items()}
+    client.log_batch(run_id, tags=[_tag(k, v) for k, v in tags.items()])
+
+    metrics = [r for r in records if r["type"] == "metric"]
+    have = {key: {(m.step, m.timestamp, m.value) for m in client.get_metric_history(run_id, key)}
+            for key in {r["key"] for r in metrics}}
+    missing = [Metric(r["key"], r["value"], r["ts"], r["step"]) for r in metrics
+               if (r["step"], r["ts"], r["value"]) not in have[r["key"]]]
+    for i in range(0, len(missing), 1000):
+        client.log_batch(run_id, metrics=missing[i : i + 1000])
+
+    for r in records:
+        if r["type"] == "artifact" and Path(r["path"]).exists():
+            if Path(r["path"]).is_dir():
+                client.log_artifacts(run_id, r["path"], r.get("artifact_path"))
+            else:
+                client.log_artifact(run_id, r["path"], r.get("artifact_path"))
+    end = next((r for r in reversed(records) if r["type"] == "end"), None)
+    client.set_terminated(run_id, status=end["status"] if end else "FAILED")  # no end record: it died
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps({"type": "synced", "run_id": run_id, "uri": redact(target)}) + "\n")
+    return run_id

@@ -2,14 +2,19 @@
 
 run() does everything that can be the user's fault first (config, device, data, model), so a
 bad input fails before any MLflow run or output exists; then fit() trains, evaluates each
-epoch, keeps the best model, and reports. The Backend hides single/DDP/DeepSpeed.
+epoch, keeps the best model, checkpoints, and reports. The Backend hides single/DDP/DeepSpeed.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
+import os
+import signal
+import socket
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -17,18 +22,51 @@ import torch
 import transformers
 import yaml
 from torch.utils.data import DataLoader, DistributedSampler, Subset
+from torch.utils.flop_counter import FlopCounterMode
 from tqdm.auto import tqdm
 
-from pipeline import models, telemetry
+from pipeline import checkpoint, models, telemetry
 from pipeline.config import Config, flatten
 from pipeline.fsutil import atomic_dir, write_json
 from pipeline.runtime import dist, precision
 from pipeline.runtime.backend import make_backend
 from pipeline.tasks import get_task
 from pipeline.tasks.base import SPLITS
-from pipeline.tracking import Tracker, resolve_uri
+from pipeline.tracking import Tracker, redact, resolve_uri
 
 log = logging.getLogger("pipeline")
+
+
+class Preempted(Exception):
+    """SIGTERM arrived; a checkpoint was written at the step boundary (exit code 143)."""
+
+
+class Diverged(RuntimeError):
+    """Too many consecutive non-finite losses (exit code 1; the last checkpoint is kept)."""
+
+
+@dataclass
+class LoopState:
+    """Everything about the loop's position and history that a resumed job needs."""
+
+    epoch: int = 0
+    batches_done: int = 0  # micro-batches of `epoch` already trained (a multiple of grad_accum)
+    step: int = 0
+    skipped: int = 0
+    nonfinite: int = 0
+    nonfinite_streak: int = 0
+    bad_evals: int = 0
+    best_main: float = -math.inf
+    best_figures: dict = field(default_factory=dict)
+    time_to_best: float | None = None
+    train_seconds: float = 0.0
+    samples: float = 0.0
+    tokens: float = 0.0
+    joules: float = 0.0
+    epoch_times: list = field(default_factory=list)
+    peak: dict = field(default_factory=dict)
+    last_loss: float = math.nan
+    run_id: str | None = None
 
 
 def run(cfg: Config, stage: str = "train") -> dict[str, float]:
@@ -46,48 +84,69 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
                                         cfg.train.max_length)
 
         out = Path(cfg.output_dir)
-        tracker = Tracker(out, active=rt.is_main)
+        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # elastic restart
+        ckpt = checkpoint.latest(out) if cfg.resume == "auto" or restarted else None
+        resume_state = ckpt.load_state() if ckpt else None
+        energy = telemetry.EnergyMeter(rt.device)
+        (energy_ok,) = dist.all_reduce([float(energy.available)], op="max")  # any rank that measures
+
+        tracker = Tracker(out, active=rt.is_main, resume=ckpt is not None)
+        resolved = cfg.to_dict()
+        resolved["tracking"]["uri"] = redact(uri)  # credentials never land in outputs
         if rt.is_main:
-            (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False, allow_unicode=True))
+            (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True))
         tags = {
             "task": cfg.task, "model": model_spec, "precision": policy.name, "precision_requested": cfg.precision,
             "backend": rt.backend, "launcher": rt.launcher, "world_size": rt.world_size,
             "num_nodes": rt.num_nodes, "stage": stage, "procedure": stage, "device": telemetry.device_name(rt.device),
             "device_type": rt.device.type, "seed": cfg.seed, "study": "",
-            "energy_available": "false",  # no energy counter is read yet: never a made-up zero
+            "energy_available": "true" if energy_ok else "false",
             **telemetry.environment_tags(), **cfg.tracking.tags,
         }
         run_name = cfg.tracking.run_name or f"{cfg.task}-{model_spec.split('/')[-1]}-{policy.name}"
-        tracker.start(uri, cfg.tracking.experiment, run_name, tags, flatten(cfg.to_dict()))
+        resume_run = resume_state["loop"]["run_id"] if resume_state else None
+        tracker.start(uri, cfg.tracking.experiment, run_name, tags, flatten(resolved),
+                      resume_run_id=resume_run)
         tracker.log_artifact(out / "config.yaml")
+        run_id = dist.broadcast_object(tracker.run_id)
+        if cfg.tracking.system_metrics and rt.local_rank == 0:
+            tracker.start_system_metrics(run_id, uri, f"node{rt.rank // max(1, rt.world_size // rt.num_nodes)}-"
+                                         f"{socket.gethostname()}", cfg.tracking.system_metrics_interval)
         try:
-            figures = fit(cfg, rt, policy, task, examples, tokenizer, model, tracker, out)
+            with _sigterm_flag() as preempt:
+                figures = fit(cfg, rt, policy, task, examples, tokenizer, model, tracker, out, energy, preempt,
+                              ckpt, resume_state, run_id)
         except BaseException as e:
-            tracker.end("KILLED" if isinstance(e, KeyboardInterrupt) else "FAILED")
+            tracker.end("KILLED" if isinstance(e, (KeyboardInterrupt, Preempted)) else "FAILED")
             raise
         tracker.end("FINISHED")
-        if rt.is_main and tracker.run_id:
-            ui = "python -m pipeline ui" + (f" --uri {uri}" if cfg.tracking.uri else "")
+        if rt.is_main and run_id:
+            ui = "python -m pipeline ui" + (f" --uri {redact(uri)}" if cfg.tracking.uri else "")
             log.info("MLflow run %s (experiment '%s') in %s\n    open it: %s --experiment %s",
-                     tracker.run_id, cfg.tracking.experiment, uri, ui, cfg.tracking.experiment)
+                     run_id, cfg.tracking.experiment, redact(uri), ui, cfg.tracking.experiment)
         return figures
     finally:
         dist.shutdown()
 
 
-def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, tracker: Tracker, out: Path) -> dict:
+def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, tracker: Tracker, out: Path, energy,
+        preempt, ckpt, resume_state, run_id) -> dict:
     t = cfg.train
     collate = task.collator(tokenizer)
     features = {split: task.featurize(examples[split], tokenizer, t.max_length, split) for split in SPLITS}
 
     # Every rank sees a disjoint slice of each epoch's permutation; the seed makes the
-    # permutation identical across ranks and equal to a single process's.
-    sampler = DistributedSampler(features["train"], num_replicas=rt.world_size, rank=rt.rank,
-                                 shuffle=True, seed=cfg.seed)
+    # permutation identical across ranks and equal to a single process's. Loaders get their
+    # own generators so that creating an iterator never draws from the global RNG (which
+    # drives dropout and must continue exactly after a resume).
+    sampler = ResumableSampler(features["train"], num_replicas=rt.world_size, rank=rt.rank, shuffle=True,
+                               seed=cfg.seed)
     train_loader = DataLoader(features["train"], batch_size=t.batch_size, sampler=sampler, collate_fn=collate,
-                              num_workers=t.num_workers, pin_memory=rt.device.type == "cuda")
+                              num_workers=t.num_workers, pin_memory=rt.device.type == "cuda",
+                              generator=torch.Generator().manual_seed(cfg.seed))
     eval_loaders = {split: DataLoader(Subset(features[split], range(rt.rank, len(features[split]), rt.world_size)),
-                                      batch_size=t.eval_batch_size, collate_fn=collate)
+                                      batch_size=t.eval_batch_size, collate_fn=collate,
+                                      generator=torch.Generator().manual_seed(cfg.seed))
                     for split in ("dev", "test")}
 
     steps_per_epoch = math.ceil(len(train_loader) / t.grad_accum)
@@ -101,102 +160,152 @@ def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, tracker: Trac
     backend = make_backend(rt, policy, t.max_grad_norm)
     model = backend.prepare(model, optimizer)
 
-    step = skipped = nonfinite = bad_evals = 0
-    best_main, best_state, best_figures, time_to_best = -math.inf, None, {}, None
-    run_meter = telemetry.ThroughputMeter(rt.device)
-    peak: dict[str, float] = {}
-    epoch_times: list[float] = []
-    last_loss = math.nan
-    torch.manual_seed(cfg.seed + rt.rank)  # dropout differs per rank; data order does not
+    state = LoopState(run_id=run_id)
+    best_state = None
+    if resume_state is not None:
+        backend.load_state_dict(resume_state["backend"])
+        scheduler.load_state_dict(resume_state["scheduler"])
+        state = LoopState(**{**resume_state["loop"], "run_id": run_id})
+        ckpt.restore_rng(rt.rank)
+        if (out / "best" / "model.safetensors").is_file():
+            from safetensors.torch import load_file
 
-    for epoch in range(epochs):
+            best_state = load_file(out / "best" / "model.safetensors")
+        if rt.is_main:
+            log.info("resumed from %s (epoch %d, step %d)", ckpt.path, state.epoch + 1, state.step)
+    else:
+        torch.manual_seed(cfg.seed + rt.rank)  # dropout differs per rank; data order does not
+    device_name = telemetry.device_name(rt.device)
+    peak_tflops = telemetry.peak_tflops(device_name, policy.name) if rt.device.type == "cuda" else None
+    flops_per_sample = None
+
+    def save_checkpoint():
+        loop = dataclasses.asdict(state)
+        bundle = {"backend": backend.state_dict(), "scheduler": scheduler.state_dict(), "loop": loop}
+        return checkpoint.save(out, state.step, bundle, rt.rank, keep=t.keep_checkpoints)
+
+    for epoch in range(state.epoch, epochs):
+        state.epoch = epoch
         sampler.set_epoch(epoch)
+        sampler.skip = state.batches_done * t.batch_size
         model.train()
         telemetry.reset_peak_memory(rt.device)
         meter = telemetry.ThroughputMeter(rt.device)
         meter.start()
+        energy.start()
         window_loss, window_n, group_loss = 0.0, 0, 0.0
         micro_steps = len(train_loader)
-        bar = tqdm(train_loader, desc=f"epoch {epoch + 1}/{epochs}", leave=False,
-                   disable=not rt.is_main or not sys.stderr.isatty())
-        for i, batch in enumerate(bar):
+        bar = tqdm(train_loader, desc=f"epoch {epoch + 1}/{epochs}", leave=False, initial=state.batches_done,
+                   total=micro_steps, disable=not rt.is_main or not sys.stderr.isatty())
+        for i, batch in enumerate(bar, start=state.batches_done):
             group_start = (i // t.grad_accum) * t.grad_accum
             group_len = min(t.grad_accum, micro_steps - group_start)  # the last group may be short
             last_micro = i - group_start == group_len - 1
             batch.pop("idx")
-            meter.add(len(batch["input_ids"]), int(batch["attention_mask"].sum()))  # host tensor: no sync
+            n_samples = len(batch["input_ids"])
+            meter.add(n_samples, int(batch["attention_mask"].sum()))  # host tensor: no sync
             inputs = {k: v.to(rt.device, non_blocking=True) for k, v in batch.items()}
 
+            # FLOPs are counted once, on the first micro-batch (forward + backward).
+            counter = FlopCounterMode(display=False) if flops_per_sample is None else contextlib.nullcontext()
             # No gradient all-reduce on accumulation micro-steps: only the last one syncs.
-            with contextlib.nullcontext() if last_micro else backend.no_sync():
+            with counter, contextlib.nullcontext() if last_micro else backend.no_sync():
                 with policy.autocast():
                     loss = model(**inputs).loss
                 backend.backward(loss / group_len)
+            if flops_per_sample is None:
+                flops_per_sample = counter.get_total_flops() / n_samples
             group_loss = group_loss + loss.detach() / group_len
             if not last_micro:
                 continue
 
             result = backend.step()
-            step += 1
+            state.step += 1
+            state.batches_done = i + 1
             if result.stepped:
                 scheduler.step()  # a step the loss scaler skipped does not advance the schedule
             else:
-                skipped += 1
+                state.skipped += 1
             loss_value = float(group_loss)  # the device is already synced by step()
             group_loss = 0.0
-            if math.isfinite(loss_value):
-                window_loss, window_n = window_loss + loss_value, window_n + 1
+            # one small collective agrees on preemption and non-finite losses on every rank
+            stop, any_nonfinite = dist.all_reduce([float(preempt.is_set()), float(not math.isfinite(loss_value))],
+                                                  op="max")
+            if any_nonfinite:
+                state.nonfinite += 1
+                state.nonfinite_streak += 1
+                if state.nonfinite_streak >= t.max_nonfinite:
+                    last = checkpoint.latest(out)
+                    raise Diverged(f"{state.nonfinite_streak} consecutive non-finite losses at step {state.step}; "
+                                   f"last good checkpoint: {last.path if last else 'none'}")
             else:
-                nonfinite += 1
-            if step % t.log_every == 0 or step == total_steps:
+                window_loss, window_n = window_loss + loss_value, window_n + 1
+                state.nonfinite_streak = 0
+            if state.step % t.log_every == 0 or state.step == total_steps:
                 mean_loss, n = dist.all_reduce([window_loss, window_n])
-                last_loss = mean_loss / n if n else math.nan
-                figures = {"train/loss": last_loss, "train/lr": scheduler.get_last_lr()[0],
-                           "train/grad_norm": float(result.grad_norm), "train/epoch": epoch + i / micro_steps}
+                state.last_loss = mean_loss / n if n else math.nan
+                figures = {"train/loss": state.last_loss, "train/lr": scheduler.get_last_lr()[0],
+                           "train/grad_norm": float(result.grad_norm), "train/epoch": epoch + (i + 1) / micro_steps,
+                           "amp/skipped_steps": state.skipped, "amp/nonfinite_losses": state.nonfinite}
                 if backend.loss_scale is not None:
                     figures["amp/loss_scale"] = backend.loss_scale
-                tracker.log_metrics(figures, step)
-                bar.set_postfix(loss=f"{last_loss:.4f}")
+                tracker.log_metrics(figures, state.step)
+                bar.set_postfix(loss=f"{state.last_loss:.4f}")
                 window_loss, window_n = 0.0, 0
-            if step >= total_steps:
+            if stop or (t.save_every and state.step % t.save_every == 0 and i + 1 < micro_steps):
+                meter.stop()  # the save is not training time
+                path = save_checkpoint()
+                if stop:
+                    raise Preempted(f"SIGTERM: checkpoint {path} written at step {state.step}")
+                meter.start()
+            if state.step >= total_steps:
                 break
         bar.close()
         elapsed = meter.stop()  # training steps only: evaluation and saving come after
+        joules_here = energy.stop()
 
         # ---- epoch figures, reduced over ranks (sums of work, the slowest rank's time)
         samples, tokens = dist.all_reduce([meter.samples, meter.tokens])
         (elapsed,) = dist.all_reduce([elapsed], op="max")
-        run_meter.samples += samples
-        run_meter.tokens += tokens
-        run_meter.seconds += elapsed
-        epoch_times.append(elapsed)
+        state.samples += samples
+        state.tokens += tokens
+        state.train_seconds += elapsed
+        state.epoch_times.append(elapsed)
         mem = telemetry.peak_memory(rt.device)
         mem = dict(zip(mem, dist.all_reduce(list(mem.values()), op="max")))
-        peak = {k: max(v, peak.get(k, 0.0)) for k, v in mem.items()}
+        state.peak = {k: max(v, state.peak.get(k, 0.0)) for k, v in mem.items()}
         scores = evaluate(backend.module, eval_loaders["dev"], task, policy, rt, examples["dev"], features["dev"])
         figures = {"perf/epoch_time_s": elapsed, "perf/train_samples_per_s": samples / elapsed,
                    "perf/train_tokens_per_s": tokens / elapsed, **mem,
-                   "amp/skipped_steps": skipped, "amp/nonfinite_losses": nonfinite,
+                   "amp/skipped_steps": state.skipped, "amp/nonfinite_losses": state.nonfinite,
                    **{f"eval/{k}": v for k, v in scores.items()}}
-        tracker.log_metrics(figures, step)
+        figures.update(compute_figures(flops_per_sample, samples, elapsed, peak_tflops, rt.world_size))
+        figures.update(energy_figures(energy, joules_here, samples, elapsed))
+        state.joules += figures.get("energy/joules", 0.0)
+        tracker.log_metrics(figures, state.step)
         if rt.is_main:
             log.info("epoch %d/%d  step %d  loss %.4f  dev %s %.4f  %.1f samples/s  %.1fs", epoch + 1, epochs,
-                     step, last_loss, task.main_metric, scores["main"], samples / elapsed, elapsed)
+                     state.step, state.last_loss, task.main_metric, scores["main"], samples / elapsed, elapsed)
 
         # ---- keep the best model; stop when the main metric stops improving
-        if scores["main"] > best_main:
-            best_main, bad_evals, time_to_best = scores["main"], 0, run_meter.seconds
-            best_figures = {f"eval/{k}": v for k, v in scores.items()}
+        if scores["main"] > state.best_main:
+            state.best_main, state.bad_evals, state.time_to_best = scores["main"], 0, state.train_seconds
+            state.best_figures = {f"eval/{k}": v for k, v in scores.items()}
             best_state = {k: v.detach().to("cpu", copy=True) for k, v in backend.module.state_dict().items()}
             if rt.is_main:
                 with atomic_dir(out / "best", replace=True) as tmp:
                     backend.module.save_pretrained(tmp, safe_serialization=True)
                     tokenizer.save_pretrained(tmp)
         else:
-            bad_evals += 1
-        if step >= total_steps or (t.patience and bad_evals >= t.patience):
-            if t.patience and bad_evals >= t.patience and rt.is_main:
-                log.info("early stop: no better dev %s for %d evaluations", task.main_metric, bad_evals)
+            state.bad_evals += 1
+        done = state.step >= total_steps or epoch + 1 == epochs
+        early = bool(t.patience and state.bad_evals >= t.patience)
+        state.epoch, state.batches_done = epoch + 1, 0
+        if not done and not early:
+            save_checkpoint()
+        if early and rt.is_main:
+            log.info("early stop: no better dev %s for %d evaluations", task.main_metric, state.bad_evals)
+        if done or early:
             break
 
     # ---- test with the best weights, then the final figures
@@ -205,18 +314,23 @@ def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, tracker: Trac
     test_scores = evaluate(backend.module, eval_loaders["test"], task, policy, rt, examples["test"],
                            features["test"], keep=True)
     final = {
-        **best_figures,
+        **state.best_figures,
         **{f"test/{k}": v for k, v in test_scores.items() if k != "_predictions"},
-        "train/loss": last_loss, "train/steps": step,
-        "perf/train_time_s": run_meter.seconds, "perf/time_to_best_s": time_to_best,
-        "perf/epoch_time_s": float(np.mean(epoch_times)),
-        "perf/train_samples_per_s": run_meter.samples / run_meter.seconds,
-        "perf/train_tokens_per_s": run_meter.tokens / run_meter.seconds,
-        **peak, "amp/skipped_steps": skipped, "amp/nonfinite_losses": nonfinite,
+        "train/loss": state.last_loss, "train/steps": state.step,
+        "perf/train_time_s": state.train_seconds, "perf/time_to_best_s": state.time_to_best,
+        "perf/epoch_time_s": float(np.mean(state.epoch_times)),
+        "perf/train_samples_per_s": state.samples / state.train_seconds,
+        "perf/train_tokens_per_s": state.tokens / state.train_seconds,
+        **state.peak, "amp/skipped_steps": state.skipped, "amp/nonfinite_losses": state.nonfinite,
+        **compute_figures(flops_per_sample, state.samples, state.train_seconds, peak_tflops, rt.world_size),
     }
+    if state.joules:
+        final.update({"energy/joules": state.joules, "energy/avg_power_w": state.joules / state.train_seconds,
+                      "energy/joules_per_sample": state.joules / state.samples})
     if backend.loss_scale is not None:
         final["amp/loss_scale"] = backend.loss_scale
-    tracker.log_metrics({k: v for k, v in final.items() if not k.startswith("eval/")}, step)
+    final = {k: v for k, v in final.items() if v is not None}
+    tracker.log_metrics({k: v for k, v in final.items() if not k.startswith("eval/")}, state.step)
     if rt.is_main:
         write_json(out / "metrics.json", final)
         report = task.report(test_scores["_predictions"], examples["test"], features["test"])
@@ -226,8 +340,36 @@ def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, tracker: Trac
         if cfg.tracking.log_model:
             tracker.log_artifact(out / "best", "best")
         log.info("test %s %.4f  |  %.1f samples/s over %.1fs of training  |  outputs in %s", task.main_metric,
-                 test_scores["main"], final["perf/train_samples_per_s"], run_meter.seconds, out)
+                 test_scores["main"], final["perf/train_samples_per_s"], state.train_seconds, out)
     return final
+
+
+def compute_figures(flops_per_sample, samples, seconds, peak_tflops, world_size) -> dict:
+    """Achieved TFLOP/s of the job and, on a GPU in the peak table, MFU."""
+    if not flops_per_sample or not seconds:
+        return {}
+    (flops_per_sample,) = dist.all_reduce([flops_per_sample], op="max")
+    tflops = flops_per_sample * samples / seconds / 1e12
+    figures = {"perf/flops_per_sample": flops_per_sample, "perf/tflops": tflops}
+    if peak_tflops:
+        figures["perf/mfu"] = tflops / (peak_tflops * world_size)
+    return figures
+
+
+def energy_figures(energy, joules_here, samples, seconds) -> dict:
+    """Energy of the epoch summed over the job's GPUs (each counted once, by UUID)."""
+    readings = dist.all_gather_objects((energy.uuid, joules_here, energy.mean_utilization)
+                                       if energy.available else None)
+    per_gpu = {r[0]: r for r in readings if r is not None}
+    if not per_gpu:
+        return {}
+    joules = sum(r[1] for r in per_gpu.values())
+    figures = {"energy/joules": joules, "energy/avg_power_w": joules / seconds,
+               "energy/joules_per_sample": joules / samples}
+    utils = [r[2] for r in per_gpu.values() if r[2] is not None]
+    if utils:
+        figures["energy/gpu_util_pct"] = float(np.mean(utils))
+    return figures
 
 
 @torch.inference_mode()
@@ -256,6 +398,35 @@ def evaluate(module, loader, task, policy, rt, examples, features, keep: bool = 
     if keep:
         scores["_predictions"] = predictions
     return scores
+
+
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler that can start an epoch part-way (after a resume)."""
+
+    skip = 0
+
+    def __iter__(self):
+        indices = list(super().__iter__())
+        return iter(indices[self.skip:])
+
+    def __len__(self):
+        return super().__len__()  # the loop counts positions over the whole epoch
+
+
+@contextlib.contextmanager
+def _sigterm_flag():
+    """SIGTERM (Slurm time limit, spot preemption) sets a flag the loop checks at step boundaries."""
+    import threading
+
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: flag.set())
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:

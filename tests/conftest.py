@@ -40,4 +40,5 @@ def mlflow_runs(db: Path, experiment: str):
 
 
 # a fast job: tiny model, short sequences; overridden per test
-FAST = ["model=preset:bangla-tiny", "train.max_length=48", "train.batch_size=32", "train.lr=1e-3"]
+FAST = ["model=preset:bangla-tiny", "train.max_length=48", "train.batch_size=32", "train.lr=1e-3",
+        "tracking.system_metrics=false"]

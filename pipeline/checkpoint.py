@@ -1,0 +1,132 @@
+"""Checkpoints that a kill at any moment cannot corrupt.
+
+Layout: OUTPUT_DIR/checkpoints/step-00000123/ with `state.pt` (model, optimizer, scheduler,
+loss scaler, loop state: rank 0 writes it, the states are identical on every DDP rank),
+`rng-rank{R}.pt` (every rank's RNG states) and `manifest.json` (sha256 of each file),
+written last. Every file goes into a temporary directory that is renamed when complete; a
+directory without a valid manifest, or whose checksums do not match, is skipped with a
+warning for the previous one. Loading uses torch.load(weights_only=True) only.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline.runtime import dist
+
+log = logging.getLogger("pipeline")
+MANIFEST = "manifest.json"
+
+
+@dataclass
+class Checkpoint:
+    path: Path
+    step: int
+
+    def load_state(self, map_location="cpu") -> dict:
+        return torch.load(self.path / "state.pt", map_location=map_location, weights_only=True)
+
+    def restore_rng(self, rank: int) -> None:
+        path = self.path / f"rng-rank{rank}.pt"
+        if not path.is_file():  # a job restarted with more ranks: new ranks keep their seeds
+            log.warning("checkpoint %s has no RNG state for rank %d", self.path.name, rank)
+            return
+        set_rng_state(torch.load(path, weights_only=True))
+
+
+def directory(output_dir: Path) -> Path:
+    return Path(output_dir) / "checkpoints"
+
+
+def save(output_dir: Path, step: int, state: dict, rank: int, keep: int) -> Path:
+    """Collective: every rank calls it at the same step boundary."""
+    root = directory(output_dir)
+    final = root / f"step-{step:08d}"
+    tmp = root / f".step-{step:08d}.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a save that was killed
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
+    if rank == 0:
+        torch.save(state, tmp / "state.pt")
+    dist.barrier()
+    if rank == 0:
+        files = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}
+        (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
+        shutil.rmtree(final, ignore_errors=True)
+        tmp.rename(final)
+        for old in complete(output_dir)[:-keep]:
+            shutil.rmtree(old.path, ignore_errors=True)
+    dist.barrier()
+    return final
+
+
+def latest(output_dir: Path) -> Checkpoint | None:
+    """The newest checkpoint whose files match their manifest; broken ones are skipped."""
+    for ckpt in reversed(complete(output_dir)):
+        try:
+            meta = json.loads((ckpt.path / MANIFEST).read_text())
+            for name, digest in meta["files"].items():
+                if _sha256(ckpt.path / name) != digest:
+                    raise ValueError(f"{name} does not match its checksum")
+            return ckpt
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("checkpoint %s is corrupted (%s); trying the previous one", ckpt.path.name, e)
+    return None
+
+
+def complete(output_dir: Path) -> list[Checkpoint]:
+    """Checkpoints with a manifest (i.e. fully written), oldest first."""
+    found = []
+    root = directory(output_dir)
+    for path in sorted(root.glob("step-*")) if root.is_dir() else []:
+        try:
+            found.append(Checkpoint(path, int(json.loads((path / MANIFEST).read_text())["step"])))
+        except (OSError, ValueError, KeyError):
+            log.warning("checkpoint %s has no valid manifest; skipping it", path.name)
+    return sorted(found, key=lambda c: c.step)
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state(), "python": _py_state(random.getstate()),
+             "numpy": _np_state(np.random.get_state())}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def _py_state(state):
+    version, internal, gauss = state
+    return [version, list(internal), gauss]
+
+
+def _np_state(state):  # weights_only loading takes tensors and plain types, not ndarrays
+    kind, keys, pos, has_gauss, cached = state
+    return [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,160 @@
+"""Tracking against a real `mlflow server` over HTTP: one run per 2-process job, nothing lost
+when the server dies (journal + sync), no secrets in params, tags or artifacts."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from conftest import FAST, ROOT, run_cli, torchrun
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, db, port=None):
+        self.db, self.port = db, port or free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc = None
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{self.db}",
+             "--default-artifact-root", str(self.db.parent / "artifacts"), "--host", "127.0.0.1",
+             "--port", str(self.port), "--workers", "1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                urllib.request.urlopen(f"{self.uri}/health", timeout=2)
+                return self
+            except OSError:
+                time.sleep(0.5)
+        raise AssertionError("mlflow server did not start")
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = Server(tmp_path / "server.db").start()
+    yield s
+    s.stop()
+
+
+def client(uri):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def only_run(uri, experiment):
+    c = client(uri)
+    runs = c.search_runs([c.get_experiment_by_name(experiment).experiment_id])
+    assert len(runs) == 1, [r.info.run_name for r in runs]
+    return runs[0]
+
+
+def test_two_process_job_against_an_http_server(tmp_path, server):
+    out = tmp_path / "out"
+    result = torchrun(2, "train", *FAST, "train.epochs=1", f"output_dir={out}", f"tracking.uri={server.uri}",
+                      "tracking.experiment=http")
+    assert result.returncode == 0, result.stderr[-3000:]
+    run = only_run(server.uri, "http")
+    final = json.loads((out / "metrics.json").read_text())
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["world_size"] == "2" and run.data.tags["energy_available"] == "false"
+    for key in ("test/main", "perf/train_samples_per_s", "perf/train_time_s", "perf/tflops", "amp/skipped_steps"):
+        assert run.data.metrics[key] == pytest.approx(final[key]), key
+    artifacts = {a.path for a in client(server.uri).list_artifacts(run.info.run_id)}
+    assert {"config.yaml", "metrics.json", "report.txt"} <= artifacts
+
+
+def test_server_dies_mid_run_training_finishes_and_sync_uploads_everything(tmp_path):
+    server = Server(tmp_path / "server.db").start()
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "2"}
+    job = subprocess.Popen([sys.executable, "-m", "pipeline", "train", *FAST, "train.epochs=3", "train.log_every=5",
+                            f"output_dir={out}", f"tracking.uri={server.uri}", "tracking.experiment=dies"],
+                           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    journal = out / "journal.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and '"key": "eval/main"' not in (journal.read_text() if journal.exists() else ""):
+        time.sleep(0.2)
+    server.stop()  # after the first epoch's figures reached it
+    output, _ = job.communicate(timeout=600)
+    assert job.returncode == 0, output[-3000:]
+    assert "MLflow unavailable" in output and "pipeline sync" in output
+
+    restarted = Server(server.db, port=server.port).start()
+    try:
+        partial = only_run(restarted.uri, "dies")
+        assert partial.info.status == "RUNNING" and "test/main" not in partial.data.metrics
+        result = run_cli("sync", out, "--uri", restarted.uri)
+        assert result.returncode == 0, result.stderr
+        run = only_run(restarted.uri, "dies")  # completed in place, not a second run
+        assert run.info.run_id == partial.info.run_id and run.info.status == "FINISHED"
+        final = json.loads((out / "metrics.json").read_text())
+        for key, value in final.items():
+            if not key.startswith("eval/"):  # eval/* in metrics.json is the best epoch's, MLflow has the last
+                assert run.data.metrics[key] == pytest.approx(value), key
+        journaled = [json.loads(l) for l in journal.read_text().splitlines() if '"metric"' in l]
+        history = client(restarted.uri).get_metric_history(run.info.run_id, "train/loss")
+        assert len(history) == sum(1 for r in journaled if r["key"] == "train/loss")  # no duplicates
+        assert run_cli("sync", out, "--uri", restarted.uri).returncode == 0  # idempotent
+        assert len(client(restarted.uri).get_metric_history(run.info.run_id, "train/loss")) == len(history)
+    finally:
+        restarted.stop()
+
+
+def test_unreachable_server_at_start_then_sync_creates_the_run(tmp_path):
+    out = tmp_path / "out"
+    dead = f"http://127.0.0.1:{free_port()}"
+    result = run_cli("train", *FAST, "train.max_steps=10", f"output_dir={out}", f"tracking.uri={dead}",
+                     "tracking.experiment=late")
+    assert result.returncode == 0, result.stderr[-2000:]
+    server = Server(tmp_path / "late.db").start()
+    try:
+        assert run_cli("sync", out, "--uri", server.uri).returncode == 0
+        run = only_run(server.uri, "late")
+        final = json.loads((out / "metrics.json").read_text())
+        assert run.info.status == "FINISHED" and run.data.metrics["test/main"] == pytest.approx(final["test/main"])
+        assert run.data.params["train.lr"] == "0.001" and run.data.tags["task"] == "sentiment"
+    finally:
+        server.stop()
+
+
+def test_no_secrets_in_params_tags_or_artifacts(tmp_path, server):
+    out = tmp_path / "out"
+    secret_uri = server.uri.replace("http://", "http://alice:hunter2pw@")
+    env = {"HF_TOKEN": "hf_supersecret1", "WANDB_API_KEY": "key_supersecret2", "MLFLOW_TRACKING_PASSWORD": "pw3"}
+    result = run_cli("train", *FAST, "train.max_steps=5", f"output_dir={out}", f"tracking.uri={secret_uri}",
+                     "tracking.experiment=secrets", "tracking.tags.api_token=tok_supersecret4", env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    run = only_run(server.uri, "secrets")
+    exposed = json.dumps({"params": run.data.params, "tags": run.data.tags})
+    for path in out.rglob("*"):
+        if path.is_file() and path.suffix in (".yaml", ".json", ".jsonl", ".txt"):
+            exposed += path.read_text(encoding="utf-8")
+    exposed += result.stderr + result.stdout
+    for secret in ("hunter2pw", "hf_supersecret1", "key_supersecret2", "tok_supersecret4"):
+        assert secret not in exposed, secret
+    assert run.data.tags["api_token"] == "***"
+
+
+def test_malformed_tracking_uri_is_a_user_error(tmp_path):
+    result = run_cli("train", "tracking.uri=mlflow-server:5000", f"output_dir={tmp_path / 'out'}")
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("error: config: tracking.uri=mlflow-server:5000: not a tracking URI")
