@@ -144,3 +144,55 @@ def test_checkpoints_refuse_pickled_code(tmp_path):
     (ckpt.path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(Exception, match="[Ww]eights only load failed"):
         ckpt.load_state()
+
+
+def start_torchrun(*args, log, max_restarts=0):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           f"--max-restarts={max_restarts}", "-m", "pipeline", *map(str, args)]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_ddp(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("uninterrupted_ddp")
+    proc = start_torchrun("train", *JOB, f"output_dir={tmp / 'out'}", f"tracking.uri=sqlite:///{tmp}/m.db",
+                          log=tmp / "log")
+    assert proc.wait(timeout=600) == 0, (tmp / "log").read_text()[-3000:]
+    return tmp / "out"
+
+
+def test_ddp_sigkill_then_resume_gives_identical_results(tmp_path, uninterrupted_ddp):
+    out, db = tmp_path / "out", tmp_path / "m.db"
+    proc = start_torchrun("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log")
+    wait_for(lambda: (checkpoint.latest(out) or checkpoint.Checkpoint(None, 0)).step >= 20 or proc.poll() is not None,
+             what="a checkpoint at step 20")
+    os.killpg(proc.pid, signal.SIGKILL)  # the agent and both workers
+    proc.wait()
+    assert not (out / "metrics.json").exists()
+    resumed = start_torchrun("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", "resume=auto",
+                             log=tmp_path / "log2")
+    assert resumed.wait(timeout=600) == 0, (tmp_path / "log2").read_text()[-3000:]
+    assert "resumed from" in (tmp_path / "log2").read_text()
+    assert_same_result(uninterrupted_ddp, out)
+    (mlrun,) = mlflow_runs(db, "pipeline")
+    assert mlrun.info.status == "FINISHED" and mlrun.data.tags["world_size"] == "2"
+
+
+def test_elastic_restart_after_a_worker_is_killed_completes_in_the_same_run(tmp_path, uninterrupted_ddp):
+    import psutil
+
+    out, db = tmp_path / "out", tmp_path / "m.db"
+    agent = start_torchrun("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log",
+                           max_restarts=1)
+    wait_for(lambda: (checkpoint.latest(out) or checkpoint.Checkpoint(None, 0)).step >= 20 or agent.poll() is not None,
+             what="a checkpoint at step 20")
+    workers = [p for p in psutil.Process(agent.pid).children(recursive=True) if "pipeline" in " ".join(p.cmdline())]
+    assert len(workers) == 2
+    workers[1].kill()  # one worker dies; the agent restarts the group, which resumes
+    assert agent.wait(timeout=600) == 0, (tmp_path / "log").read_text()[-3000:]
+    assert "resumed from" in (tmp_path / "log").read_text()
+    assert_same_result(uninterrupted_ddp, out)
+    (mlrun,) = mlflow_runs(db, "pipeline")  # the restarted workers continued the same run
+    assert mlrun.info.status == "FINISHED"
