@@ -55,6 +55,8 @@ def init(backend: str, want_cuda: bool = True) -> Runtime:
 
     if backend == "auto":
         backend = "deepspeed" if launcher == "deepspeed" else ("ddp" if world > 1 else "single")
+    if backend == "deepspeed":
+        raise UserError("backend=deepspeed: the DeepSpeed backend is not in this version yet; use torchrun (ddp)")
     if backend == "single" and world > 1:
         raise UserError(f"backend=single: launched with {world} processes; use backend=ddp or auto")
     if backend == "ddp" and launcher == "none":
