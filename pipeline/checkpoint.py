@@ -1,9 +1,9 @@
 """Checkpoints that a kill at any moment cannot corrupt.
 
-Layout: OUTPUT_DIR/checkpoints/step-00000123/ with `state.pt` (model, optimizer, scheduler,
-loss scaler, loop state: rank 0 writes it, the states are identical on every DDP rank),
-`rng-rank{R}.pt` (every rank's RNG states) and `manifest.json` (sha256 of each file),
-written last. Every file goes into a temporary directory that is renamed when complete; a
+Layout: OUTPUT_DIR/checkpoints/step-00000123/ with `state.pt` (scheduler and loop state,
+rank 0), what the backend writes (`backend.pt`: model, optimizer, loss scaler; or DeepSpeed's
+own engine checkpoint under `engine/`), `rng-rank{R}.pt` (every rank's RNG states) and
+`manifest.json` (sha256 of each file), written last. Every file goes into a temporary directory that is renamed when complete; a
 directory without a valid manifest, or whose checksums do not match, is skipped with a
 warning for the previous one. Loading uses torch.load(weights_only=True) only.
 """
@@ -46,8 +46,8 @@ def directory(output_dir: Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
-def save(output_dir: Path, step: int, state: dict, rank: int, keep: int) -> Path:
-    """Collective: every rank calls it at the same step boundary."""
+def save(output_dir: Path, step: int, state: dict, rank: int, keep: int, write_backend=None) -> Path:
+    """Collective: every rank calls it at the same step boundary; write_backend(dir, rank) too."""
     root = directory(output_dir)
     final = root / f"step-{step:08d}"
     tmp = root / f".step-{step:08d}.tmp"
@@ -56,11 +56,13 @@ def save(output_dir: Path, step: int, state: dict, rank: int, keep: int) -> Path
         tmp.mkdir(parents=True)
     dist.barrier()
     torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
+    if write_backend is not None:
+        write_backend(tmp, rank)
     if rank == 0:
         torch.save(state, tmp / "state.pt")
     dist.barrier()
     if rank == 0:
-        files = {p.name: _sha256(p) for p in sorted(tmp.iterdir())}
+        files = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
         (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)

@@ -5,6 +5,7 @@ Exit codes: 0 done; 2 the user's input is wrong (one line on stderr); 1 anything
 from __future__ import annotations
 
 import argparse
+import warnings
 import logging
 import os
 import sys
@@ -96,7 +97,8 @@ def _strip_local_rank(argv: list[str]) -> list[str]:
 def _quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # fork-safety warnings in DataLoader workers
     os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
-    for name in ("transformers", "datasets", "alembic", "mlflow", "mlflow.store.db.utils", "urllib3"):
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
+    for name in ("transformers", "datasets", "alembic", "mlflow", "mlflow.store.db.utils", "urllib3", "DeepSpeed"):
         logging.getLogger(name).setLevel(logging.WARNING)
     try:
         import datasets

@@ -82,6 +82,7 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
         model_spec = cfg.model or task.default_model
         tokenizer, model = models.build(model_spec, task, task.texts(examples["train"]), cfg.model_config,
                                         cfg.train.max_length)
+        backend = make_backend(rt, policy, cfg)  # resolves and checks a DeepSpeed config, if any
 
         out = Path(cfg.output_dir)
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # elastic restart
@@ -114,8 +115,8 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
                                          f"{socket.gethostname()}", cfg.tracking.system_metrics_interval)
         try:
             with _sigterm_flag() as preempt:
-                figures = fit(cfg, rt, policy, task, examples, tokenizer, model, tracker, out, energy, preempt,
-                              ckpt, resume_state, run_id)
+                figures = fit(cfg, rt, policy, task, examples, tokenizer, model, backend, tracker, out, energy,
+                              preempt, ckpt, resume_state, run_id)
         except BaseException as e:
             tracker.end("KILLED" if isinstance(e, (KeyboardInterrupt, Preempted)) else "FAILED")
             raise
@@ -129,7 +130,7 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
         dist.shutdown()
 
 
-def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, tracker: Tracker, out: Path, energy,
+def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, backend, tracker: Tracker, out: Path, energy,
         preempt, ckpt, resume_state, run_id) -> dict:
     t = cfg.train
     collate = task.collator(tokenizer)
@@ -144,7 +145,7 @@ def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, tracker: Trac
     train_loader = DataLoader(features["train"], batch_size=t.batch_size, sampler=sampler, collate_fn=collate,
                               num_workers=t.num_workers, pin_memory=rt.device.type == "cuda",
                               generator=torch.Generator().manual_seed(cfg.seed))
-    eval_loaders = {split: DataLoader(Subset(features[split], range(rt.rank, len(features[split]), rt.world_size)),
+    eval_loaders = {split: DataLoader(Subset(features[split], eval_shard(len(features[split]), rt)),
                                       batch_size=t.eval_batch_size, collate_fn=collate,
                                       generator=torch.Generator().manual_seed(cfg.seed))
                     for split in ("dev", "test")}
@@ -157,20 +158,23 @@ def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, tracker: Trac
     optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr)
     scheduler = transformers.get_linear_schedule_with_warmup(
         optimizer, num_warmup_steps=math.ceil(t.warmup_ratio * total_steps), num_training_steps=total_steps)
-    backend = make_backend(rt, policy, t.max_grad_norm)
     model = backend.prepare(model, optimizer)
+    for name, content in backend.extra_artifacts.items():  # e.g. the resolved DeepSpeed config
+        if rt.is_main:
+            write_json(out / name, content)
+            tracker.log_artifact(out / name)
 
     state = LoopState(run_id=run_id)
     best_state = None
     if resume_state is not None:
-        backend.load_state_dict(resume_state["backend"])
+        backend.load(ckpt.path)
         scheduler.load_state_dict(resume_state["scheduler"])
         state = LoopState(**{**resume_state["loop"], "run_id": run_id})
         ckpt.restore_rng(rt.rank)
         if (out / "best" / "model.safetensors").is_file():
             from safetensors.torch import load_file
 
-            best_state = load_file(out / "best" / "model.safetensors")
+            best_state = {k: v.float() for k, v in load_file(out / "best" / "model.safetensors").items()}
         if rt.is_main:
             log.info("resumed from %s (epoch %d, step %d)", ckpt.path, state.epoch + 1, state.step)
     else:
@@ -180,9 +184,8 @@ def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, tracker: Trac
     flops_per_sample = None
 
     def save_checkpoint():
-        loop = dataclasses.asdict(state)
-        bundle = {"backend": backend.state_dict(), "scheduler": scheduler.state_dict(), "loop": loop}
-        return checkpoint.save(out, state.step, bundle, rt.rank, keep=t.keep_checkpoints)
+        bundle = {"scheduler": scheduler.state_dict(), "loop": dataclasses.asdict(state)}
+        return checkpoint.save(out, state.step, bundle, rt.rank, keep=t.keep_checkpoints, write_backend=backend.save)
 
     for epoch in range(state.epoch, epochs):
         state.epoch = epoch
@@ -291,10 +294,10 @@ def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, tracker: Trac
         if scores["main"] > state.best_main:
             state.best_main, state.bad_evals, state.time_to_best = scores["main"], 0, state.train_seconds
             state.best_figures = {f"eval/{k}": v for k, v in scores.items()}
-            best_state = {k: v.detach().to("cpu", copy=True) for k, v in backend.module.state_dict().items()}
+            best_state = backend.full_state_dict()  # collective under ZeRO-3 (gathers the shards)
             if rt.is_main:
                 with atomic_dir(out / "best", replace=True) as tmp:
-                    backend.module.save_pretrained(tmp, safe_serialization=True)
+                    backend.module.save_pretrained(tmp, state_dict=dict(best_state), safe_serialization=True)  # it consumes the dict
                     tokenizer.save_pretrained(tmp)
         else:
             state.bad_evals += 1
@@ -310,7 +313,7 @@ def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, tracker: Trac
 
     # ---- test with the best weights, then the final figures
     if best_state is not None:  # None only if every evaluation scored NaN
-        backend.module.load_state_dict(best_state)
+        backend.load_full_state_dict(best_state)
     test_scores = evaluate(backend.module, eval_loaders["test"], task, policy, rt, examples["test"],
                            features["test"], keep=True)
     final = {
@@ -388,16 +391,24 @@ def evaluate(module, loader, task, policy, rt, examples, features, keep: bool = 
     local = (np.concatenate(indices) if indices else np.zeros(0, dtype=np.int64),
              {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}, loss_sum)
     gathered = dist.all_gather_objects(local)
-    order = np.argsort(np.concatenate([g[0] for g in gathered]), kind="stable")
+    # rows ordered by idx; a row two ranks both predicted (shard padding) is kept once
+    _, first = np.unique(np.concatenate([g[0] for g in gathered]), return_index=True)
     keys = next(g[1].keys() for g in gathered if g[1])
-    predictions = {k: np.concatenate([g[1][k] for g in gathered if g[1]])[order] for k in keys}
+    predictions = {k: np.concatenate([g[1][k] for g in gathered if g[1]])[first] for k in keys}
     scores = task.metrics(predictions, examples, features)
     scores["main"] = scores[task.main_metric]
     if any(g[2] for g in gathered):
-        scores["loss"] = sum(g[2] for g in gathered) / len(features)
+        scores["loss"] = sum(g[2] for g in gathered) / sum(len(g[0]) for g in gathered)
     if keep:
         scores["_predictions"] = predictions
     return scores
+
+
+def eval_shard(n: int, rt) -> list[int]:
+    """This rank's rows of an eval split: every rank gets the same number of rows (ZeRO-3 runs
+    its forward passes in lockstep), the last ranks wrap around to rows already covered."""
+    per_rank = math.ceil(n / rt.world_size)
+    return [(rt.rank + rt.world_size * j) % n for j in range(per_rank)]
 
 
 class ResumableSampler(DistributedSampler):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -26,6 +27,8 @@ class StepResult:
 
 class TorchBackend:
     """One process, or torchrun DDP (gloo on CPU, NCCL on GPU)."""
+
+    extra_artifacts: dict = {}
 
     def __init__(self, rt: Runtime, policy: PrecisionPolicy, max_grad_norm: float):
         self.rt = rt
@@ -77,22 +80,32 @@ class TorchBackend:
     def loss_scale(self) -> float | None:
         return self.scaler.get_scale() if self.scaler else None
 
-    def state_dict(self) -> dict:
-        state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
-        if self.scaler:
-            state["scaler"] = self.scaler.state_dict()
-        return state
+    # ------------------------------------------------------------------ state
+    def save(self, directory: Path, rank: int) -> None:
+        """Collective. Model and optimizer are identical on every DDP rank: rank 0 writes them."""
+        if rank == 0:
+            state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+            if self.scaler:
+                state["scaler"] = self.scaler.state_dict()
+            torch.save(state, Path(directory) / "backend.pt")
 
-    def load_state_dict(self, state: dict) -> None:
+    def load(self, directory: Path) -> None:
+        state = torch.load(Path(directory) / "backend.pt", map_location=self.rt.device, weights_only=True)
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
 
+    def full_state_dict(self) -> dict:
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
 
-def make_backend(rt: Runtime, policy: PrecisionPolicy, max_grad_norm: float):
+    def load_full_state_dict(self, state: dict) -> None:
+        self.module.load_state_dict(state)
+
+
+def make_backend(rt: Runtime, policy: PrecisionPolicy, cfg):
     if rt.backend == "deepspeed":
         from pipeline.runtime.deepspeed_backend import DeepSpeedBackend
 
-        return DeepSpeedBackend(rt, policy, max_grad_norm)
-    return TorchBackend(rt, policy, max_grad_norm)
+        return DeepSpeedBackend(rt, policy, cfg)
+    return TorchBackend(rt, policy, cfg.train.max_grad_norm)

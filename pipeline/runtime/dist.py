@@ -50,17 +50,20 @@ def init(backend: str, want_cuda: bool = True) -> Runtime:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = env_rank()
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    # torchrun says LOCAL_WORLD_SIZE; the deepspeed launcher says LOCAL_SIZE
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", str(world))))
     num_nodes = max(1, world // max(1, local_world))
 
     if backend == "auto":
         backend = "deepspeed" if launcher == "deepspeed" else ("ddp" if world > 1 else "single")
-    if backend == "deepspeed":
-        raise UserError("backend=deepspeed: the DeepSpeed backend is not in this version yet; use torchrun (ddp)")
     if backend == "single" and world > 1:
         raise UserError(f"backend=single: launched with {world} processes; use backend=ddp or auto")
     if backend == "ddp" and launcher == "none":
         raise UserError("backend=ddp: needs a launcher (torchrun --nproc_per_node N -m pipeline train ...)")
+    if backend == "deepspeed" and launcher == "none":
+        # DeepSpeed's engine needs a process group even for one process
+        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                           "MASTER_PORT": os.environ.get("MASTER_PORT", str(_free_port()))})
 
     if want_cuda and torch.cuda.is_available():
         if local_rank >= torch.cuda.device_count():
@@ -74,8 +77,25 @@ def init(backend: str, want_cuda: bool = True) -> Runtime:
         device = torch.device("cpu")
 
     if backend in ("ddp", "deepspeed") and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None)
+        kind = "nccl" if device.type == "cuda" else "gloo"
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        if restart != "0":
+            # After an elastic restart the agent's store still holds the previous attempt's
+            # addresses (a killed rank's port among them): namespace this attempt's keys.
+            store, _, _ = next(dist.rendezvous("env://"))
+            dist.init_process_group(kind, store=dist.PrefixStore(f"pipeline/attempt_{restart}", store),
+                                    rank=rank, world_size=world)
+        else:
+            dist.init_process_group(kind, device_id=device if device.type == "cuda" else None)
     return Runtime(launcher, backend, rank, local_rank, world, num_nodes, device)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def shutdown() -> None:

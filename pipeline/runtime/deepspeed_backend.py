@@ -1,0 +1,150 @@
+"""The DeepSpeed backend: the same seam as TorchBackend, driven by DeepSpeed's engine.
+
+The DeepSpeed JSON may say "auto" for what the pipeline already knows (micro-batch,
+accumulation, global batch, clipping, optimizer lr/betas/eps/weight decay, the fp16/bf16
+blocks from `precision`); those are filled from the config. A value set in both places that
+disagrees is a UserError naming both, never a silent override.
+
+The loop owns gradient accumulation (managed_gradient_accumulation=false: every step() is the
+boundary) and the LR schedule (stepped only when the engine says the step was applied), so
+the two backends behave alike; fp16 uses DeepSpeed's own dynamic loss scaler.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import torch
+
+from pipeline.errors import UserError
+from pipeline.runtime.backend import StepResult
+from pipeline.runtime.dist import Runtime
+from pipeline.runtime.precision import PrecisionPolicy
+
+DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "ds_configs" / "zero2.json"
+
+
+def load_ds_config(path: str | None) -> dict:
+    p = Path(path) if path else DEFAULT_CONFIG
+    if not p.is_file():
+        raise UserError(f"config: deepspeed={p}: no such file")
+    try:
+        cfg = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"config: deepspeed={p}: not valid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise UserError(f"config: deepspeed={p}: the top level must be an object")
+    return cfg
+
+
+def resolve_ds_config(raw: dict, train, precision: str, world_size: int, source: str) -> dict:
+    """Fill "auto" values from the pipeline config; refuse disagreements."""
+    cfg = json.loads(json.dumps(raw))  # deep copy
+
+    def fill(block: dict, key: str, value, ours: str, label: str | None = None):
+        if block.get(key, "auto") == "auto":
+            block[key] = value
+        elif block[key] != value:
+            theirs = f"{label or key}={json.dumps(block[key])}"
+            mine = ours if label else f"{ours}={value}"
+            raise UserError(f"config: {source} sets {theirs} but {mine}; "
+                            f"make them agree or write \"auto\" in the DeepSpeed config")
+
+    fill(cfg, "train_micro_batch_size_per_gpu", train.batch_size, "train.batch_size")
+    fill(cfg, "gradient_accumulation_steps", train.grad_accum, "train.grad_accum")
+    fill(cfg, "train_batch_size", train.batch_size * train.grad_accum * world_size,
+         "train.batch_size x train.grad_accum x world size")
+    fill(cfg, "gradient_clipping", train.max_grad_norm, "train.max_grad_norm")
+    for name in ("fp16", "bf16"):
+        block = cfg.setdefault(name, {})
+        fill(block, "enabled", precision == name, f"precision={precision}", label=f"{name}.enabled")
+    if "optimizer" in cfg:
+        params = cfg["optimizer"].setdefault("params", {})
+        fill(params, "lr", train.lr, "train.lr")
+        fill(params, "weight_decay", train.weight_decay, "train.weight_decay")
+    if "scheduler" in cfg:
+        raise UserError(f"config: {source}: remove the scheduler block; the pipeline's linear warm-up/decay "
+                        "schedule is used with every backend")
+    cfg["managed_gradient_accumulation"] = False
+    return cfg
+
+
+def check_supported(ds_cfg: dict, policy: PrecisionPolicy, device: torch.device, source: str) -> None:
+    """Combinations that cannot work, refused at start instead of deep inside DeepSpeed."""
+    stage = ds_cfg.get("zero_optimization", {}).get("stage", 0)
+    if policy.name == "fp16" and device.type == "cpu":
+        raise UserError("precision=fp16 with backend=deepspeed: DeepSpeed's CPU accelerator has no fp16 "
+                        "training; use bf16 or fp32")
+    if stage not in (0, 1, 2, 3):
+        raise UserError(f"config: {source}: zero_optimization.stage={stage}: must be 0, 1, 2 or 3")
+
+
+class DeepSpeedBackend:
+    def __init__(self, rt: Runtime, policy: PrecisionPolicy, cfg):
+        self.rt = rt
+        self.policy = policy
+        self.source = cfg.deepspeed or str(DEFAULT_CONFIG)
+        self.ds_config = resolve_ds_config(load_ds_config(cfg.deepspeed), cfg.train, policy.name, rt.world_size,
+                                           self.source)
+        check_supported(self.ds_config, policy, rt.device, self.source)
+        self.stage = self.ds_config.get("zero_optimization", {}).get("stage", 0)
+        self.engine = None
+
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
+        import deepspeed
+
+        client_optimizer = None if "optimizer" in self.ds_config else optimizer
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=model, optimizer=client_optimizer, model_parameters=None if client_optimizer else
+            [p for p in model.parameters() if p.requires_grad], config=self.ds_config)
+        self.module = self.engine.module
+        self.model = self.engine
+        return self.engine
+
+    def no_sync(self):
+        # unmanaged accumulation: ZeRO reduces per backward; step() is the boundary
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss, scale_wrt_gas=False)  # the loop already divided by the group length
+
+    def step(self) -> StepResult:
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        norm = torch.as_tensor(float("nan") if norm is None else float(norm))
+        return StepResult(bool(self.engine.was_step_applied()), norm)
+
+    @property
+    def loss_scale(self) -> float | None:
+        if not self.engine.fp16_enabled():
+            return None
+        config = getattr(self.engine.optimizer, "loss_scale_config", None)
+        return float(config.cur_scale) if config is not None else None
+
+    # ------------------------------------------------------------------ state
+    def save(self, directory: Path, rank: int) -> None:
+        """Collective: DeepSpeed's own checkpoint (every rank writes its ZeRO partitions)."""
+        self.engine.save_checkpoint(str(directory), tag="engine", save_latest=False)
+
+    def load(self, directory: Path) -> None:
+        path, _ = self.engine.load_checkpoint(str(directory), tag="engine", load_lr_scheduler_states=False)
+        if path is None:
+            raise RuntimeError(f"DeepSpeed could not load its checkpoint from {directory}")
+
+    def full_state_dict(self) -> dict:
+        """Collective: the whole model on every rank, on CPU (gathered from ZeRO-3 partitions)."""
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=None):
+            return {k: v.detach().to("cpu", torch.float32, copy=True) for k, v in self.module.state_dict().items()}
+
+    def load_full_state_dict(self, state: dict) -> None:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(self.module.parameters()), modifier_rank=0):
+            self.module.load_state_dict(state)
+
+    @property
+    def extra_artifacts(self) -> dict:
+        return {"deepspeed_config.json": self.ds_config}
