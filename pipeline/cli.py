@@ -15,6 +15,8 @@ from pipeline.errors import UserError
 USAGE = """usage:
   python -m pipeline train   [CONFIG.yaml] [key=value ...]   one training stage
   python -m pipeline distill [CONFIG.yaml] [key=value ...]   one knowledge-distillation stage
+  python -m pipeline study STUDY.yaml [--dry-run] [k=v ...]  run a matrix of stages, then the report
+  python -m pipeline report --experiment NAME [--out DIR]    tables and charts of a study's runs
   python -m pipeline ui [--experiment NAME] [--host H]       MLflow UI on the tracking store
   python -m pipeline sync RUN_DIR [--uri URI]                upload a run's journal to MLflow
 """
@@ -40,6 +42,14 @@ def main(argv: list[str] | None = None) -> int:
             from pipeline import ui
 
             return ui.main(rest)
+        if command == "study":
+            from pipeline import study
+
+            return study.main(rest)
+        if command == "report":
+            from pipeline import report
+
+            return report.main(rest)
         raise UserError(f"unknown command {command!r}\n{USAGE}".splitlines()[0])
     except UserError as e:
         if rank == 0:  # every rank hits the same check; one line is enough
@@ -64,8 +74,6 @@ def _stage(command: str, args: list[str]) -> int:
         if "=" not in a:
             raise UserError(f"argument {a!r}: expected key=value (a config file goes first)")
     cfg = load_config(config_path, args)
-    if command == "distill":
-        raise UserError("distill: knowledge distillation is not available in this version yet")
     from pipeline.train import run
 
     run(cfg, stage=command)

@@ -43,8 +43,8 @@ class TrainConfig:
     """Batch per device for evaluation."""
     grad_accum: int = 1
     """Micro-batches per optimizer step; gradients are all-reduced only on the last one."""
-    lr: float = 5e-5
-    """Peak learning rate of AdamW."""
+    lr: float | None = None
+    """Peak learning rate of AdamW; unset: 3e-4 for presets (trained from scratch), else 5e-5."""
     warmup_ratio: float = 0.1
     """Fraction of optimizer steps with linear warm-up; then linear decay to zero."""
     weight_decay: float = 0.01
@@ -91,6 +91,8 @@ class TrackingConfig:
     """Also upload the best model directory as a run artifact."""
     tags: dict = field(default_factory=dict)
     """Extra run tags, e.g. tracking.tags.study=NAME (the study runner sets study and procedure)."""
+    parent_run_id: str | None = None
+    """Nest this stage's run under a parent run (the study runner's), as MLflow's UI shows it."""
     system_metrics: bool = True
     """MLflow system metrics (CPU, memory, GPU) on every node, tagged with a node id."""
     system_metrics_interval: float = 10.0
@@ -134,7 +136,7 @@ class Config:
         _check("train.batch_size", t.batch_size, t.batch_size >= 1, "must be >= 1")
         _check("train.eval_batch_size", t.eval_batch_size, t.eval_batch_size >= 1, "must be >= 1")
         _check("train.grad_accum", t.grad_accum, t.grad_accum >= 1, "must be >= 1")
-        _check("train.lr", t.lr, t.lr > 0, "must be > 0")
+        _check("train.lr", t.lr, t.lr is None or t.lr > 0, "must be > 0")
         _check("train.warmup_ratio", t.warmup_ratio, 0 <= t.warmup_ratio < 1, "must be in [0, 1)")
         _check("train.weight_decay", t.weight_decay, t.weight_decay >= 0, "must be >= 0")
         _check("train.max_grad_norm", t.max_grad_norm, t.max_grad_norm >= 0, "must be >= 0 (0 = no clipping)")

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from pipeline import checkpoint, models, telemetry
 from pipeline.config import Config, flatten
+from pipeline.errors import UserError
 from pipeline.fsutil import atomic_dir, write_json
 from pipeline.runtime import dist, precision
 from pipeline.runtime.backend import make_backend
@@ -79,9 +80,15 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
         examples = {split: task.load(getattr(cfg.data, split), split) for split in SPLITS}
         uri = resolve_uri(cfg.tracking.uri)
         transformers.set_seed(cfg.seed)  # identical initial weights on every rank
-        model_spec = cfg.model or task.default_model
-        tokenizer, model = models.build(model_spec, task, task.texts(examples["train"]), cfg.model_config,
-                                        cfg.train.max_length)
+        distiller = None
+        if stage == "distill":
+            model_spec, tokenizer, model, distiller = build_distillation(cfg, task, policy, rt, examples)
+        else:
+            model_spec = cfg.model or task.default_model
+            tokenizer, model = models.build(model_spec, task, task.texts(examples["train"]), cfg.model_config,
+                                            cfg.train.max_length)
+        if cfg.train.lr is None:  # random-init presets need a larger step than fine-tuning does
+            cfg.train.lr = 3e-4 if model_spec.startswith("preset:") else 5e-5
         backend = make_backend(rt, policy, cfg)  # resolves and checks a DeepSpeed config, if any
 
         out = Path(cfg.output_dir)
@@ -104,6 +111,8 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
             "energy_available": "true" if energy_ok else "false",
             **telemetry.environment_tags(), **cfg.tracking.tags,
         }
+        if cfg.tracking.parent_run_id:
+            tags["mlflow.parentRunId"] = cfg.tracking.parent_run_id
         run_name = cfg.tracking.run_name or f"{cfg.task}-{model_spec.split('/')[-1]}-{policy.name}"
         resume_run = resume_state["loop"]["run_id"] if resume_state else None
         tracker.start(uri, cfg.tracking.experiment, run_name, tags, flatten(resolved),
@@ -116,7 +125,7 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
         try:
             with _sigterm_flag() as preempt:
                 figures = fit(cfg, rt, policy, task, examples, tokenizer, model, backend, tracker, out, energy,
-                              preempt, ckpt, resume_state, run_id)
+                              preempt, ckpt, resume_state, run_id, distiller)
         except BaseException as e:
             tracker.end("KILLED" if isinstance(e, (KeyboardInterrupt, Preempted)) else "FAILED")
             raise
@@ -130,8 +139,30 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
         dist.shutdown()
 
 
+def build_distillation(cfg: Config, task, policy, rt, examples):
+    """Teacher, student and Distiller for a `distill` stage (all checks before any run exists)."""
+    from pipeline import distill
+
+    if not cfg.kd.teacher:
+        raise UserError("config: kd.teacher: required by distill (a train stage's output_dir, hub id or local model)")
+    teacher_tokenizer, teacher = distill.load_teacher(cfg.kd.teacher, task, cfg.model_config)
+    spec = cfg.model or f"from_teacher:{max(1, teacher.config.num_hidden_layers // 2)}"
+    if spec.startswith("from_teacher:"):
+        try:
+            n_layers = int(spec.split(":", 1)[1])
+        except ValueError:
+            raise UserError(f"config: model={spec}: expected from_teacher:N with N a number of layers") from None
+        student, _ = distill.student_from_teacher(n_layers, teacher, task)
+        tokenizer = teacher_tokenizer
+    else:
+        tokenizer, student = models.build(spec, task, task.texts(examples["train"]), cfg.model_config,
+                                          cfg.train.max_length)
+    distiller = distill.Distiller(cfg, task, policy, rt, teacher, teacher_tokenizer, tokenizer)
+    return spec, tokenizer, student, distiller
+
+
 def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, backend, tracker: Tracker, out: Path, energy,
-        preempt, ckpt, resume_state, run_id) -> dict:
+        preempt, ckpt, resume_state, run_id, distiller=None) -> dict:
     t = cfg.train
     collate = task.collator(tokenizer)
     features = {split: task.featurize(examples[split], tokenizer, t.max_length, split) for split in SPLITS}
@@ -159,6 +190,10 @@ def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, backend, trac
     scheduler = transformers.get_linear_schedule_with_warmup(
         optimizer, num_warmup_steps=math.ceil(t.warmup_ratio * total_steps), num_training_steps=total_steps)
     model = backend.prepare(model, optimizer)
+    if distiller is not None:  # the teacher's logits for the whole training set, once (cached on disk)
+        distiller.prepare(features["train"], collate, t.max_length, tokenizer)
+        if distiller.cache_hit is not None:
+            tracker.set_tags({"kd_cache": "hit" if distiller.cache_hit else "miss"})
     for name, content in backend.extra_artifacts.items():  # e.g. the resolved DeepSpeed config
         if rt.is_main:
             write_json(out / name, content)
@@ -204,7 +239,7 @@ def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, backend, trac
             group_start = (i // t.grad_accum) * t.grad_accum
             group_len = min(t.grad_accum, micro_steps - group_start)  # the last group may be short
             last_micro = i - group_start == group_len - 1
-            batch.pop("idx")
+            idx = batch.pop("idx")
             n_samples = len(batch["input_ids"])
             meter.add(n_samples, int(batch["attention_mask"].sum()))  # host tensor: no sync
             inputs = {k: v.to(rt.device, non_blocking=True) for k, v in batch.items()}
@@ -214,7 +249,8 @@ def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, backend, trac
             # No gradient all-reduce on accumulation micro-steps: only the last one syncs.
             with counter, contextlib.nullcontext() if last_micro else backend.no_sync():
                 with policy.autocast():
-                    loss = model(**inputs).loss
+                    outputs = model(**inputs)
+                loss = outputs.loss if distiller is None else distiller.loss(outputs, inputs, idx)
                 backend.backward(loss / group_len)
             if flops_per_sample is None:
                 flops_per_sample = counter.get_total_flops() / n_samples

@@ -92,6 +92,14 @@ class Task(ABC):
         """A human-readable per-class report (logged as an artifact)."""
         return ""
 
+    # ------------------------------------------------------------------ distillation
+    kd_outputs: ClassVar[dict[str, bool]] = {"logits": False}
+    """Model outputs the KD loss compares, and whether each is per token ([B, L, ...])."""
+
+    def kd_pairs(self, student_outputs, teacher: dict[str, torch.Tensor], batch: dict):
+        """(student logits, teacher logits) pairs, rows = the distributions to match."""
+        return [(student_outputs["logits"], teacher["logits"])]
+
 
 # ---------------------------------------------------------------------- helpers for tasks
 

@@ -1,0 +1,143 @@
+"""Knowledge distillation: the frozen teacher, the KD loss, the teacher-logit cache, and the
+DistilBERT-style student initialisation (`model=from_teacher:N`).
+
+loss = alpha * T^2 * KL(teacher || student at temperature T) + (1 - alpha) * task loss,
+computed in fp32 from log-probabilities (log_target=True), so 16-bit logits never produce
+inf or NaN. Per row for sentence tasks, per labelled token for NER, over start and end
+positions for QA (Task.kd_pairs says which logits pair up).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from pipeline import models
+from pipeline.errors import UserError
+from pipeline.fsutil import atomic_dir, cache_root
+from pipeline.runtime import dist
+
+log = logging.getLogger("pipeline")
+MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """T^2 * KL(teacher || student) at temperature T, averaged over rows, in fp32."""
+    s = F.log_softmax(student_logits.float() / temperature, dim=-1)
+    t = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
+    return F.kl_div(s, t, reduction="batchmean", log_target=True) * temperature**2
+
+
+def load_teacher(spec: str, task, overrides: dict):
+    """(tokenizer, model) of the teacher: a train stage's output dir (its best/), hub id or local model."""
+    path = Path(spec).expanduser()
+    if (path / "best" / "config.json").is_file():
+        spec = str(path / "best")
+    try:
+        return models.build(spec, task, [], overrides, max_length=512)
+    except UserError as e:
+        raise UserError(str(e).replace("config: model=", "config: kd.teacher=", 1)) from None
+
+
+def student_from_teacher(n_layers: int, teacher, task):
+    """The teacher's embeddings, head and N of its layers, evenly spaced (DistilBERT took
+    every other layer of BERT-base: 0, 2, ..., 10 for N=6)."""
+    total = teacher.config.num_hidden_layers
+    if not 1 <= n_layers <= total:
+        raise UserError(f"config: model=from_teacher:{n_layers}: the teacher has {total} layers")
+    chosen = [i * total // n_layers for i in range(n_layers)]
+    config = teacher.config.__class__.from_dict({**teacher.config.to_dict(), "num_hidden_layers": n_layers})
+    student = task.model_class.from_config(config)
+    source = teacher.state_dict()
+    mapped = {}
+    for key in student.state_dict():
+        teacher_key = key
+        if ".layer." in key:
+            head, _, rest = key.partition(".layer.")
+            index, _, tail = rest.partition(".")
+            teacher_key = f"{head}.layer.{chosen[int(index)]}.{tail}"
+        mapped[key] = source[teacher_key]
+    student.load_state_dict(mapped)
+    return student, chosen
+
+
+class Distiller:
+    """Frozen teacher on this rank's device, outside DDP/DeepSpeed; logits from its cache."""
+
+    def __init__(self, cfg, task, policy, rt, teacher, teacher_tokenizer, student_tokenizer):
+        if teacher_tokenizer.get_vocab() != student_tokenizer.get_vocab():
+            raise UserError(f"config: kd.teacher={cfg.kd.teacher}: its tokenizer differs from the student's "
+                            f"(model={cfg.model}); per-token distillation needs one tokenizer for both")
+        self.alpha, self.temperature = cfg.kd.alpha, cfg.kd.temperature
+        self.task, self.policy, self.rt = task, policy, rt
+        self.use_cache = cfg.kd.cache
+        self.eval_batch_size = cfg.train.eval_batch_size
+        # eval mode (no dropout), no gradients, the compute dtype of the precision policy
+        self.teacher = teacher.to(rt.device, dtype=policy.compute_dtype).eval().requires_grad_(False)
+        self.cached: dict[str, torch.Tensor] | None = None
+        self.cache_hit: bool | None = None
+
+    # ------------------------------------------------------------------ cache
+    def prepare(self, features, collate, max_length: int, tokenizer) -> None:
+        """Compute (or load) the teacher's outputs for every training feature, once."""
+        if not self.use_cache:
+            return
+        key = self.fingerprint(features, tokenizer, max_length)
+        path = cache_root() / "teacher_logits" / key / "logits.safetensors"
+        self.cache_hit = path.is_file()
+        if not self.cache_hit and self.rt.is_main:
+            log.info("teacher-logit cache miss: running the teacher over %d training features", len(features))
+            logits = self._teacher_pass(features, collate, max_length)
+            with atomic_dir(path.parent) as tmp:
+                save_file({k: v.to(torch.float16).contiguous() for k, v in logits.items()}, tmp / path.name)
+        dist.barrier()  # the other ranks wait for rank 0's file
+        self.cached = load_file(path)
+
+    def fingerprint(self, features, tokenizer, max_length: int) -> str:
+        h = hashlib.sha256()
+        h.update(f"{self.task.name}|{max_length}|{sorted(self.task.options.items())}".encode())
+        for name, tensor in sorted(self.teacher.state_dict().items()):
+            h.update(name.encode())
+            h.update(tensor.detach().float().cpu().numpy().tobytes())
+        h.update(str(sorted(tokenizer.get_vocab().items())).encode())
+        h.update(features._fingerprint.encode() if getattr(features, "_fingerprint", None) else b"")
+        for column in ("input_ids", "labels", "start_positions", "end_positions"):
+            if column in features.column_names:
+                h.update(str(features[column]).encode())
+        return h.hexdigest()[:32]
+
+    @torch.inference_mode()
+    def _teacher_pass(self, features, collate, max_length: int) -> dict[str, torch.Tensor]:
+        out: dict[str, list] = {}
+        for start in range(0, len(features), self.eval_batch_size):
+            batch = collate([features[i] for i in range(start, min(start + self.eval_batch_size, len(features)))])
+            batch.pop("idx")
+            for name, value in self._teacher_logits(batch).items():
+                value = value.float().cpu()
+                if self.task.kd_outputs[name]:  # per-token: pad [B, L, ...] to max_length, masked out
+                    pad = [0, 0] * (value.dim() - 2) + [0, max_length - value.shape[1]]
+                    value = F.pad(value, pad, value=-1e4)
+                out.setdefault(name, []).append(value)
+        return {name: torch.cat(parts) for name, parts in out.items()}
+
+    def _teacher_logits(self, batch) -> dict[str, torch.Tensor]:
+        inputs = {k: v.to(self.rt.device) for k, v in batch.items() if k in MODEL_INPUTS}
+        with torch.inference_mode(), self.policy.autocast():
+            outputs = self.teacher(**inputs)
+        return {name: outputs[name] for name in self.task.kd_outputs}
+
+    # ------------------------------------------------------------------ loss
+    def loss(self, student_outputs, batch: dict, idx: torch.Tensor) -> torch.Tensor:
+        if self.cached is not None:
+            length = batch["input_ids"].shape[1]
+            teacher = {name: (rows[:, :length] if self.task.kd_outputs[name] else rows).to(self.rt.device)
+                       for name in self.task.kd_outputs for rows in [self.cached[name][idx]]}
+        else:
+            teacher = self._teacher_logits({k: v for k, v in batch.items()})
+        pairs = self.task.kd_pairs(student_outputs, teacher, batch)
+        distill = sum(kd_loss(s, t, self.temperature) for s, t in pairs) / len(pairs)
+        return self.alpha * distill + (1 - self.alpha) * student_outputs.loss.float()

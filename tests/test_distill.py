@@ -1,0 +1,138 @@
+"""Knowledge distillation: loss properties, the DistilBERT-style student, the teacher-logit
+cache, and distill stages under torchrun DDP and DeepSpeed."""
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+
+from conftest import FAST, mlflow_runs, run_cli, torchrun
+from pipeline import distill
+from pipeline.config import load_config
+from pipeline.runtime.dist import Runtime
+from pipeline.runtime.precision import PrecisionPolicy
+from pipeline.tasks import get_task
+from pipeline.train import run
+
+CPU = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
+
+
+def test_kd_loss_is_zero_for_identical_logits_and_scales_with_t_squared():
+    torch.manual_seed(0)
+    s, t = torch.randn(5, 4), torch.randn(5, 4)
+    assert distill.kd_loss(t.clone(), t, 2.0).item() == pytest.approx(0.0, abs=1e-7)
+    for temperature in (1.0, 2.0, 4.0):
+        p = torch.softmax(t / temperature, -1).numpy()
+        q = torch.softmax(s / temperature, -1).numpy()
+        kl = float(np.mean(np.sum(p * (np.log(p) - np.log(q)), -1)))  # KL(teacher || student) per row
+        assert distill.kd_loss(s, t, temperature).item() == pytest.approx(temperature**2 * kl, rel=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_kd_loss_gradients_stay_finite_with_extreme_16bit_logits(dtype):
+    s = torch.tensor([[6e4, -6e4, 0.0], [-6e4, 6e4, 1.0]]).to(dtype).requires_grad_()
+    t = torch.tensor([[-6e4, 6e4, 0.0], [6e4, -6e4, 1.0]]).to(dtype)
+    loss = distill.kd_loss(s, t, 2.0)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(s.grad).all()
+
+
+def test_from_teacher_copies_embeddings_head_and_evenly_spaced_layers():
+    torch.manual_seed(0)
+    teacher = BertForSequenceClassification(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=6,
+                                                       num_attention_heads=2, intermediate_size=32, num_labels=3))
+    student, chosen = distill.student_from_teacher(3, teacher, get_task("sentiment"))
+    assert chosen == [0, 2, 4] and student.config.num_hidden_layers == 3
+    t, s = teacher.state_dict(), student.state_dict()
+    for j, i in enumerate(chosen):
+        key = "bert.encoder.layer.{}.attention.self.query.weight"
+        assert torch.equal(s[key.format(j)], t[key.format(i)])
+    for key in ("bert.embeddings.word_embeddings.weight", "classifier.weight", "bert.pooler.dense.weight"):
+        assert torch.equal(s[key], t[key])
+    assert distill.student_from_teacher(2, teacher, get_task("sentiment"))[1] == [0, 3]
+
+
+def make_distiller(teacher, tokenizer, cfg_overrides=()):
+    cfg = load_config(None, list(cfg_overrides))
+    return distill.Distiller(cfg, get_task("sentiment"), PrecisionPolicy("fp32", "cpu"), CPU, teacher, tokenizer,
+                             tokenizer)
+
+
+def test_teacher_logit_cache_hits_misses_and_invalidates():
+    from pipeline import models
+
+    task = get_task("sentiment")
+    examples = task.load(None, "train")[:96]
+    tokenizer, teacher = models.build("preset:bangla-tiny", task, task.texts(task.load(None, "train")), {}, 48)
+    features = task.featurize(examples, tokenizer, 48, "train")
+    collate = task.collator(tokenizer)
+
+    first = make_distiller(teacher, tokenizer)
+    first.prepare(features, collate, 48, tokenizer)
+    assert first.cache_hit is False and first.cached["logits"].dtype == torch.float16
+    assert first.cached["logits"].shape == (96, 3)
+    with torch.inference_mode():  # the cache holds what the teacher says, in fp16
+        batch = collate([features[i] for i in range(4)])
+        batch.pop("idx")
+        live = teacher(**{k: v for k, v in batch.items() if k != "labels"}).logits
+    assert torch.allclose(first.cached["logits"][:4].float(), live, atol=1e-2)
+
+    again = make_distiller(teacher, tokenizer)
+    again.prepare(features, collate, 48, tokenizer)
+    assert again.cache_hit is True
+
+    fewer = task.featurize(examples[:95], tokenizer, 48, "train")  # another dataset
+    other_data = make_distiller(teacher, tokenizer)
+    other_data.prepare(fewer, collate, 48, tokenizer)
+    assert other_data.cache_hit is False
+
+    with torch.no_grad():
+        teacher.classifier.bias.add_(0.01)  # another teacher
+    other_teacher = make_distiller(teacher, tokenizer)
+    other_teacher.prepare(features, collate, 48, tokenizer)
+    assert other_teacher.cache_hit is False
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("teacher")
+    run(load_config(None, [*FAST, "model=preset:bangla-small", "train.epochs=2", f"output_dir={tmp}",
+                           f"tracking.uri=sqlite:///{tmp}/m.db"]))
+    return tmp
+
+
+def test_distill_under_two_process_ddp(tmp_path, teacher_dir):
+    db = tmp_path / "m.db"
+    result = torchrun(2, "distill", *FAST, "model=from_teacher:2", f"kd.teacher={teacher_dir}", "train.epochs=1",
+                      "precision=bf16", f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{db}",
+                      "tracking.experiment=kd")
+    assert result.returncode == 0, result.stderr[-3000:]
+    final = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert final["test/main"] > 0.6
+    (mlrun,) = mlflow_runs(db, "kd")
+    assert mlrun.data.tags["stage"] == "distill" and mlrun.data.tags["world_size"] == "2"
+    assert mlrun.data.tags["kd_cache"] in ("hit", "miss") and mlrun.data.params["kd.alpha"] == "0.5"
+
+
+def test_distill_under_deepspeed(tmp_path, teacher_dir):
+    from test_deepspeed import deepspeed
+
+    code, log = deepspeed("distill", *FAST, "model=from_teacher:2", f"kd.teacher={teacher_dir}", "train.max_steps=30",
+                          "deepspeed=ds_configs/zero2.json", f"output_dir={tmp_path / 'out'}",
+                          f"tracking.uri=sqlite:///{tmp_path}/m.db")
+    assert code == 0, log[-3000:]
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["train/steps"] == 30
+
+
+def test_tokenizer_mismatch_is_refused_at_start(tmp_path, teacher_dir):
+    result = run_cli("distill", *FAST, "model=sentence-transformers/all-MiniLM-L6-v2", f"kd.teacher={teacher_dir}",
+                     f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{tmp_path}/m.db")
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert "its tokenizer differs from the student's" in line and not (tmp_path / "m.db").exists()
+
+
+def test_distill_needs_a_teacher(tmp_path):
+    result = run_cli("distill", *FAST, f"output_dir={tmp_path / 'out'}")
+    assert result.returncode == 2 and "kd.teacher: required by distill" in result.stderr
