@@ -1,0 +1,193 @@
+"""Bangla text error classification in the BaTEClaCor CSV format (Comment, Error, Category).
+
+Error is 0/1; Category is one of Grammatical, Spelling, Code Switching, Multiple Errors (any
+case), and empty for a correct comment. Default: a 5-class task (Correct + the four categories).
+`task_options.binary=true`: the 0/1 task from the Error column (labels Correct, Error).
+Comments go through `normalizer.normalize` before tokenization. Metrics: accuracy, macro-F1
+(the main metric), weighted-F1.
+"""
+from __future__ import annotations
+
+import csv
+import random
+from pathlib import Path
+
+import numpy as np
+from normalizer import normalize
+from sklearn.metrics import accuracy_score, classification_report, f1_score
+
+from pipeline.errors import UserError
+from pipeline.tasks import samples
+from pipeline.tasks.base import Task, logits_to_numpy, read_table
+
+LABELS = ["Correct", "Grammatical", "Spelling", "Code Switching", "Multiple Errors"]
+BINARY_LABELS = ["Correct", "Error"]
+COLUMNS = ("Comment", "Error", "Category")
+OPTIONS = ("binary",)
+SAMPLE_SIZES = {"train": 1500, "dev": 300, "test": 300}
+LABEL_NOISE = 0.07
+
+
+class ErrorClsTask(Task):
+    name = "error_cls"
+    main_metric = "macro_f1"
+
+    def __init__(self, options: dict | None = None):
+        super().__init__(options)
+        for key in self.options:
+            if key not in OPTIONS:
+                raise UserError(f"config: task_options.{key}: unknown option for task error_cls "
+                                f"(available: {', '.join(OPTIONS)})")
+        self.binary = self.options.get("binary", False)
+        if not isinstance(self.binary, bool):
+            raise UserError(f"config: task_options.binary={self.binary}: must be true or false")
+        self.labels = BINARY_LABELS if self.binary else LABELS
+
+    # ------------------------------------------------------------------ data
+    def write_samples(self, directory: Path) -> dict[str, Path]:
+        out = {}
+        for offset, (split, n) in enumerate(SAMPLE_SIZES.items()):
+            rng = random.Random(3000 + offset)
+            path = directory / f"{split}.csv"
+            with path.open("w", encoding="utf-8", newline="") as f:
+                w = csv.writer(f)
+                w.writerow(COLUMNS)
+                for _ in range(n):
+                    category = rng.choices(LABELS, weights=[0.3, 0.2, 0.2, 0.15, 0.15])[0]
+                    comment = sample_comment(rng, category)
+                    category = samples.noisy(rng, category, LABELS, LABEL_NOISE)
+                    # noise flips the category; Error follows it so the row stays consistent
+                    w.writerow([comment, int(category != "Correct"), "" if category == "Correct" else category])
+            out[split] = path
+        return out
+
+    def read_file(self, path: Path) -> list[dict]:
+        return self._validate(read_table(path, COLUMNS, delimiter=","), str(path))
+
+    def from_hub_rows(self, rows, source: str) -> list[dict]:
+        missing = [c for c in COLUMNS if c not in rows.features]
+        if missing:
+            raise UserError(f"{source}: missing column(s) {', '.join(missing)} (found: {', '.join(rows.features)})")
+        numbered = ((i + 1, {c: "" if r[c] is None else str(r[c]) for c in COLUMNS}) for i, r in enumerate(rows))
+        return self._validate(numbered, source)
+
+    def _validate(self, rows, where: str) -> list[dict]:
+        categories = {c.lower(): c for c in LABELS[1:]}
+        examples, line = [], 0
+
+        def fail(reason):
+            raise UserError(f"{where}: row {line}: {reason}")
+
+        for line, r in rows:
+            comment = r["Comment"].strip()
+            if not comment:
+                fail("empty comment")
+            error = r["Error"].strip()
+            if error not in ("0", "1"):
+                fail(f"Error must be 0 or 1 (got {r['Error']!r})")
+            raw = " ".join(r["Category"].split())
+            category = categories.get(raw.lower()) if raw else "Correct"
+            if category is None:
+                fail(f"unknown category {raw!r} (expected {', '.join(LABELS[1:])}, or empty for Correct)")
+            if (error == "1") != (category != "Correct"):
+                fail(f"Error={error} but Category={raw!r}" + (" (a correct comment has an empty Category)"
+                                                                if error == "0" else " (an error needs a Category)"))
+            label = int(error) if self.binary else LABELS.index(category)
+            examples.append({"text": normalize(comment), "label": label})
+        return examples
+
+    def texts(self, examples):
+        return [e["text"] for e in examples]
+
+    # ------------------------------------------------------------------ model side
+    def model_kwargs(self) -> dict:
+        return {"num_labels": len(self.labels), "id2label": dict(enumerate(self.labels)),
+                "label2id": {l: i for i, l in enumerate(self.labels)}}
+
+    def featurize(self, examples, tokenizer, max_length, split):
+        import datasets
+
+        ds = datasets.Dataset.from_dict({
+            "text": [e["text"] for e in examples],
+            "labels": [e["label"] for e in examples],
+            "idx": list(range(len(examples))),
+        })
+        return ds.map(lambda b: tokenizer(b["text"], truncation=True, max_length=max_length),
+                      batched=True, remove_columns=["text"])
+
+    def predictions(self, outputs, batch):
+        return {"logits": logits_to_numpy(outputs.logits)}
+
+    def metrics(self, predictions, examples, features):
+        y_true = np.array([e["label"] for e in examples])
+        y_pred = predictions["logits"].argmax(-1)
+        labels = range(len(self.labels))
+        return {
+            "accuracy": float(accuracy_score(y_true, y_pred)),
+            "macro_f1": float(f1_score(y_true, y_pred, average="macro", labels=labels, zero_division=0)),
+            "weighted_f1": float(f1_score(y_true, y_pred, average="weighted", labels=labels, zero_division=0)),
+        }
+
+    def report(self, predictions, examples, features):
+        return classification_report([e["label"] for e in examples], predictions["logits"].argmax(-1),
+                                     labels=range(len(self.labels)), target_names=self.labels, digits=4,
+                                     zero_division=0)
+
+
+# ---------------------------------------------------------------------- built-in sample set
+# Composed here from small word lists (no dataset content): "pronoun time object verb".
+# Grammatical = the verb agrees with another person, or the subject is in the genitive case;
+# Spelling = a misspelled word from the list
+# below; Code Switching = an English word in Latin script; Multiple Errors = two of these.
+
+PRONOUNS = {"1": ["আমি", "আমরা"], "2": ["তুমি", "তোমরা"], "3": ["সে", "তারা", "ও"], "hon": ["আপনি", "আপনারা"]}
+GENITIVE = {"আমি": "আমার", "আমরা": "আমাদের", "তুমি": "তোমার", "তোমরা": "তোমাদের", "সে": "তার", "তারা": "তাদের",
+            "ও": "ওর", "আপনি": "আপনার", "আপনারা": "আপনাদের"}
+VERBS = [  # (objects, present-tense form per person)
+    (["বাজারে", "স্কুলে", "অফিসে", "গ্রামে", "মাঠে"], {"1": "যাই", "2": "যাও", "3": "যায়", "hon": "যান"}),
+    (["ভাত", "মাছ", "ফল", "রুটি", "মিষ্টি"], {"1": "খাই", "2": "খাও", "3": "খায়", "hon": "খান"}),
+    (["বই", "পত্রিকা", "গল্প", "কবিতা"], {"1": "পড়ি", "2": "পড়ো", "3": "পড়ে", "hon": "পড়েন"}),
+    (["সিনেমা", "নাটক", "খবর"], {"1": "দেখি", "2": "দেখো", "3": "দেখে", "hon": "দেখেন"}),
+    (["কাজ", "রান্না", "ব্যায়াম"], {"1": "করি", "2": "করো", "3": "করে", "hon": "করেন"}),
+    (["চিঠি", "ডায়েরি"], {"1": "লিখি", "2": "লেখো", "3": "লেখে", "hon": "লেখেন"}),
+]
+TIMES = ["প্রতিদিন", "সকালে", "বিকেলে", "রাতে", "সবসময়", "আজকাল", "মাঝেমধ্যে"]
+OPENERS = ["", "", "", "ভাই,", "আসলে", "সত্যি বলতে,"]
+ENDINGS = ["।", "।", "", "!"]
+MISSPELLED = {
+    "প্রতিদিন": "প্রতিদীন", "সকালে": "শকালে", "বিকেলে": "বীকেলে", "রাতে": "রাথে", "সবসময়": "সবসময",
+    "আজকাল": "আজকল", "মাঝেমধ্যে": "মাজেমধ্যে", "বাজারে": "বাজাড়ে", "স্কুলে": "স্কূলে", "অফিসে": "অফিছে",
+    "গ্রামে": "গ্রমে", "মাঠে": "মাটে", "ভাত": "ভাথ", "মাছ": "মাচ", "ফল": "ফোল", "রুটি": "রুটী",
+    "মিষ্টি": "মিস্টি", "বই": "বোই", "পত্রিকা": "পত্রীকা", "গল্প": "গলপ", "কবিতা": "কবীতা", "সিনেমা": "সিনামা",
+    "নাটক": "নাটোক", "খবর": "খবোর", "কাজ": "কায", "রান্না": "রান্যা", "ব্যায়াম": "ব্যয়াম", "চিঠি": "চিঠী",
+    "ডায়েরি": "ডাইরী",
+}
+ENGLISH = {
+    "প্রতিদিন": "daily", "সকালে": "morning e", "রাতে": "night e", "সবসময়": "always", "বাজারে": "market e",
+    "স্কুলে": "school e", "অফিসে": "office e", "বই": "book", "গল্প": "story", "সিনেমা": "movie", "খবর": "news",
+    "কাজ": "work", "ব্যায়াম": "exercise", "চিঠি": "letter",
+}
+FILLERS = ["actually", "really", "basically", "honestly", "anyway"]  # English words code-switched in
+
+
+def sample_comment(rng: random.Random, category: str) -> str:
+    person = rng.choice(list(PRONOUNS))
+    objects, forms = rng.choice(VERBS)
+    words = [rng.choice(PRONOUNS[person]), rng.choice(TIMES), rng.choice(objects), forms[person]]
+    kinds = {"Grammatical": ["g"], "Spelling": ["s"], "Code Switching": ["c"],
+             "Multiple Errors": rng.sample(["g", "s", "c"], 2), "Correct": []}[category]
+    if "g" in kinds and rng.random() < 0.5:  # a verb form of another person, never the right one
+        words[3] = rng.choice([f for p, f in forms.items() if f != forms[person]])
+    elif "g" in kinds:
+        words[0] = GENITIVE[words[0]]
+    if "s" in kinds:
+        i = rng.choice([1, 2])
+        words[i] = MISSPELLED[words[i]]
+    if "c" in kinds:
+        switchable = [i for i in (1, 2) if words[i] in ENGLISH]
+        if switchable and rng.random() < 0.7:
+            i = rng.choice(switchable)
+            words[i] = ENGLISH[words[i]]
+        else:
+            words.insert(rng.randrange(len(words)), rng.choice(FILLERS))
+    return " ".join([rng.choice(OPENERS), *words]).strip() + rng.choice(ENDINGS)

@@ -1,0 +1,181 @@
+"""BaTEClaCor error classification: the CSV reader, both label sets, sklearn scores, learning end to end."""
+import json
+import re
+
+import numpy as np
+import pytest
+
+from conftest import FAST, run_cli, torchrun
+from pipeline.config import load_config
+from pipeline.errors import UserError
+from pipeline.runtime import precision
+from pipeline.tasks import get_task
+from pipeline.tasks.error_cls import GENITIVE, MISSPELLED
+from pipeline.train import run
+
+HEADER = "Comment,Error,Category\n"
+
+
+def write(tmp_path, content, name="train.csv"):
+    path = tmp_path / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content, encoding="utf-8")
+    return path
+
+
+GOOD = ("Id,Comment,Error,Category,Correction\n"  # extra columns are fine
+        '1,"আমি   প্রতিদিন বই পড়ি ।",0,,\n'
+        "2,আমি প্রতিদিন বই পড়ে,1,grammatical,আমি প্রতিদিন বই পড়ি\n"
+        "3,আমি প্রতিদীন বই পড়ি,1,Spelling,\n"
+        "4,আমি daily বই পড়ি,1,code  switching,\n"
+        "5,আমার daily বই পড়ে,1,Multiple Errors,\n")
+
+
+def test_reads_the_csv_format_in_both_label_sets(tmp_path):
+    path = write(tmp_path, GOOD)
+    examples = get_task("error_cls").load(str(path), "train")
+    assert [e["label"] for e in examples] == [0, 1, 2, 3, 4]
+    assert examples[0]["text"] == "আমি প্রতিদিন বই পড়ি ।"  # normalized: spaces collapsed
+    binary = get_task("error_cls", {"binary": True})
+    assert [e["label"] for e in binary.load(str(path), "train")] == [0, 1, 1, 1, 1]
+    assert binary.model_kwargs()["id2label"] == {0: "Correct", 1: "Error"}
+    assert get_task("error_cls").model_kwargs()["id2label"] == {
+        0: "Correct", 1: "Grammatical", 2: "Spelling", 3: "Code Switching", 4: "Multiple Errors"}
+
+
+@pytest.mark.parametrize("content, message", [
+    ("Comment,Error\nভালো,0\n", "missing column(s) Category (found: Comment, Error)"),
+    ("Text,Error,Category\nভালো,0,\n", "missing column(s) Comment (found: Text, Error, Category)"),
+    (HEADER + "ভালো,0,\n  ,0,\n", "row 3: empty comment"),
+    (HEADER + "ভালো,0,\nভালো,1,Punctuation\n", "row 3: unknown category 'Punctuation' (expected Grammatical, "
+                                                "Spelling, Code Switching, Multiple Errors, or empty for Correct)"),
+    (HEADER + "ভালো,2,Spelling\n", "row 2: Error must be 0 or 1 (got '2')"),
+    (HEADER + "ভালো,,\n", "row 2: Error must be 0 or 1 (got '')"),
+    (HEADER + "ভালো,0,Spelling\n", "row 2: Error=0 but Category='Spelling' (a correct comment has an empty Category)"),
+    (HEADER + "ভালো,1,\n", "row 2: Error=1 but Category='' (an error needs a Category)"),
+    (HEADER, "no data rows"),
+    ("", "empty file"),
+    (b"Comment,Error,Category\n\xff\xfe,0,\n", "line 2: not UTF-8 text"),
+])
+@pytest.mark.parametrize("binary", [False, True])
+def test_bad_files_name_file_row_and_reason(tmp_path, content, message, binary):
+    path = write(tmp_path, content)
+    with pytest.raises(UserError) as e:
+        get_task("error_cls", {"binary": binary}).load(str(path), "train")
+    assert str(e.value).startswith(f"{path}: ") and message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"binray": True}, r"^config: task_options\.binray: unknown option for task error_cls \(available: binary\)$"),
+    ({"binary": 2}, r"^config: task_options\.binary=2: must be true or false$"),
+])
+def test_bad_task_options_name_the_key(options, message):
+    with pytest.raises(UserError, match=message):
+        get_task("error_cls", options)
+
+
+def test_hub_rows_are_checked_like_files():
+    import datasets
+
+    rows = datasets.Dataset.from_dict({"Comment": ["ভালো", "ভালো"], "Error": [0, 1], "Category": [None, None]})
+    with pytest.raises(UserError, match=r"^hub:x: row 2: Error=1 but Category=''"):
+        get_task("error_cls").from_hub_rows(rows, "hub:x")
+    with pytest.raises(UserError, match=r"^hub:x: missing column\(s\) Category"):
+        get_task("error_cls").from_hub_rows(datasets.Dataset.from_dict({"Comment": ["ভালো"], "Error": [0]}), "hub:x")
+
+
+# ------------------------------------------------------------------ metrics
+
+
+def test_five_class_metrics_against_hand_computed_values():
+    task = get_task("error_cls")
+    examples = [{"label": l} for l in [0, 0, 1, 2, 3, 4]]
+    logits = np.eye(5)[[0, 1, 1, 2, 3, 0]]
+    m = task.metrics({"logits": logits}, examples, None)
+    # per class F1: Correct P 1/2 R 1/2 -> 1/2 ; Grammatical P 1/2 R 1 -> 2/3 ; Spelling 1 ; Code Switching 1 ;
+    # Multiple Errors never predicted -> 0.   Supports 2,1,1,1,1.
+    assert m["accuracy"] == pytest.approx(4 / 6)
+    assert m["macro_f1"] == pytest.approx((1 / 2 + 2 / 3 + 1 + 1 + 0) / 5)
+    assert m["weighted_f1"] == pytest.approx((2 * 1 / 2 + 2 / 3 + 1 + 1 + 0) / 6)
+    report = task.report({"logits": logits}, examples, None)
+    assert re.search(r"Multiple Errors\s+0\.0000\s+0\.0000\s+0\.0000\s+1\n", report)
+
+
+def test_binary_metrics_against_hand_computed_values():
+    task = get_task("error_cls", {"binary": True})
+    examples = [{"label": l} for l in [0, 1, 1, 1]]
+    m = task.metrics({"logits": np.eye(2)[[0, 1, 0, 1]]}, examples, None)
+    # Correct P 1/2 R 1 -> 2/3 ; Error P 1 R 2/3 -> 4/5 ; supports 1, 3
+    assert m == pytest.approx({"accuracy": 0.75, "macro_f1": (2 / 3 + 4 / 5) / 2,
+                               "weighted_f1": (2 / 3 + 3 * 4 / 5) / 4})
+    # a class absent from labels and predictions still counts in the macro average
+    assert task.metrics({"logits": np.eye(2)[[1, 1]]}, [{"label": 1}] * 2, None)["macro_f1"] == pytest.approx(0.5)
+
+
+# ------------------------------------------------------------------ sample set
+
+
+def test_sample_set_is_deterministic_consistent_and_noisy(tmp_path):
+    task = get_task("error_cls")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = task.write_samples(tmp_path / "a"), task.write_samples(tmp_path / "b")
+    assert {p.name for p in a.values()} == {"train.csv", "dev.csv", "test.csv"}
+    for split in ("train", "dev", "test"):
+        assert a[split].read_bytes() == b[split].read_bytes()
+    examples = task.load(str(a["train"]), "train")  # every row passes the reader's checks
+    counts = np.bincount([e["label"] for e in examples], minlength=5)
+    assert len(examples) == 1500 and counts.min() > 0.1 * len(examples)
+    # a comment with a visible error marker (Latin word, misspelling, genitive subject) labelled
+    # Correct can only be label noise: some, not many
+    markers = set(MISSPELLED.values()) | set(GENITIVE.values())
+    noisy = [e for e in examples if e["label"] == 0
+             and (re.search("[a-z]", e["text"]) or markers & set(re.findall(r"[^\s,।!]+", e["text"])))]
+    assert 5 < len(noisy) < 0.05 * len(examples)
+
+
+# ------------------------------------------------------------------ end to end
+
+ERR = ["task=error_cls", *FAST, "train.epochs=3"]
+
+
+@pytest.mark.parametrize("prec", ["fp32", "bf16"])
+def test_error_cls_learns(tmp_path, prec):
+    if prec == "bf16" and not precision.cpu_supports_bf16():
+        pytest.skip("this CPU has no bf16")
+    out = tmp_path / "out"
+    figures = run(load_config(None, [*ERR, f"precision={prec}", f"output_dir={out}",
+                                     f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
+    # chance is ~0.2 macro-F1 on five classes; observed ~0.6
+    assert figures["eval/main"] == figures["eval/macro_f1"] > 0.45
+    assert figures["test/macro_f1"] > 0.45 and figures["test/accuracy"] > 0.55
+    assert "Code Switching" in (out / "report.txt").read_text()
+
+
+def test_binary_error_cls_learns(tmp_path):
+    out = tmp_path / "out"
+    figures = run(load_config(None, [*ERR, "task_options.binary=true", f"output_dir={out}",
+                                     f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
+    assert figures["test/macro_f1"] > 0.7  # chance ~0.5; observed ~0.85
+    assert json.loads((out / "best" / "config.json").read_text())["id2label"] == {"0": "Correct", "1": "Error"}
+
+
+def test_error_cls_under_two_process_ddp(tmp_path):
+    out = tmp_path / "out"
+    result = torchrun(2, "train", *ERR, "train.batch_size=16", f"output_dir={out}",
+                      f"tracking.uri=sqlite:///{tmp_path}/m.db")
+    assert result.returncode == 0, result.stderr[-3000:]
+    figures = json.loads((out / "metrics.json").read_text())
+    assert figures["test/macro_f1"] > 0.45
+
+
+def test_bad_file_is_one_line_and_exit_code_2(tmp_path):
+    bad = write(tmp_path, HEADER + "ভালো,0,\nভালো,0,Spelling\n")
+    result = run_cli("train", "task=error_cls", f"data.train={bad}", f"output_dir={tmp_path / 'out'}",
+                     f"tracking.uri=sqlite:///{tmp_path}/m.db")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"error: {bad}: row 3: Error=0 but Category='Spelling' (a correct comment has an empty Category)"]
+    assert not (tmp_path / "out").exists()
