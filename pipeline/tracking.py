@@ -88,6 +88,8 @@ class Tracker:
         # a dead server must not stall training for minutes of retries
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+        # MLflow prints run links with the URI as given, credentials included; we log our own
+        os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         params = safe_params(params)
         tags = safe_params(tags)
         self._journal({"type": "start", "uri": redact(uri), "experiment": experiment, "run_name": run_name,

@@ -90,6 +90,7 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
         if cfg.train.lr is None:  # random-init presets need a larger step than fine-tuning does
             cfg.train.lr = 3e-4 if model_spec.startswith("preset:") else 5e-5
         backend = make_backend(rt, policy, cfg)  # resolves and checks a DeepSpeed config, if any
+        features = {split: task.featurize(examples[split], tokenizer, cfg.train.max_length, split) for split in SPLITS}
 
         out = Path(cfg.output_dir)
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # elastic restart
@@ -124,8 +125,8 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
                                          f"{socket.gethostname()}", cfg.tracking.system_metrics_interval)
         try:
             with _sigterm_flag() as preempt:
-                figures = fit(cfg, rt, policy, task, examples, tokenizer, model, backend, tracker, out, energy,
-                              preempt, ckpt, resume_state, run_id, distiller)
+                figures = fit(cfg, rt, policy, task, examples, features, tokenizer, model, backend, tracker, out,
+                              energy, preempt, ckpt, resume_state, run_id, distiller)
         except BaseException as e:
             tracker.end("KILLED" if isinstance(e, (KeyboardInterrupt, Preempted)) else "FAILED")
             raise
@@ -161,11 +162,10 @@ def build_distillation(cfg: Config, task, policy, rt, examples):
     return spec, tokenizer, student, distiller
 
 
-def fit(cfg: Config, rt, policy, task, examples, tokenizer, model, backend, tracker: Tracker, out: Path, energy,
-        preempt, ckpt, resume_state, run_id, distiller=None) -> dict:
+def fit(cfg: Config, rt, policy, task, examples, features, tokenizer, model, backend, tracker: Tracker, out: Path,
+        energy, preempt, ckpt, resume_state, run_id, distiller=None) -> dict:
     t = cfg.train
     collate = task.collator(tokenizer)
-    features = {split: task.featurize(examples[split], tokenizer, t.max_length, split) for split in SPLITS}
 
     # Every rank sees a disjoint slice of each epoch's permutation; the seed makes the
     # permutation identical across ranks and equal to a single process's. Loaders get their
