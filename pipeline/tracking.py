@@ -52,6 +52,15 @@ def redact(value: str) -> str:
     return urlunsplit(parts._replace(netloc=f"***@{host}"))
 
 
+def redact_config(value, key: str = ""):
+    """A copy of a (nested) config with secret-looking keys masked and URI credentials dropped."""
+    if isinstance(value, dict):
+        return {k: redact_config(v, k) for k, v in value.items()}
+    if SECRET_NAME.search(key) and value is not None:
+        return "***"
+    return redact(value) if isinstance(value, str) else value
+
+
 def safe_params(params: dict) -> dict[str, str]:
     """Params or tags for MLflow: secrets masked, over-long values shortened."""
     out = {}

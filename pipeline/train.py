@@ -33,7 +33,7 @@ from pipeline.runtime import dist, precision
 from pipeline.runtime.backend import make_backend
 from pipeline.tasks import get_task
 from pipeline.tasks.base import SPLITS
-from pipeline.tracking import Tracker, redact, resolve_uri
+from pipeline.tracking import Tracker, redact, redact_config, resolve_uri
 
 log = logging.getLogger("pipeline")
 
@@ -100,10 +100,9 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
         (energy_ok,) = dist.all_reduce([float(energy.available)], op="max")  # any rank that measures
 
         tracker = Tracker(out, active=rt.is_main, resume=ckpt is not None)
-        resolved = cfg.to_dict()
-        resolved["tracking"]["uri"] = redact(uri)  # credentials never land in outputs
+        resolved = redact_config({**cfg.to_dict(), "tracking": {**cfg.to_dict()["tracking"], "uri": uri}})
         if rt.is_main:
-            (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True))
+            (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True))  # no secrets
         tags = {
             "task": cfg.task, "model": model_spec, "precision": policy.name, "precision_requested": cfg.precision,
             "backend": rt.backend, "launcher": rt.launcher, "world_size": rt.world_size,
