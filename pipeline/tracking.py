@@ -250,7 +250,7 @@ def sync(run_dir: Path, uri: str | None = None) -> str:
         raise UserError(f"sync: {path}: the journal has no start record")
     target = uri or os.environ.get("MLFLOW_TRACKING_URI") or start["uri"]
     if "***" in target:
-        raise UserError(f"sync: the journal's tracking URI had credentials, which are never stored; pass --uri")
+        raise UserError("sync: the journal's tracking URI had credentials, which are never stored; pass --uri")
     target = resolve_uri(target)
     client, experiment_id = open_experiment(target, start["experiment"])
 

@@ -12,13 +12,12 @@ import csv
 import random
 from pathlib import Path
 
-import numpy as np
 from normalizer import normalize
-from sklearn.metrics import accuracy_score, classification_report, f1_score
 
 from pipeline.errors import UserError
 from pipeline.tasks import samples
-from pipeline.tasks.base import Task, logits_to_numpy, read_table
+from pipeline.tasks.base import read_table
+from pipeline.tasks.text_classification import TextClassificationTask
 
 LABELS = ["Correct", "Grammatical", "Spelling", "Code Switching", "Multiple Errors"]
 BINARY_LABELS = ["Correct", "Error"]
@@ -28,9 +27,9 @@ SAMPLE_SIZES = {"train": 1500, "dev": 300, "test": 300}
 LABEL_NOISE = 0.07
 
 
-class ErrorClsTask(Task):
+class ErrorClsTask(TextClassificationTask):
     name = "error_cls"
-    main_metric = "macro_f1"
+    extra_average = "weighted"
 
     def __init__(self, options: dict | None = None):
         super().__init__(options)
@@ -95,43 +94,6 @@ class ErrorClsTask(Task):
             label = int(error) if self.binary else LABELS.index(category)
             examples.append({"text": normalize(comment), "label": label})
         return examples
-
-    def texts(self, examples):
-        return [e["text"] for e in examples]
-
-    # ------------------------------------------------------------------ model side
-    def model_kwargs(self) -> dict:
-        return {"num_labels": len(self.labels), "id2label": dict(enumerate(self.labels)),
-                "label2id": {l: i for i, l in enumerate(self.labels)}}
-
-    def featurize(self, examples, tokenizer, max_length, split):
-        import datasets
-
-        ds = datasets.Dataset.from_dict({
-            "text": [e["text"] for e in examples],
-            "labels": [e["label"] for e in examples],
-            "idx": list(range(len(examples))),
-        })
-        return ds.map(lambda b: tokenizer(b["text"], truncation=True, max_length=max_length),
-                      batched=True, remove_columns=["text"])
-
-    def predictions(self, outputs, batch):
-        return {"logits": logits_to_numpy(outputs.logits)}
-
-    def metrics(self, predictions, examples, features):
-        y_true = np.array([e["label"] for e in examples])
-        y_pred = predictions["logits"].argmax(-1)
-        labels = range(len(self.labels))
-        return {
-            "accuracy": float(accuracy_score(y_true, y_pred)),
-            "macro_f1": float(f1_score(y_true, y_pred, average="macro", labels=labels, zero_division=0)),
-            "weighted_f1": float(f1_score(y_true, y_pred, average="weighted", labels=labels, zero_division=0)),
-        }
-
-    def report(self, predictions, examples, features):
-        return classification_report([e["label"] for e in examples], predictions["logits"].argmax(-1),
-                                     labels=range(len(self.labels)), target_names=self.labels, digits=4,
-                                     zero_division=0)
 
 
 # ---------------------------------------------------------------------- built-in sample set

@@ -1,0 +1,53 @@
+"""One text -> one of `labels`: the part sentiment and error classification share."""
+from __future__ import annotations
+
+import numpy as np
+from sklearn.metrics import accuracy_score, classification_report, f1_score
+
+from pipeline.tasks.base import Task, logits_to_numpy
+
+
+class TextClassificationTask(Task):
+    """Examples are {"id", "text" (normalized), "label" (index into `labels`)}."""
+
+    main_metric = "macro_f1"
+    labels: list[str]
+    extra_average = "micro"
+    """The F1 average reported beside macro-F1 (sentiment: micro, error_cls: weighted)."""
+
+    def texts(self, examples):
+        return [e["text"] for e in examples]
+
+    def model_kwargs(self) -> dict:
+        return {"num_labels": len(self.labels), "id2label": dict(enumerate(self.labels)),
+                "label2id": {l: i for i, l in enumerate(self.labels)}}
+
+    def featurize(self, examples, tokenizer, max_length, split):
+        import datasets
+
+        ds = datasets.Dataset.from_dict({
+            "text": [e["text"] for e in examples],
+            "labels": [e["label"] for e in examples],
+            "idx": list(range(len(examples))),
+        })
+        return ds.map(lambda b: tokenizer(b["text"], truncation=True, max_length=max_length),
+                      batched=True, remove_columns=["text"])
+
+    def predictions(self, outputs, batch):
+        return {"logits": logits_to_numpy(outputs.logits)}
+
+    def metrics(self, predictions, examples, features):
+        y_true = np.array([e["label"] for e in examples])
+        y_pred = predictions["logits"].argmax(-1)
+        labels = range(len(self.labels))
+        return {
+            "accuracy": float(accuracy_score(y_true, y_pred)),
+            "macro_f1": float(f1_score(y_true, y_pred, average="macro", labels=labels, zero_division=0)),
+            f"{self.extra_average}_f1": float(f1_score(y_true, y_pred, average=self.extra_average, labels=labels,
+                                                       zero_division=0)),
+        }
+
+    def report(self, predictions, examples, features):
+        return classification_report([e["label"] for e in examples], predictions["logits"].argmax(-1),
+                                     labels=range(len(self.labels)), target_names=self.labels, digits=4,
+                                     zero_division=0)
