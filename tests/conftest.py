@@ -17,6 +17,16 @@ def shared_cache(tmp_path_factory):
     return cache
 
 
+def write_file(tmp_path, content, name):
+    """A data file for reader tests: text as UTF-8, bytes as they are (to test bad encodings)."""
+    path = tmp_path / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content, encoding="utf-8")
+    return path
+
+
 def run_cli(*args, cwd=None, env=None, timeout=600):
     """`python -m pipeline ...` in a fresh process; returns CompletedProcess (text)."""
     full_env = {**os.environ, **(env or {})}

@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from conftest import write_file
 from pipeline.errors import UserError
 from pipeline.tasks import get_task
 
@@ -9,12 +10,7 @@ TASK = get_task("sentiment")
 
 
 def write(tmp_path, content, name="train.tsv"):
-    path = tmp_path / name
-    if isinstance(content, bytes):
-        path.write_bytes(content)
-    else:
-        path.write_text(content, encoding="utf-8")
-    return path
+    return write_file(tmp_path, content, name)
 
 
 def test_reads_the_tsv_format_and_normalizes(tmp_path):

@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import FAST, run_cli, torchrun
+from conftest import FAST, run_cli, torchrun, write_file
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.runtime import precision
@@ -17,12 +17,7 @@ HEADER = "Comment,Error,Category\n"
 
 
 def write(tmp_path, content, name="train.csv"):
-    path = tmp_path / name
-    if isinstance(content, bytes):
-        path.write_bytes(content)
-    else:
-        path.write_text(content, encoding="utf-8")
-    return path
+    return write_file(tmp_path, content, name)
 
 
 GOOD = ("Id,Comment,Error,Category,Correction\n"  # extra columns are fine

@@ -8,7 +8,7 @@ import datasets
 import numpy as np
 import pytest
 
-from conftest import FAST, mlflow_runs, run_cli, torchrun
+from conftest import FAST, mlflow_runs, run_cli, torchrun, write_file
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.runtime import precision
@@ -24,12 +24,7 @@ EXPECTED = [{"qid": "Q1", "question": "who wrote it?", "sentence": "Ana wrote it
 
 
 def write(tmp_path, content, name="train.tsv"):
-    path = tmp_path / name
-    if isinstance(content, bytes):
-        path.write_bytes(content)
-    else:
-        path.write_text(content, encoding="utf-8")
-    return path
+    return write_file(tmp_path, content, name)
 
 
 # ---------------------------------------------------------------------- reading
