@@ -108,16 +108,6 @@ def peak_tflops(device_name: str, precision_name: str) -> float | None:
     return None
 
 
-def count_flops(fn) -> int:
-    """FLOPs of fn() (forward and backward) as torch's flop counter sees them; it counts
-    attention's matmuls, which the 6·N·tokens rule of thumb leaves out."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with FlopCounterMode(display=False) as counter:
-        fn()
-    return int(counter.get_total_flops())
-
-
 # ---------------------------------------------------------------------- energy
 
 

@@ -3,7 +3,6 @@ exactly one MLflow run per job however many processes."""
 import json
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
 from conftest import mlflow_runs, torchrun

@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import FAST, ROOT, mlflow_runs, run_cli, torchrun
+from conftest import FAST, ROOT, mlflow_runs, run_cli
 from pipeline import checkpoint
 from pipeline.config import load_config
 from pipeline.train import Diverged, run

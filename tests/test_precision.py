@@ -1,6 +1,5 @@
 """AMP semantics users rely on: loss scaling skips overflowing steps without advancing the
 schedule, master weights and optimizer state stay fp32, `auto` and refusals per device."""
-import json
 import math
 
 import pytest

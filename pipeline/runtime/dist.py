@@ -40,15 +40,11 @@ def detect_launcher() -> str:
     return "none"
 
 
-def env_rank() -> int:
-    return int(os.environ.get("RANK", "0"))
-
-
 def init(backend: str, want_cuda: bool = True) -> Runtime:
     """Resolve `backend` against the launcher and start the process group if needed."""
     launcher = detect_launcher()
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = env_rank()
+    rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     # torchrun says LOCAL_WORLD_SIZE; the deepspeed launcher says LOCAL_SIZE
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", str(world))))
