@@ -453,10 +453,7 @@ class ResumableSampler(DistributedSampler):
 
     def __iter__(self):
         indices = list(super().__iter__())
-        return iter(indices[self.skip:])
-
-    def __len__(self):
-        return super().__len__()  # the loop counts positions over the whole epoch
+        return iter(indices[self.skip:])  # len() stays the whole epoch: the loop counts positions in it
 
 
 @contextlib.contextmanager
