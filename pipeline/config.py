@@ -77,6 +77,10 @@ class KDConfig:
     """Softmax temperature of the KD term (the term is scaled by T^2)."""
     cache: bool = True
     """Cache the teacher's logits on disk, keyed by teacher, data, tokenizer and max_length."""
+    hidden_weight: float = 0.0
+    """Weight of the hidden-state term (0 = off): MSE between the student's and the teacher's last
+    hidden states over real tokens, through a learned linear projection when the widths differ.
+    It needs the teacher's hidden states, so the teacher runs live (the cache holds logits only)."""
 
 
 @dataclass

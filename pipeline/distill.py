@@ -4,7 +4,9 @@ DistilBERT-style student initialisation (`model=from_teacher:N`).
 loss = alpha * T^2 * KL(teacher || student at temperature T) + (1 - alpha) * task loss,
 computed in fp32 from log-probabilities (log_target=True), so 16-bit logits never produce
 inf or NaN. Per row for sentence tasks, per labelled token for NER, over start and end
-positions for QA (Task.kd_pairs says which logits pair up).
+positions for QA (Task.kd_pairs says which logits pair up). With kd.hidden_weight > 0 the loss
+adds hidden_weight * MSE(last hidden states) over real tokens (TinyBERT-style), through a
+learned projection when the student is narrower than the teacher.
 """
 from __future__ import annotations
 
@@ -30,6 +32,25 @@ def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperat
     s = F.log_softmax(student_logits.float() / temperature, dim=-1)
     t = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
     return F.kl_div(s, t, reduction="batchmean", log_target=True) * temperature**2
+
+
+def hidden_mse(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean squared error over the real (mask == 1) tokens and the hidden dimension, in fp32."""
+    mask = mask.unsqueeze(-1).float()
+    squared = (student_hidden.float() - teacher_hidden.float()).pow(2) * mask
+    return squared.sum() / (mask.sum() * student_hidden.shape[-1]).clamp(min=1)
+
+
+def attach_projection(student, teacher) -> bool:
+    """A learned student-width -> teacher-width map for the hidden-state term, as a submodule of
+    the student: it trains, syncs and checkpoints with it, and save_pretrained leaves it out."""
+    width, teacher_width = student.config.hidden_size, teacher.config.hidden_size
+    if width == teacher_width:
+        return False
+    student.kd_projection = torch.nn.Linear(width, teacher_width)
+    student._keys_to_ignore_on_save = set(student._keys_to_ignore_on_save or ()) | {
+        "kd_projection.weight", "kd_projection.bias"}
+    return True
 
 
 def load_teacher(spec: str, task, overrides: dict):
@@ -72,9 +93,13 @@ class Distiller:
         if teacher_tokenizer.get_vocab() != student_tokenizer.get_vocab():
             raise UserError(f"config: kd.teacher={cfg.kd.teacher}: its tokenizer differs from the student's "
                             f"(model={cfg.model}); per-token distillation needs one tokenizer for both")
-        self.alpha, self.temperature = cfg.kd.alpha, cfg.kd.temperature
+        self.alpha, self.temperature, self.hidden_weight = cfg.kd.alpha, cfg.kd.temperature, cfg.kd.hidden_weight
         self.task, self.policy, self.rt = task, policy, rt
-        self.use_cache = cfg.kd.cache
+        self.use_cache = cfg.kd.cache and not self.hidden_weight  # the cache holds logits, not hidden states
+        if cfg.kd.cache and self.hidden_weight and rt.is_main:
+            log.info("kd.hidden_weight > 0: the teacher runs live every step (the cache holds logits only)")
+        # the student's forward must return its hidden states for the hidden-state term
+        self.student_kwargs = {"output_hidden_states": True} if self.hidden_weight else {}
         self.eval_batch_size = cfg.train.eval_batch_size
         # eval mode (no dropout), no gradients, the compute dtype of the precision policy
         self.teacher = teacher.to(rt.device, dtype=policy.compute_dtype).eval().requires_grad_(False)
@@ -127,11 +152,15 @@ class Distiller:
     def _teacher_logits(self, batch) -> dict[str, torch.Tensor]:
         inputs = {k: v.to(self.rt.device) for k, v in batch.items() if k in MODEL_INPUTS}
         with torch.inference_mode(), self.policy.autocast():
-            outputs = self.teacher(**inputs)
-        return {name: outputs[name] for name in self.task.kd_outputs}
+            outputs = self.teacher(**inputs, **self.student_kwargs)
+        wanted = {name: outputs[name] for name in self.task.kd_outputs}
+        if self.hidden_weight:
+            wanted["hidden"] = outputs.hidden_states[-1]
+        return wanted
 
     # ------------------------------------------------------------------ loss
-    def loss(self, student_outputs, batch: dict, idx: torch.Tensor) -> torch.Tensor:
+    def loss(self, student_outputs, batch: dict, idx: torch.Tensor, student=None) -> torch.Tensor:
+        """The KD loss of a micro-batch; `student` is the unwrapped student (its kd_projection)."""
         if self.cached is not None:
             length = batch["input_ids"].shape[1]
             teacher = {name: (rows[:, :length] if self.task.kd_outputs[name] else rows).to(self.rt.device)
@@ -140,4 +169,12 @@ class Distiller:
             teacher = self._teacher_logits({k: v for k, v in batch.items()})
         pairs = self.task.kd_pairs(student_outputs, teacher, batch)
         distill = sum(kd_loss(s, t, self.temperature) for s, t in pairs) / len(pairs)
-        return self.alpha * distill + (1 - self.alpha) * student_outputs.loss.float()
+        loss = self.alpha * distill + (1 - self.alpha) * student_outputs.loss.float()
+        if self.hidden_weight:
+            hidden = student_outputs.hidden_states[-1]
+            projection = getattr(student, "kd_projection", None)
+            if projection is not None:
+                with self.policy.autocast():
+                    hidden = projection(hidden)
+            loss = loss + self.hidden_weight * hidden_mse(hidden, teacher["hidden"], batch["attention_mask"])
+        return loss

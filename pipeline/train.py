@@ -158,6 +158,9 @@ def build_distillation(cfg: Config, task, policy, rt, examples):
         tokenizer, student = models.build(spec, task, task.texts(examples["train"]), cfg.model_config,
                                           cfg.train.max_length)
     distiller = distill.Distiller(cfg, task, policy, rt, teacher, teacher_tokenizer, tokenizer)
+    if cfg.kd.hidden_weight and distill.attach_projection(student, teacher) and rt.is_main:
+        log.info("hidden-state term: a learned projection %d -> %d", student.config.hidden_size,
+                 teacher.config.hidden_size)
     return spec, tokenizer, student, distiller
 
 
@@ -189,6 +192,7 @@ def fit(cfg: Config, rt, policy, task, examples, features, tokenizer, model, bac
     scheduler = transformers.get_linear_schedule_with_warmup(
         optimizer, num_warmup_steps=math.ceil(t.warmup_ratio * total_steps), num_training_steps=total_steps)
     model = backend.prepare(model, optimizer)
+    student_kwargs = distiller.student_kwargs if distiller is not None else {}
     if distiller is not None:  # the teacher's logits for the whole training set, once (cached on disk)
         distiller.prepare(features["train"], collate, t.max_length, tokenizer)
         if distiller.cache_hit is not None:
@@ -208,7 +212,8 @@ def fit(cfg: Config, rt, policy, task, examples, features, tokenizer, model, bac
         if (out / "best" / "model.safetensors").is_file():
             from safetensors.torch import load_file
 
-            best_state = {k: v.float() for k, v in load_file(out / "best" / "model.safetensors").items()}
+            saved = load_file(out / "best" / "model.safetensors")  # without the kd_projection, if any
+            best_state = {**backend.full_state_dict(), **{k: v.float() for k, v in saved.items()}}
         if rt.is_main:
             log.info("resumed from %s (epoch %d, step %d)", ckpt.path, state.epoch + 1, state.step)
     else:
@@ -248,8 +253,8 @@ def fit(cfg: Config, rt, policy, task, examples, features, tokenizer, model, bac
             # No gradient all-reduce on accumulation micro-steps: only the last one syncs.
             with counter, contextlib.nullcontext() if last_micro else backend.no_sync():
                 with policy.autocast():
-                    outputs = model(**inputs)
-                loss = outputs.loss if distiller is None else distiller.loss(outputs, inputs, idx)
+                    outputs = model(**inputs, **student_kwargs)
+                loss = outputs.loss if distiller is None else distiller.loss(outputs, inputs, idx, backend.module)
                 backend.backward(loss / group_len)
             if flops_per_sample is None:
                 flops_per_sample = counter.get_total_flops() / n_samples

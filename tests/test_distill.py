@@ -136,3 +136,52 @@ def test_tokenizer_mismatch_is_refused_at_start(tmp_path, teacher_dir):
 def test_distill_needs_a_teacher(tmp_path):
     result = run_cli("distill", *FAST, f"output_dir={tmp_path / 'out'}")
     assert result.returncode == 2 and "kd.teacher: required by distill" in result.stderr
+
+
+def test_hidden_mse_counts_real_tokens_only():
+    student = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]]])
+    teacher = torch.tensor([[[1.0, 0.0], [3.0, 1.0], [0.0, 0.0]]])
+    mask = torch.tensor([[1, 1, 0]])  # the third position is padding
+    # squared errors of the real tokens: (0 + 4) + (0 + 9) over 2 tokens x 2 dims
+    assert distill.hidden_mse(student, teacher, mask).item() == pytest.approx(13 / 4)
+    assert distill.hidden_mse(teacher, teacher, mask).item() == 0.0
+
+
+def test_hidden_term_adds_to_the_loss_and_trains_the_projection():
+    torch.manual_seed(0)
+    task = get_task("sentiment")
+    sizes = dict(vocab_size=50, num_attention_heads=2, num_labels=3)
+    teacher = BertForSequenceClassification(BertConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                                       **sizes))
+    student = BertForSequenceClassification(BertConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                                       **sizes))
+    assert distill.attach_projection(student, teacher)
+    student.eval()  # no dropout: both forward passes see the same student
+    tokenizer = type("Tok", (), {"get_vocab": lambda self: {"a": 0}})()
+    batch = {"input_ids": torch.randint(5, 50, (4, 7)), "attention_mask": torch.ones(4, 7, dtype=torch.long),
+             "labels": torch.tensor([0, 1, 2, 0])}
+    batch["attention_mask"][0, 5:] = 0
+    losses = {}
+    for weight in (0.0, 1.5):
+        d = make_distiller(teacher, tokenizer, ["kd.cache=false", f"kd.hidden_weight={weight}"])
+        outputs = student(**batch, **d.student_kwargs)
+        losses[weight] = d.loss(outputs, batch, torch.arange(4), student)
+    with torch.no_grad():
+        hidden_t = teacher(**batch, output_hidden_states=True).hidden_states[-1]
+        hidden_s = student.kd_projection(outputs.hidden_states[-1])
+    expected = losses[0.0] + 1.5 * distill.hidden_mse(hidden_s, hidden_t, batch["attention_mask"])
+    assert losses[1.5].item() == pytest.approx(expected.item(), rel=1e-5)
+    losses[1.5].backward()
+    assert student.kd_projection.weight.grad.abs().sum() > 0
+    assert all(p.grad is None for p in teacher.parameters())  # the teacher stays frozen
+
+
+def test_distill_with_the_hidden_term_saves_a_plain_student(tmp_path, teacher_dir):
+    figures = run(load_config(None, [*FAST, "model=preset:bangla-tiny", f"kd.teacher={teacher_dir}",
+                                     "kd.hidden_weight=1.0", "train.max_steps=6", f"output_dir={tmp_path / 'out'}",
+                                     f"tracking.uri=sqlite:///{tmp_path}/m.db"]), stage="distill")
+    assert np.isfinite(figures["train/loss"])
+    from safetensors.torch import load_file
+
+    saved = load_file(tmp_path / "out" / "best" / "model.safetensors")
+    assert not any(k.startswith("kd_projection") for k in saved) and "classifier.weight" in saved
