@@ -53,6 +53,9 @@ class TrainConfig:
     """Clip the global gradient norm to this; 0 disables clipping (the norm is still logged)."""
     max_length: int = 128
     """Truncate inputs to this many tokens; batches are padded to their longest sequence only."""
+    group_by_length: bool = False
+    """Batch sequences of similar length together (shuffled mega-batches sorted by length, as
+    the Hugging Face Trainer's group_by_length): less padding computed, same epoch contents."""
     patience: int = 0
     """Stop after this many evaluations without a better main metric; 0 = never stop early."""
     log_every: int = 10

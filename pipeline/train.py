@@ -23,6 +23,7 @@ import transformers
 import yaml
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 from torch.utils.flop_counter import FlopCounterMode
+from transformers.trainer_pt_utils import get_length_grouped_indices
 from tqdm.auto import tqdm
 
 from pipeline import checkpoint, models, telemetry
@@ -173,8 +174,9 @@ def fit(cfg: Config, rt, policy, task, examples, features, tokenizer, model, bac
     # permutation identical across ranks and equal to a single process's. Loaders get their
     # own generators so that creating an iterator never draws from the global RNG (which
     # drives dropout and must continue exactly after a resume).
+    lengths = [len(ids) for ids in features["train"]["input_ids"]] if t.group_by_length else None
     sampler = ResumableSampler(features["train"], num_replicas=rt.world_size, rank=rt.rank, shuffle=True,
-                               seed=cfg.seed)
+                               seed=cfg.seed, lengths=lengths, batch_size=t.batch_size)
     train_loader = DataLoader(features["train"], batch_size=t.batch_size, sampler=sampler, collate_fn=collate,
                               num_workers=t.num_workers, pin_memory=rt.device.type == "cuda",
                               generator=torch.Generator().manual_seed(cfg.seed))
@@ -452,12 +454,27 @@ def eval_shard(n: int, rt) -> list[int]:
 
 
 class ResumableSampler(DistributedSampler):
-    """DistributedSampler that can start an epoch part-way (after a resume)."""
+    """DistributedSampler that can start an epoch part-way (after a resume) and, given the
+    sequence lengths, groups similar lengths into the same global batch."""
 
     skip = 0
 
+    def __init__(self, dataset, *, lengths: list[int] | None = None, batch_size: int = 1, **kwargs):
+        super().__init__(dataset, **kwargs)
+        self.lengths, self.batch_size = lengths, batch_size
+
     def __iter__(self):
-        indices = list(super().__iter__())
+        if self.lengths is None:
+            indices = list(super().__iter__())
+        else:
+            # Trainer's grouping over global batches; rank r takes every world_size-th index, as
+            # DistributedSampler does, so each rank's micro-batch holds similar lengths too.
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = get_length_grouped_indices(self.lengths, self.batch_size * self.num_replicas,
+                                               generator=generator)
+            padding = self.total_size - len(order)
+            order += (order * math.ceil(padding / len(order)))[:padding]
+            indices = order[self.rank:self.total_size:self.num_replicas]
         return iter(indices[self.skip:])  # len() stays the whole epoch: the loop counts positions in it
 
 

@@ -92,3 +92,33 @@ def test_missing_local_model_is_a_user_error(tmp_path):
     result = run_cli("train", "model=./no/such/model", f"output_dir={tmp_path / 'out'}")
     assert result.returncode == 2
     assert result.stderr.strip() == "error: config: model=./no/such/model: no such directory"
+
+
+def test_length_grouping_covers_the_epoch_once_and_cuts_padding():
+    import random
+
+    from pipeline.train import ResumableSampler
+
+    rng = random.Random(0)
+    lengths = [rng.randint(4, 120) for _ in range(403)]
+    batch, world = 8, 2
+
+    def padded_tokens(order):  # tokens a padded batch computes: batch size x its longest row
+        return sum(len(b) * max(lengths[i] for i in b) for b in (order[j:j + batch] for j in range(0, len(order), batch)))
+
+    def epoch(grouped, epoch_number=0, skip=0):
+        per_rank = []
+        for rank in range(world):
+            s = ResumableSampler(lengths, num_replicas=world, rank=rank, shuffle=True, seed=3,
+                                 lengths=lengths if grouped else None, batch_size=batch)
+            s.set_epoch(epoch_number)
+            s.skip = skip
+            per_rank.append(list(s))
+        return per_rank
+
+    grouped, plain = epoch(True), epoch(False)
+    assert len(grouped[0]) == len(grouped[1]) == math.ceil(403 / world)
+    assert set(grouped[0]) | set(grouped[1]) == set(range(403))  # every row, padded as DistributedSampler pads
+    assert sum(map(padded_tokens, grouped)) < 0.7 * sum(map(padded_tokens, plain))
+    assert epoch(True) == grouped and epoch(True, 1) != grouped  # seeded per epoch
+    assert epoch(True, skip=16)[1] == grouped[1][16:]  # a resumed epoch continues the same order
