@@ -64,17 +64,17 @@ def test_hub_rows_are_validated_like_files():
     ("a.tsv", "question_id\tquestion\tlabel\nQ1\tq?\t1\n",
      "missing column(s) answer (found: question_id, question, label)"),
     ("a.tsv", "QuestionID\tQuestion\tLabel\nQ1\tq?\t1\n", "missing column(s) Sentence"),
-    ("a.tsv", HUB_HEADER + "Q1\tq?\tT\ts.\t1\nQ1\t \tT\ts.\t0\n", "row 3: empty question"),
-    ("a.tsv", HUB_HEADER + "Q1\tq?\tT\t\t1\n", "row 2: empty answer"),
-    ("a.tsv", RELEASE_HEADER + "Q1\tq?\tD\tT\tS\t\t1\n", "row 2: empty Sentence"),
-    ("a.tsv", HUB_HEADER + "Q1\tq?\tT\ts.\tyes\n", "row 2: label 'yes' is not 0 or 1"),
-    ("a.csv", "question_id,question,document_title,answer,label\nQ1,q?,T,s.,2\n", "row 2: label '2' is not 0 or 1"),
+    ("a.tsv", HUB_HEADER + "Q1\tq?\tT\ts.\t1\nQ1\t \tT\ts.\t0\n", "line 3: empty question"),
+    ("a.tsv", HUB_HEADER + "Q1\tq?\tT\t\t1\n", "line 2: empty answer"),
+    ("a.tsv", RELEASE_HEADER + "Q1\tq?\tD\tT\tS\t\t1\n", "line 2: empty Sentence"),
+    ("a.tsv", HUB_HEADER + "Q1\tq?\tT\ts.\tyes\n", "line 2: label 'yes' is not 0 or 1"),
+    ("a.csv", "question_id,question,document_title,answer,label\nQ1,q?,T,s.,2\n", "line 2: label '2' is not 0 or 1"),
     ("a.jsonl", '{"question_id": "Q1", "question": "q?", "answer": "s.", "label": 1}\n{"question": "q?",\n',
-     "row 2: invalid JSON"),
-    ("a.jsonl", '["Q1", "q?", "s.", 1]\n', "row 1: expected a JSON object, got list"),
-    ("a.jsonl", '{"question_id": "Q1", "question": "q?", "label": 1}\n', "row 1: missing field(s) answer"),
+     "line 2: invalid JSON"),
+    ("a.jsonl", '["Q1", "q?", "s.", 1]\n', "line 1: expected a JSON object, got list"),
+    ("a.jsonl", '{"question_id": "Q1", "question": "q?", "label": 1}\n', "line 1: missing field(s) answer"),
     ("a.jsonl", '{"question_id": "Q1", "question": "q?", "answer": "s.", "label": true}\n',
-     "row 1: label True is not 0 or 1"),
+     "line 1: label True is not 0 or 1"),
     ("a.tsv", HUB_HEADER, "no data rows"),
     ("a.tsv", "", "empty file"),
     ("a.jsonl", "\n  \n", "empty file"),
@@ -95,7 +95,7 @@ def test_bad_file_on_the_command_line_is_one_line_and_exit_2(tmp_path):
     result = run_cli("train", "task=wikiqa", f"data.dev={bad}", f"output_dir={tmp_path / 'out'}",
                      f"tracking.uri=sqlite:///{db}")
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [f"error: {bad}: row 3: label 'maybe' is not 0 or 1"]
+    assert result.stderr.strip().splitlines() == [f"error: {bad}: line 3: label 'maybe' is not 0 or 1"]
     assert not (tmp_path / "out").exists() and not db.exists()
 
 

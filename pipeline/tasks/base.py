@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, ClassVar
@@ -114,6 +115,20 @@ def read_text(path: Path) -> str:
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
         raise UserError(f"{path}: line {line}: not UTF-8 text (byte {data[e.start]:#04x})") from None
+
+
+def read_json_lines(path: Path):
+    """(line number, object) of each non-blank line of a JSON Lines file; every line must be an object."""
+    for number, line in enumerate(read_text(path).split("\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}: line {number}: invalid JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(obj, dict):
+            raise UserError(f"{path}: line {number}: expected a JSON object, got {type(obj).__name__}")
+        yield number, obj
 
 
 def read_table(path: Path, required: tuple[str, ...], delimiter: str) -> list[tuple[int, dict]]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import random
 from pathlib import Path
@@ -26,7 +25,7 @@ import numpy as np
 from sklearn.metrics import accuracy_score, classification_report, precision_recall_fscore_support
 
 from pipeline.errors import UserError
-from pipeline.tasks.base import Task, logits_to_numpy, read_table, read_text
+from pipeline.tasks.base import Task, logits_to_numpy, read_json_lines, read_table, read_text
 
 LABELS = ["incorrect", "correct"]
 # our name -> column name, per file schema
@@ -69,36 +68,37 @@ class WikiQaTask(Task):
     def read_file(self, path: Path) -> list[dict]:
         suffix = path.suffix.lower()
         if suffix == ".jsonl":
-            return self._validate(_json_lines(path), str(path), HUB_COLUMNS)
+            return self._validate(read_json_lines(path), f"{path}: line", HUB_COLUMNS)
         if suffix not in DELIMITERS:
             raise UserError(f"{path}: unsupported file type {suffix or '(none)'} (expected .jsonl, .csv or .tsv)")
         delimiter = DELIMITERS[suffix]
         header = [c.strip() for c in read_text(path).splitlines()[0].split(delimiter)]
         if {"QuestionID", "Sentence"} & set(header):
-            return self._validate(_release_rows(path), str(path), RELEASE_COLUMNS)
+            return self._validate(_release_rows(path), f"{path}: line", RELEASE_COLUMNS)
         rows = read_table(path, tuple(HUB_COLUMNS.values()), delimiter=delimiter)
-        return self._validate(rows, str(path), HUB_COLUMNS)
+        return self._validate(rows, f"{path}: line", HUB_COLUMNS)
 
     def from_hub_rows(self, rows, source: str) -> list[dict]:
-        return self._validate(((i + 1, dict(r)) for i, r in enumerate(rows)), source, HUB_COLUMNS)
+        return self._validate(((i + 1, dict(r)) for i, r in enumerate(rows)), f"{source}: row", HUB_COLUMNS)
 
     def _validate(self, rows, where: str, columns: dict) -> list[dict]:
+        """`where` names the source and its unit: "FILE: line" or "hub:ID: row"."""
         examples = []
         for line, r in rows:
             missing = [c for c in columns.values() if c not in r]
             if missing:  # JSON lines and hub rows; tables are checked once by their header
-                raise UserError(f"{where}: row {line}: missing field(s) {', '.join(missing)}")
+                raise UserError(f"{where} {line}: missing field(s) {', '.join(missing)}")
             ex = {k: str(r[c] if r[c] is not None else "").strip() for k, c in columns.items()}
             for key in ("question", "sentence"):
                 if not ex[key]:
-                    raise UserError(f"{where}: row {line}: empty {columns[key]}")
+                    raise UserError(f"{where} {line}: empty {columns[key]}")
             if ex["label"] not in ("0", "1"):
-                raise UserError(f"{where}: row {line}: label {r[columns['label']]!r} is not 0 or 1")
+                raise UserError(f"{where} {line}: label {r[columns['label']]!r} is not 0 or 1")
             ex["label"] = int(ex["label"])
             ex["qid"] = ex["qid"] or ex["question"]  # no id: candidates of the same question group together
             examples.append(ex)
         if not examples:
-            raise UserError(f"{where}: no data rows")
+            raise UserError(f"{where.rsplit(':', 1)[0]}: no data rows")
         return examples
 
     def texts(self, examples):
@@ -148,20 +148,6 @@ class WikiQaTask(Task):
         return (classification_report(y_true, (predictions["score"] > 0).astype(int), labels=[0, 1],
                                       target_names=LABELS, digits=4, zero_division=0)
                 + f"\nMAP {m['map']:.4f}  MRR {m['mrr']:.4f}  (questions with a correct candidate)\n")
-
-
-def _json_lines(path: Path):
-    """(line number, object) of each non-blank line of a JSON-lines file."""
-    for number, line in enumerate(read_text(path).splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}: row {number}: invalid JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(obj, dict):
-            raise UserError(f"{path}: row {number}: expected a JSON object, got {type(obj).__name__}")
-        yield number, obj
 
 
 def _release_rows(path: Path) -> list[tuple[int, dict]]:
