@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean-outputs
+.PHONY: demo test bench install clean-outputs
 
 install: $(STAMP)
 
@@ -26,6 +26,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# CPU benchmarks (benchmarks/README.md): tables printed, JSON in benchmarks/results/
+bench: $(STAMP)
+	$(PY) -m pip install -q -e '.[bench]'
+	for b in amp overhead batching kd ddp; do $(PY) benchmarks/bench_$$b.py || exit 1; done
 
 clean-outputs:
 	rm -rf outputs reports mlruns/*.db mlruns/*/

@@ -1,0 +1,158 @@
+"""The paper's table on a GPU: the real architectures built from config with random weights
+(speed and memory do not depend on the weights), fp32 (TF32 off), tf32, fp16, bf16, batch 16,
+32, 64, sequence 128 and 256: samples/s, peak memory, MFU, energy per sample.
+
+The step is the pipeline's: its PrecisionPolicy (autocast, matmul mode) and TorchBackend
+(GradScaler for fp16, unscale, clipping, skipped-step detection), AdamW on fp32 master weights.
+Each cell builds its model fresh after resetting the allocator's peak, so peak memory counts
+weights, gradients, optimizer state and activations of that cell alone. Precisions alternate
+within each (model, batch, length) for --reps rounds; figures are medians.
+Targets on H100-class GPUs: AMP >= 3x strict fp32 throughput, >= 30% less peak memory at the same
+batch, bf16 MFU >= 40%. (The paper: +44.5% speed, -17.6% memory on an RTX 4070.)
+    python benchmarks/bench_gpu.py [--models banglabert,xlmr,mbert] [--reps 2]
+    python benchmarks/bench_gpu.py --quick   # a tiny CPU smoke run of the same code
+"""
+import argparse
+import gc
+import statistics
+import time
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from common import quiet, save
+
+ARCHS = {  # the checkpoints' config.json values that decide speed and memory
+    "banglabert": ("electra", dict(vocab_size=32000, embedding_size=768, hidden_size=768, num_hidden_layers=12,
+                                   num_attention_heads=12, intermediate_size=3072, max_position_embeddings=512)),
+    "xlmr": ("xlm-roberta", dict(vocab_size=250002, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                 intermediate_size=3072, max_position_embeddings=514, type_vocab_size=1,
+                                 pad_token_id=1)),
+    "mbert": ("bert", dict(vocab_size=119547, hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                           intermediate_size=3072, max_position_embeddings=512)),
+    "tiny": ("bert", dict(vocab_size=1000, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                          intermediate_size=128, max_position_embeddings=512)),  # --quick only
+}
+NAMES = {"banglabert": "BanglaBERT (ELECTRA-base)", "xlmr": "XLM-R base", "mbert": "mBERT (cased)", "tiny": "tiny"}
+
+
+def build(arch: str, device):
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    model_type, sizes = ARCHS[arch]
+    config = AutoConfig.for_model(model_type, num_labels=3, **sizes)
+    return AutoModelForSequenceClassification.from_config(config, attn_implementation="sdpa").to(device)
+
+
+def cell(arch, precision_name, batch, length, steps, device) -> dict:
+    from pipeline import telemetry
+    from pipeline.runtime import precision
+    from pipeline.runtime.backend import TorchBackend
+    from pipeline.runtime.dist import Runtime
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    telemetry.reset_peak_memory(device)
+    policy = precision.resolve(precision_name, device)
+    torch.manual_seed(0)
+    model = build(arch, device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=device.type == "cuda")
+    backend = TorchBackend(Runtime("none", "single", 0, 0, 1, 1, device), policy, max_grad_norm=1.0)
+    backend.prepare(model, optimizer)
+    vocab = model.config.vocab_size
+    inputs = {"input_ids": torch.randint(5, vocab, (batch, length), device=device),
+              "attention_mask": torch.ones(batch, length, dtype=torch.long, device=device),
+              "labels": torch.randint(0, 3, (batch,), device=device)}
+
+    def step():
+        with policy.autocast():
+            loss = model(**inputs).loss
+        backend.backward(loss)
+        return backend.step()
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        step()
+    flops = counter.get_total_flops()  # forward + backward of one step
+    step()  # warm-up (cuBLAS heuristics, allocator)
+    energy = telemetry.EnergyMeter(device)
+    telemetry.synchronize(device)
+    energy.start()
+    start = time.perf_counter()
+    skipped = sum(not step().stepped for _ in range(steps))
+    telemetry.synchronize(device)
+    seconds = time.perf_counter() - start
+    joules = energy.stop()
+    memory = telemetry.peak_memory(device)
+    peak = telemetry.peak_tflops(telemetry.device_name(device), policy.name) if device.type == "cuda" else None
+    tflops = flops * steps / seconds / 1e12
+    del model, optimizer, backend, inputs
+    return {"samples_per_s": batch * steps / seconds, "peak_mem_mb": next(iter(memory.values())),
+            "tflops": tflops, "mfu": tflops / peak if peak else None,
+            "joules_per_sample": joules / (batch * steps) if energy.available else None, "skipped_steps": skipped}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--models", default="banglabert,xlmr,mbert")
+    parser.add_argument("--precisions", default="fp32,tf32,fp16,bf16")
+    parser.add_argument("--batches", default="16,32,64")
+    parser.add_argument("--lengths", default="128,256")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="tiny model on this machine's device, as a smoke run")
+    args = parser.parse_args()
+    quiet()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if args.quick:
+        args.models, args.precisions, args.batches, args.lengths, args.steps, args.reps = \
+            "tiny", "fp32,bf16", "4", "32", 3, 1
+    elif device.type != "cuda":
+        raise SystemExit("bench_gpu.py needs a CUDA device (--quick runs a CPU smoke version)")
+    precisions = args.precisions.split(",")
+    rows = []
+    for arch in args.models.split(","):
+        for length in map(int, args.lengths.split(",")):
+            for batch in map(int, args.batches.split(",")):
+                runs = {p: [] for p in precisions}
+                for rep in range(args.reps):  # precisions alternate, the first one rotates
+                    for p in precisions[rep % len(precisions):] + precisions[:rep % len(precisions)]:
+                        try:
+                            runs[p].append(cell(arch, p, batch, length, args.steps, device))
+                        except torch.OutOfMemoryError:
+                            runs[p].append(None)
+                for p in precisions:
+                    done = [r for r in runs[p] if r]
+                    row = {"model": NAMES[arch], "precision": p, "batch": batch, "seq": length}
+                    if not done:
+                        rows.append({**row, "samples/s": "OOM"})
+                        continue
+                    med = {k: statistics.median(r[k] for r in done) if done[0][k] is not None else None
+                           for k in done[0]}
+                    rows.append({**row, "samples/s": med["samples_per_s"], "peak MB": med["peak_mem_mb"],
+                                 "TFLOP/s": med["tflops"], "MFU": med["mfu"], "J/sample": med["joules_per_sample"],
+                                 "skipped": med["skipped_steps"]})
+                    print(rows[-1], flush=True)
+    # AMP vs strict fp32 per (model, batch, seq): the paper's comparison, and the targets
+    summary = []
+    for row in rows:
+        if row["precision"] not in ("fp16", "bf16") or not isinstance(row["samples/s"], float):
+            continue
+        base = next((r for r in rows if r["precision"] == "fp32" and
+                     (r["model"], r["batch"], r["seq"]) == (row["model"], row["batch"], row["seq"])), None)
+        if base is None or not isinstance(base["samples/s"], float):
+            continue
+        summary.append({"model": row["model"], "batch": row["batch"], "seq": row["seq"], "amp": row["precision"],
+                        "speed-up vs fp32": row["samples/s"] / base["samples/s"],
+                        "memory reduction": 1 - row["peak MB"] / base["peak MB"], "MFU": row["MFU"]})
+    columns = ["model", "precision", "batch", "seq", "samples/s", "peak MB", "TFLOP/s", "MFU", "J/sample", "skipped"]
+    save("gpu" if not args.quick else "gpu-quick", rows, columns, vars(args), {"amp_vs_fp32": summary})
+    if summary:
+        from common import markdown_table
+
+        print(markdown_table(summary, list(summary[0])))
+
+
+if __name__ == "__main__":
+    main()

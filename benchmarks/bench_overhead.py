@@ -1,0 +1,156 @@
+"""2. Pipeline overhead vs a bare PyTorch loop, and 3. the pipeline vs the Hugging Face Trainer.
+
+Same model (built by the pipeline's model factory, same seed), same features and collator, same
+batch, precision, AdamW + linear warm-up/decay and clipping. Throughput: training steps only
+(no evaluation), each timed from the first batch drawn to the last optimizer step.
+Targets: pipeline within 5% of the bare loop; at least equal to the Trainer, with the same dev
+score within noise (full runs of --score-epochs epochs, best dev epoch of each).
+    python benchmarks/bench_overhead.py [--reps 3] [--steps 60] [--precision bf16]
+"""
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+import transformers
+from torch.utils.data import DataLoader
+
+from common import WORK, alternate, median, pipeline_run, quiet, ratio, save
+
+TASK, MODEL, LR = "sentiment", "preset:bangla-small", 3e-4
+
+
+def build(max_length):
+    from pipeline import models
+    from pipeline.tasks import get_task
+
+    task = get_task(TASK)
+    examples = {split: task.load(None, split) for split in ("train", "dev")}
+    transformers.set_seed(0)  # the pipeline seeds the same way before building the model
+    tokenizer, model = models.build(MODEL, task, task.texts(examples["train"]), {}, max_length)
+    features = {split: task.featurize(examples[split], tokenizer, max_length, split) for split in examples}
+    return task, examples, tokenizer, model, features
+
+
+def bare_loop(args) -> dict:
+    """The loop a user would write by hand: no logging, no checks, no host syncs."""
+    from pipeline.train import param_groups
+
+    task, _, tokenizer, model, features = build(args.max_length)
+    loader = DataLoader(features["train"], batch_size=args.batch_size, shuffle=True,
+                        collate_fn=task.collator(tokenizer), generator=torch.Generator().manual_seed(0))
+    optimizer = torch.optim.AdamW(param_groups(model, 0.01), lr=LR)
+    scheduler = transformers.get_linear_schedule_with_warmup(optimizer, int(0.1 * args.steps), args.steps)
+    model.train()
+    samples, start = 0, time.perf_counter()
+    for step, batch in enumerate(loader):
+        batch.pop("idx")
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        samples += len(batch["input_ids"])
+        if step + 1 == args.steps:
+            break
+    return {"samples_per_s": samples / (time.perf_counter() - start)}
+
+
+class _Clock(transformers.TrainerCallback):
+    """Training time only, as the pipeline counts it: evaluations are subtracted."""
+
+    def __init__(self):
+        self.start = self.eval_start = self.eval_seconds = 0.0
+        self.elapsed = None
+
+    def on_train_begin(self, *_, **__):
+        self.start = time.perf_counter()
+
+    def on_epoch_end(self, *_, **__):
+        self.eval_start = time.perf_counter()
+
+    def on_evaluate(self, *_, **__):
+        self.eval_seconds += time.perf_counter() - self.eval_start
+
+    def on_train_end(self, *_, **__):
+        self.elapsed = time.perf_counter() - self.start - self.eval_seconds
+
+
+def trainer(args, epochs: int | None = None) -> dict:
+    task, examples, tokenizer, model, features = build(args.max_length)
+
+    def compute_metrics(prediction):
+        return task.metrics({"logits": prediction.predictions}, examples["dev"], features["dev"])
+
+    clock = _Clock()
+    training = transformers.TrainingArguments(
+        output_dir=tempfile.mkdtemp(dir=WORK), per_device_train_batch_size=args.batch_size,
+        per_device_eval_batch_size=64, learning_rate=LR, warmup_steps=0.1, weight_decay=0.01, max_grad_norm=1.0,
+        lr_scheduler_type="linear", bf16=args.precision == "bf16", use_cpu=True, seed=0, data_seed=0,
+        max_steps=-1 if epochs else args.steps, num_train_epochs=epochs or 1,
+        eval_strategy="epoch" if epochs else "no", save_strategy="no", logging_strategy="no", report_to=[],
+        disable_tqdm=True, dataloader_num_workers=0)
+    t = transformers.Trainer(model=model, args=training, train_dataset=features["train"].remove_columns("idx"),
+                             eval_dataset=features["dev"].remove_columns("idx"),
+                             data_collator=transformers.DataCollatorWithPadding(tokenizer),
+                             compute_metrics=compute_metrics if epochs else None, callbacks=[clock])
+    t.train()
+    steps = t.state.global_step
+    figures = {"samples_per_s": steps * args.batch_size / clock.elapsed}  # the last batch may be short
+    if epochs:
+        figures["dev_macro_f1"] = max(h["eval_macro_f1"] for h in t.state.log_history if "eval_macro_f1" in h)
+        figures["samples_per_s"] = len(features["train"]) * epochs / clock.elapsed
+    return figures
+
+
+def pipeline(args, epochs: int | None = None) -> dict:
+    limit = [f"train.epochs={epochs}"] if epochs else [f"train.max_steps={args.steps}"]
+    figures = pipeline_run([f"task={TASK}", f"model={MODEL}", f"train.lr={LR}", f"precision={args.precision}",
+                            f"train.batch_size={args.batch_size}", f"train.max_length={args.max_length}",
+                            "train.log_every=1000", *limit])
+    return {"samples_per_s": figures["perf/train_samples_per_s"], "dev_macro_f1": figures["eval/macro_f1"]}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--max-length", type=int, default=128)
+    parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
+    parser.add_argument("--score-epochs", type=int, default=3, help="full runs for the dev-score comparison (0: skip)")
+    parser.add_argument("--score-reps", type=int, default=2)
+    args = parser.parse_args()
+    quiet()
+
+    print(f"throughput: pipeline vs bare loop vs Trainer, {args.reps} reps of {args.steps} steps")
+    speed = alternate({"pipeline": lambda: pipeline(args), "bare loop": lambda: bare_loop(args),
+                       "HF Trainer": lambda: trainer(args)}, args.reps)
+    key = "samples_per_s"
+    rows = [{"contender": name, "samples/s": median(runs, key),
+             "pipeline / contender": ratio(speed["pipeline"], runs, key)} for name, runs in speed.items()]
+    runs = {"throughput": speed}
+    if args.score_epochs:
+        print(f"dev score: pipeline vs Trainer, {args.score_reps} reps of {args.score_epochs} epochs")
+        score = alternate({"pipeline": lambda: pipeline(args, args.score_epochs),
+                           "HF Trainer": lambda: trainer(args, args.score_epochs)}, args.score_reps)
+        runs["score"] = score
+        for row in rows:
+            if row["contender"] in score:
+                values = [r["dev_macro_f1"] for r in score[row["contender"]]]
+                row["dev macro-F1 (full runs)"] = statistics.mean(values)
+                row["dev macro-F1 spread"] = max(values) - min(values)
+                row["samples/s (full runs)"] = median(score[row["contender"]], key)
+    slower = 1 - rows[1]["pipeline / contender"]
+    rows[1]["target"] = f"within 5%: {'met' if slower <= 0.05 else 'missed'} (pipeline {slower:.1%} slower)"
+    rows[2]["target"] = f"at least equal: {'met' if rows[2]['pipeline / contender'] >= 1 else 'missed'}"
+    save(f"overhead-{args.precision}", rows, ["contender", "samples/s", "pipeline / contender",
+                                             "dev macro-F1 (full runs)", "dev macro-F1 spread",
+                                             "samples/s (full runs)", "target"], vars(args), runs)
+
+
+if __name__ == "__main__":
+    main()

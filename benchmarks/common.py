@@ -1,0 +1,120 @@
+"""Shared by the benchmark scripts: the machine description, alternating repetitions with
+medians, the pipeline run in-process, and the results file.
+
+These machines are shared and noisy, so every benchmark measures ratios within one run: the
+contenders alternate (A B A B ...) and each figure is a median over repetitions; a ratio is the
+median of the per-repetition ratios, which cancels slow drifts of the machine's speed.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+sys.path.insert(0, str(ROOT))
+WORK = Path(tempfile.mkdtemp(prefix="bench-"))
+os.environ.setdefault("PIPELINE_CACHE", str(WORK / "cache"))
+
+
+def machine() -> dict:
+    """CPU model, cores, GPU and library versions: every results file names its machine."""
+    import transformers
+
+    from pipeline.runtime import precision
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        flags = ""
+    return {
+        "cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "cpu_bf16": precision.cpu_supports_bf16(), "cpu_amx": "amx_bf16" in flags,
+        "cpu_avx512_bf16": "avx512_bf16" in flags,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "gpu_count": torch.cuda.device_count(),
+        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+    }
+
+
+def alternate(contenders: dict[str, Callable[[], dict]], reps: int) -> dict[str, list[dict]]:
+    """Run each contender `reps` times, interleaved, rotating who goes first each round."""
+    names = list(contenders)
+    results: dict[str, list[dict]] = {name: [] for name in names}
+    for rep in range(reps):
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            figures = contenders[name]()
+            results[name].append(figures)
+            print(f"  rep {rep + 1}/{reps} {name}: " + ", ".join(f"{k}={v:.4g}" for k, v in figures.items()
+                                                                if isinstance(v, (int, float))), flush=True)
+    return results
+
+
+def median(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def ratio(numerator: list[dict], denominator: list[dict], key: str) -> float:
+    """Median of the per-repetition ratios (pairs measured back to back)."""
+    return statistics.median(a[key] / b[key] for a, b in zip(numerator, denominator))
+
+
+def pipeline_run(overrides: list[str], stage: str = "train") -> dict:
+    """One stage through the real pipeline (train.run), in this process; its figures."""
+    from pipeline import train
+    from pipeline.config import load_config
+
+    out = Path(tempfile.mkdtemp(dir=WORK))
+    cfg = load_config(None, [f"output_dir={out}", f"tracking.uri=sqlite:///{WORK}/mlflow.db",
+                             "tracking.experiment=bench", "tracking.system_metrics=false", *overrides])
+    return train.run(cfg, stage)
+
+
+def quiet() -> None:
+    logging.basicConfig(level=logging.WARNING)
+    for name in ("pipeline", "mlflow", "transformers", "alembic", "deepspeed", "torch"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")
+    import datasets
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+
+
+def markdown_table(rows: list[dict], columns: list[str]) -> str:
+    def cell(v):
+        return f"{v:.4g}" if isinstance(v, float) else ("–" if v is None else str(v))
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell(row.get(c)) for c in columns) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def save(name: str, rows: list[dict], columns: list[str], settings: dict, runs: dict | None = None) -> Path:
+    """Print the table and write benchmarks/results/NAME-DEVICE.json (the machine included)."""
+    info = machine()
+    device = (info["gpu"] or "cpu").replace(" ", "-").lower()
+    table = markdown_table(rows, columns)
+    print(f"\n{name} on {info['gpu'] or info['cpu']} ({info['cores']} cores)\n{table}\n")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}-{device}.json"
+    payload = {"benchmark": name, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+               "command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": info,
+               "settings": settings, "rows": rows, "table": table, "runs": runs or {}}
+    path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    print(f"written {path.relative_to(ROOT)}")
+    return path
