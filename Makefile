@@ -24,8 +24,12 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	$(PY) -m pipeline study launch/studies/demo.yaml
 
+# Two pytest workers, one test file each at a time (module fixtures such as the shared teacher
+# run once): many tests wait on launchers, servers and sockets, so a second worker fills the
+# idle CPU. PYTEST_WORKERS=0 runs everything in one process.
+PYTEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
 # CPU benchmarks (benchmarks/README.md): tables printed, JSON in benchmarks/results/
 bench: $(STAMP)

@@ -87,7 +87,6 @@ def cell(arch, precision_name, batch, length, steps, device) -> dict:
     memory = telemetry.peak_memory(device)
     peak = telemetry.peak_tflops(telemetry.device_name(device), policy.name) if device.type == "cuda" else None
     tflops = flops * steps / seconds / 1e12
-    del model, optimizer, backend, inputs
     return {"samples_per_s": batch * steps / seconds, "peak_mem_mb": next(iter(memory.values())),
             "tflops": tflops, "mfu": tflops / peak if peak else None,
             "joules_per_sample": joules / (batch * steps) if energy.available else None, "skipped_steps": skipped}

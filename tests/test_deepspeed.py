@@ -1,5 +1,5 @@
-"""DeepSpeed on CPU (its CPU accelerator, gloo): ZeRO-2 and ZeRO-3 in bf16 under the real
-deepspeed launcher, close to DDP; exact resume through the engine's own checkpoints; the
+"""DeepSpeed on CPU (its CPU accelerator, gloo): ZeRO-3 in bf16 under the real deepspeed
+launcher, close to DDP; exact resume through ZeRO-2 engine checkpoints; the
 config's "auto" values and conflicts; and a two-node torchrun job simulated on loopback."""
 import json
 import os
@@ -48,8 +48,9 @@ def ddp_bf16(tmp_path_factory):
     return json.loads((tmp / "metrics.json").read_text())
 
 
-@pytest.mark.parametrize("stage", [2, 3])
-def test_zero_stages_in_bf16_land_close_to_ddp(tmp_path, stage, ddp_bf16):
+def test_zero3_in_bf16_lands_close_to_ddp(tmp_path, ddp_bf16):
+    # ZeRO-3, the stage that shards the parameters too; ZeRO-2 runs in the resume and KD tests
+    stage = 3
     db = tmp_path / "m.db"
     code, out = deepspeed("train", *JOB, "precision=bf16", f"deepspeed=ds_configs/zero{stage}.json",
                           f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{db}", "tracking.experiment=ds")

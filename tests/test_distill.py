@@ -10,6 +10,7 @@ from transformers import BertConfig, BertForSequenceClassification
 from conftest import FAST, mlflow_runs, run_cli, torchrun
 from pipeline import distill
 from pipeline.config import load_config
+from pipeline.errors import UserError
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.tasks import get_task
@@ -118,24 +119,25 @@ def test_distill_under_two_process_ddp(tmp_path, teacher_dir):
 def test_distill_under_deepspeed(tmp_path, teacher_dir):
     from test_deepspeed import deepspeed
 
-    code, log = deepspeed("distill", *FAST, "model=from_teacher:2", f"kd.teacher={teacher_dir}", "train.max_steps=30",
+    code, log = deepspeed("distill", *FAST, "model=from_teacher:2", f"kd.teacher={teacher_dir}", "train.max_steps=12",
                           "deepspeed=ds_configs/zero2.json", f"output_dir={tmp_path / 'out'}",
                           f"tracking.uri=sqlite:///{tmp_path}/m.db")
     assert code == 0, log[-3000:]
-    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["train/steps"] == 30
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["train/steps"] == 12
 
 
 def test_tokenizer_mismatch_is_refused_at_start(tmp_path, teacher_dir):
-    result = run_cli("distill", *FAST, "model=sentence-transformers/all-MiniLM-L6-v2", f"kd.teacher={teacher_dir}",
-                     f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{tmp_path}/m.db")
-    assert result.returncode == 2
-    (line,) = result.stderr.strip().splitlines()
-    assert "its tokenizer differs from the student's" in line and not (tmp_path / "m.db").exists()
+    cfg = load_config(None, [*FAST, "model=sentence-transformers/all-MiniLM-L6-v2", f"kd.teacher={teacher_dir}",
+                             f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{tmp_path}/m.db"])
+    with pytest.raises(UserError, match="its tokenizer differs from the student's"):
+        run(cfg, stage="distill")
+    assert not (tmp_path / "m.db").exists() and not (tmp_path / "out").exists()
 
 
 def test_distill_needs_a_teacher(tmp_path):
-    result = run_cli("distill", *FAST, f"output_dir={tmp_path / 'out'}")
-    assert result.returncode == 2 and "kd.teacher: required by distill" in result.stderr
+    result = run_cli("distill", *FAST, f"output_dir={tmp_path / 'out'}")  # the CLI path: exit 2, one line
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "error: config: kd.teacher: required by distill (a train stage's output_dir, hub id or local model)"]
 
 
 def test_hidden_mse_counts_real_tokens_only():
@@ -149,7 +151,6 @@ def test_hidden_mse_counts_real_tokens_only():
 
 def test_hidden_term_adds_to_the_loss_and_trains_the_projection():
     torch.manual_seed(0)
-    task = get_task("sentiment")
     sizes = dict(vocab_size=50, num_attention_heads=2, num_labels=3)
     teacher = BertForSequenceClassification(BertConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                                                        **sizes))

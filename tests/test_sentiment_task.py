@@ -22,8 +22,8 @@ def test_reads_the_tsv_format_and_normalizes(tmp_path):
 @pytest.mark.parametrize("content, message", [
     ("id\ttext\n1\tভালো\n", "missing column(s) label (found: id, text)"),
     ("id\tsentence\tlabel\n1\tভালো\tPositive\n", "missing column(s) text"),
-    ("id\ttext\tlabel\n1\tভালো\tPositive\n2\t \tNegative\n", "row 3: empty text"),
-    ("id\ttext\tlabel\n1\tভালো\tMixed\n", "row 2: unknown label 'Mixed'"),
+    ("id\ttext\tlabel\n1\tভালো\tPositive\n2\t \tNegative\n", "line 3: empty text"),
+    ("id\ttext\tlabel\n1\tভালো\tMixed\n", "line 2: unknown label 'Mixed'"),
     ("id\ttext\tlabel\n", "no data rows"),
     ("", "empty file"),
     (b"id\ttext\tlabel\n1\t\xff\xfe\tPositive\n", "line 2: not UTF-8 text"),

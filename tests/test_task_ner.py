@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import FAST, run_cli, torchrun
+from conftest import FAST, torchrun
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.models import preset_tokenizer
@@ -254,12 +254,3 @@ def test_ner_under_two_process_ddp(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads((out / "metrics.json").read_text())
     assert figures["test/f1"] > 0.8 and figures["eval/main"] > 0.8
-
-
-def test_bad_file_is_one_line_and_exit_code_2(tmp_path):
-    bad = write(tmp_path, row("জ্বর আর কাশি", ["B-Symptom", "O"]))
-    result = run_cli("train", "task=ner", f"data.train={bad}", f"output_dir={tmp_path / 'out'}",
-                     f"tracking.uri=sqlite:///{tmp_path}/m.db")
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [f"error: {bad}: row 2: 3 words but 2 labels"]
-    assert not (tmp_path / "out").exists()

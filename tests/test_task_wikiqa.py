@@ -8,7 +8,7 @@ import datasets
 import numpy as np
 import pytest
 
-from conftest import FAST, mlflow_runs, run_cli, torchrun, write_file
+from conftest import FAST, mlflow_runs, torchrun, write_file
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.runtime import precision
@@ -87,19 +87,6 @@ def test_bad_files_name_file_row_and_reason(tmp_path, name, content, message):
     with pytest.raises(UserError) as e:
         TASK.load(str(path), "train")
     assert str(e.value).startswith(str(path)) and message in str(e.value) and "\n" not in str(e.value)
-
-
-def test_bad_file_on_the_command_line_is_one_line_and_exit_2(tmp_path):
-    bad = write(tmp_path, HUB_HEADER + "Q1\tq?\tT\ts.\t1\nQ1\tq?\tT\ts.\tmaybe\n", "dev.tsv")
-    db = tmp_path / "m.db"
-    result = run_cli("train", "task=wikiqa", f"data.dev={bad}", f"output_dir={tmp_path / 'out'}",
-                     f"tracking.uri=sqlite:///{db}")
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [f"error: {bad}: line 3: label 'maybe' is not 0 or 1"]
-    assert not (tmp_path / "out").exists() and not db.exists()
-
-
-# ---------------------------------------------------------------------- features
 
 
 def test_pairs_are_tokenized_question_first_and_only_the_sentence_is_cut():

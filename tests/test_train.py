@@ -7,6 +7,7 @@ from safetensors import safe_open
 
 from conftest import FAST, mlflow_runs, run_cli
 from pipeline.config import load_config
+from pipeline.errors import UserError
 from pipeline.runtime import backend as backend_mod
 from pipeline.runtime import precision
 from pipeline.train import run
@@ -75,23 +76,24 @@ def test_bad_data_fails_before_any_run(tmp_path):
     db = tmp_path / "m.db"
     result = run_cli("train", f"data.train={bad}", f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{db}")
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [f"error: {bad}: row 3: unknown label 'VeryBad' "
+    assert result.stderr.strip().splitlines() == [f"error: {bad}: line 3: unknown label 'VeryBad' "
                                                   "(expected Positive, Negative, Neutral)"]
     assert not (tmp_path / "out").exists() and not db.exists()
 
 
-def test_uncached_hub_model_offline_is_one_line(tmp_path):
-    result = run_cli("train", "model=csebuetnlp/banglabert", f"output_dir={tmp_path / 'out'}",
-                     env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
-    assert result.returncode == 2
-    (line,) = result.stderr.strip().splitlines()
-    assert line.startswith("error: config: model=csebuetnlp/banglabert: cannot load (offline and not in the")
+def test_uncached_hub_model_offline_is_a_user_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    cfg = load_config(None, ["model=csebuetnlp/banglabert", f"output_dir={tmp_path / 'out'}"])
+    with pytest.raises(UserError, match=r"^config: model=csebuetnlp/banglabert: cannot load \(offline and not in the"):
+        run(cfg)
+    assert not (tmp_path / "out").exists()
 
 
 def test_missing_local_model_is_a_user_error(tmp_path):
-    result = run_cli("train", "model=./no/such/model", f"output_dir={tmp_path / 'out'}")
-    assert result.returncode == 2
-    assert result.stderr.strip() == "error: config: model=./no/such/model: no such directory"
+    cfg = load_config(None, ["model=./no/such/model", f"output_dir={tmp_path / 'out'}"])
+    with pytest.raises(UserError, match=r"^config: model=./no/such/model: no such directory$"):
+        run(cfg)
 
 
 def test_length_grouping_covers_the_epoch_once_and_cuts_padding():

@@ -61,21 +61,22 @@ class ErrorClsTask(TextClassificationTask):
         return out
 
     def read_file(self, path: Path) -> list[dict]:
-        return self._validate(read_table(path, COLUMNS, delimiter=","), str(path))
+        return self._validate(read_table(path, COLUMNS, delimiter=","), f"{path}: line")
 
     def from_hub_rows(self, rows, source: str) -> list[dict]:
         missing = [c for c in COLUMNS if c not in rows.features]
         if missing:
             raise UserError(f"{source}: missing column(s) {', '.join(missing)} (found: {', '.join(rows.features)})")
         numbered = ((i + 1, {c: "" if r[c] is None else str(r[c]) for c in COLUMNS}) for i, r in enumerate(rows))
-        return self._validate(numbered, source)
+        return self._validate(numbered, f"{source}: row")
 
     def _validate(self, rows, where: str) -> list[dict]:
+        """`where` names the source and its unit: "FILE: line" or "hub:ID: row"."""
         categories = {c.lower(): c for c in LABELS[1:]}
         examples, line = [], 0
 
         def fail(reason):
-            raise UserError(f"{where}: row {line}: {reason}")
+            raise UserError(f"{where} {line}: {reason}")
 
         for line, r in rows:
             comment = r["Comment"].strip()

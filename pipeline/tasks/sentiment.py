@@ -38,7 +38,7 @@ class SentimentTask(TextClassificationTask):
         return out
 
     def read_file(self, path: Path) -> list[dict]:
-        return self._validate(read_table(path, ("id", "text", "label"), delimiter="\t"), str(path))
+        return self._validate(read_table(path, ("id", "text", "label"), delimiter="\t"), f"{path}: line")
 
     def from_hub_rows(self, rows, source: str) -> list[dict]:
         names = rows.features["label"].names if hasattr(rows.features.get("label"), "names") else None
@@ -46,17 +46,18 @@ class SentimentTask(TextClassificationTask):
         for i, r in enumerate(rows):
             label = names[r["label"]] if names else r.get("label")
             numbered.append((i + 1, {"id": r.get("id", i), "text": r.get("text", ""), "label": label}))
-        return self._validate(numbered, source)
+        return self._validate(numbered, f"{source}: row")
 
     def _validate(self, rows: list[tuple[int, dict]], where: str) -> list[dict]:
+        """`where` names the source and its unit: "FILE: line" or "hub:ID: row"."""
         lookup = {l.lower(): l for l in LABELS}
         examples = []
         for line, r in rows:
             text = (r.get("text") or "").strip()
             if not text:
-                raise UserError(f"{where}: row {line}: empty text")
+                raise UserError(f"{where} {line}: empty text")
             label = lookup.get(str(r.get("label", "")).strip().lower())
             if label is None:
-                raise UserError(f"{where}: row {line}: unknown label {r.get('label')!r} (expected {', '.join(LABELS)})")
+                raise UserError(f"{where} {line}: unknown label {r.get('label')!r} (expected {', '.join(LABELS)})")
             examples.append({"id": str(r.get("id", line)), "text": normalize(text), "label": LABELS.index(label)})
         return examples
