@@ -4,9 +4,7 @@
 Target: >= 1.4x on a CPU with AMX/AVX512-BF16 (a bare loop gives about 1.4-1.6x there).
     python benchmarks/bench_amp.py [--reps 3] [--steps 20]
 """
-import argparse
-
-from common import alternate, median, pipeline_run, quiet, ratio, save
+from common import alternate, median, parser, pipeline_run, quiet, ratio, save
 
 MODELS = {  # the default Bangla model, and the MiniLM architecture on its WikiQA task
     "bangla-small (sentiment)": ["task=sentiment", "model=preset:bangla-small"],
@@ -15,12 +13,9 @@ MODELS = {  # the default Bangla model, and the MiniLM architecture on its WikiQ
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--max-length", type=int, default=128)
-    args = parser.parse_args()
+    options = parser(__doc__)
+    options.add_argument("--steps", type=int, default=20)
+    args = options.parse_args()
     quiet()
     common = [f"train.max_steps={args.steps}", f"train.batch_size={args.batch_size}",
               f"train.max_length={args.max_length}", "train.log_every=1000"]

@@ -8,7 +8,6 @@ from the pipeline's own sampler (ResumableSampler) and collator; the step is the
 Each contender trains one whole epoch of --rows rows, so all three compute the same samples.
     python benchmarks/bench_batching.py [--reps 3] [--rows 640]
 """
-import argparse
 import math
 import time
 
@@ -17,7 +16,7 @@ import torch
 import transformers
 from torch.utils.data import DataLoader
 
-from common import alternate, median, quiet, ratio, save
+from common import alternate, bare_step, median, parser, quiet, ratio, save
 
 MODEL = "preset:bangla-small"
 
@@ -57,13 +56,7 @@ def train(strategy: str, args, features, lengths) -> dict:
     samples = computed = real = 0
     start = time.perf_counter()
     for batch in loader:
-        batch.pop("idx")
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
-            loss = model(**batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        bare_step(model, optimizer, batch, args.precision)
         samples += batch["input_ids"].shape[0]
         computed += batch["input_ids"].numel()
         real += int(batch["attention_mask"].sum())
@@ -73,15 +66,11 @@ def train(strategy: str, args, features, lengths) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--rows", type=int, default=640)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--median", type=float, default=40)
-    parser.add_argument("--sigma", type=float, default=0.8)
-    parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
-    args = parser.parse_args()
+    options = parser(__doc__, max_length=256)
+    options.add_argument("--rows", type=int, default=640)
+    options.add_argument("--median", type=float, default=40)
+    options.add_argument("--sigma", type=float, default=0.8)
+    args = options.parse_args()
     quiet()
     lengths = lengths_for(args)
     from pipeline import models

@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, WORK, alternate, median, quiet, ratio, save
+from common import ROOT, WORK, alternate, median, parser, quiet, ratio, save
 
 MODEL = "preset:bangla-small"
 
@@ -87,14 +87,10 @@ def probe(args) -> None:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--batch-size", type=int, default=32, help="global batch")
-    parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
-    parser.add_argument("--probe", help=argparse.SUPPRESS)  # internal: the all-reduce probe under torchrun
-    args = parser.parse_args()
+    options = parser(__doc__)  # --batch-size is the global batch
+    options.add_argument("--steps", type=int, default=30)
+    options.add_argument("--probe", help=argparse.SUPPRESS)  # internal: the all-reduce probe under torchrun
+    args = options.parse_args()
     quiet()
     if args.probe:
         return probe(args)

@@ -7,21 +7,15 @@ teacher pass that fills the cache (timed separately, once) is not in it.
 Target: cached KD epoch within 1.1x of the plain student's.
     python benchmarks/bench_kd.py [--reps 3] [--precision bf16]
 """
-import argparse
 import time
 
-from common import alternate, median, pipeline_run, quiet, ratio, save
+from common import alternate, median, parser, pipeline_run, quiet, ratio, save
 
 TEACHER = "sentence-transformers/all-MiniLM-L6-v2"
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--max-length", type=int, default=64)
-    parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
-    args = parser.parse_args()
+    args = parser(__doc__, max_length=64).parse_args()
     quiet()
     common = ["task=wikiqa", "train.epochs=1", f"train.batch_size={args.batch_size}",
               f"train.max_length={args.max_length}", f"precision={args.precision}", "train.log_every=1000"]

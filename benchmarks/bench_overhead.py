@@ -7,7 +7,6 @@ Targets: pipeline within 5% of the bare loop; at least equal to the Trainer, wit
 score within noise (full runs of --score-epochs epochs, best dev epoch of each).
     python benchmarks/bench_overhead.py [--reps 3] [--steps 60] [--precision bf16]
 """
-import argparse
 import statistics
 import tempfile
 import time
@@ -16,7 +15,7 @@ import torch
 import transformers
 from torch.utils.data import DataLoader
 
-from common import WORK, alternate, median, pipeline_run, quiet, ratio, save
+from common import WORK, alternate, bare_step, median, parser, pipeline_run, quiet, ratio, save
 
 TASK, MODEL, LR = "sentiment", "preset:bangla-small", 3e-4
 
@@ -45,14 +44,8 @@ def bare_loop(args) -> dict:
     model.train()
     samples, start = 0, time.perf_counter()
     for step, batch in enumerate(loader):
-        batch.pop("idx")
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
-            loss = model(**batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        bare_step(model, optimizer, batch, args.precision)
         scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
         samples += len(batch["input_ids"])
         if step + 1 == args.steps:
             break
@@ -115,15 +108,11 @@ def pipeline(args, epochs: int | None = None) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--max-length", type=int, default=128)
-    parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
-    parser.add_argument("--score-epochs", type=int, default=3, help="full runs for the dev-score comparison (0: skip)")
-    parser.add_argument("--score-reps", type=int, default=2)
-    args = parser.parse_args()
+    options = parser(__doc__)
+    options.add_argument("--steps", type=int, default=60)
+    options.add_argument("--score-epochs", type=int, default=3, help="full runs for the dev-score comparison (0: skip)")
+    options.add_argument("--score-reps", type=int, default=2)
+    args = options.parse_args()
     quiet()
 
     print(f"throughput: pipeline vs bare loop vs Trainer, {args.reps} reps of {args.steps} steps")

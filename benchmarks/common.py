@@ -72,6 +72,29 @@ def ratio(numerator: list[dict], denominator: list[dict], key: str) -> float:
     return statistics.median(a[key] / b[key] for a, b in zip(numerator, denominator))
 
 
+def parser(doc: str, **defaults):
+    """The options every benchmark shares (--reps, --batch-size, --max-length, --precision)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--reps", type=int, default=defaults.get("reps", 3))
+    p.add_argument("--batch-size", type=int, default=defaults.get("batch_size", 32))
+    p.add_argument("--max-length", type=int, default=defaults.get("max_length", 128))
+    p.add_argument("--precision", default=defaults.get("precision", "bf16"), choices=["fp32", "bf16"])
+    return p
+
+
+def bare_step(model, optimizer, batch: dict, precision: str) -> None:
+    """One training step as a hand-written loop does it: autocast, backward, clip, AdamW."""
+    batch.pop("idx", None)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+        loss = model(**batch).loss
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def pipeline_run(overrides: list[str], stage: str = "train") -> dict:
     """One stage through the real pipeline (train.run), in this process; its figures."""
     from pipeline import train
