@@ -81,12 +81,13 @@ def test_bad_data_fails_before_any_run(tmp_path):
     assert not (tmp_path / "out").exists() and not db.exists()
 
 
-def test_uncached_hub_model_offline_is_a_user_error(tmp_path, monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-    cfg = load_config(None, ["model=csebuetnlp/banglabert", f"output_dir={tmp_path / 'out'}"])
-    with pytest.raises(UserError, match=r"^config: model=csebuetnlp/banglabert: cannot load \(offline and not in the"):
-        run(cfg)
+def test_uncached_hub_model_offline_is_one_line(tmp_path):
+    # a fresh process: huggingface_hub reads HF_HUB_OFFLINE when it is imported
+    result = run_cli("train", "model=csebuetnlp/banglabert", f"output_dir={tmp_path / 'out'}",
+                     env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: config: model=csebuetnlp/banglabert: cannot load (offline and not in the")
     assert not (tmp_path / "out").exists()
 
 
