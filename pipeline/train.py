@@ -197,8 +197,7 @@ def fit(cfg: Config, rt, policy, task, examples, features, tokenizer, model, bac
     student_kwargs = distiller.student_kwargs if distiller is not None else {}
     if distiller is not None:  # the teacher's logits for the whole training set, once (cached on disk)
         distiller.prepare(features["train"], collate, t.max_length, tokenizer)
-        if distiller.cache_hit is not None:
-            tracker.set_tags({"kd_cache": "hit" if distiller.cache_hit else "miss"})
+        tracker.set_tags({"kd_cache": {True: "hit", False: "miss", None: "off"}[distiller.cache_hit]})
     for name, content in backend.extra_artifacts.items():  # e.g. the resolved DeepSpeed config
         if rt.is_main:
             write_json(out / name, content)
