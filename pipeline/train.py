@@ -190,7 +190,9 @@ def fit(cfg: Config, rt, policy, task, examples, features, tokenizer, model, bac
     total_steps = steps_per_epoch * epochs if t.max_steps < 0 else t.max_steps
 
     model.to(rt.device)  # parameters stay fp32: autocast casts per op (fp32 master weights)
-    optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr)
+    # the fused kernel (CPU and CUDA) is one pass over all parameters, as the HF Trainer's default;
+    # DeepSpeed wraps the optimizer in its own partitioned one, where the default is the safe choice
+    optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, fused=rt.backend != "deepspeed")
     scheduler = transformers.get_linear_schedule_with_warmup(
         optimizer, num_warmup_steps=math.ceil(t.warmup_ratio * total_steps), num_training_steps=total_steps)
     model = backend.prepare(model, optimizer)
