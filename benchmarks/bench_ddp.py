@@ -1,6 +1,7 @@
 """6. DDP: 2 processes vs 1 on the same global batch, and the all-reduce share of a step.
 
-Throughput: the real launchers (`python -m pipeline train` vs `torchrun --nproc_per_node 2`),
+The long-tailed sentiment comments of common.long_sentiment_file. Throughput: the real
+launchers (`python -m pipeline train` vs `torchrun --nproc_per_node 2`),
 global batch --batch-size in both, perf/train_samples_per_s from metrics.json. The all-reduce
 share: under torchrun, the same DDP model times steps with the gradient all-reduce and steps
 under no_sync() (none), alternating; share = 1 - t(no_sync) / t(sync).
@@ -18,14 +19,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import ROOT, WORK, alternate, median, parser, quiet, ratio, save
+from common import ROOT, WORK, alternate, long_sentiment_file, median, parser, quiet, ratio, save
 
 MODEL = "preset:bangla-small"
 
 
 def stage(nproc: int, args) -> dict:
     out = Path(tempfile.mkdtemp(dir=WORK))
-    overrides = ["task=sentiment", f"model={MODEL}", f"train.batch_size={args.batch_size // nproc}",
+    overrides = ["task=sentiment", f"model={MODEL}", f"data.train={long_sentiment_file()}",
+                 f"train.batch_size={args.batch_size // nproc}",
                  f"train.max_steps={args.steps}", f"train.max_length={args.max_length}", f"precision={args.precision}",
                  "train.log_every=1000", f"output_dir={out}", f"tracking.uri=sqlite:///{out}/m.db",
                  "tracking.system_metrics=false"]
@@ -50,7 +52,7 @@ def probe(args) -> None:
 
     torch_dist.init_process_group("gloo")
     task = get_task("sentiment")
-    examples = task.load(None, "train")
+    examples = task.load(str(long_sentiment_file()), "train")
     transformers.set_seed(0)
     tokenizer, model = models.build(MODEL, task, task.texts(examples), {}, args.max_length)
     features = task.featurize(examples[: args.batch_size], tokenizer, args.max_length, "train")
