@@ -98,8 +98,8 @@ class Distiller:
         self.use_cache = cfg.kd.cache and not self.hidden_weight  # the cache holds logits, not hidden states
         if cfg.kd.cache and self.hidden_weight and rt.is_main:
             log.info("kd.hidden_weight > 0: the teacher runs live every step (the cache holds logits only)")
-        # the student's forward must return its hidden states for the hidden-state term
-        self.student_kwargs = {"output_hidden_states": True} if self.hidden_weight else {}
+        # asked of both forwards (student and teacher): the hidden-state term needs their hidden states
+        self.forward_kwargs = {"output_hidden_states": True} if self.hidden_weight else {}
         self.eval_batch_size = cfg.train.eval_batch_size
         # eval mode (no dropout), no gradients, the compute dtype of the precision policy
         self.teacher = teacher.to(rt.device, dtype=policy.compute_dtype).eval().requires_grad_(False)
@@ -152,7 +152,7 @@ class Distiller:
     def _teacher_logits(self, batch) -> dict[str, torch.Tensor]:
         inputs = {k: v.to(self.rt.device) for k, v in batch.items() if k in MODEL_INPUTS}
         with torch.inference_mode(), self.policy.autocast():
-            outputs = self.teacher(**inputs, **self.student_kwargs)
+            outputs = self.teacher(**inputs, **self.forward_kwargs)
         wanted = {name: outputs[name] for name in self.task.kd_outputs}
         if self.hidden_weight:
             wanted["hidden"] = outputs.hidden_states[-1]

@@ -23,7 +23,6 @@ import transformers
 import yaml
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 from torch.utils.flop_counter import FlopCounterMode
-from transformers.trainer_pt_utils import get_length_grouped_indices
 from tqdm.auto import tqdm
 
 from pipeline import checkpoint, models, telemetry
@@ -196,7 +195,7 @@ def fit(cfg: Config, rt, policy, task, examples, features, tokenizer, model, bac
     scheduler = transformers.get_linear_schedule_with_warmup(
         optimizer, num_warmup_steps=math.ceil(t.warmup_ratio * total_steps), num_training_steps=total_steps)
     model = backend.prepare(model, optimizer)
-    student_kwargs = distiller.student_kwargs if distiller is not None else {}
+    forward_kwargs = distiller.forward_kwargs if distiller is not None else {}
     if distiller is not None:  # the teacher's logits for the whole training set, once (cached on disk)
         distiller.prepare(features["train"], collate, t.max_length, tokenizer)
         tracker.set_tags({"kd_cache": {True: "hit", False: "miss", None: "off"}[distiller.cache_hit]})
@@ -256,7 +255,7 @@ def fit(cfg: Config, rt, policy, task, examples, features, tokenizer, model, bac
             # No gradient all-reduce on accumulation micro-steps: only the last one syncs.
             with counter, contextlib.nullcontext() if last_micro else backend.no_sync():
                 with policy.autocast():
-                    outputs = model(**inputs, **student_kwargs)
+                    outputs = model(**inputs, **forward_kwargs)
                 loss = outputs.loss if distiller is None else distiller.loss(outputs, inputs, idx, backend.module)
                 backend.backward(loss / group_len)
             if flops_per_sample is None:
@@ -470,6 +469,9 @@ class ResumableSampler(DistributedSampler):
         else:
             # Trainer's grouping over global batches; rank r takes every world_size-th index, as
             # DistributedSampler does, so each rank's micro-batch holds similar lengths too.
+            # (Imported here: it pulls in the Trainer's helpers, which no other run needs.)
+            from transformers.trainer_pt_utils import get_length_grouped_indices
+
             generator = torch.Generator().manual_seed(self.seed + self.epoch)
             order = get_length_grouped_indices(self.lengths, self.batch_size * self.num_replicas,
                                                generator=generator)

@@ -168,7 +168,7 @@ def test_hidden_term_adds_to_the_loss_and_trains_the_projection():
     losses = {}
     for weight in (0.0, 1.5):
         d = make_distiller(teacher, tokenizer, ["kd.cache=false", f"kd.hidden_weight={weight}"])
-        outputs = student(**batch, **d.student_kwargs)
+        outputs = student(**batch, **d.forward_kwargs)
         losses[weight] = d.loss(outputs, batch, torch.arange(4), student)
     with torch.no_grad():
         hidden_t = teacher(**batch, output_hidden_states=True).hidden_states[-1]
