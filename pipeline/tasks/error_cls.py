@@ -8,7 +8,6 @@ Comments go through `normalizer.normalize` before tokenization. Metrics: accurac
 """
 from __future__ import annotations
 
-import csv
 import random
 from pathlib import Path
 
@@ -44,21 +43,9 @@ class ErrorClsTask(TextClassificationTask):
 
     # ------------------------------------------------------------------ data
     def write_samples(self, directory: Path) -> dict[str, Path]:
-        out = {}
-        for offset, (split, n) in enumerate(SAMPLE_SIZES.items()):
-            rng = random.Random(3000 + offset)
-            path = directory / f"{split}.csv"
-            with path.open("w", encoding="utf-8", newline="") as f:
-                w = csv.writer(f)
-                w.writerow(COLUMNS)
-                for _ in range(n):
-                    category = rng.choices(LABELS, weights=[0.3, 0.2, 0.2, 0.15, 0.15])[0]
-                    comment = sample_comment(rng, category)
-                    category = samples.noisy(rng, category, LABELS, LABEL_NOISE)
-                    # noise flips the category; Error follows it so the row stays consistent
-                    w.writerow([comment, int(category != "Correct"), "" if category == "Correct" else category])
-            out[split] = path
-        return out
+        return {split: samples.write_table(directory / f"{split}.csv", COLUMNS,
+                                           _sample_rows(random.Random(3000 + offset), n))
+                for offset, (split, n) in enumerate(SAMPLE_SIZES.items())}
 
     def read_file(self, path: Path) -> list[dict]:
         return self._validate(read_table(path, COLUMNS, delimiter=","), f"{path}: line")
@@ -154,3 +141,12 @@ def sample_comment(rng: random.Random, category: str) -> str:
         else:
             words.insert(rng.randrange(len(words)), rng.choice(FILLERS))
     return " ".join([rng.choice(OPENERS), *words]).strip() + rng.choice(ENDINGS)
+
+
+def _sample_rows(rng: random.Random, n: int):
+    for _ in range(n):
+        category = rng.choices(LABELS, weights=[0.3, 0.2, 0.2, 0.15, 0.15])[0]
+        comment = sample_comment(rng, category)
+        category = samples.noisy(rng, category, LABELS, LABEL_NOISE)
+        # noise flips the category; Error follows it so the row stays consistent
+        yield [comment, int(category != "Correct"), "" if category == "Correct" else category]

@@ -7,9 +7,10 @@ scores are not trivially perfect. Files are generated on first use into the cach
 """
 from __future__ import annotations
 
+import csv
 import random
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from pipeline.fsutil import atomic_dir, cache_root
 
@@ -33,6 +34,19 @@ def ensure_samples(task_name: str, write: Callable[[Path], dict[str, Path]]) -> 
         with atomic_dir(final) as tmp:
             write(tmp)
     return {split: p for split in ("train", "dev", "test") if (p := _find(final, split))}
+
+
+TSV = {"delimiter": "\t", "lineterminator": "\n"}
+"""csv.writer options of the tab-separated sample files."""
+
+
+def write_table(path: Path, header: list[str], rows: Iterable[list], **csv_options) -> Path:
+    """One sample split as a CSV/TSV file: UTF-8, the header, then `rows` (csv.writer options)."""
+    with path.open("w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f, **csv_options)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
 
 
 def _find(directory: Path, split: str) -> Path | None:

@@ -1,7 +1,6 @@
 """Bangla sentiment classification in the BLP-2023 TSV format (id, text, label)."""
 from __future__ import annotations
 
-import csv
 import random
 from pathlib import Path
 
@@ -23,19 +22,9 @@ class SentimentTask(TextClassificationTask):
     extra_average = "micro"
 
     def write_samples(self, directory: Path) -> dict[str, Path]:
-        out = {}
-        for offset, (split, n) in enumerate(SAMPLE_SIZES.items()):
-            rng = random.Random(1000 + offset)
-            path = directory / f"{split}.tsv"
-            with path.open("w", encoding="utf-8", newline="") as f:
-                w = csv.writer(f, delimiter="\t", lineterminator="\n")
-                w.writerow(["id", "text", "label"])
-                for i in range(n):
-                    label = rng.choice(LABELS)
-                    text = samples.sentiment_sentence(rng, label)
-                    w.writerow([f"{split}-{i:05d}", text, samples.noisy(rng, label, LABELS, LABEL_NOISE)])
-            out[split] = path
-        return out
+        return {split: samples.write_table(directory / f"{split}.tsv", ["id", "text", "label"],
+                                           _sample_rows(random.Random(1000 + offset), split, n), **samples.TSV)
+                for offset, (split, n) in enumerate(SAMPLE_SIZES.items())}
 
     def read_file(self, path: Path) -> list[dict]:
         return self._validate(read_table(path, ("id", "text", "label"), delimiter="\t"), f"{path}: line")
@@ -61,3 +50,10 @@ class SentimentTask(TextClassificationTask):
                 raise UserError(f"{where} {line}: unknown label {r.get('label')!r} (expected {', '.join(LABELS)})")
             examples.append({"id": str(r.get("id", line)), "text": normalize(text), "label": LABELS.index(label)})
         return examples
+
+
+def _sample_rows(rng: random.Random, split: str, n: int):
+    for i in range(n):
+        label = rng.choice(LABELS)
+        text = samples.sentiment_sentence(rng, label)
+        yield [f"{split}-{i:05d}", text, samples.noisy(rng, label, LABELS, LABEL_NOISE)]

@@ -25,6 +25,7 @@ import numpy as np
 from sklearn.metrics import accuracy_score, classification_report, precision_recall_fscore_support
 
 from pipeline.errors import UserError
+from pipeline.tasks import samples
 from pipeline.tasks.base import Task, logits_to_numpy, read_json_lines, read_table, read_text
 
 LABELS = ["incorrect", "correct"]
@@ -32,6 +33,7 @@ LABELS = ["incorrect", "correct"]
 HUB_COLUMNS = {"qid": "question_id", "question": "question", "sentence": "answer", "label": "label"}
 RELEASE_COLUMNS = {"qid": "QuestionID", "question": "Question", "sentence": "Sentence", "label": "Label"}
 DELIMITERS = {".csv": ",", ".tsv": "\t"}
+SAMPLE_HEADER = ["question_id", "question", "document_title", "answer", "label"]  # the hub's columns
 
 SAMPLE_SIZES = {"train": 1800, "dev": 400, "test": 400}  # candidate pairs per split
 ANSWERED = 0.55  # fraction of questions with a correct candidate (~13% of the pairs)
@@ -48,22 +50,9 @@ class WikiQaTask(Task):
 
     # ------------------------------------------------------------------ data
     def write_samples(self, directory: Path) -> dict[str, Path]:
-        out = {}
-        for offset, (split, n) in enumerate(SAMPLE_SIZES.items()):
-            rng = random.Random(2000 + offset)
-            path = directory / f"{split}.tsv"
-            with path.open("w", encoding="utf-8", newline="") as f:
-                w = csv.writer(f, delimiter="\t", lineterminator="\n")
-                w.writerow(["question_id", "question", "document_title", "answer", "label"])
-                written, q = 0, 0
-                while written < n:
-                    q += 1
-                    question, title, candidates = sample_question(rng)
-                    for sentence, label in candidates:
-                        w.writerow([f"{split}-Q{q}", question, title, sentence, label])
-                    written += len(candidates)
-            out[split] = path
-        return out
+        return {split: samples.write_table(directory / f"{split}.tsv", SAMPLE_HEADER,
+                                           _sample_rows(random.Random(2000 + offset), split, n), **samples.TSV)
+                for offset, (split, n) in enumerate(SAMPLE_SIZES.items())}
 
     def read_file(self, path: Path) -> list[dict]:
         suffix = path.suffix.lower()
@@ -268,6 +257,17 @@ KINDS = {
                 "{e} was named after the explorer {p}."]),
 }
 ANSWER_OF = {"capital": _city, "author": _author, "built": _year, "height": lambda r: r.randint(1200, 8400)}
+
+
+def _sample_rows(rng: random.Random, split: str, n: int):
+    """Whole questions (all their candidates) until at least n rows."""
+    written, q = 0, 0
+    while written < n:
+        q += 1
+        question, title, candidates = sample_question(rng)
+        for sentence, label in candidates:
+            yield [f"{split}-Q{q}", question, title, sentence, label]
+        written += len(candidates)
 
 
 def sample_question(rng: random.Random) -> tuple[str, str, list[tuple[str, int]]]:
