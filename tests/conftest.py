@@ -36,6 +36,18 @@ def write_file(tmp_path, content, name):
     return path
 
 
+def written_twice(task, tmp_path) -> dict:
+    """The task's sample files, written twice into fresh folders: asserts both are byte-identical
+    (the generators are deterministic) and returns the first set, split -> path."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = task.write_samples(tmp_path / "a"), task.write_samples(tmp_path / "b")
+    assert set(a) == {"train", "dev", "test"}
+    for split in a:
+        assert a[split].read_bytes() == b[split].read_bytes()
+    return a
+
+
 def run_cli(*args, cwd=None, env=None, timeout=600):
     """`python -m pipeline ...` in a fresh process; returns CompletedProcess (text)."""
     full_env = {**os.environ, **(env or {})}

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from conftest import write_file
+from conftest import write_file, written_twice
 from pipeline.errors import UserError
 from pipeline.tasks import get_task
 
@@ -51,12 +51,7 @@ def test_metrics_against_hand_computed_values():
 
 
 def test_sample_set_is_deterministic_balanced_and_noisy(tmp_path):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    a = TASK.write_samples(tmp_path / "a")
-    b = TASK.write_samples(tmp_path / "b")
-    for split in ("train", "dev", "test"):
-        assert a[split].read_bytes() == b[split].read_bytes()
+    a = written_twice(TASK, tmp_path)
     examples = TASK.load(str(a["train"]), "train")
     counts = np.bincount([e["label"] for e in examples], minlength=3)
     assert counts.min() > 0.25 * len(examples)

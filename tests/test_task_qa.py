@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import FAST, torchrun
+from conftest import FAST, torchrun, written_twice
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.models import preset_tokenizer
@@ -125,11 +125,7 @@ def test_unknown_or_bad_task_options_are_user_errors():
 
 
 def test_sample_set_is_deterministic_with_unanswerable_questions_and_long_contexts(tmp_path, tokenizer):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    a, b = TASK.write_samples(tmp_path / "a"), TASK.write_samples(tmp_path / "b")
-    for split in ("train", "dev", "test"):
-        assert a[split].read_bytes() == b[split].read_bytes()
+    a = written_twice(TASK, tmp_path)
     examples = TASK.load(str(a["train"]), "train")
     unanswerable = sum(not e["answers"]["text"] for e in examples) / len(examples)
     assert 0.1 < unanswerable < 0.2

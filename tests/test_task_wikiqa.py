@@ -8,7 +8,7 @@ import datasets
 import numpy as np
 import pytest
 
-from conftest import FAST, mlflow_runs, torchrun, write_file
+from conftest import FAST, mlflow_runs, torchrun, write_file, written_twice
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.runtime import precision
@@ -182,11 +182,7 @@ def chance(examples):
 
 
 def test_sample_set_is_deterministic_and_shaped_like_wikiqa(tmp_path):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    a, b = TASK.write_samples(tmp_path / "a"), TASK.write_samples(tmp_path / "b")
-    for split in ("train", "dev", "test"):
-        assert a[split].read_bytes() == b[split].read_bytes()
+    a = written_twice(TASK, tmp_path)
     examples = TASK.load(str(a["train"]), "train")
     assert 1700 < len(examples) < 1900
     assert 0.09 < np.mean([e["label"] for e in examples]) < 0.16
