@@ -33,13 +33,13 @@ def machine() -> dict:
 
     from pipeline.runtime import precision
 
-    cpu = platform.processor() or platform.machine()
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    except (OSError, StopIteration):
-        flags = ""
+        cpuinfo = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines() if ":" in line)
+    except OSError:
+        cpuinfo = {}
+    fields = {key.strip(): value.strip() for key, value in cpuinfo.items()}  # the last processor's (all alike)
+    cpu = fields.get("model name") or platform.processor() or platform.machine()
+    flags = fields.get("flags", "")
     return {
         "cpu": cpu, "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "cpu_bf16": precision.cpu_supports_bf16(), "cpu_amx": "amx_bf16" in flags,

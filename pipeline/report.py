@@ -465,6 +465,16 @@ def markdown(experiment: str, uri: str, parent_id: str | None, cells: pd.DataFra
 # ------------------------------------------------------------------ charts
 
 
+def _pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display on servers), imported on use."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def _labels(df: pd.DataFrame, status_cols: tuple[str, ...]) -> list[str]:
     labels = []
     for _, r in df.iterrows():
@@ -482,10 +492,7 @@ def plot_amp(amp: pd.DataFrame, out: Path) -> list[str]:
     """Speed-up, memory reduction and retention per task x model; failed pairs are labelled, not drawn."""
     if amp.empty:
         return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     labels = _labels(amp, ("fp32_status", "amp_status"))
     names = []
@@ -514,10 +521,7 @@ def plot_kd(kd: pd.DataFrame, out: Path) -> list[str]:
     """Wall time, throughput, peak memory and main metric per procedure (error bars: seed std)."""
     if kd.empty:
         return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     several_tasks = kd.task.nunique() > 1
     labels = [(f"{r.task}\n" if several_tasks else "") + f"{r.procedure}" + (f"\n({r.status})" if r.status != "ok" else "")
