@@ -159,6 +159,7 @@ class Config:
                self.tracking.system_metrics_interval > 0, "must be > 0")
         _check("kd.alpha", self.kd.alpha, 0 <= self.kd.alpha <= 1, "must be in [0, 1]")
         _check("kd.temperature", self.kd.temperature, self.kd.temperature > 0, "must be > 0")
+        _check("kd.hidden_weight", self.kd.hidden_weight, self.kd.hidden_weight >= 0, "must be >= 0 (0 = off)")
         if self.deepspeed is not None and not Path(self.deepspeed).is_file():
             raise UserError(f"config: deepspeed={self.deepspeed}: no such file")
         if self.output_dir is None:

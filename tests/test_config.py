@@ -31,6 +31,7 @@ def test_defaults_and_overrides_are_typed(tmp_path):
     (["backend=horovod"], "backend=horovod: must be one of"),
     (["task=pos"], "task=pos: must be one of"),
     (["kd.alpha=2"], "kd.alpha=2.0: must be in [0, 1]"),
+    (["kd.hidden_weight=-1"], "kd.hidden_weight=-1.0: must be >= 0 (0 = off)"),
     (["train.warmup_ratio=1"], "train.warmup_ratio=1.0: must be in [0, 1)"),
     (["kd.cache=maybe"], "kd.cache='maybe': expected bool"),
     (["train=3"], "train: is a section"),
