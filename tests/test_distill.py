@@ -104,19 +104,16 @@ def teacher_dir(tmp_path_factory):
 
 
 def test_distill_under_two_process_ddp(tmp_path, teacher_dir):
-    # a narrower student (128 wide vs the teacher's 256) with the hidden-state term: its learned
-    # projection lives in the DDP module and is trained and synced with it
     db = tmp_path / "m.db"
-    result = torchrun(2, "distill", *FAST, "model=preset:bangla-tiny", f"kd.teacher={teacher_dir}", "train.epochs=2",
-                      "kd.hidden_weight=0.5", "precision=bf16", f"output_dir={tmp_path / 'out'}",
-                      f"tracking.uri=sqlite:///{db}", "tracking.experiment=kd")
+    result = torchrun(2, "distill", *FAST, "model=from_teacher:2", f"kd.teacher={teacher_dir}", "train.epochs=2",
+                      "precision=bf16", f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{db}",
+                      "tracking.experiment=kd")
     assert result.returncode == 0, result.stderr[-3000:]
     final = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert final["test/main"] > 0.5  # chance is ~0.33 macro-F1 (one epoch gave 0.51-0.7 across fresh caches)
     (mlrun,) = mlflow_runs(db, "kd")
     assert mlrun.data.tags["stage"] == "distill" and mlrun.data.tags["world_size"] == "2"
-    assert mlrun.data.tags["kd_cache"] == "off"  # the hidden-state term needs the live teacher
-    assert mlrun.data.params["kd.alpha"] == "0.5" and mlrun.data.params["kd.hidden_weight"] == "0.5"
+    assert mlrun.data.tags["kd_cache"] in ("hit", "miss") and mlrun.data.params["kd.alpha"] == "0.5"
 
 
 def test_distill_under_deepspeed(tmp_path, teacher_dir):
