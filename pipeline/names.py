@@ -1,0 +1,65 @@
+"""The MLflow names of the pipeline: every metric and tag key that the loop logs and that the
+report, the benchmarks and the tests read back. They are a public contract (users build
+dashboards on them), so they are spelled once, here.
+
+Task metrics are `eval/<name>` (each epoch, on dev) and `test/<name>` (once, best model);
+`<name>` is whatever the task's metrics() returns plus `main` (the task's main metric).
+"""
+from __future__ import annotations
+
+# ---------------------------------------------------------------- training
+TRAIN_LOSS = "train/loss"
+TRAIN_LR = "train/lr"
+TRAIN_GRAD_NORM = "train/grad_norm"
+TRAIN_EPOCH = "train/epoch"
+TRAIN_STEPS = "train/steps"
+
+# ---------------------------------------------------------------- evaluation
+EVAL = "eval/"
+TEST = "test/"
+EVAL_MAIN = "eval/main"
+TEST_MAIN = "test/main"
+
+
+def eval_metric(name: str) -> str:
+    return EVAL + name
+
+
+def test_metric(name: str) -> str:
+    return TEST + name
+
+
+# ---------------------------------------------------------------- performance
+EPOCH_TIME = "perf/epoch_time_s"
+TRAIN_TIME = "perf/train_time_s"
+TIME_TO_BEST = "perf/time_to_best_s"
+SAMPLES_PER_S = "perf/train_samples_per_s"
+TOKENS_PER_S = "perf/train_tokens_per_s"
+PEAK_MEM_ALLOCATED = "perf/peak_mem_allocated_mb"  # CUDA allocator
+PEAK_MEM_RESERVED = "perf/peak_mem_reserved_mb"  # CUDA allocator
+PEAK_RSS = "perf/peak_rss_mb"  # CPU: the process's resident set
+FLOPS_PER_SAMPLE = "perf/flops_per_sample"
+TFLOPS = "perf/tflops"
+MFU = "perf/mfu"
+
+# ---------------------------------------------------------------- energy (NVML; absent where not measured)
+ENERGY_JOULES = "energy/joules"
+AVG_POWER = "energy/avg_power_w"
+JOULES_PER_SAMPLE = "energy/joules_per_sample"
+GPU_UTIL = "energy/gpu_util_pct"
+
+# ---------------------------------------------------------------- AMP health
+LOSS_SCALE = "amp/loss_scale"
+SKIPPED_STEPS = "amp/skipped_steps"
+NONFINITE_LOSSES = "amp/nonfinite_losses"
+
+# ---------------------------------------------------------------- tags
+# Every stage run carries these (values: see the README); the study runner adds `study` and
+# `procedure`, and marks its own parent run with PARENT_TAG.
+RUN_TAGS = ("task", "model", "precision", "precision_requested", "backend", "launcher", "world_size",
+            "num_nodes", "stage", "procedure", "device", "device_type", "seed", "study", "energy_available")
+TAG_STUDY = "study"
+TAG_PROCEDURE = "procedure"
+TAG_KD_CACHE = "kd_cache"  # hit | miss | off
+PARENT_TAG = "study_parent"  # "true" on a study's parent run
+CELL_TAG_PREFIX = "cell."  # parent-run tag per cell: its plan and outcome, as JSON
