@@ -47,8 +47,8 @@ def build(arch: str, device):
 def cell(arch, precision_name, batch, length, steps, device) -> dict:
     from pipeline import telemetry
     from pipeline.runtime import precision
-    from pipeline.runtime.backend import TorchBackend
     from pipeline.runtime.dist import Runtime
+    from pipeline.runtime.torch_backend import TorchBackend
 
     gc.collect()
     if device.type == "cuda":

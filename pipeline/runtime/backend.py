@@ -1,20 +1,20 @@
 """The Backend: the one seam between the loop and the launch mode.
 
-It wraps model and optimizer, runs backward (through the loss scaler for fp16), steps and
+A backend wraps model and optimizer, runs backward (through the loss scaler for fp16), steps and
 says whether the optimizer really stepped, offers no_sync for accumulation micro-steps, and
 saves/loads its state. The loop never asks which backend it runs on.
+
+This module states the contract only; the implementations (torch_backend, deepspeed_backend)
+import from here, never the other way round, and runtime/factory.py chooses between them.
 """
 from __future__ import annotations
 
-import contextlib
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
-
-from pipeline.runtime.dist import Runtime
-from pipeline.runtime.precision import PrecisionPolicy
 
 
 @dataclass
@@ -25,87 +25,59 @@ class StepResult:
     """Global gradient norm before clipping (unscaled), still on the device."""
 
 
-class TorchBackend:
-    """One process, or torchrun DDP (gloo on CPU, NCCL on GPU)."""
+class Backend(Protocol):
+    """What every backend provides to the training loop."""
 
-    extra_artifacts: dict = {}
+    module: torch.nn.Module
+    """The unwrapped model (set by prepare): evaluate it, save it, read its parameters."""
 
-    def __init__(self, rt: Runtime, policy: PrecisionPolicy, max_grad_norm: float):
-        self.rt = rt
-        self.policy = policy
-        self.max_grad_norm = max_grad_norm
-        self.scaler = policy.make_scaler()
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
+        """Move and wrap model and optimizer; return the module to call forward on (it may be a
+        wrapper such as DDP or a DeepSpeed engine). Called once, before any other method but the
+        construction-time ones."""
+        ...
 
-    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer):
-        self.module = model.to(self.rt.device)
-        self.optimizer = optimizer
-        if self.rt.backend == "ddp":
-            ids = [self.rt.device.index] if self.rt.device.type == "cuda" else None
-            self.model = DistributedDataParallel(self.module, device_ids=ids)
-        else:
-            self.model = self.module
-        return self.model
-
-    def no_sync(self):
-        """Skip the gradient all-reduce on accumulation micro-steps (DDP only)."""
-        if isinstance(self.model, DistributedDataParallel):
-            return self.model.no_sync()
-        return contextlib.nullcontext()
+    def no_sync(self) -> AbstractContextManager:
+        """Context for an accumulation micro-step that is not the last of its group: skips the
+        gradient all-reduce where the backend can (a no-op context otherwise)."""
+        ...
 
     def backward(self, loss: torch.Tensor) -> None:
-        (self.scaler.scale(loss) if self.scaler else loss).backward()
+        """Backward of `loss` as given (already divided by the accumulation group length), through
+        the loss scaler when fp16 uses one."""
+        ...
 
     def step(self) -> StepResult:
-        params = [p for p in self.module.parameters() if p.grad is not None]
-        if self.scaler:
-            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
-        if self.max_grad_norm > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
-        else:
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
-        if self.scaler:
-            scale_before = self.scaler.get_scale()
-            self.scaler.step(self.optimizer)  # skips optimizer.step() when grads hold inf/nan
-            self.scaler.update()
-            stepped = self.scaler.get_scale() >= scale_before  # a skip halves the scale
-        else:
-            # note: syncs the device once per optimizer step; a NaN update would ruin the weights
-            stepped = bool(torch.isfinite(grad_norm))
-            if stepped:
-                self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return StepResult(stepped, grad_norm)
+        """Clip, step the optimizer unless the gradients are non-finite, zero the gradients.
+        `stepped` says whether the update was really applied: the caller advances the LR schedule
+        only then."""
+        ...
 
     @property
     def loss_scale(self) -> float | None:
-        return self.scaler.get_scale() if self.scaler else None
+        """The current dynamic loss scale under fp16; None in every other precision."""
+        ...
 
-    # ------------------------------------------------------------------ state
     def save(self, directory: Path, rank: int) -> None:
-        """Collective. Model and optimizer are identical on every DDP rank: rank 0 writes them."""
-        if rank == 0:
-            state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
-            if self.scaler:
-                state["scaler"] = self.scaler.state_dict()
-            torch.save(state, Path(directory) / "backend.pt")
+        """Collective: write model, optimizer and loss-scaler state into `directory` (every rank
+        calls it; which ranks write is the backend's business)."""
+        ...
 
     def load(self, directory: Path) -> None:
-        state = torch.load(Path(directory) / "backend.pt", map_location=self.rt.device, weights_only=True)
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scaler and "scaler" in state:
-            self.scaler.load_state_dict(state["scaler"])
+        """Restore exactly what save() wrote into `directory` (after prepare)."""
+        ...
 
     def full_state_dict(self) -> dict:
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
+        """The whole model's state dict on CPU, weights in fp32, detached copies. Collective under
+        ZeRO-3 (it gathers the shards): every rank calls it."""
+        ...
 
     def load_full_state_dict(self, state: dict) -> None:
-        self.module.load_state_dict(state)
+        """Load a state dict from full_state_dict() into the model (collective under ZeRO-3)."""
+        ...
 
-
-def make_backend(rt: Runtime, policy: PrecisionPolicy, cfg):
-    if rt.backend == "deepspeed":
-        from pipeline.runtime.deepspeed_backend import DeepSpeedBackend
-
-        return DeepSpeedBackend(rt, policy, cfg)
-    return TorchBackend(rt, policy, cfg.train.max_grad_norm)
+    @property
+    def extra_artifacts(self) -> dict[str, object]:
+        """File name -> JSON content the run saves beside its outputs (e.g. the resolved
+        DeepSpeed config); empty when the backend has none."""
+        ...

@@ -1,4 +1,4 @@
-"""The DeepSpeed backend: the same seam as TorchBackend, driven by DeepSpeed's engine.
+"""The DeepSpeed backend: runtime.backend.Backend driven by DeepSpeed's engine.
 
 The DeepSpeed JSON may say "auto" for what the pipeline already knows (micro-batch,
 accumulation, global batch, clipping, optimizer lr/betas/eps/weight decay, the fp16/bf16
@@ -8,6 +8,9 @@ disagrees is a UserError naming both, never a silent override.
 The loop owns gradient accumulation (managed_gradient_accumulation=false: every step() is the
 boundary) and the LR schedule (stepped only when the engine says the step was applied), so
 the two backends behave alike; fp16 uses DeepSpeed's own dynamic loss scaler.
+
+The deepspeed package is imported inside the methods that use it: importing it costs seconds,
+and reading and checking the config must not.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from pipeline.config import TrainConfig
 from pipeline.errors import UserError
 from pipeline.runtime.backend import StepResult
 from pipeline.runtime.dist import Runtime
@@ -38,7 +42,7 @@ def load_ds_config(path: str | None) -> dict:
     return cfg
 
 
-def resolve_ds_config(raw: dict, train, precision: str, world_size: int, source: str) -> dict:
+def resolve_ds_config(raw: dict, train: TrainConfig, precision: str, world_size: int, source: str) -> dict:
     """Fill "auto" values from the pipeline config; refuse disagreements."""
     cfg = json.loads(json.dumps(raw))  # deep copy
 
@@ -81,17 +85,20 @@ def check_supported(ds_cfg: dict, policy: PrecisionPolicy, device: torch.device,
 
 
 class DeepSpeedBackend:
-    def __init__(self, rt: Runtime, policy: PrecisionPolicy, cfg):
+    """Launched by the deepspeed launcher (or torchrun with backend=deepspeed): ZeRO stages 0-3."""
+
+    def __init__(self, rt: Runtime, policy: PrecisionPolicy, train: TrainConfig, config_path: str | None):
+        """config_path: the DeepSpeed JSON (the `deepspeed` key); None uses ds_configs/zero2.json."""
         self.rt = rt
         self.policy = policy
-        self.source = cfg.deepspeed or str(DEFAULT_CONFIG)
-        self.ds_config = resolve_ds_config(load_ds_config(cfg.deepspeed), cfg.train, policy.name, rt.world_size,
+        self.source = config_path or str(DEFAULT_CONFIG)
+        self.ds_config = resolve_ds_config(load_ds_config(config_path), train, policy.name, rt.world_size,
                                            self.source)
         check_supported(self.ds_config, policy, rt.device, self.source)
         self.stage = self.ds_config.get("zero_optimization", {}).get("stage", 0)
         self.engine = None
 
-    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None):
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> torch.nn.Module:
         import deepspeed
 
         client_optimizer = None if "optimizer" in self.ds_config else optimizer
@@ -146,5 +153,5 @@ class DeepSpeedBackend:
             self.module.load_state_dict(state)
 
     @property
-    def extra_artifacts(self) -> dict:
+    def extra_artifacts(self) -> dict[str, object]:
         return {"deepspeed_config.json": self.ds_config}

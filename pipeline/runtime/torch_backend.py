@@ -1,0 +1,93 @@
+"""The torch backend: one process, or torchrun DDP (gloo on CPU, NCCL on GPU), with
+torch.amp's GradScaler for fp16. Implements runtime.backend.Backend."""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from pipeline.runtime.backend import StepResult
+from pipeline.runtime.dist import Runtime
+from pipeline.runtime.precision import PrecisionPolicy
+
+
+class TorchBackend:
+    """One process, or torchrun DDP (gloo on CPU, NCCL on GPU)."""
+
+    def __init__(self, rt: Runtime, policy: PrecisionPolicy, max_grad_norm: float):
+        self.rt = rt
+        self.policy = policy
+        self.max_grad_norm = max_grad_norm
+        self.scaler = policy.make_scaler()
+
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
+        self.module = model.to(self.rt.device)
+        self.optimizer = optimizer
+        if self.rt.backend == "ddp":
+            ids = [self.rt.device.index] if self.rt.device.type == "cuda" else None
+            self.model = DistributedDataParallel(self.module, device_ids=ids)
+        else:
+            self.model = self.module
+        return self.model
+
+    def no_sync(self):
+        """Skip the gradient all-reduce on accumulation micro-steps (DDP only)."""
+        if isinstance(self.model, DistributedDataParallel):
+            return self.model.no_sync()
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def step(self) -> StepResult:
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+        if self.max_grad_norm > 0:
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
+        else:
+            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+        if self.scaler:
+            scale_before = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)  # skips optimizer.step() when grads hold inf/nan
+            self.scaler.update()
+            stepped = self.scaler.get_scale() >= scale_before  # a skip halves the scale
+        else:
+            # note: syncs the device once per optimizer step; a NaN update would ruin the weights
+            stepped = bool(torch.isfinite(grad_norm))
+            if stepped:
+                self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return StepResult(stepped, grad_norm)
+
+    @property
+    def loss_scale(self) -> float | None:
+        return self.scaler.get_scale() if self.scaler else None
+
+    @property
+    def extra_artifacts(self) -> dict[str, object]:
+        return {}
+
+    # ------------------------------------------------------------------ state
+    def save(self, directory: Path, rank: int) -> None:
+        """Collective. Model and optimizer are identical on every DDP rank: rank 0 writes them."""
+        if rank == 0:
+            state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+            if self.scaler:
+                state["scaler"] = self.scaler.state_dict()
+            torch.save(state, Path(directory) / "backend.pt")
+
+    def load(self, directory: Path) -> None:
+        state = torch.load(Path(directory) / "backend.pt", map_location=self.rt.device, weights_only=True)
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler and "scaler" in state:
+            self.scaler.load_state_dict(state["scaler"])
+
+    def full_state_dict(self) -> dict:
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
+
+    def load_full_state_dict(self, state: dict) -> None:
+        self.module.load_state_dict(state)
