@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.errors import UserError
-from pipeline.study import CELL_TAG_PREFIX, PARENT_TAG
+from pipeline.names import CELL_TAG_PREFIX, PARENT_TAG
 
 AMP_PRECISIONS = ("fp16", "bf16", "auto")
 FP32_PRECISIONS = ("fp32", "tf32")

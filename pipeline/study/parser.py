@@ -1,0 +1,186 @@
+"""Loading a study file: YAML -> a checked Study and its planned cells.
+
+Every problem is a one-line UserError naming the file and the key.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import yaml
+
+from pipeline.errors import UserError
+from pipeline.study.plan import plan_cells
+from pipeline.study.spec import AXES, COMMANDS, LAUNCHERS, Block, Cell, Launcher, Procedure, Study, study_error
+
+STUDY_KEYS = ("name", "description", "config", "overrides", "launcher", "procedures", "matrix", "output_root",
+              "report_dir")
+
+
+def load_study(path: str | Path, extra: list[str] = ()) -> tuple[Study, list[Cell]]:
+    """Parse and check a study file; returns the spec and its cells in run order.
+
+    Every problem is a one-line UserError naming the file and the key.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"study: {path}: no such file")
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+    study = _Parser(path).study(raw, list(extra))
+    return study, plan_cells(study)
+
+
+class _Parser:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, key: str, reason: str):
+        raise study_error(self.path, key, reason)
+
+    def study(self, raw, extra: list[str]) -> Study:
+        if not isinstance(raw, dict):
+            self.fail("(top level)", "must be a mapping of keys")
+        for key in raw:
+            if key not in STUDY_KEYS:
+                self.fail(str(key), f"unknown key (expected one of {', '.join(STUDY_KEYS)})")
+        name = raw.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            self.fail("name", "required: a name of letters, digits, '.', '_' or '-' (the MLflow experiment)")
+        config = raw.get("config")
+        if config is not None:
+            if not isinstance(config, str):
+                self.fail("config", "expected a path")
+            found = next((c for c in (Path(config), self.path.parent / config) if c.is_file()), None)
+            if found is None:
+                self.fail("config", f"{config}: no such file (relative to the working directory or the study file)")
+            config = str(found)
+        procedures = {}
+        raw_procs = raw.get("procedures") or {}
+        if not isinstance(raw_procs, dict):
+            self.fail("procedures", "expected a mapping of name -> {command, overrides, launcher}")
+        for pname, spec in raw_procs.items():
+            procedures[str(pname)] = self.procedure(str(pname), spec)
+        matrix = raw.get("matrix")
+        if matrix is None:
+            matrix = {}
+        blocks_raw = matrix if isinstance(matrix, list) else [matrix]
+        blocks = [self.block(i, b, procedures, "matrix" if not isinstance(matrix, list) else f"matrix[{i}]")
+                  for i, b in enumerate(blocks_raw)]
+        if not blocks:
+            self.fail("matrix", "must have at least one block")
+        for key in ("output_root", "report_dir"):
+            if raw.get(key) is not None and not isinstance(raw[key], str):
+                self.fail(key, "expected a path")
+        return Study(
+            name=name, path=self.path, config=config,
+            overrides=self.overrides(raw.get("overrides"), "overrides"),
+            extra=[(self.check_override(a, "command line"), "command line") for a in extra],
+            launcher=self.launcher(raw.get("launcher"), "launcher"), procedures=procedures, blocks=blocks,
+            output_root=Path(raw.get("output_root") or "outputs"),
+            report_dir=Path(raw.get("report_dir") or f"reports/{name}"))
+
+    def procedure(self, name: str, spec) -> Procedure:
+        key = f"procedures.{name}"
+        if spec is None:
+            spec = {}
+        if not isinstance(spec, dict):
+            self.fail(key, "expected a mapping with command, overrides, launcher")
+        for k in spec:
+            if k not in ("command", "overrides", "launcher"):
+                self.fail(f"{key}.{k}", "unknown key (expected command, overrides, launcher)")
+        command = spec.get("command", "train")
+        if command not in COMMANDS:
+            self.fail(f"{key}.command", f"{command!r}: must be one of {' | '.join(COMMANDS)}")
+        launcher = self.launcher(spec["launcher"], f"{key}.launcher") if "launcher" in spec else None
+        return Procedure(name, command, self.overrides(spec.get("overrides"), f"{key}.overrides"), launcher)
+
+    def block(self, index: int, raw, procedures: dict[str, Procedure], key: str) -> Block:
+        if not isinstance(raw, dict):
+            self.fail(key, "expected a mapping of axes (tasks, models, precisions, procedures, seeds)")
+        for k in raw:
+            if k not in (*AXES, "overrides"):
+                self.fail(f"{key}.{k}", f"unknown key (expected {', '.join(AXES)}, overrides)")
+        axes: dict = {}
+        for axis in AXES:
+            value = raw.get(axis)
+            if value is None:
+                axes[axis] = None
+                continue
+            where = f"{key}.{axis}"
+            if isinstance(value, list):
+                items = {}
+                for v in value:
+                    if isinstance(v, (dict, list)) or v is None:
+                        self.fail(where, f"{v!r}: expected a scalar value")
+                    items[str(v)] = []
+            elif isinstance(value, dict):
+                items = {str(v): self.overrides(o, f"{where}.{v}") for v, o in value.items()}
+            else:
+                self.fail(where, "expected a list of values or a mapping value -> overrides")
+            if not items:
+                self.fail(where, "is empty (leave the axis out instead)")
+            if axis == "seeds":
+                for v in items:
+                    if not re.fullmatch(r"-?\d+", v):
+                        self.fail(where, f"{v!r}: a seed must be an integer")
+            if axis == "procedures":
+                for v in items:
+                    if v not in procedures:
+                        self.fail(where, f"{v!r}: not declared under procedures "
+                                         f"(declared: {', '.join(procedures) or 'none'})")
+            axes[axis] = items
+        return Block(index, axes, self.overrides(raw.get("overrides"), f"{key}.overrides"))
+
+    def launcher(self, raw, key: str) -> Launcher:
+        if raw is None or raw == "none":
+            return Launcher()
+        if isinstance(raw, str):
+            raw = {"type": raw}
+        if not isinstance(raw, dict):
+            self.fail(key, f"expected {' | '.join(LAUNCHERS)} or a mapping with type, nproc, nnodes, config")
+        for k in raw:
+            if k not in ("type", "nproc", "nnodes", "rdzv_endpoint", "config"):
+                self.fail(f"{key}.{k}", "unknown key (expected type, nproc, nnodes, rdzv_endpoint, config)")
+        kind = raw.get("type", "none")
+        if kind not in LAUNCHERS:
+            self.fail(f"{key}.type", f"{kind!r}: must be one of {' | '.join(LAUNCHERS)}")
+        nproc = raw.get("nproc", 1)
+        if not ((isinstance(nproc, int) and not isinstance(nproc, bool) and nproc >= 1)
+                or (kind == "torchrun" and nproc in ("auto", "gpu", "cpu"))):
+            or_auto = " or auto" if kind == "torchrun" else ""
+            self.fail(f"{key}.nproc", f"{nproc!r}: must be an integer >= 1{or_auto}")
+        nnodes = raw.get("nnodes", 1)
+        if not isinstance(nnodes, int) or isinstance(nnodes, bool) or nnodes < 1:
+            self.fail(f"{key}.nnodes", f"{nnodes!r}: must be an integer >= 1")
+        if kind == "none" and (nproc != 1 or nnodes != 1):
+            self.fail(key, "nproc and nnodes need a launcher (type: torchrun or deepspeed)")
+        config = raw.get("config")
+        if config is not None:
+            if kind != "deepspeed":
+                self.fail(f"{key}.config", "only the deepspeed launcher takes a config")
+            if not isinstance(config, str) or not Path(config).is_file():
+                self.fail(f"{key}.config", f"{config}: no such file")
+        return Launcher(kind, nproc, nnodes, raw.get("rdzv_endpoint"), config)
+
+    def overrides(self, raw, key: str) -> list[tuple[str, str]]:
+        if raw is None:
+            return []
+        if isinstance(raw, dict):
+            raw = [f"{k}={_text(v)}" for k, v in raw.items()]
+        if not isinstance(raw, list):
+            self.fail(key, "expected a list of key=value (or a mapping key: value)")
+        return [(self.check_override(item, f"{key}[{i}]"), key) for i, item in enumerate(raw)]
+
+    def check_override(self, item, key: str) -> str:
+        if not isinstance(item, str) or "=" not in item or item.startswith("="):
+            self.fail(key, f"{item!r}: expected key=value")
+        return item
+
+
+def _text(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "null" if value is None else str(value)

@@ -1,0 +1,121 @@
+"""The parsed study: its launchers, procedures, matrix blocks and the cells planned from them.
+
+The study-file format these come from is described in `pipeline/study/__init__.py`.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.errors import UserError
+
+AXES = ("tasks", "models", "precisions", "procedures", "seeds")
+"""The matrix axes, in the order a cell's name lists their values."""
+AXIS_KEY = {"tasks": "task", "models": "model", "precisions": "precision", "seeds": "seed"}
+"""Axis -> the config key its value sets (a procedure sets a command and overrides instead)."""
+COMMANDS = ("train", "distill")
+LAUNCHERS = ("none", "torchrun", "deepspeed")
+
+
+def study_error(path: Path, key: str, reason: str) -> UserError:
+    """The one-line error for a study file: the file, the key, why."""
+    return UserError(f"{path}: {key}: {reason}")
+
+
+@dataclass
+class Launcher:
+    """How a stage process is started: directly, under torchrun, or under the deepspeed launcher."""
+
+    kind: str = "none"
+    nproc: int | str = 1
+    """Processes per node (torchrun also takes auto, gpu, cpu)."""
+    nnodes: int = 1
+    rdzv_endpoint: str | None = None
+    """HOST:PORT of the c10d rendezvous when nnodes > 1 (default $MASTER_ADDR:29500)."""
+    config: str | None = None
+    """DeepSpeed JSON config (deepspeed only)."""
+
+    def command(self, stage: str, args: list[str], rdzv_id: str) -> list[str]:
+        module = ["-m", "pipeline", stage, *args]
+        if self.kind == "torchrun":
+            head = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(self.nproc)]
+            if self.nnodes == 1:
+                head.append("--standalone")
+            else:  # this starts the local agent; the other nodes run the same command
+                endpoint = self.rdzv_endpoint or f"{os.environ.get('MASTER_ADDR', '127.0.0.1')}:29500"
+                head += ["--nnodes", str(self.nnodes), "--rdzv_backend", "c10d", "--rdzv_endpoint", endpoint,
+                         "--rdzv_id", rdzv_id]
+            return head + module
+        if self.kind == "deepspeed":
+            exe = Path(sys.executable).with_name("deepspeed")  # the launcher beside this interpreter
+            head = [str(exe) if exe.exists() else "deepspeed", "--num_gpus", str(self.nproc)]
+            if self.nnodes > 1:
+                head += ["--num_nodes", str(self.nnodes)]
+            return head + ["--module", "pipeline", stage, *args]
+        return [sys.executable, *module]
+
+    def overrides(self) -> list[str]:
+        if self.kind == "deepspeed":
+            return ["backend=deepspeed"] + ([f"deepspeed={self.config}"] if self.config else [])
+        return []
+
+    def describe(self) -> str:
+        if self.kind == "none":
+            return "none"
+        nodes = f"x{self.nnodes} nodes" if self.nnodes > 1 else ""
+        return f"{self.kind}:{self.nproc}{nodes}"
+
+
+@dataclass
+class Procedure:
+    name: str
+    command: str = "train"
+    overrides: list[tuple[str, str]] = field(default_factory=list)
+    """(key=value, where it came from) pairs; the origin names the study-file key in errors."""
+    launcher: Launcher | None = None
+
+
+@dataclass
+class Block:
+    """One matrix: the product of its axes. An absent axis is None (not varied)."""
+
+    index: int
+    axes: dict[str, dict[str, list[tuple[str, str]]] | None]
+    """axis -> {value: overrides of that value} (ordered), or None."""
+    overrides: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class Study:
+    name: str
+    path: Path
+    config: str | None
+    overrides: list[tuple[str, str]]
+    extra: list[tuple[str, str]]
+    """Command-line overrides: applied to every cell after the study file's own."""
+    launcher: Launcher
+    procedures: dict[str, Procedure]
+    blocks: list[Block]
+    output_root: Path
+    report_dir: Path
+
+
+@dataclass
+class Cell:
+    name: str
+    procedure: str
+    command: str
+    launcher: Launcher
+    output_dir: Path
+    overrides: list[tuple[str, str]]
+    values: dict[str, str]
+    """The block's axis values of this cell: axis name (tasks, models, ...) -> value."""
+    tables: list[str]
+    needs: list[str] = field(default_factory=list)
+    plan: dict = field(default_factory=dict)
+    """Effective task, model, precision, seed (from the resolved config), for the report."""
+
+    def args(self) -> list[str]:
+        return [text for text, _ in self.overrides]
