@@ -15,8 +15,9 @@ from typing import Any
 import yaml
 
 from pipeline.errors import UserError
+from pipeline.tasks import REGISTRY
 
-TASKS = ("sentiment", "ner", "error_cls", "qa", "wikiqa")
+TASKS = tuple(REGISTRY)  # the task registry is the one list of task names
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "auto")
 BACKENDS = ("auto", "single", "ddp", "deepspeed")
 
@@ -44,7 +45,8 @@ class TrainConfig:
     grad_accum: int = 1
     """Micro-batches per optimizer step; gradients are all-reduced only on the last one."""
     lr: float | None = None
-    """Peak learning rate of AdamW; unset: 3e-4 for presets (trained from scratch), else 5e-5."""
+    """Peak learning rate of AdamW; unset: 3e-4 for presets (trained from scratch), else 5e-5
+    (filled in by resolve())."""
     warmup_ratio: float = 0.1
     """Fraction of optimizer steps with linear warm-up; then linear decay to zero."""
     weight_decay: float = 0.01
@@ -127,13 +129,15 @@ class Config:
     resume: str = "never"
     """never | auto (continue from the newest complete checkpoint in output_dir, if any)."""
     output_dir: str | None = None
-    """Where config.yaml, metrics.json, best/ and the journal go; unset = outputs/TASK-PRECISION."""
+    """Where config.yaml, metrics.json, best/ and the journal go; unset = outputs/TASK-PRECISION
+    (filled in by resolve())."""
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     kd: KDConfig = field(default_factory=KDConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def validate(self) -> "Config":
+        """Check every key (a UserError naming the first bad one); changes nothing."""
         _one_of("task", self.task, TASKS)
         _one_of("precision", self.precision, PRECISIONS)
         _one_of("backend", self.backend, BACKENDS)
@@ -162,9 +166,16 @@ class Config:
         _check("kd.hidden_weight", self.kd.hidden_weight, self.kd.hidden_weight >= 0, "must be >= 0 (0 = off)")
         if self.deepspeed is not None and not Path(self.deepspeed).is_file():
             raise UserError(f"config: deepspeed={self.deepspeed}: no such file")
-        if self.output_dir is None:
-            self.output_dir = f"outputs/{self.task}-{self.precision}"
         return self
+
+    def resolve(self, model_spec: str | None = None) -> "Config":
+        """A copy with the derived defaults filled in: output_dir, and, once the model is known,
+        the learning rate (random-init presets need a larger step than fine-tuning does)."""
+        train = self.train
+        if train.lr is None and model_spec is not None:
+            train = dataclasses.replace(train, lr=3e-4 if model_spec.startswith("preset:") else 5e-5)
+        return dataclasses.replace(self, train=train,
+                                   output_dir=self.output_dir or f"outputs/{self.task}-{self.precision}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -190,7 +201,7 @@ def load_config(path: str | None = None, overrides: list[str] = ()) -> Config:
         if not sep or not key:
             raise UserError(f"config: override {item!r}: expected key=value")
         _set_dotted(cfg, key.strip(), value)
-    return cfg.validate()
+    return cfg.validate().resolve()
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from pipeline import models
+from pipeline.config import Config, KDConfig
 from pipeline.errors import UserError
 from pipeline.fsutil import atomic_dir, cache_root
 from pipeline.runtime import dist
@@ -86,21 +87,44 @@ def student_from_teacher(n_layers: int, teacher, task):
     return student, chosen
 
 
+def build_distillation(cfg: Config, task, policy, rt, train_texts: list[str]):
+    """(student spec, tokenizer, student, Distiller) of a `distill` stage; every check that can
+    be the user's fault happens here, before any run exists."""
+    if not cfg.kd.teacher:
+        raise UserError("config: kd.teacher: required by distill (a train stage's output_dir, hub id or local model)")
+    teacher_tokenizer, teacher = load_teacher(cfg.kd.teacher, task, cfg.model_config)
+    spec = cfg.model or f"from_teacher:{max(1, teacher.config.num_hidden_layers // 2)}"
+    if spec.startswith("from_teacher:"):
+        try:
+            n_layers = int(spec.split(":", 1)[1])
+        except ValueError:
+            raise UserError(f"config: model={spec}: expected from_teacher:N with N a number of layers") from None
+        student, _ = student_from_teacher(n_layers, teacher, task)
+        tokenizer = teacher_tokenizer
+    else:
+        tokenizer, student = models.build(spec, task, train_texts, cfg.model_config, cfg.train.max_length)
+    if teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
+        raise UserError(f"config: kd.teacher={cfg.kd.teacher}: its tokenizer differs from the student's "
+                        f"(model={cfg.model}); per-token distillation needs one tokenizer for both")
+    distiller = Distiller(cfg.kd, cfg.train.eval_batch_size, task, policy, rt, teacher)
+    if cfg.kd.hidden_weight and attach_projection(student, teacher) and rt.is_main:
+        log.info("hidden-state term: a learned projection %d -> %d", student.config.hidden_size,
+                 teacher.config.hidden_size)
+    return spec, tokenizer, student, distiller
+
+
 class Distiller:
     """Frozen teacher on this rank's device, outside DDP/DeepSpeed; logits from its cache."""
 
-    def __init__(self, cfg, task, policy, rt, teacher, teacher_tokenizer, student_tokenizer):
-        if teacher_tokenizer.get_vocab() != student_tokenizer.get_vocab():
-            raise UserError(f"config: kd.teacher={cfg.kd.teacher}: its tokenizer differs from the student's "
-                            f"(model={cfg.model}); per-token distillation needs one tokenizer for both")
-        self.alpha, self.temperature, self.hidden_weight = cfg.kd.alpha, cfg.kd.temperature, cfg.kd.hidden_weight
+    def __init__(self, kd: KDConfig, eval_batch_size: int, task, policy, rt, teacher):
+        self.alpha, self.temperature, self.hidden_weight = kd.alpha, kd.temperature, kd.hidden_weight
         self.task, self.policy, self.rt = task, policy, rt
-        self.use_cache = cfg.kd.cache and not self.hidden_weight  # the cache holds logits, not hidden states
-        if cfg.kd.cache and self.hidden_weight and rt.is_main:
+        self.use_cache = kd.cache and not self.hidden_weight  # the cache holds logits, not hidden states
+        if kd.cache and self.hidden_weight and rt.is_main:
             log.info("kd.hidden_weight > 0: the teacher runs live every step (the cache holds logits only)")
         # asked of both forwards (student and teacher): the hidden-state term needs their hidden states
         self.forward_kwargs = {"output_hidden_states": True} if self.hidden_weight else {}
-        self.eval_batch_size = cfg.train.eval_batch_size
+        self.eval_batch_size = eval_batch_size
         # eval mode (no dropout), no gradients, the compute dtype of the precision policy
         self.teacher = teacher.to(rt.device, dtype=policy.compute_dtype).eval().requires_grad_(False)
         self.cached: dict[str, torch.Tensor] | None = None

@@ -1,9 +1,11 @@
-"""Measurements of a run: throughput over training steps only, peak memory, device facts.
+"""Measurements of a run: throughput over training steps only, peak memory, FLOPs, energy,
+device facts; and StageMeters, the one object that turns them into the logged figures.
 
 Clocks are read only after the device is synchronized, so queued GPU work is not missed.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import platform
 import resource
@@ -12,7 +14,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from pipeline import names
+from pipeline.runtime import dist
 
 
 def synchronize(device: torch.device) -> None:
@@ -54,10 +61,10 @@ def reset_peak_memory(device: torch.device) -> None:
 def peak_memory(device: torch.device) -> dict[str, float]:
     """Peak memory in MB under the name that says what it is (CUDA allocator or process RSS)."""
     if device.type == "cuda":
-        return {"perf/peak_mem_allocated_mb": torch.cuda.max_memory_allocated(device) / 2**20,
-                "perf/peak_mem_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20}
+        return {names.PEAK_MEM_ALLOCATED: torch.cuda.max_memory_allocated(device) / 2**20,
+                names.PEAK_MEM_RESERVED: torch.cuda.max_memory_reserved(device) / 2**20}
     # ru_maxrss is KiB on Linux; it is the peak since process start (it cannot be reset)
-    return {"perf/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {names.PEAK_RSS: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def device_name(device: torch.device) -> str:
@@ -170,3 +177,114 @@ class EnergyMeter:
                 self._util.append(float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
             except Exception:  # noqa: BLE001
                 return
+
+
+# ---------------------------------------------------------------------- the stage's figures
+
+
+class StageMeters:
+    """The meters of one stage and the figures they become (as torchtitan's metrics processor):
+    throughput and energy over training steps only, peak memory, FLOPs and MFU, each reduced
+    over ranks (sums of work, the slowest rank's time, the largest peak).
+
+    Running totals live in the loop's resumable state (`state`: samples, tokens, train_seconds,
+    joules, epoch_times, peak), so a resumed job reports the whole job's figures.
+    """
+
+    def __init__(self, device: torch.device, precision_name: str, world_size: int):
+        self.device, self.world_size = device, world_size
+        self.energy = EnergyMeter(device)
+        self.peak_tflops = peak_tflops(device_name(device), precision_name) if device.type == "cuda" else None
+        self.flops_per_sample: float | None = None
+        self.throughput = ThroughputMeter(device)
+
+    def energy_available_anywhere(self) -> bool:
+        """Collective: does any rank measure energy (the run's energy_available tag)?"""
+        (available,) = dist.all_reduce([float(self.energy.available)], op="max")
+        return bool(available)
+
+    # -------------------------------------------------------------- an epoch
+    def start_epoch(self) -> None:
+        reset_peak_memory(self.device)
+        self.throughput = ThroughputMeter(self.device)
+        self.throughput.start()
+        self.energy.start()
+
+    def pause(self) -> None:
+        self.throughput.stop()  # e.g. a checkpoint save: not training time
+
+    def resume(self) -> None:
+        self.throughput.start()
+
+    def add_batch(self, samples: int, tokens: int) -> None:
+        self.throughput.add(samples, tokens)
+
+    def flop_counter(self):
+        """FLOPs are counted once, on the first micro-batch (forward + backward)."""
+        return FlopCounterMode(display=False) if self.flops_per_sample is None else contextlib.nullcontext()
+
+    def record_flops(self, counter, samples: int) -> None:
+        if self.flops_per_sample is None:
+            self.flops_per_sample = counter.get_total_flops() / samples
+
+    def end_epoch(self, state) -> dict:
+        """Collective: the epoch's perf/ and energy/ figures; adds the epoch to state's totals."""
+        elapsed = self.throughput.stop()  # training steps only: evaluation and saving come after
+        joules_here = self.energy.stop()
+        samples, tokens = dist.all_reduce([self.throughput.samples, self.throughput.tokens])
+        (elapsed,) = dist.all_reduce([elapsed], op="max")
+        state.samples += samples
+        state.tokens += tokens
+        state.train_seconds += elapsed
+        state.epoch_times.append(elapsed)
+        mem = peak_memory(self.device)
+        mem = dict(zip(mem, dist.all_reduce(list(mem.values()), op="max")))
+        state.peak = {k: max(v, state.peak.get(k, 0.0)) for k, v in mem.items()}
+        figures = {names.EPOCH_TIME: elapsed, names.SAMPLES_PER_S: samples / elapsed,
+                   names.TOKENS_PER_S: tokens / elapsed, **mem}
+        figures.update(self.compute_figures(samples, elapsed))
+        figures.update(self._energy_figures(joules_here, samples, elapsed))
+        state.joules += figures.get(names.ENERGY_JOULES, 0.0)
+        return figures
+
+    # -------------------------------------------------------------- the job
+    def final_figures(self, state) -> dict:
+        """The whole job's perf/ and energy/ figures, from state's totals."""
+        figures = {
+            names.TRAIN_TIME: state.train_seconds, names.TIME_TO_BEST: state.time_to_best,
+            names.EPOCH_TIME: float(np.mean(state.epoch_times)),
+            names.SAMPLES_PER_S: state.samples / state.train_seconds,
+            names.TOKENS_PER_S: state.tokens / state.train_seconds,
+            **state.peak, **self.compute_figures(state.samples, state.train_seconds),
+        }
+        if state.joules:
+            figures.update({names.ENERGY_JOULES: state.joules, names.AVG_POWER: state.joules / state.train_seconds,
+                            names.JOULES_PER_SAMPLE: state.joules / state.samples})
+        return figures
+
+    def compute_figures(self, samples: float, seconds: float) -> dict:
+        """Achieved TFLOP/s of the job and, on a GPU in the peak table, MFU."""
+        if not self.flops_per_sample or not seconds:
+            return {}
+        (flops_per_sample,) = dist.all_reduce([self.flops_per_sample], op="max")
+        tflops = flops_per_sample * samples / seconds / 1e12
+        figures = {names.FLOPS_PER_SAMPLE: flops_per_sample, names.TFLOPS: tflops}
+        if self.peak_tflops:
+            figures[names.MFU] = tflops / (self.peak_tflops * self.world_size)
+        return figures
+
+    def _energy_figures(self, joules_here: float, samples: float, seconds: float) -> dict:
+        """Energy of the epoch summed over the job's GPUs (each counted once, by UUID)."""
+        energy = self.energy
+        readings = dist.all_gather_objects((energy.uuid, joules_here, energy.mean_utilization)
+                                           if energy.available else None)
+        per_gpu = {r[0]: r for r in readings if r is not None}
+        if not per_gpu:
+            return {}
+        joules = sum(r[1] for r in per_gpu.values())
+        figures = {names.ENERGY_JOULES: joules, names.AVG_POWER: joules / seconds,
+                   names.JOULES_PER_SAMPLE: joules / samples}
+        utils = [r[2] for r in per_gpu.values() if r[2] is not None]
+        if utils:
+            figures[names.GPU_UTIL] = float(np.mean(utils))
+        return figures

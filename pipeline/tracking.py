@@ -10,11 +10,18 @@ import json
 import logging
 import os
 import re
+import socket
 import time
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+import yaml
+
+from pipeline import names, telemetry
+from pipeline.config import Config, flatten
 from pipeline.errors import UserError
+from pipeline.runtime import dist
+from pipeline.runtime.dist import Runtime
 
 log = logging.getLogger("pipeline")
 
@@ -123,6 +130,14 @@ class Tracker:
         self._journal({"type": "end", "status": status})
         self._call(lambda: self.client.set_terminated(self.run_id, status=status))
 
+    def announce(self, config) -> None:
+        """Log where the finished run is and the command that opens it (config: TrackingConfig)."""
+        if not self.active or not self.run_id:
+            return
+        ui = "python -m pipeline ui" + (f" --uri {redact(self.uri)}" if config.uri else "")
+        log.info("MLflow run %s (experiment '%s') in %s\n    open it: %s --experiment %s",
+                 self.run_id, config.experiment, redact(self.uri), ui, config.experiment)
+
     def start_system_metrics(self, run_id: str | None, uri: str, node_id: str, interval: float) -> None:
         """MLflow's CPU/memory/GPU sampler into the job's run; one per node (local rank 0)."""
         if run_id is None:
@@ -204,6 +219,38 @@ class Tracker:
     def _journal(self, record: dict) -> None:
         with self.journal_path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def start_stage_run(cfg: Config, rt: Runtime, stage: str, model_spec: str, precision_name: str, uri: str,
+                    energy_available: bool, resumed: bool, resume_run_id: str | None) -> tuple[Tracker, str | None]:
+    """Collective: write the resolved config.yaml, open the stage's MLflow run on rank 0 with its
+    tags and params (a resumed job reopens its run and appends to its journal), and start system
+    metrics on every node. Returns the tracker and the run id (the same on every rank; None
+    without tracking)."""
+    out = Path(cfg.output_dir)
+    tracker = Tracker(out, active=rt.is_main, resume=resumed)
+    resolved = redact_config({**cfg.to_dict(), "tracking": {**cfg.to_dict()["tracking"], "uri": uri}})
+    if rt.is_main:
+        (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True))  # no secrets
+    tags = {
+        "task": cfg.task, "model": model_spec, "precision": precision_name, "precision_requested": cfg.precision,
+        "backend": rt.backend, "launcher": rt.launcher, "world_size": rt.world_size,
+        "num_nodes": rt.num_nodes, "stage": stage, names.TAG_PROCEDURE: stage,
+        "device": telemetry.device_name(rt.device), "device_type": rt.device.type, "seed": cfg.seed,
+        names.TAG_STUDY: "", "energy_available": "true" if energy_available else "false",
+        **telemetry.environment_tags(), **cfg.tracking.tags,
+    }
+    if cfg.tracking.parent_run_id:
+        tags["mlflow.parentRunId"] = cfg.tracking.parent_run_id
+    run_name = cfg.tracking.run_name or f"{cfg.task}-{model_spec.split('/')[-1]}-{precision_name}"
+    tracker.start(uri, cfg.tracking.experiment, run_name, tags, flatten(resolved), resume_run_id=resume_run_id)
+    tracker.log_artifact(out / "config.yaml")
+    run_id = dist.broadcast_object(tracker.run_id)
+    if cfg.tracking.system_metrics and rt.local_rank == 0:
+        node = rt.rank // max(1, rt.world_size // rt.num_nodes)
+        tracker.start_system_metrics(run_id, uri, f"node{node}-{socket.gethostname()}",
+                                     cfg.tracking.system_metrics_interval)
+    return tracker, run_id
 
 
 def _tag(key: str, value: str):

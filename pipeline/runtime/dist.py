@@ -2,7 +2,10 @@
 the few collectives the loop needs (all of them no-ops in a single process)."""
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -129,3 +132,17 @@ def broadcast_object(obj):
     box = [obj]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+@contextlib.contextmanager
+def sigterm_flag():
+    """SIGTERM (Slurm time limit, spot preemption) sets a flag the loop checks at step boundaries."""
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+    previous = signal.signal(signal.SIGTERM, lambda *_: flag.set())
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGTERM, previous)

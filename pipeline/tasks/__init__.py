@@ -1,10 +1,14 @@
-"""Task registry: `task=NAME` -> the Task class, imported on first use."""
+"""Task registry: `task=NAME` -> the Task class, imported on first use (so that reading the
+names, as the config's validation does, costs no torch or transformers import)."""
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from pipeline.errors import UserError
-from pipeline.tasks.base import Task
+
+if TYPE_CHECKING:
+    from pipeline.tasks.base import Task
 
 REGISTRY = {
     "sentiment": "pipeline.tasks.sentiment:SentimentTask",

@@ -1,0 +1,37 @@
+"""Scoring a split: each rank predicts its shard, predictions are gathered by row index, and
+the task turns them into its metrics (plus `main`, the task's main metric)."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pipeline.runtime import dist
+
+
+@torch.inference_mode()
+def evaluate(module, loader, task, policy, rt, examples, features, keep: bool = False) -> dict:
+    """Task metrics on a split; with keep=True also the gathered predictions (`_predictions`)."""
+    module.eval()
+    indices, parts, loss_sum = [], [], 0.0
+    for batch in loader:
+        indices.append(batch.pop("idx").numpy())
+        inputs = {k: v.to(rt.device, non_blocking=True) for k, v in batch.items()}
+        with policy.autocast():
+            outputs = module(**inputs)
+        if outputs.get("loss") is not None:  # heads without targets in eval (QA windows) have none
+            loss_sum += float(outputs.loss) * len(indices[-1])
+        parts.append(task.predictions(outputs, batch))
+    local = (np.concatenate(indices) if indices else np.zeros(0, dtype=np.int64),
+             {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}, loss_sum)
+    gathered = dist.all_gather_objects(local)
+    # rows ordered by idx; a row two ranks both predicted (shard padding) is kept once
+    _, first = np.unique(np.concatenate([g[0] for g in gathered]), return_index=True)
+    keys = next(g[1].keys() for g in gathered if g[1])
+    predictions = {k: np.concatenate([g[1][k] for g in gathered if g[1]])[first] for k in keys}
+    scores = task.metrics(predictions, examples, features)
+    scores["main"] = scores[task.main_metric]
+    if any(g[2] for g in gathered):
+        scores["loss"] = sum(g[2] for g in gathered) / sum(len(g[0]) for g in gathered)
+    if keep:
+        scores["_predictions"] = predictions
+    return scores
