@@ -8,8 +8,8 @@ from safetensors import safe_open
 from conftest import FAST, mlflow_runs, run_cli
 from pipeline.config import load_config
 from pipeline.errors import UserError
-from pipeline.runtime import backend as backend_mod
 from pipeline.runtime import precision
+from pipeline.runtime import torch_backend as backend_mod
 from pipeline.train import run
 
 EXPECTED_METRICS = {"train/loss", "train/lr", "train/grad_norm", "eval/main", "eval/macro_f1", "eval/accuracy",
@@ -100,7 +100,7 @@ def test_missing_local_model_is_a_user_error(tmp_path):
 def test_length_grouping_covers_the_epoch_once_and_cuts_padding():
     import random
 
-    from pipeline.train import ResumableSampler
+    from pipeline.data import ResumableSampler
 
     rng = random.Random(0)
     lengths = [rng.randint(4, 120) for _ in range(403)]
