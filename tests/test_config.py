@@ -1,7 +1,7 @@
 """Config: YAML + dotted overrides, typed; every mistake is one line naming the key (exit 2)."""
 import pytest
 
-from conftest import run_cli
+from helpers import run_cli
 from pipeline.config import flatten, load_config
 from pipeline.errors import UserError
 

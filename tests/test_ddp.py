@@ -5,7 +5,7 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from conftest import mlflow_runs, torchrun
+from helpers import mlflow_runs, run_cli, torchrun
 from pipeline.config import load_config
 from pipeline.train import run
 
@@ -57,8 +57,6 @@ def test_two_process_ddp_matches_single_process_and_logs_one_run(tmp_path, singl
 
 
 def test_ddp_without_a_launcher_is_refused(tmp_path):
-    from conftest import run_cli
-
     result = run_cli("train", "backend=ddp", f"output_dir={tmp_path}")
     assert result.returncode == 2
     assert "backend=ddp: needs a launcher" in result.stderr

@@ -6,38 +6,16 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import FAST, ROOT, mlflow_runs, run_cli, torchrun
+from helpers import FAST, ROOT, assert_same_result, deepspeed, free_port, mlflow_runs, run_cli, torchrun, wait_for
 from pipeline import checkpoint
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.runtime.deepspeed_backend import resolve_ds_config
-from test_faults import assert_same_result, wait_for
 
-DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
 JOB = [*FAST, "train.batch_size=16", "train.epochs=2"]
-
-
-def deepspeed(*args, log=None, wait=True):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [DEEPSPEED, "--num_gpus", "2", "--master_port", str(_port()), "--module", "pipeline", *map(str, args)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "w") if log else subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    if not wait:
-        return proc
-    out, _ = proc.communicate(timeout=900)
-    return proc.returncode, out or ""
-
-
-def _port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +101,7 @@ def test_fp16_under_deepspeed_on_cpu_is_refused(tmp_path, monkeypatch):
 
 def test_two_node_torchrun_on_loopback_is_one_run_with_two_nodes(tmp_path):
     db = tmp_path / "m.db"
-    port = _port()
+    port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     agents = [subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",

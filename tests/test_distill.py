@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from conftest import FAST, mlflow_runs, run_cli, torchrun
+from helpers import FAST, deepspeed, mlflow_runs, run_cli, torchrun
 from pipeline import distill
 from pipeline.config import load_config
 from pipeline.errors import UserError
@@ -117,8 +117,6 @@ def test_distill_under_two_process_ddp(tmp_path, teacher_dir):
 
 
 def test_distill_under_deepspeed(tmp_path, teacher_dir):
-    from test_deepspeed import deepspeed
-
     code, log = deepspeed("distill", *FAST, "model=from_teacher:2", f"kd.teacher={teacher_dir}", "train.max_steps=12",
                           "deepspeed=ds_configs/zero2.json", f"output_dir={tmp_path / 'out'}",
                           f"tracking.uri=sqlite:///{tmp_path}/m.db")

@@ -5,13 +5,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from conftest import FAST, ROOT, mlflow_runs, run_cli
+from helpers import FAST, ROOT, assert_same_result, mlflow_runs, run_cli, wait_for
 from pipeline import checkpoint
 from pipeline.config import load_config
 from pipeline.train import Diverged, run
@@ -24,24 +22,6 @@ def start_cli(*args, log):
     """The CLI in its own session (so a kill reaches all of it), output to a file."""
     return subprocess.Popen([sys.executable, "-m", "pipeline", *map(str, args)], cwd=ROOT,
                             stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def wait_for(predicate, timeout=300, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def assert_same_result(a, b, tol=1e-6):
-    wa, wb = load_file(a / "best" / "model.safetensors"), load_file(b / "best" / "model.safetensors")
-    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= tol
-    ma, mb = json.loads((a / "metrics.json").read_text()), json.loads((b / "metrics.json").read_text())
-    for key in ma:
-        if key.startswith(("eval/", "test/", "train/")):
-            assert mb[key] == pytest.approx(ma[key], abs=tol), key
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from conftest import write_file, written_twice
+from helpers import write_file, written_twice
 from pipeline.errors import UserError
 from pipeline.tasks import get_task
 

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import FAST, ROOT, mlflow_runs, run_cli
+from helpers import FAST, ROOT, mlflow_runs, run_cli
 
 STUDY = "tiny"
 

@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from conftest import FAST, write_file, written_twice
+from helpers import FAST, write_file, written_twice
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.runtime import precision

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import FAST, torchrun, written_twice
+from helpers import FAST, torchrun, written_twice
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.models import preset_tokenizer

@@ -8,7 +8,7 @@ import datasets
 import numpy as np
 import pytest
 
-from conftest import FAST, mlflow_runs, torchrun, write_file, written_twice
+from helpers import FAST, mlflow_runs, torchrun, write_file, written_twice
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.runtime import precision

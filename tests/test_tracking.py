@@ -3,7 +3,6 @@ when the server dies (journal + sync), no secrets in params, tags or artifacts."
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -11,13 +10,7 @@ import urllib.request
 
 import pytest
 
-from conftest import FAST, ROOT, run_cli, torchrun
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from helpers import FAST, ROOT, free_port, run_cli, torchrun
 
 
 class Server:

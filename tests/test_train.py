@@ -5,7 +5,7 @@ import math
 import pytest
 from safetensors import safe_open
 
-from conftest import FAST, mlflow_runs, run_cli
+from helpers import FAST, mlflow_runs, run_cli
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.runtime import precision

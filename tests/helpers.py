@@ -1,0 +1,110 @@
+"""Helpers shared by the test files: sample data files, the pipeline's launchers in fresh
+processes (the CLI, torchrun, the deepspeed launcher), MLflow look-ups and result comparisons.
+
+Test files import them as `from helpers import ...` (tests/ is on pytest's pythonpath);
+fixtures stay in conftest.py.
+"""
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from pipeline import names
+
+ROOT = Path(__file__).resolve().parents[1]
+DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
+
+# a fast job: tiny model, short sequences; overridden per test
+FAST = ["model=preset:bangla-tiny", "train.max_length=48", "train.batch_size=32", "train.lr=1e-3",
+        "tracking.system_metrics=false"]
+
+
+def write_file(tmp_path, content, name):
+    """A data file for reader tests: text as UTF-8, bytes as they are (to test bad encodings)."""
+    path = tmp_path / name
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content, encoding="utf-8")
+    return path
+
+
+def written_twice(task, tmp_path) -> dict:
+    """The task's sample files, written twice into fresh folders: asserts both are byte-identical
+    (the generators are deterministic) and returns the first set, split -> path."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = task.write_samples(tmp_path / "a"), task.write_samples(tmp_path / "b")
+    assert set(a) == {"train", "dev", "test"}
+    for split in a:
+        assert a[split].read_bytes() == b[split].read_bytes()
+    return a
+
+
+def run_cli(*args, cwd=None, env=None, timeout=600):
+    """`python -m pipeline ...` in a fresh process; returns CompletedProcess (text)."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "pipeline", *map(str, args)], cwd=cwd or ROOT, env=full_env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def torchrun(nproc, *args, env=None, timeout=600):
+    """`torchrun --standalone` of the pipeline with nproc local workers; returns CompletedProcess (text)."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "pipeline", *map(str, args)]
+    return subprocess.run(cmd, cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=timeout)
+
+
+def deepspeed(*args, log=None, wait=True):
+    """The pipeline under the real deepspeed launcher, two CPU workers, in its own session (so a
+    kill reaches all of it). wait=True: (exit code, output); wait=False: the Popen (output to log)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [DEEPSPEED, "--num_gpus", "2", "--master_port", str(free_port()), "--module", "pipeline", *map(str, args)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "w") if log else subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    if not wait:
+        return proc
+    out, _ = proc.communicate(timeout=900)
+    return proc.returncode, out or ""
+
+
+def free_port():
+    """A local TCP port that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout=300, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def mlflow_runs(db: Path, experiment: str):
+    """Every run of the experiment in the SQLite tracking store db ([] if there is no such experiment)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    exp = client.get_experiment_by_name(experiment)
+    return [] if exp is None else client.search_runs([exp.experiment_id])
+
+
+def assert_same_result(a, b, tol=1e-6):
+    """Two output_dirs hold the same best weights and the same train/, eval/ and test/ figures."""
+    wa, wb = load_file(a / "best" / "model.safetensors"), load_file(b / "best" / "model.safetensors")
+    assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= tol
+    ma, mb = json.loads((a / "metrics.json").read_text()), json.loads((b / "metrics.json").read_text())
+    for key in ma:
+        if key.startswith((names.EVAL, names.TEST, "train/")):
+            assert mb[key] == pytest.approx(ma[key], abs=tol), key
