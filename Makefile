@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench install clean-outputs
+.PHONY: demo test test-fast bench install clean-outputs
 
 install: $(STAMP)
 
@@ -30,6 +30,11 @@ demo: $(STAMP)
 PYTEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -q $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+
+# The tests that neither train nor start a process, in one process (about a minute here):
+# the `slow` marker (pyproject.toml) marks the rest
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
 
 # CPU benchmarks (benchmarks/README.md): tables printed, JSON in benchmarks/results/
 bench: $(STAMP)

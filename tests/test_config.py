@@ -65,6 +65,7 @@ def test_bad_yaml_files(tmp_path):
         load_config(str(tmp_path / "missing.yaml"))
 
 
+@pytest.mark.slow
 def test_cli_reports_one_line_and_exit_2(tmp_path):
     result = run_cli("train", "train.lr=-1", f"output_dir={tmp_path / 'out'}")
     assert result.returncode == 2
@@ -72,6 +73,7 @@ def test_cli_reports_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_cli_accepts_the_deepspeed_launchers_local_rank(tmp_path):
     result = run_cli("train", "--local_rank=0", "train.batch_size=0")
     assert result.returncode == 2 and "train.batch_size=0" in result.stderr

@@ -6,8 +6,11 @@ import pytest
 from safetensors.torch import load_file
 
 from helpers import mlflow_runs, run_cli, torchrun
+from pipeline import names
 from pipeline.config import load_config
 from pipeline.train import run
+
+pytestmark = pytest.mark.slow  # every test trains, in process or under torchrun
 
 # dropout off, so that the only difference between the runs is how the batch is split
 PARITY = ["model=preset:bangla-tiny", "train.max_length=48", "train.lr=1e-3", "train.max_steps=6",
@@ -44,16 +47,16 @@ def test_two_process_ddp_matches_single_process_and_logs_one_run(tmp_path, singl
     assert max_weight_diff(single_reference, tmp_path / "out") < 1e-5
     single = json.loads((single_reference / "metrics.json").read_text())
     ddp = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert ddp["train/loss"] == pytest.approx(single["train/loss"], abs=1e-5)
-    assert ddp["eval/main"] == pytest.approx(single["eval/main"], abs=1e-6)
+    assert ddp[names.TRAIN_LOSS] == pytest.approx(single[names.TRAIN_LOSS], abs=1e-5)
+    assert ddp[names.EVAL_MAIN] == pytest.approx(single[names.EVAL_MAIN], abs=1e-6)
 
     (mlrun,) = mlflow_runs(db, "ddp")  # one run for the job, not one per process
     assert mlrun.info.status == "FINISHED"
     assert mlrun.data.tags["world_size"] == "2" and mlrun.data.tags["backend"] == "ddp"
     assert mlrun.data.tags["launcher"] == "torchrun" and mlrun.data.tags["num_nodes"] == "1"
-    assert {"train/loss", "train/lr", "train/grad_norm", "eval/main", "perf/train_samples_per_s",
-            "perf/epoch_time_s", "perf/peak_rss_mb", "amp/skipped_steps", "test/main"} <= set(mlrun.data.metrics)
-    assert ddp["train/steps"] == 6  # optimizer steps of the job, not of each process
+    assert {names.TRAIN_LOSS, names.TRAIN_LR, names.TRAIN_GRAD_NORM, names.EVAL_MAIN, names.SAMPLES_PER_S,
+            names.EPOCH_TIME, names.PEAK_RSS, names.SKIPPED_STEPS, names.TEST_MAIN} <= set(mlrun.data.metrics)
+    assert ddp[names.TRAIN_STEPS] == 6  # optimizer steps of the job, not of each process
 
 
 def test_ddp_without_a_launcher_is_refused(tmp_path):

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from helpers import FAST, ROOT, assert_same_result, deepspeed, free_port, mlflow_runs, run_cli, torchrun, wait_for
-from pipeline import checkpoint
+from pipeline import checkpoint, names
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.runtime.deepspeed_backend import resolve_ds_config
@@ -26,6 +26,7 @@ def ddp_bf16(tmp_path_factory):
     return json.loads((tmp / "metrics.json").read_text())
 
 
+@pytest.mark.slow
 def test_zero3_in_bf16_lands_close_to_ddp(tmp_path, ddp_bf16):
     # ZeRO-3, the stage that shards the parameters too; ZeRO-2 runs in the resume and KD tests
     stage = 3
@@ -34,18 +35,19 @@ def test_zero3_in_bf16_lands_close_to_ddp(tmp_path, ddp_bf16):
                           f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{db}", "tracking.experiment=ds")
     assert code == 0, out[-3000:]
     final = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert final["eval/main"] > 0.6  # it learned (chance is ~0.33)
-    assert abs(final["eval/main"] - ddp_bf16["eval/main"]) < 0.1  # close to DDP, not equal
+    assert final[names.EVAL_MAIN] > 0.6  # it learned (chance is ~0.33)
+    assert abs(final[names.EVAL_MAIN] - ddp_bf16[names.EVAL_MAIN]) < 0.1  # close to DDP, not equal
     resolved = json.loads((tmp_path / "out" / "deepspeed_config.json").read_text())
     assert resolved["zero_optimization"]["stage"] == stage and resolved["bf16"]["enabled"] is True
     assert resolved["train_micro_batch_size_per_gpu"] == 16 and resolved["train_batch_size"] == 32
     (mlrun,) = mlflow_runs(db, "ds")
     assert mlrun.data.tags["backend"] == "deepspeed" and mlrun.data.tags["world_size"] == "2"
     assert mlrun.data.tags["launcher"] == "deepspeed"
-    assert {"amp/skipped_steps", "train/grad_norm", "eval/main"} <= set(mlrun.data.metrics)
+    assert {names.SKIPPED_STEPS, names.TRAIN_GRAD_NORM, names.EVAL_MAIN} <= set(mlrun.data.metrics)
     assert (tmp_path / "out" / "best" / "model.safetensors").is_file()  # consolidated from the shards
 
 
+@pytest.mark.slow
 def test_deepspeed_kill_and_resume_through_engine_checkpoints(tmp_path):
     job = [*FAST, "train.batch_size=16", "train.max_steps=40", "train.save_every=10", "deepspeed=ds_configs/zero2.json"]
     ref, out = tmp_path / "ref", tmp_path / "out"
@@ -77,6 +79,7 @@ def test_auto_values_are_filled_and_conflicts_named():
         resolve_ds_config({"bf16": {"enabled": True}}, cfg.train, "fp32", 1, "ds.json")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("content, message", [
     (None, "no such file"),
     ("{not json", "not valid JSON"),
@@ -93,12 +96,14 @@ def test_bad_deepspeed_configs_are_one_line_errors(tmp_path, content, message):
     assert message in line and not (tmp_path / "m.db").exists()
 
 
+@pytest.mark.slow
 def test_fp16_under_deepspeed_on_cpu_is_refused(tmp_path, monkeypatch):
     result = run_cli("train", *FAST, "backend=deepspeed", "precision=fp16", f"output_dir={tmp_path / 'out'}")
     assert result.returncode == 2
     assert "fp16" in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_two_node_torchrun_on_loopback_is_one_run_with_two_nodes(tmp_path):
     db = tmp_path / "m.db"
     port = free_port()

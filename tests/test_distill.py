@@ -8,7 +8,7 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from helpers import FAST, deepspeed, mlflow_runs, run_cli, torchrun
-from pipeline import distill
+from pipeline import distill, names
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.runtime.dist import Runtime
@@ -103,6 +103,7 @@ def teacher_dir(tmp_path_factory):
     return tmp
 
 
+@pytest.mark.slow
 def test_distill_under_two_process_ddp(tmp_path, teacher_dir):
     db = tmp_path / "m.db"
     result = torchrun(2, "distill", *FAST, "model=from_teacher:2", f"kd.teacher={teacher_dir}", "train.epochs=2",
@@ -110,20 +111,22 @@ def test_distill_under_two_process_ddp(tmp_path, teacher_dir):
                       "tracking.experiment=kd")
     assert result.returncode == 0, result.stderr[-3000:]
     final = json.loads((tmp_path / "out" / "metrics.json").read_text())
-    assert final["test/main"] > 0.5  # chance is ~0.33 macro-F1 (one epoch gave 0.51-0.7 across fresh caches)
+    assert final[names.TEST_MAIN] > 0.5  # chance is ~0.33 macro-F1 (one epoch gave 0.51-0.7 across fresh caches)
     (mlrun,) = mlflow_runs(db, "kd")
     assert mlrun.data.tags["stage"] == "distill" and mlrun.data.tags["world_size"] == "2"
-    assert mlrun.data.tags["kd_cache"] in ("hit", "miss") and mlrun.data.params["kd.alpha"] == "0.5"
+    assert mlrun.data.tags[names.TAG_KD_CACHE] in ("hit", "miss") and mlrun.data.params["kd.alpha"] == "0.5"
 
 
+@pytest.mark.slow
 def test_distill_under_deepspeed(tmp_path, teacher_dir):
     code, log = deepspeed("distill", *FAST, "model=from_teacher:2", f"kd.teacher={teacher_dir}", "train.max_steps=12",
                           "deepspeed=ds_configs/zero2.json", f"output_dir={tmp_path / 'out'}",
                           f"tracking.uri=sqlite:///{tmp_path}/m.db")
     assert code == 0, log[-3000:]
-    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["train/steps"] == 12
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())[names.TRAIN_STEPS] == 12
 
 
+@pytest.mark.slow  # its teacher_dir trains a teacher
 def test_tokenizer_mismatch_is_refused_at_start(tmp_path, teacher_dir):
     cfg = load_config(None, [*FAST, "model=sentence-transformers/all-MiniLM-L6-v2", f"kd.teacher={teacher_dir}",
                              f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{tmp_path}/m.db"])
@@ -132,6 +135,7 @@ def test_tokenizer_mismatch_is_refused_at_start(tmp_path, teacher_dir):
     assert not (tmp_path / "m.db").exists() and not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_distill_needs_a_teacher(tmp_path):
     result = run_cli("distill", *FAST, f"output_dir={tmp_path / 'out'}")  # the CLI path: exit 2, one line
     assert result.returncode == 2 and result.stderr.strip().splitlines() == [
@@ -175,11 +179,12 @@ def test_hidden_term_adds_to_the_loss_and_trains_the_projection():
     assert all(p.grad is None for p in teacher.parameters())  # the teacher stays frozen
 
 
+@pytest.mark.slow
 def test_distill_with_the_hidden_term_saves_a_plain_student(tmp_path, teacher_dir):
     figures = run(load_config(None, [*FAST, "model=preset:bangla-tiny", f"kd.teacher={teacher_dir}",
                                      "kd.hidden_weight=1.0", "train.max_steps=6", f"output_dir={tmp_path / 'out'}",
                                      f"tracking.uri=sqlite:///{tmp_path}/m.db"]), stage="distill")
-    assert np.isfinite(figures["train/loss"])
+    assert np.isfinite(figures[names.TRAIN_LOSS])
     from safetensors.torch import load_file
 
     saved = load_file(tmp_path / "out" / "best" / "model.safetensors")

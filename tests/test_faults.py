@@ -33,10 +33,11 @@ def uninterrupted(tmp_path_factory):
     return tmp / "out"
 
 
+@pytest.mark.slow
 def test_sigkill_after_a_checkpoint_then_resume_gives_identical_results(tmp_path, uninterrupted):
     out, db = tmp_path / "out", tmp_path / "m.db"
     proc = start_cli("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log")
-    wait_for(lambda: checkpoint.latest(out) is not None and checkpoint.latest(out).step >= 30 or proc.poll() is not None,
+    wait_for(lambda: (checkpoint.latest(out) or checkpoint.Checkpoint(None, 0)).step >= 30 or proc.poll() is not None,
              what="a checkpoint at step 30")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -50,6 +51,7 @@ def test_sigkill_after_a_checkpoint_then_resume_gives_identical_results(tmp_path
     assert mlrun.info.status == "FINISHED"
 
 
+@pytest.mark.slow
 def test_sigterm_saves_marks_the_run_killed_and_resume_finishes(tmp_path, uninterrupted):
     out, db = tmp_path / "out", tmp_path / "m.db"
     proc = start_cli("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log")
@@ -69,6 +71,7 @@ def test_sigterm_saves_marks_the_run_killed_and_resume_finishes(tmp_path, uninte
     assert_same_result(uninterrupted, out)
 
 
+@pytest.mark.slow
 def test_consecutive_nonfinite_losses_stop_with_a_clear_error(tmp_path, monkeypatch):
     import transformers
 
@@ -87,7 +90,8 @@ def test_consecutive_nonfinite_losses_stop_with_a_clear_error(tmp_path, monkeypa
     out, db = tmp_path / "out", tmp_path / "m.db"
     cfg = load_config(None, [*FAST, "train.save_every=10", "train.max_nonfinite=3", f"output_dir={out}",
                              f"tracking.uri=sqlite:///{db}"])
-    with pytest.raises(Diverged, match="3 consecutive non-finite losses at step 15; last good checkpoint: .*step-00000010"):
+    with pytest.raises(Diverged,
+                       match="3 consecutive non-finite losses at step 15; last good checkpoint: .*step-00000010"):
         run(cfg)
     (mlrun,) = mlflow_runs(db, "pipeline")
     assert mlrun.info.status == "FAILED"
@@ -140,6 +144,7 @@ def uninterrupted_ddp(tmp_path_factory):
     return tmp / "out"
 
 
+@pytest.mark.slow
 def test_ddp_sigkill_then_resume_gives_identical_results(tmp_path, uninterrupted_ddp):
     out, db = tmp_path / "out", tmp_path / "m.db"
     proc = start_torchrun("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log")
@@ -157,6 +162,7 @@ def test_ddp_sigkill_then_resume_gives_identical_results(tmp_path, uninterrupted
     assert mlrun.info.status == "FINISHED" and mlrun.data.tags["world_size"] == "2"
 
 
+@pytest.mark.slow
 def test_elastic_restart_after_a_worker_is_killed_completes_in_the_same_run(tmp_path, uninterrupted_ddp):
     import psutil
 

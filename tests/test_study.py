@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from helpers import FAST, ROOT, mlflow_runs, run_cli
+from pipeline import names
 
 STUDY = "tiny"
 
@@ -37,11 +38,11 @@ def read_table(path):
 
 
 def parent_runs(db, experiment):
-    return [r for r in mlflow_runs(db, experiment) if r.data.tags.get("study_parent") == "true"]
+    return [r for r in mlflow_runs(db, experiment) if r.data.tags.get(names.PARENT_TAG) == "true"]
 
 
 def child_runs(db, experiment):
-    return [r for r in mlflow_runs(db, experiment) if r.data.tags.get("study_parent") != "true"]
+    return [r for r in mlflow_runs(db, experiment) if r.data.tags.get(names.PARENT_TAG) != "true"]
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +82,7 @@ def study(tmp_path_factory):
 FINISHED = ["sentiment-fp32-s1", "sentiment-fp32-s2", "sentiment-auto-s1", "sentiment-auto-s2"]
 
 
+@pytest.mark.slow
 def test_study_runs_every_cell_and_records_the_crash(study):
     first = study["first"]
     assert first.returncode == 1, first.stdout[-3000:] + first.stderr[-3000:]  # 1: some cell failed
@@ -93,25 +95,27 @@ def test_study_runs_every_cell_and_records_the_crash(study):
     for cell in FINISHED:
         assert (study["outputs"] / cell / "metrics.json").is_file()
     (parent,) = parent_runs(study["db"], STUDY)
-    outcome = json.loads(parent.data.tags["cell.sentiment-broken"])
+    outcome = json.loads(parent.data.tags[names.CELL_TAG_PREFIX + "sentiment-broken"])
     assert (outcome["status"], outcome["exit_code"]) == ("failed", 2)
     assert "no such file" in outcome["reason"]
-    assert json.loads(parent.data.tags["cell.sentiment-needs_broken"])["status"] == "failed"
+    assert json.loads(parent.data.tags[names.CELL_TAG_PREFIX + "sentiment-needs_broken"])["status"] == "failed"
     assert parent.info.status == "FAILED"  # a cell failed; the next invocation retries it
 
 
+@pytest.mark.slow
 def test_parent_run_holds_the_children(study):
     (parent,) = parent_runs(study["db"], STUDY)  # one parent, reopened by the second invocation
     for run in child_runs(study["db"], STUDY):
         assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
-        assert run.data.tags["study"] == STUDY
-        assert run.data.tags["procedure"] == "train"
+        assert run.data.tags[names.TAG_STUDY] == STUDY
+        assert run.data.tags[names.TAG_PROCEDURE] == "train"
         assert run.info.run_name == run.data.tags["cell"]
         assert run.data.tags["seed"] in ("1", "2")
     artifacts = {a.path for a in client_for(study["db"]).list_artifacts(parent.info.run_id, "report")}
     assert {"report/report.md", "report/amp_table.csv", "report/speedup.png"} <= artifacts
 
 
+@pytest.mark.slow
 def test_second_invocation_skips_finished_cells(study):
     second = study["second"]
     assert second.returncode == 1  # the broken cell is retried and fails again
@@ -123,6 +127,7 @@ def test_second_invocation_skips_finished_cells(study):
     assert {r.info.run_id for r in mlflow_runs(study["db"], STUDY)} == study["runs_after_first"]
 
 
+@pytest.mark.slow
 def test_report_numbers_are_the_runs_figures(study):
     report = study["report"]
     metrics = {c: json.loads((study["outputs"] / c / "metrics.json").read_text()) for c in FINISHED}
@@ -130,25 +135,28 @@ def test_report_numbers_are_the_runs_figures(study):
     for cell, m in metrics.items():
         row = cells.loc[cell]
         assert row.status == "finished"
-        assert row.main == pytest.approx(m["test/main"], rel=1e-9)
-        assert row.samples_per_s == pytest.approx(m["perf/train_samples_per_s"], rel=1e-9)
-        assert row.peak_mem_mb == pytest.approx(m["perf/peak_rss_mb"], rel=1e-9)
+        assert row.main == pytest.approx(m[names.TEST_MAIN], rel=1e-9)
+        assert row.samples_per_s == pytest.approx(m[names.SAMPLES_PER_S], rel=1e-9)
+        assert row.peak_mem_mb == pytest.approx(m[names.PEAK_RSS], rel=1e-9)
         assert row.memory == "CPU peak RSS"
     assert cells.loc["sentiment-broken"].status == "failed" and cells.loc["sentiment-broken"].exit_code == 2
 
     amp = read_table(report / "amp_table.csv")
     assert len(amp) == 1
     row = amp.iloc[0]
-    mean = lambda prefix, key: (metrics[f"sentiment-{prefix}-s1"][key] + metrics[f"sentiment-{prefix}-s2"][key]) / 2
+
+    def mean(prefix, key):
+        return (metrics[f"sentiment-{prefix}-s1"][key] + metrics[f"sentiment-{prefix}-s2"][key]) / 2
+
     assert (row.fp32_seeds, row.amp_seeds) == ("2/2", "2/2")
-    assert float(row.fp32_samples_per_s) == pytest.approx(mean("fp32", "perf/train_samples_per_s"), rel=1e-9)
-    assert float(row.amp_main) == pytest.approx(mean("auto", "test/main"), rel=1e-9)
+    assert float(row.fp32_samples_per_s) == pytest.approx(mean("fp32", names.SAMPLES_PER_S), rel=1e-9)
+    assert float(row.amp_main) == pytest.approx(mean("auto", names.TEST_MAIN), rel=1e-9)
     assert float(row.speedup_pct) == pytest.approx(
-        (mean("auto", "perf/train_samples_per_s") / mean("fp32", "perf/train_samples_per_s") - 1) * 100, rel=1e-9)
+        (mean("auto", names.SAMPLES_PER_S) / mean("fp32", names.SAMPLES_PER_S) - 1) * 100, rel=1e-9)
     assert float(row.mem_reduction_pct) == pytest.approx(
-        (1 - mean("auto", "perf/peak_rss_mb") / mean("fp32", "perf/peak_rss_mb")) * 100, rel=1e-9)
-    assert float(row.retention_pct) == pytest.approx(mean("auto", "test/main") / mean("fp32", "test/main") * 100,
-                                                     rel=1e-9)
+        (1 - mean("auto", names.PEAK_RSS) / mean("fp32", names.PEAK_RSS)) * 100, rel=1e-9)
+    assert float(row.retention_pct) == pytest.approx(mean("auto", names.TEST_MAIN) / mean("fp32", names.TEST_MAIN)
+                                                     * 100, rel=1e-9)
     assert row.fp32_energy_j == "n/a"  # CPU: tagged energy_available=false, never a zero
 
     kd = read_table(report / "kd_table.csv").set_index("procedure")
@@ -163,6 +171,7 @@ def test_report_numbers_are_the_runs_figures(study):
         assert (report / png).stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_ui_serves_the_study_experiment(study):
     proc = subprocess.Popen([sys.executable, "-m", "pipeline", "ui", "--experiment", STUDY, "--uri",
                              f"sqlite:///{study['db']}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -269,7 +278,7 @@ def test_shipped_study_files_plan(capsys):
 
 
 def log_run(client, experiment_id, parent_id, cell, tags, metrics, status="FINISHED"):
-    run = client.create_run(experiment_id, run_name=cell, tags={"cell": cell, "study": "hand",
+    run = client.create_run(experiment_id, run_name=cell, tags={"cell": cell, names.TAG_STUDY: "hand",
                                                                 "mlflow.parentRunId": parent_id, **tags})
     for key, value in metrics.items():
         client.log_metric(run.info.run_id, key, value)
@@ -284,10 +293,11 @@ def plan_entry(task, model, precision, procedure="train", seed=1, tables=("amp",
 
 
 def cpu_figures(main, sps, rss, epoch=10.0):
-    return {"test/main": main, "eval/main": main - 0.05, "perf/train_samples_per_s": sps, "perf/peak_rss_mb": rss,
-            "perf/epoch_time_s": epoch, "perf/train_time_s": 3 * epoch}
+    return {names.TEST_MAIN: main, names.EVAL_MAIN: main - 0.05, names.SAMPLES_PER_S: sps, names.PEAK_RSS: rss,
+            names.EPOCH_TIME: epoch, names.TRAIN_TIME: 3 * epoch}
 
 
+# slow: a new MLflow SQLite store, 14 runs and four charts take 10-15 s
 @pytest.fixture(scope="module")
 def hand_report(tmp_path_factory):
     from pipeline.report import write_report
@@ -296,7 +306,8 @@ def hand_report(tmp_path_factory):
     db = tmp / "h.db"
     client = client_for(db)
     exp = client.create_experiment("hand", artifact_location=(tmp / "artifacts").as_uri())
-    parent = client.create_run(exp, run_name="hand", tags={"study_parent": "true", "study": "hand"}).info.run_id
+    parent = client.create_run(exp, run_name="hand",
+                               tags={names.PARENT_TAG: "true", names.TAG_STUDY: "hand"}).info.run_id
     cpu = {"device_type": "cpu", "energy_available": "false"}
     plan = {}
 
@@ -313,17 +324,19 @@ def hand_report(tmp_path_factory):
     cell("a-bf16-s2", "sentiment", "m1", "bf16", "bf16", cpu_figures(0.81, 160, 820), seed=2)
     # ner x m1: the AMP run crashed mid-training (its partial figures must not show)
     cell("b-fp32", "ner", "m1", "fp32", "fp32", cpu_figures(0.60, 50, 500))
-    cell("b-bf16", "ner", "m1", "bf16", "bf16", {"perf/train_samples_per_s": 999.0}, status="FAILED")
+    cell("b-bf16", "ner", "m1", "bf16", "bf16", {names.SAMPLES_PER_S: 999.0}, status="FAILED")
     plan["b-bf16"] = plan_entry("ner", "m1", "bf16", status="failed", exit_code=1, reason="RuntimeError: boom")
     # qa x m1: the FP32 cell never ran
     cell("c-fp32", "qa", "m1", "fp32", "fp32", None)
     plan["c-fp32"] = plan_entry("qa", "m1", "fp32", status="planned")
     cell("c-bf16", "qa", "m1", "bf16", "bf16", cpu_figures(0.5, 80, 700))
-    # KD procedures on a GPU: energy measured, allocated memory
-    kd = lambda f1, sec, j, mem: {"test/main": f1, "test/f1": f1, "test/precision": f1 + 0.1, "test/recall": f1 - 0.1,
-                                  "test/map": 0.7, "test/mrr": 0.71, "perf/train_time_s": sec,
-                                  "perf/train_samples_per_s": 1000 / sec, "perf/peak_mem_allocated_mb": mem,
-                                  "perf/peak_mem_reserved_mb": mem + 100, "energy/joules": j}
+
+    def kd(f1, sec, j, mem):  # KD procedures on a GPU: energy measured, allocated memory
+        return {names.TEST_MAIN: f1, names.test_metric("f1"): f1, names.test_metric("precision"): f1 + 0.1,
+                names.test_metric("recall"): f1 - 0.1, names.test_metric("map"): 0.7, names.test_metric("mrr"): 0.71,
+                names.TRAIN_TIME: sec, names.SAMPLES_PER_S: 1000 / sec, names.PEAK_MEM_ALLOCATED: mem,
+                names.PEAK_MEM_RESERVED: mem + 100, names.ENERGY_JOULES: j}
+
     gpu = {"device_type": "cuda", "energy_available": "true"}
     for name, proc, precision, seed, figures in (
             ("teacher", "teacher", "fp32", 1, kd(0.60, 40, 4000, 2000)),
@@ -335,15 +348,16 @@ def hand_report(tmp_path_factory):
         command = "distill" if proc.startswith("kd") else "train"
         plan[name] = plan_entry("wikiqa", "mini", precision, procedure=proc, seed=seed, tables=("kd",),
                                 command=command)
-        log_run(client, exp, parent, name, {**gpu, "precision": precision, "procedure": proc, "stage": command},
-                figures)
+        log_run(client, exp, parent, name, {**gpu, "precision": precision, names.TAG_PROCEDURE: proc,
+                                            "stage": command}, figures)
     for name, entry in plan.items():
-        client.set_tag(parent, f"cell.{name}", entry)
+        client.set_tag(parent, names.CELL_TAG_PREFIX + name, entry)
     client.set_terminated(parent, status="FAILED")
     out = write_report(f"sqlite:///{db}", "hand", tmp / "report")
     return {"out": out, "client": client, "parent": parent}
 
 
+@pytest.mark.slow
 def test_report_deltas_and_marks(hand_report):
     amp = read_table(hand_report["out"] / "amp_table.csv").set_index("task")
     a = amp.loc["sentiment"]
@@ -367,6 +381,7 @@ def test_report_deltas_and_marks(hand_report):
     assert "RuntimeError: boom" in text
 
 
+@pytest.mark.slow
 def test_report_kd_table(hand_report):
     kd = read_table(hand_report["out"] / "kd_table.csv").set_index("procedure")
     assert list(kd.index) == ["teacher", "baseline", "kd_fp32", "kd_amp"]
@@ -382,6 +397,7 @@ def test_report_kd_table(hand_report):
     assert (hand_report["out"] / "kd.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_report_seed_statistics(hand_report):
     stats = pd.read_csv(hand_report["out"] / "seed_stats.csv")
     by = {(r.comparison, r.metric): r for r in stats.itertuples()}
@@ -395,6 +411,7 @@ def test_report_seed_statistics(hand_report):
     assert not any(c.startswith(("ner", "qa")) for c in stats.comparison)  # one seed: no spread to compare
 
 
+@pytest.mark.slow
 def test_report_files_and_parent_artifacts(hand_report):
     out = hand_report["out"]
     for name in ("report.md", "cells.csv", "amp_table.csv", "kd_table.csv", "seed_stats.csv", "speedup.png",
@@ -404,6 +421,7 @@ def test_report_files_and_parent_artifacts(hand_report):
     assert "report/report.md" in logged and "report/kd.png" in logged
 
 
+@pytest.mark.slow  # creating the MLflow SQLite store alone takes 2-7 s
 def test_report_unknown_experiment_is_exit_2(tmp_path, capsys):
     code, out = _cli(["report", "--experiment", "nope", "--uri", f"sqlite:///{tmp_path}/x.db",
                       "--out", tmp_path / "r"], capsys)

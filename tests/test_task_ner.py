@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from helpers import FAST, torchrun, written_twice
+from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.models import preset_tokenizer
@@ -227,6 +228,7 @@ def test_sample_set_is_deterministic_learnable_and_noisy(tmp_path):
 NER = ["task=ner", *FAST, "train.epochs=2"]  # F1 ~0.9 after one epoch already
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prec", ["fp32", "bf16"])
 def test_ner_learns(tmp_path, prec):
     if prec == "bf16" and not precision.cpu_supports_bf16():
@@ -235,18 +237,19 @@ def test_ner_learns(tmp_path, prec):
     figures = run(load_config(None, [*NER, f"precision={prec}", f"output_dir={out}",
                                      f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
     # chance (random tags) is near 0 entity F1; observed ~0.95 in fp32 and bf16
-    assert figures["eval/main"] == figures["eval/f1"] > 0.8
-    assert figures["test/f1"] > 0.8
-    assert {f"test/f1_{t}" for t in ("symptom", "health_condition", "age", "medicine", "dosage",
+    assert figures[names.EVAL_MAIN] == figures[names.eval_metric("f1")] > 0.8
+    assert figures[names.test_metric("f1")] > 0.8
+    assert {names.test_metric(f"f1_{t}") for t in ("symptom", "health_condition", "age", "medicine", "dosage",
                                      "medical_procedure", "specialist")} <= set(figures)
     assert json.loads((out / "best" / "config.json").read_text())["id2label"]["3"] == "B-Health Condition"
     assert "Medical Procedure" in (out / "report.txt").read_text()
 
 
+@pytest.mark.slow
 def test_ner_under_two_process_ddp(tmp_path):
     out = tmp_path / "out"
     result = torchrun(2, "train", *NER, "train.batch_size=16", f"output_dir={out}",
                       f"tracking.uri=sqlite:///{tmp_path}/m.db")
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads((out / "metrics.json").read_text())
-    assert figures["test/f1"] > 0.8 and figures["eval/main"] > 0.8
+    assert figures[names.test_metric("f1")] > 0.8 and figures[names.EVAL_MAIN] > 0.8

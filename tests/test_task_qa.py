@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from helpers import FAST, torchrun, written_twice
+from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.models import preset_tokenizer
@@ -266,11 +267,12 @@ def assert_learned(figures):
     spans (a city, a job, a number); tying them to the question takes longer (see QaTask)."""
     noans_share = np.mean([not e["answers"]["text"] for e in TASK.load(None, "test")])
     # observed over fresh caches, fp32 and bf16: f1 0.27-0.33, HasAns_f1 0.32-0.39
-    assert figures["eval/main"] == figures["eval/f1"] > noans_share + 0.05
-    assert figures["test/f1"] > noans_share + 0.05
-    assert figures["test/HasAns_f1"] > 0.2 and figures["eval/HasAns_f1"] > 0.2
+    assert figures[names.EVAL_MAIN] == figures[names.eval_metric("f1")] > noans_share + 0.05
+    assert figures[names.test_metric("f1")] > noans_share + 0.05
+    assert figures[names.test_metric("HasAns_f1")] > 0.2 and figures[names.eval_metric("HasAns_f1")] > 0.2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prec", ["fp32", "bf16"])
 def test_qa_learns_on_the_sample_set(tmp_path, prec):
     if prec == "bf16" and not precision.cpu_supports_bf16():
@@ -279,10 +281,12 @@ def test_qa_learns_on_the_sample_set(tmp_path, prec):
     figures = run(load_config(None, [*QA_FAST, "train.epochs=3", f"precision={prec}", f"output_dir={out}",
                                      f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
     assert_learned(figures)
-    assert {"eval/exact", "eval/NoAns_f1", "test/HasAns_exact", "test/NoAns_exact"} <= set(figures)
+    assert {names.eval_metric("exact"), names.eval_metric("NoAns_f1"), names.test_metric("HasAns_exact"),
+            names.test_metric("NoAns_exact")} <= set(figures)
     assert "HasAns" in (out / "report.txt").read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_qa_under_two_process_ddp(tmp_path):
     out = tmp_path / "out"
     # 2 ranks x 16 = the single-process global batch of 32

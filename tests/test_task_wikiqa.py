@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from helpers import FAST, mlflow_runs, torchrun, write_file, written_twice
+from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.runtime import precision
@@ -199,6 +200,7 @@ def test_sample_set_is_deterministic_and_shaped_like_wikiqa(tmp_path):
 # Observed with FAST, 3 epochs: F1 0.69-0.79, MAP 0.91-0.92 (fp32 and bf16).
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prec", ["fp32", "bf16"])
 def test_wikiqa_learns_above_chance(tmp_path, prec):
     if prec == "bf16" and not precision.cpu_supports_bf16():
@@ -208,15 +210,18 @@ def test_wikiqa_learns_above_chance(tmp_path, prec):
                              f"tracking.uri=sqlite:///{db}", "tracking.experiment=t"])
     figures = run(cfg)
 
-    assert figures["eval/main"] == figures["eval/f1"] > 0.5
-    assert figures["test/f1"] > 0.5 and figures["test/map"] > 0.75 and figures["test/mrr"] > 0.75
+    assert figures[names.EVAL_MAIN] == figures[names.eval_metric("f1")] > 0.5
+    assert (figures[names.test_metric("f1")] > 0.5 and figures[names.test_metric("map")] > 0.75
+            and figures[names.test_metric("mrr")] > 0.75)
     assert json.loads((out / "metrics.json").read_text()) == pytest.approx(figures)
     assert "MAP" in (out / "report.txt").read_text()
     (mlrun,) = mlflow_runs(db, "t")
     assert mlrun.data.tags["task"] == "wikiqa" and mlrun.data.tags["precision"] == prec
-    assert {"eval/f1", "eval/map", "eval/mrr", "test/precision", "test/recall"} <= set(mlrun.data.metrics)
+    assert {names.eval_metric("f1"), names.eval_metric("map"), names.eval_metric("mrr"), names.test_metric("precision"),
+            names.test_metric("recall")} <= set(mlrun.data.metrics)
 
 
+@pytest.mark.slow
 def test_default_model_ranks_above_chance_after_a_few_steps(tmp_path):
     """all-MiniLM-L6-v2 (the task's default, loaded offline from its package), 30 steps of 32 pairs.
     The ranking learns first (MAP 0.81-0.85 observed); F1 needs a few epochs to rise above 0,
@@ -225,13 +230,14 @@ def test_default_model_ranks_above_chance_after_a_few_steps(tmp_path):
                              "train.lr=2e-4", f"output_dir={tmp_path / 'out'}",
                              f"tracking.uri=sqlite:///{tmp_path}/m.db"])
     figures = run(cfg)
-    assert figures["eval/map"] > 0.7 and figures["test/map"] > 0.7
+    assert figures[names.eval_metric("map")] > 0.7 and figures[names.test_metric("map")] > 0.7
 
 
+@pytest.mark.slow
 def test_ddp_two_processes(tmp_path):
     out = tmp_path / "out"
     result = torchrun(2, "train", "task=wikiqa", *FAST, "train.batch_size=16", "train.epochs=3",
                       f"output_dir={out}", f"tracking.uri=sqlite:///{tmp_path}/m.db")
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads((out / "metrics.json").read_text())
-    assert figures["test/f1"] > 0.5 and figures["test/map"] > 0.75
+    assert figures[names.test_metric("f1")] > 0.5 and figures[names.test_metric("map")] > 0.75

@@ -11,6 +11,9 @@ import urllib.request
 import pytest
 
 from helpers import FAST, ROOT, free_port, run_cli, torchrun
+from pipeline import names
+
+pytestmark = pytest.mark.slow  # every test starts an mlflow server or a pipeline process
 
 
 class Server:
@@ -69,7 +72,7 @@ def test_two_process_job_against_an_http_server(tmp_path, server):
     final = json.loads((out / "metrics.json").read_text())
     assert run.info.status == "FINISHED"
     assert run.data.tags["world_size"] == "2" and run.data.tags["energy_available"] == "false"
-    for key in ("test/main", "perf/train_samples_per_s", "perf/train_time_s", "perf/tflops", "amp/skipped_steps"):
+    for key in (names.TEST_MAIN, names.SAMPLES_PER_S, names.TRAIN_TIME, names.TFLOPS, names.SKIPPED_STEPS):
         assert run.data.metrics[key] == pytest.approx(final[key]), key
     artifacts = {a.path for a in client(server.uri).list_artifacts(run.info.run_id)}
     assert {"config.yaml", "metrics.json", "report.txt"} <= artifacts
@@ -83,7 +86,8 @@ def test_server_dies_mid_run_training_finishes_and_sync_uploads_everything(tmp_p
                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     journal = out / "journal.jsonl"
     deadline = time.time() + 300
-    while time.time() < deadline and '"key": "eval/main"' not in (journal.read_text() if journal.exists() else ""):
+    first_eval = f'"key": "{names.EVAL_MAIN}"'
+    while time.time() < deadline and first_eval not in (journal.read_text() if journal.exists() else ""):
         time.sleep(0.2)
     server.stop()  # after the first epoch's figures reached it
     output, _ = job.communicate(timeout=600)
@@ -93,20 +97,20 @@ def test_server_dies_mid_run_training_finishes_and_sync_uploads_everything(tmp_p
     restarted = Server(server.db, port=server.port).start()
     try:
         partial = only_run(restarted.uri, "dies")
-        assert partial.info.status == "RUNNING" and "test/main" not in partial.data.metrics
+        assert partial.info.status == "RUNNING" and names.TEST_MAIN not in partial.data.metrics
         result = run_cli("sync", out, "--uri", restarted.uri)
         assert result.returncode == 0, result.stderr
         run = only_run(restarted.uri, "dies")  # completed in place, not a second run
         assert run.info.run_id == partial.info.run_id and run.info.status == "FINISHED"
         final = json.loads((out / "metrics.json").read_text())
         for key, value in final.items():
-            if not key.startswith("eval/"):  # eval/* in metrics.json is the best epoch's, MLflow has the last
+            if not key.startswith(names.EVAL):  # eval/* in metrics.json is the best epoch's, MLflow has the last
                 assert run.data.metrics[key] == pytest.approx(value), key
         journaled = [json.loads(l) for l in journal.read_text().splitlines() if '"metric"' in l]
-        history = client(restarted.uri).get_metric_history(run.info.run_id, "train/loss")
-        assert len(history) == sum(1 for r in journaled if r["key"] == "train/loss")  # no duplicates
+        history = client(restarted.uri).get_metric_history(run.info.run_id, names.TRAIN_LOSS)
+        assert len(history) == sum(1 for r in journaled if r["key"] == names.TRAIN_LOSS)  # no duplicates
         assert run_cli("sync", out, "--uri", restarted.uri).returncode == 0  # idempotent
-        assert len(client(restarted.uri).get_metric_history(run.info.run_id, "train/loss")) == len(history)
+        assert len(client(restarted.uri).get_metric_history(run.info.run_id, names.TRAIN_LOSS)) == len(history)
     finally:
         restarted.stop()
 
@@ -122,7 +126,8 @@ def test_unreachable_server_at_start_then_sync_creates_the_run(tmp_path):
         assert run_cli("sync", out, "--uri", server.uri).returncode == 0
         run = only_run(server.uri, "late")
         final = json.loads((out / "metrics.json").read_text())
-        assert run.info.status == "FINISHED" and run.data.metrics["test/main"] == pytest.approx(final["test/main"])
+        assert run.info.status == "FINISHED"
+        assert run.data.metrics[names.TEST_MAIN] == pytest.approx(final[names.TEST_MAIN])
         assert run.data.params["train.lr"] == "0.001" and run.data.tags["task"] == "sentiment"
     finally:
         server.stop()

@@ -6,17 +6,20 @@ import pytest
 from safetensors import safe_open
 
 from helpers import FAST, mlflow_runs, run_cli
+from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.runtime import precision
 from pipeline.runtime import torch_backend as backend_mod
 from pipeline.train import run
 
-EXPECTED_METRICS = {"train/loss", "train/lr", "train/grad_norm", "eval/main", "eval/macro_f1", "eval/accuracy",
-                    "eval/micro_f1", "perf/epoch_time_s", "perf/train_samples_per_s", "perf/train_tokens_per_s",
-                    "perf/peak_rss_mb", "amp/skipped_steps", "amp/nonfinite_losses", "test/main"}
+EXPECTED_METRICS = {names.TRAIN_LOSS, names.TRAIN_LR, names.TRAIN_GRAD_NORM, names.EVAL_MAIN,
+                    names.eval_metric("macro_f1"), names.eval_metric("accuracy"), names.eval_metric("micro_f1"),
+                    names.EPOCH_TIME, names.SAMPLES_PER_S, names.TOKENS_PER_S, names.PEAK_RSS, names.SKIPPED_STEPS,
+                    names.NONFINITE_LOSSES, names.TEST_MAIN}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prec", ["fp32", "bf16"])
 def test_sentiment_learns_and_lands_in_mlflow(tmp_path, prec):
     if prec == "bf16" and not precision.cpu_supports_bf16():
@@ -26,8 +29,8 @@ def test_sentiment_learns_and_lands_in_mlflow(tmp_path, prec):
                              f"tracking.uri=sqlite:///{db}", "tracking.experiment=t"])
     figures = run(cfg)
 
-    assert figures["eval/main"] > 0.6  # chance is ~0.33 macro-F1 on three balanced classes
-    assert figures["test/main"] > 0.6
+    assert figures[names.EVAL_MAIN] > 0.6  # chance is ~0.33 macro-F1 on three balanced classes
+    assert figures[names.TEST_MAIN] > 0.6
     assert json.loads((out / "metrics.json").read_text()) == pytest.approx(figures)
     assert {"config.yaml", "metrics.json", "journal.jsonl", "report.txt", "best"} <= {p.name for p in out.iterdir()}
     assert (out / "best" / "model.safetensors").is_file() and (out / "best" / "tokenizer.json").is_file()
@@ -41,9 +44,10 @@ def test_sentiment_learns_and_lands_in_mlflow(tmp_path, prec):
     assert mlrun.data.tags["precision"] == prec and mlrun.data.tags["world_size"] == "1"
     assert mlrun.data.tags["energy_available"] == "false"
     assert mlrun.data.params["train.lr"] == "0.001"
-    assert mlrun.data.metrics["test/main"] == pytest.approx(figures["test/main"])
+    assert mlrun.data.metrics[names.TEST_MAIN] == pytest.approx(figures[names.TEST_MAIN])
 
 
+@pytest.mark.slow
 def test_fp16_overflow_in_the_loop_skips_one_step_and_keeps_the_schedule(tmp_path, monkeypatch):
     """Force an inf loss at optimizer step 3: the step is skipped, the scale halves, the LR holds."""
     monkeypatch.setattr(precision, "cpu_supports_fp16", lambda: True)  # CPU autocast fp16 runs, if slowly
@@ -60,16 +64,20 @@ def test_fp16_overflow_in_the_loop_skips_one_step_and_keeps_the_schedule(tmp_pat
                              "train.warmup_ratio=0", f"output_dir={out}", f"tracking.uri=sqlite:///{tmp_path}/m.db"])
     figures = run(cfg)
 
-    assert figures["amp/skipped_steps"] == 1 and figures["train/steps"] == 6
+    assert figures[names.SKIPPED_STEPS] == 1 and figures[names.TRAIN_STEPS] == 6
     records = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
-    series = lambda key: {r["step"]: r["value"] for r in records if r.get("key") == key}
-    scale, lr = series("amp/loss_scale"), series("train/lr")
+
+    def series(key):
+        return {r["step"]: r["value"] for r in records if r.get("key") == key}
+
+    scale, lr = series(names.LOSS_SCALE), series(names.TRAIN_LR)
     assert scale[3] == scale[2] / 2 and scale[4] == scale[3]
     assert lr[3] == lr[2]  # the skipped step did not advance the schedule
     assert lr[2] > lr[4] > lr[5]  # every real step did (linear decay)
-    assert figures["amp/loss_scale"] == scale[6]
+    assert figures[names.LOSS_SCALE] == scale[6]
 
 
+@pytest.mark.slow
 def test_bad_data_fails_before_any_run(tmp_path):
     bad = tmp_path / "train.tsv"
     bad.write_text("id\ttext\tlabel\n1\tভালো\tPositive\n2\tখারাপ\tVeryBad\n", encoding="utf-8")
@@ -81,6 +89,7 @@ def test_bad_data_fails_before_any_run(tmp_path):
     assert not (tmp_path / "out").exists() and not db.exists()
 
 
+@pytest.mark.slow
 def test_uncached_hub_model_offline_is_one_line(tmp_path):
     # a fresh process: huggingface_hub reads HF_HUB_OFFLINE when it is imported
     result = run_cli("train", "model=csebuetnlp/banglabert", f"output_dir={tmp_path / 'out'}",
@@ -107,7 +116,8 @@ def test_length_grouping_covers_the_epoch_once_and_cuts_padding():
     batch, world = 8, 2
 
     def padded_tokens(order):  # tokens a padded batch computes: batch size x its longest row
-        return sum(len(b) * max(lengths[i] for i in b) for b in (order[j:j + batch] for j in range(0, len(order), batch)))
+        batches = (order[j:j + batch] for j in range(0, len(order), batch))
+        return sum(len(b) * max(lengths[i] for i in b) for b in batches)
 
     def epoch(grouped, epoch_number=0, skip=0):
         per_rank = []
