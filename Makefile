@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench install clean-outputs
+.PHONY: demo test test-fast lint bench install clean-outputs
 
 install: $(STAMP)
 
@@ -35,6 +35,9 @@ test: $(STAMP)
 # the `slow` marker (pyproject.toml) marks the rest
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(PY) -m ruff check pipeline tests benchmarks
 
 # CPU benchmarks (benchmarks/README.md): tables printed, JSON in benchmarks/results/
 bench: $(STAMP)
