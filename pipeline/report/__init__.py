@@ -1,0 +1,67 @@
+"""`python -m pipeline report --experiment NAME [--uri URI] [--out DIR]`: compare a study's runs.
+
+Reads the runs back from MLflow (the study's parent run says which cells were planned and how
+each ended; the child runs hold the figures) and writes to reports/NAME/:
+- report.md: the AMP table (FP32 vs AMP per task x model, with speed-up, memory reduction and
+  metric retention, and their averages in one sentence), the KD table (per procedure), the seed
+  statistics, the cells and their outcomes, the charts;
+- amp_table.csv, kd_table.csv, seed_stats.csv, cells.csv (one row per cell, raw figures);
+- speedup.png, memory_reduction.png, retention.png, kd.png (matplotlib, Agg).
+It also logs them as artifacts (report/) of the study's parent run.
+
+A failed or missing run shows as "failed" or "missing" in every table, never as a number;
+a figure a run could not measure (energy on a CPU) shows as "n/a".
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from pipeline.errors import UserError
+from pipeline.report.charts import plot_amp, plot_kd
+from pipeline.report.collect import read_cells
+from pipeline.report.markdown import render
+from pipeline.report.tables import amp_display, amp_table, kd_display, kd_table, seed_stats
+
+__all__ = ["main", "write_report"]
+
+
+def main(args: list[str]) -> int:
+    from pipeline.tracking import resolve_uri
+
+    parser = argparse.ArgumentParser(prog="python -m pipeline report")
+    parser.add_argument("--experiment", required=True, help="MLflow experiment (a study's name)")
+    parser.add_argument("--uri", help="tracking URI (default: $MLFLOW_TRACKING_URI, else the project's store)")
+    parser.add_argument("--out", help="output directory (default: reports/EXPERIMENT)")
+    opts = parser.parse_args(args)
+    out = write_report(resolve_uri(opts.uri), opts.experiment, opts.out)
+    print(f"report: {out / 'report.md'}")
+    return 0
+
+
+def write_report(uri: str, experiment: str, out: str | Path | None = None) -> Path:
+    """Build every table and chart of `experiment`; returns the output directory."""
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    from mlflow.tracking import MlflowClient
+
+    from pipeline.tracking import redact
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise UserError(f"report: --experiment {experiment}: no such experiment in {redact(uri)}")
+    parent, cells = read_cells(client, exp.experiment_id)
+    out = Path(out or f"reports/{experiment}")
+    out.mkdir(parents=True, exist_ok=True)
+    amp, kd, stats = amp_table(cells), kd_table(cells), seed_stats(cells)
+    cells.to_csv(out / "cells.csv", index=False)
+    amp_display(amp).to_csv(out / "amp_table.csv", index=False)
+    kd_display(kd).to_csv(out / "kd_table.csv", index=False)
+    stats.to_csv(out / "seed_stats.csv", index=False)
+    charts = plot_amp(amp, out) + plot_kd(kd, out)
+    text = render(experiment, redact(uri), parent.info.run_id if parent else None, cells, amp, kd, stats, charts)
+    (out / "report.md").write_text(text, encoding="utf-8")
+    if parent is not None:
+        client.log_artifacts(parent.info.run_id, str(out), "report")
+    return out

@@ -1,0 +1,114 @@
+"""Reading a study back from MLflow: one row per cell, the parent run's plan joined with the child runs."""
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+
+import pandas as pd
+
+from pipeline.names import CELL_TAG_PREFIX, EVAL_MAIN, PARENT_TAG, TAG_PROCEDURE, TAG_STUDY, TEST_MAIN
+from pipeline.report.figures import AMP_PRECISIONS, FIGURES, FP32_PRECISIONS, MEMORY, METRICS
+
+ROW_COLUMNS = ["cell", "task", "model", "procedure", "stage", "seed", "precision_requested", "precision", "role",
+               "tables", "launcher", "status", "exit_code", "reason", "run_id", "device_type", "energy_available",
+               "main_source", "memory", *FIGURES]
+"""The columns of a cell row (cells.csv)."""
+
+
+def read_cells(client, experiment_id: str):
+    """(parent run or None, one row per cell): the parent's plan joined with the child runs."""
+    runs = _all_runs(client, experiment_id)
+    parents = [r for r in runs if r.data.tags.get(PARENT_TAG) == "true"]
+    parent = parents[0] if parents else None  # newest first
+    plan = {}
+    children = [r for r in runs if r.data.tags.get(PARENT_TAG) != "true"]
+    if parent is not None:
+        plan = {k[len(CELL_TAG_PREFIX):]: json.loads(v) for k, v in parent.data.tags.items()
+                if k.startswith(CELL_TAG_PREFIX)}
+        study = parent.data.tags.get(TAG_STUDY)
+        children = [r for r in children if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+                    or (study and r.data.tags.get(TAG_STUDY) == study)]
+    by_cell = defaultdict(list)
+    for r in children:
+        by_cell[r.data.tags.get("cell") or r.info.run_name or r.info.run_id].append(r)
+    names = list(plan) + [n for n in by_cell if n not in plan]
+    rows = [_row(client, name, plan.get(name), _pick(by_cell.get(name, []))) for name in names]
+    cells = pd.DataFrame(rows, columns=ROW_COLUMNS)
+    cells["exit_code"] = cells.exit_code.astype("Int64")  # blank, not NaN, where there is none
+    return parent, cells
+
+
+def _all_runs(client, experiment_id: str) -> list:
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], order_by=["attributes.start_time DESC"], max_results=1000,
+                                  page_token=token)
+        runs += list(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _pick(runs: list):
+    """A cell's run: the newest finished one, else the newest (runs come newest first)."""
+    finished = [r for r in runs if r.info.status == "FINISHED"]
+    return (finished or runs or [None])[0]
+
+
+def _row(client, name: str, plan: dict | None, run) -> dict:
+    plan = plan or {}
+    tags = run.data.tags if run else {}
+    status = _status(plan, run)
+    requested = str(plan.get("precision") or tags.get("precision_requested") or tags.get("precision") or "")
+    procedure = plan.get("procedure") or tags.get(TAG_PROCEDURE) or tags.get("stage") or "train"
+    tables = plan.get("tables")
+    if tables is None:  # a run the study runner did not plan: its tag, else a guess from the procedure
+        tag = tags.get("report_tables")
+        tables = [t for t in tag.split(",") if t in ("amp", "kd")] if tag else (
+            ["amp"] + (["kd"] if procedure not in ("train", "") else []))
+    launcher = plan.get("launcher") or (f"{tags['launcher']} x{tags.get('world_size', '?')}" if "launcher" in tags
+                                        else "")
+    row = {
+        "cell": name, "task": plan.get("task") or tags.get("task"), "model": plan.get("model") or tags.get("model"),
+        "procedure": procedure, "stage": plan.get("command") or tags.get("stage"),
+        "seed": plan.get("seed", tags.get("seed")), "precision_requested": requested,
+        "precision": tags.get("precision") or requested,
+        "role": "amp" if requested in AMP_PRECISIONS else "fp32" if requested in FP32_PRECISIONS else "",
+        "tables": ",".join(tables), "launcher": launcher, "status": status,
+        "exit_code": plan.get("exit_code") if status == "failed" else (0 if status == "finished" else None),
+        "reason": plan.get("reason", "") if status == "failed" else "",
+        "run_id": run.info.run_id if run else plan.get("run_id"),
+        "device_type": tags.get("device_type"), "energy_available": tags.get("energy_available"),
+        "main_source": None, "memory": None, **{f: math.nan for f in FIGURES},
+    }
+    if status == "finished":  # figures of failed runs are partial: never reported
+        row.update(_figures(client, run))
+    return row
+
+
+def _status(plan: dict, run) -> str:
+    if run is not None and run.info.status == "FINISHED":
+        return "finished"
+    if plan.get("status") == "failed" or (run is not None and run.info.status in ("FAILED", "KILLED")):
+        return "failed"
+    if run is not None and run.info.status in ("RUNNING", "SCHEDULED"):
+        return "running"
+    return "missing"  # planned and never run, or finished elsewhere (outputs without a run here)
+
+
+def _figures(client, run) -> dict:
+    m = run.data.metrics
+    figures = {k: m.get(metric, math.nan) for k, metric in METRICS.items()}
+    if TEST_MAIN in m:
+        figures.update(main=m[TEST_MAIN], main_source=TEST_MAIN)
+    elif EVAL_MAIN in m:  # the latest value is the last epoch's; the best epoch is what counts
+        history = client.get_metric_history(run.info.run_id, EVAL_MAIN)
+        figures.update(main=max(h.value for h in history), main_source=EVAL_MAIN)
+    for metric, kind in MEMORY.items():
+        if metric in m:
+            figures.update(peak_mem_mb=m[metric], memory=kind)
+            break
+    if run.data.tags.get("energy_available") == "false":
+        figures["energy_j"] = math.nan
+    return figures

@@ -1,0 +1,132 @@
+"""report.md: the headline sentence, the AMP, KD and seed tables, the cells and the charts, as Markdown."""
+from __future__ import annotations
+
+import math
+from datetime import datetime, timezone
+
+import pandas as pd
+
+from pipeline.names import ENERGY_JOULES, EVAL_MAIN, PEAK_MEM_ALLOCATED, PEAK_RSS, TEST_MAIN, TRAIN_TIME, test_metric
+from pipeline.report.figures import AMP_DELTAS, TEST_FIGURES
+from pipeline.report.tables import SPREAD_FACTOR, amp_display, kd_display
+
+TEST_LABELS = ("P", "R", "F1", "MAP", "MRR")
+"""The KD table's column headers of TEST_FIGURES, in their order."""
+
+
+def headline(amp: pd.DataFrame) -> str:
+    """The averages over the matrix in one sentence."""
+    if amp.empty:
+        return "No FP32/AMP pairs in this study."
+    ok = amp.dropna(subset=list(AMP_DELTAS))
+    if ok.empty:
+        return f"No task x model cell has both an FP32 and an AMP run that finished ({len(amp)} planned)."
+    s, m, r = ok.speedup_pct.mean(), ok.mem_reduction_pct.mean(), ok.retention_pct.mean()
+    precisions = "/".join(sorted(set("/".join(ok.amp_precision).split("/"))))
+    memory = "/".join(sorted(set(ok.memory) - {""})) or "peak memory"
+    left_out = f" ({len(amp) - len(ok)} more failed or are missing)" if len(ok) < len(amp) else ""
+    return (f"Averaged over {len(ok)} task x model cell{'s' if len(ok) != 1 else ''}{left_out}, AMP ({precisions}) "
+            f"trained {abs(s):.1f}% {'faster' if s >= 0 else 'slower'} than FP32 (samples/s), used {abs(m):.1f}% "
+            f"{'less' if m >= 0 else 'more'} peak memory ({memory}) and kept {r:.1f}% of the FP32 main metric.")
+
+
+
+def _fmt(value, std=math.nan, digits: int = 2) -> str:
+    if isinstance(value, str):
+        return value
+    text = f"{value:.{digits}f}"
+    return text if std is None or math.isnan(std) else f"{text} ± {std:.{digits}f}"
+
+
+def _pct(value) -> str:
+    return value if isinstance(value, str) else f"{value:+.1f}%"
+
+
+def md_table(df: pd.DataFrame) -> str:
+    """A GitHub Markdown table (pandas' to_markdown needs tabulate, which is not a dependency)."""
+    def blank(v) -> bool:
+        return v is None or (isinstance(v, float) and math.isnan(v))
+
+    cells = [[str(c).replace("|", "\\|") for c in df.columns]] + [
+        ["" if blank(v) else str(v).replace("|", "\\|").replace("\n", " ") for v in row] for row in df.values]
+    lines = ["| " + " | ".join(r) + " |" for r in cells]
+    lines.insert(1, "|" + "---|" * len(df.columns))
+    return "\n".join(lines)
+
+
+def render(experiment: str, uri: str, parent_id: str | None, cells: pd.DataFrame, amp: pd.DataFrame,
+             kd: pd.DataFrame, stats: pd.DataFrame, charts: list[str]) -> str:
+    counts = cells.status.value_counts().to_dict() if not cells.empty else {}
+    lines = [f"# Study report: {experiment}", "",
+             f"Experiment `{experiment}` in `{uri}`" + (f", parent run `{parent_id}`" if parent_id else "")
+             + f"; generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.",
+             f"Cells: {len(cells)} ({', '.join(f'{v} {k}' for k, v in counts.items()) or 'none'}).", ""]
+    if not amp.empty:
+        shown = amp_display(amp)
+        table = pd.DataFrame({
+            "task": shown.task, "model": shown.model,
+            "FP32 main": [_fmt(v, s, 4) for v, s in zip(shown.fp32_main, shown.fp32_main_std)],
+            "AMP main": [_fmt(v, s, 4) for v, s in zip(shown.amp_main, shown.amp_main_std)],
+            "AMP precision": shown.amp_precision,
+            "FP32 peak MB": [_fmt(v, s, 1) for v, s in zip(shown.fp32_peak_mem_mb, shown.fp32_peak_mem_mb_std)],
+            "AMP peak MB": [_fmt(v, s, 1) for v, s in zip(shown.amp_peak_mem_mb, shown.amp_peak_mem_mb_std)],
+            "memory": shown.memory,
+            "FP32 samples/s": [_fmt(v, s, 1) for v, s in zip(shown.fp32_samples_per_s, shown.fp32_samples_per_s_std)],
+            "AMP samples/s": [_fmt(v, s, 1) for v, s in zip(shown.amp_samples_per_s, shown.amp_samples_per_s_std)],
+            "FP32 epoch s": [_fmt(v, s, 2) for v, s in zip(shown.fp32_epoch_time_s, shown.fp32_epoch_time_s_std)],
+            "AMP epoch s": [_fmt(v, s, 2) for v, s in zip(shown.amp_epoch_time_s, shown.amp_epoch_time_s_std)],
+            "FP32 energy J": [_fmt(v, s, 1) for v, s in zip(shown.fp32_energy_j, shown.fp32_energy_j_std)],
+            "AMP energy J": [_fmt(v, s, 1) for v, s in zip(shown.amp_energy_j, shown.amp_energy_j_std)],
+            "speed-up": [_pct(v) for v in shown.speedup_pct],
+            "memory reduction": [_pct(v) for v in shown.mem_reduction_pct],
+            "retention": [v if isinstance(v, str) else f"{v:.1f}%" for v in shown.retention_pct],
+            "FP32 runs": shown.fp32_seeds, "AMP runs": shown.amp_seeds,
+        })
+        if (shown.procedure != "train").any():
+            table.insert(2, "procedure", shown.procedure)
+        lines += ["## AMP vs FP32", "", f"**{headline(amp)}**", "", md_table(table), "",
+                  f"- main: the task's main metric on the test split with the best dev checkpoint (`{TEST_MAIN}`; "
+                  f"`{EVAL_MAIN}`, the best dev epoch, where a run has no test figures).",
+                  f"- peak memory: `{PEAK_MEM_ALLOCATED}` on CUDA, `{PEAK_RSS}` (process peak RSS) on CPU; "
+                  "the memory column says which.",
+                  "- speed-up = AMP samples/s / FP32 samples/s - 1; memory reduction = 1 - AMP peak / FP32 peak; "
+                  "retention = AMP main / FP32 main. With several seeds: means, ± the sample std; runs: "
+                  "finished / planned.",
+                  f"- energy: `{ENERGY_JOULES}` (NVML); n/a where the run is tagged energy_available=false.", ""]
+        lines += [f"![{c}]({c})" for c in charts if c != "kd.png"] + [""]
+    if not kd.empty:
+        shown = kd_display(kd)
+        table = pd.DataFrame({
+            "task": shown.task, "procedure": shown.procedure, "stage": shown.stage, "model": shown.model,
+            "precision": shown.precision, "launcher": shown.launcher,
+            "wall time s": [_fmt(v, s, 2) for v, s in zip(shown.train_time_s, shown.train_time_s_std)],
+            "samples/s": [_fmt(v, s, 1) for v, s in zip(shown.samples_per_s, shown.samples_per_s_std)],
+            "peak MB": [_fmt(v, s, 1) for v, s in zip(shown.peak_mem_mb, shown.peak_mem_mb_std)],
+            "memory": shown.memory,
+            "energy J": [_fmt(v, s, 1) for v, s in zip(shown.energy_j, shown.energy_j_std)],
+            **{label: [_fmt(v, s, 4) for v, s in zip(shown[f"test_{k}"], shown[f"test_{k}_std"])]
+               for label, k in zip(TEST_LABELS, TEST_FIGURES)},
+            "runs": shown.seeds,
+        })
+        lines += ["## Knowledge distillation procedures", "", md_table(table), "",
+                  f"- wall time: `{TRAIN_TIME}` (training steps only); P/R/F1: `{test_metric('precision')}`, "
+                  f"`{test_metric('recall')}`, `{test_metric('f1')}` (the positive class for WikiQA); MAP/MRR: "
+                  f"`{test_metric('map')}`, `{test_metric('mrr')}`; n/a where the task has no such metric.", ""]
+        if "kd.png" in charts:
+            lines += ["![kd.png](kd.png)", ""]
+    lines += ["## Seeds: is the difference larger than the spread?", "",
+              f"Rule: an AMP-vs-FP32 difference counts as real when |mean(AMP) - mean(FP32)| > {SPREAD_FACTOR:g} x "
+              "pooled std, pooled std = sqrt((std_FP32² + std_AMP²) / 2), sample std over the seeds (2+ per side).", ""]
+    if stats.empty:
+        lines += ["No comparison has two or more finished seeds on each side.", ""]
+    else:
+        shown = stats.copy()
+        for c in ("fp32_mean", "fp32_std", "amp_mean", "amp_std", "diff", "pooled_std"):
+            shown[c] = [f"{v:.4g}" for v in shown[c]]
+        lines += [md_table(shown), ""]
+    listing = cells[["cell", "procedure", "task", "model", "precision", "seed", "launcher", "status", "exit_code",
+                     "reason", "run_id"]].copy()
+    listing["exit_code"] = ["" if pd.isna(v) else int(v) for v in listing.exit_code]
+    lines += ["## Cells", "", md_table(listing), ""]
+    return "\n".join(lines)
+
