@@ -54,10 +54,10 @@ def test_from_teacher_copies_embeddings_head_and_evenly_spaced_layers():
     assert distill.student_from_teacher(2, teacher, get_task("sentiment"))[1] == [0, 3]
 
 
-def make_distiller(teacher, tokenizer, cfg_overrides=()):
+def make_distiller(teacher, cfg_overrides=()):
     cfg = load_config(None, list(cfg_overrides))
-    return distill.Distiller(cfg, get_task("sentiment"), PrecisionPolicy("fp32", "cpu"), CPU, teacher, tokenizer,
-                             tokenizer)
+    return distill.Distiller(cfg.kd, cfg.train.eval_batch_size, get_task("sentiment"), PrecisionPolicy("fp32", "cpu"),
+                             CPU, teacher)
 
 
 def test_teacher_logit_cache_hits_misses_and_invalidates():
@@ -69,7 +69,7 @@ def test_teacher_logit_cache_hits_misses_and_invalidates():
     features = task.featurize(examples, tokenizer, 48, "train")
     collate = task.collator(tokenizer)
 
-    first = make_distiller(teacher, tokenizer)
+    first = make_distiller(teacher)
     first.prepare(features, collate, 48, tokenizer)
     assert first.cache_hit is False and first.cached["logits"].dtype == torch.float16
     assert first.cached["logits"].shape == (96, 3)
@@ -79,18 +79,18 @@ def test_teacher_logit_cache_hits_misses_and_invalidates():
         live = teacher(**{k: v for k, v in batch.items() if k != "labels"}).logits
     assert torch.allclose(first.cached["logits"][:4].float(), live, atol=1e-2)
 
-    again = make_distiller(teacher, tokenizer)
+    again = make_distiller(teacher)
     again.prepare(features, collate, 48, tokenizer)
     assert again.cache_hit is True
 
     fewer = task.featurize(examples[:95], tokenizer, 48, "train")  # another dataset
-    other_data = make_distiller(teacher, tokenizer)
+    other_data = make_distiller(teacher)
     other_data.prepare(fewer, collate, 48, tokenizer)
     assert other_data.cache_hit is False
 
     with torch.no_grad():
         teacher.classifier.bias.add_(0.01)  # another teacher
-    other_teacher = make_distiller(teacher, tokenizer)
+    other_teacher = make_distiller(teacher)
     other_teacher.prepare(features, collate, 48, tokenizer)
     assert other_teacher.cache_hit is False
 
@@ -160,13 +160,12 @@ def test_hidden_term_adds_to_the_loss_and_trains_the_projection():
                                                        **sizes))
     assert distill.attach_projection(student, teacher)
     student.eval()  # no dropout: both forward passes see the same student
-    tokenizer = type("Tok", (), {"get_vocab": lambda self: {"a": 0}})()
     batch = {"input_ids": torch.randint(5, 50, (4, 7)), "attention_mask": torch.ones(4, 7, dtype=torch.long),
              "labels": torch.tensor([0, 1, 2, 0])}
     batch["attention_mask"][0, 5:] = 0
     losses = {}
     for weight in (0.0, 1.5):
-        d = make_distiller(teacher, tokenizer, ["kd.cache=false", f"kd.hidden_weight={weight}"])
+        d = make_distiller(teacher, ["kd.cache=false", f"kd.hidden_weight={weight}"])
         outputs = student(**batch, **d.forward_kwargs)
         losses[weight] = d.loss(outputs, batch, torch.arange(4), student)
     with torch.no_grad():
