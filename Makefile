@@ -31,7 +31,7 @@ PYTEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -q $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
-# The tests that neither train nor start a process, in one process (about a minute here):
+# The tests that neither train nor start a process, in one process (10-30 s here):
 # the `slow` marker (pyproject.toml) marks the rest
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
