@@ -7,7 +7,6 @@ Target: >= 1.4x on a CPU with AMX/AVX512-BF16 (a bare loop gives about 1.4-1.6x 
 from common import alternate, long_sentiment_file, median, parser, pipeline_run, quiet, ratio, save
 
 
-
 def main():
     options = parser(__doc__)
     options.add_argument("--steps", type=int, default=40)
@@ -26,7 +25,8 @@ def main():
     rows, runs = [], {}
     for model, overrides in models.items():
         print(f"{model}: fp32 vs bf16, {args.reps} reps of {args.steps} steps")
-        result = alternate({prec: (lambda prec=prec: pipeline_run([*overrides, *common, f"precision={prec}"]))
+        result = alternate({prec: (lambda prec=prec, overrides=overrides:
+                                   pipeline_run([*overrides, *common, f"precision={prec}"]))
                             for prec in ("fp32", "bf16")}, args.reps)
         runs[model] = result
         key = "perf/train_samples_per_s"

@@ -39,9 +39,9 @@ def make_features(lengths, vocab_size):
 
 def train(strategy: str, args, features, lengths) -> dict:
     from pipeline import models
-    from pipeline.tasks import get_task
     from pipeline.data import ResumableSampler
     from pipeline.optim import param_groups
+    from pipeline.tasks import get_task
 
     task = get_task("sentiment")
     transformers.set_seed(0)

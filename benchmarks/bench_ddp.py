@@ -104,8 +104,8 @@ def main():
                     f"--precision={args.precision}"], cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     share = json.loads(path.read_text())
     one = result["1 process"]
-    rows = [{"launch": name, "samples/s": median(runs, "samples_per_s"), "vs 1 process": ratio(runs, one, "samples_per_s")}
-            for name, runs in result.items()]
+    rows = [{"launch": name, "samples/s": median(runs, "samples_per_s"),
+             "vs 1 process": ratio(runs, one, "samples_per_s")} for name, runs in result.items()]
     rows[1].update({"all-reduce share of a step": share["allreduce_share"], "step s (sync)": share["step_s_sync"],
                     "step s (no_sync)": share["step_s_no_sync"]})
     save(f"ddp-{args.precision}", rows, ["launch", "samples/s", "vs 1 process", "all-reduce share of a step",

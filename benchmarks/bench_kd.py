@@ -36,11 +36,13 @@ def main():
         "KD, live teacher": lambda: figures([*kd, "kd.cache=false"], "distill"),
     }, args.reps)
     plain = result["plain student"]
-    rows = [{"procedure": name, "epoch time s": median(runs, "epoch_time_s"), "samples/s": median(runs, "samples_per_s"),
-             "epoch time / plain": ratio(runs, plain, "epoch_time_s")} for name, runs in result.items()]
+    rows = [{"procedure": name, "epoch time s": median(runs, "epoch_time_s"),
+             "samples/s": median(runs, "samples_per_s"), "epoch time / plain": ratio(runs, plain, "epoch_time_s")}
+            for name, runs in result.items()]
     rows[1]["target"] = f"within 1.1x of plain: {'met' if rows[1]['epoch time / plain'] <= 1.1 else 'missed'}"
     save(f"kd-{args.precision}", rows, ["procedure", "epoch time s", "samples/s", "epoch time / plain", "target"],
-         {**vars(args), "first_run_wall_s_with_cache_fill": fill_seconds, "first_run_epoch_time_s": miss["epoch_time_s"]},
+         {**vars(args), "first_run_wall_s_with_cache_fill": fill_seconds,
+          "first_run_epoch_time_s": miss["epoch_time_s"]},
          result)
 
 

@@ -104,7 +104,8 @@ def trainer(args, epochs: int | None = None, seed: int = 0) -> dict:
 def pipeline(args, epochs: int | None = None, seed: int = 0) -> dict:
     limit = [f"train.epochs={epochs}"] if epochs else [f"train.max_steps={args.steps}"]
     limit.append(f"seed={seed}")
-    figures = pipeline_run([f"task={TASK}", f"model={MODEL}", f"data.train={long_sentiment_file()}", f"train.lr={LR}", f"precision={args.precision}",
+    figures = pipeline_run([f"task={TASK}", f"model={MODEL}", f"data.train={long_sentiment_file()}", f"train.lr={LR}",
+                            f"precision={args.precision}",
                             f"train.batch_size={args.batch_size}", f"train.max_length={args.max_length}",
                             "train.log_every=1000", *limit])
     return {"samples_per_s": figures["perf/train_samples_per_s"], "dev_macro_f1": figures["eval/macro_f1"]}
@@ -155,7 +156,8 @@ def main():
     rows[2]["target"] = f"at least equal: {'met' if all(verdicts) else 'missed'}"
     save(f"overhead-{args.precision}", rows, ["contender", "samples/s", "pipeline / contender",
                                              "dev macro-F1 (full runs)", "dev macro-F1 spread",
-                                             "samples/s (full runs)", "pipeline / contender (full runs)", "target"], vars(args), runs)
+                                             "samples/s (full runs)", "pipeline / contender (full runs)", "target"],
+         vars(args), runs)
 
 
 if __name__ == "__main__":

@@ -15,8 +15,8 @@ import platform
 import statistics
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 

@@ -3,9 +3,10 @@
 Layout: OUTPUT_DIR/checkpoints/step-00000123/ with `state.pt` (scheduler and loop state,
 rank 0), what the backend writes (`backend.pt`: model, optimizer, loss scaler; or DeepSpeed's
 own engine checkpoint under `engine/`), `rng-rank{R}.pt` (every rank's RNG states) and
-`manifest.json` (sha256 of each file), written last. Every file goes into a temporary directory that is renamed when complete; a
-directory without a valid manifest, or whose checksums do not match, is skipped with a
-warning for the previous one. Loading uses torch.load(weights_only=True) only.
+`manifest.json` (sha256 of each file), written last. Every file goes into a temporary
+directory that is renamed when complete; a directory without a valid manifest, or whose
+checksums do not match, is skipped with a warning for the previous one. The pipeline's own
+files load with torch.load(weights_only=True); DeepSpeed loads its engine/ folder itself.
 """
 from __future__ import annotations
 

@@ -5,10 +5,10 @@ Exit codes: 0 done; 2 the user's input is wrong (one line on stderr); 1 anything
 from __future__ import annotations
 
 import argparse
-import warnings
 import logging
 import os
 import sys
+import warnings
 
 from pipeline.errors import UserError
 

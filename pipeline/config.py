@@ -136,7 +136,7 @@ class Config:
     kd: KDConfig = field(default_factory=KDConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
-    def validate(self) -> "Config":
+    def validate(self) -> Config:
         """Check every key (a UserError naming the first bad one); changes nothing."""
         _one_of("task", self.task, TASKS)
         _one_of("precision", self.precision, PRECISIONS)
@@ -168,7 +168,7 @@ class Config:
             raise UserError(f"config: deepspeed={self.deepspeed}: no such file")
         return self
 
-    def resolve(self, model_spec: str | None = None) -> "Config":
+    def resolve(self, model_spec: str | None = None) -> Config:
         """A copy with the derived defaults filled in: output_dir, and, once the model is known,
         the learning rate (random-init presets need a larger step than fine-tuning does)."""
         train = self.train

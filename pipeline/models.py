@@ -13,8 +13,8 @@ from pathlib import Path
 from transformers import AutoConfig, AutoTokenizer, BertConfig, PreTrainedTokenizerFast
 
 from pipeline.errors import UserError
-from pipeline.tasks.base import Task
 from pipeline.fsutil import atomic_dir, cache_root
+from pipeline.tasks.base import Task
 
 PRESETS: dict[str, dict] = {
     # name: BERT sizes; vocab comes from the trained tokenizer

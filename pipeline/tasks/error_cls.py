@@ -65,7 +65,7 @@ class ErrorClsTask(TextClassificationTask):
         def fail(reason):
             raise UserError(f"{where} {line}: {reason}")
 
-        for line, r in rows:
+        for line, r in rows:  # noqa: B007 - fail() reads `line`
             comment = r["Comment"].strip()
             if not comment:
                 fail("empty comment")

@@ -119,7 +119,7 @@ class NerTask(Task):
         def fail(reason):
             raise UserError(f"{where}: row {n}: {reason}")
 
-        for n, row in rows:
+        for n, row in rows:  # noqa: B007 - fail() reads `n`
             if not isinstance(row, dict):
                 fail(f"expected an object with text and labels, got {JSON_TYPES.get(type(row), 'a value')}")
             if "tokens" in row:

@@ -356,7 +356,10 @@ def normalize_with_spans(context: str, spans: list[tuple[int, int]]) -> tuple[st
     moved[len(context)] = len(text)
     lead = len(text) - len(text.lstrip())
     text = text.strip()
-    at = lambda p: min(max(moved[p] - lead, 0), len(text))
+
+    def at(p):
+        return min(max(moved[p] - lead, 0), len(text))
+
     return text, [(at(s), at(e)) for s, e in spans]
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import csv
 import random
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from pipeline.fsutil import atomic_dir, cache_root
 
