@@ -8,6 +8,7 @@ Task metrics are `eval/<name>` (each epoch, on dev) and `test/<name>` (once, bes
 from __future__ import annotations
 
 # ---------------------------------------------------------------- training
+TRAIN = "train/"
 TRAIN_LOSS = "train/loss"
 TRAIN_LR = "train/lr"
 TRAIN_GRAD_NORM = "train/grad_norm"
@@ -61,5 +62,12 @@ RUN_TAGS = ("task", "model", "precision", "precision_requested", "backend", "lau
 TAG_STUDY = "study"
 TAG_PROCEDURE = "procedure"
 TAG_KD_CACHE = "kd_cache"  # hit | miss | off
+TAG_CELL = "cell"  # a study cell's run: the cell's name
+TAG_REPORT_TABLES = "report_tables"  # a study cell's run: the report tables it feeds (comma-separated)
 PARENT_TAG = "study_parent"  # "true" on a study's parent run
+TAG_STUDY_FILE = "study_file"  # the parent run: the study file it ran
 CELL_TAG_PREFIX = "cell."  # parent-run tag per cell: its plan and outcome, as JSON
+
+# ---------------------------------------------------------------- a study's parent run
+STUDY_CELLS_FINISHED = "study/cells_finished"
+STUDY_CELLS_FAILED = "study/cells_failed"

@@ -106,5 +106,5 @@ def assert_same_result(a, b, tol=1e-6):
     assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= tol
     ma, mb = json.loads((a / "metrics.json").read_text()), json.loads((b / "metrics.json").read_text())
     for key in ma:
-        if key.startswith((names.EVAL, names.TEST, "train/")):
+        if key.startswith((names.EVAL, names.TEST, names.TRAIN)):
             assert mb[key] == pytest.approx(ma[key], abs=tol), key

@@ -7,7 +7,16 @@ from collections import defaultdict
 
 import pandas as pd
 
-from pipeline.names import CELL_TAG_PREFIX, EVAL_MAIN, PARENT_TAG, TAG_PROCEDURE, TAG_STUDY, TEST_MAIN
+from pipeline.names import (
+    CELL_TAG_PREFIX,
+    EVAL_MAIN,
+    PARENT_TAG,
+    TAG_CELL,
+    TAG_PROCEDURE,
+    TAG_REPORT_TABLES,
+    TAG_STUDY,
+    TEST_MAIN,
+)
 from pipeline.report.figures import AMP_PRECISIONS, FIGURES, FP32_PRECISIONS, MEMORY, METRICS
 
 ROW_COLUMNS = ["cell", "task", "model", "procedure", "stage", "seed", "precision_requested", "precision", "role",
@@ -31,7 +40,7 @@ def read_cells(client, experiment_id: str):
                     or (study and r.data.tags.get(TAG_STUDY) == study)]
     by_cell = defaultdict(list)
     for r in children:
-        by_cell[r.data.tags.get("cell") or r.info.run_name or r.info.run_id].append(r)
+        by_cell[r.data.tags.get(TAG_CELL) or r.info.run_name or r.info.run_id].append(r)
     names = list(plan) + [n for n in by_cell if n not in plan]
     rows = [_row(client, name, plan.get(name), _pick(by_cell.get(name, []))) for name in names]
     cells = pd.DataFrame(rows, columns=ROW_COLUMNS)
@@ -64,7 +73,7 @@ def _row(client, name: str, plan: dict | None, run) -> dict:
     procedure = plan.get("procedure") or tags.get(TAG_PROCEDURE) or tags.get("stage") or "train"
     tables = plan.get("tables")
     if tables is None:  # a run the study runner did not plan: its tag, else a guess from the procedure
-        tag = tags.get("report_tables")
+        tag = tags.get(TAG_REPORT_TABLES)
         tables = [t for t in tag.split(",") if t in ("amp", "kd")] if tag else (
             ["amp"] + (["kd"] if procedure not in ("train", "") else []))
     launcher = plan.get("launcher") or (f"{tags['launcher']} x{tags.get('world_size', '?')}" if "launcher" in tags

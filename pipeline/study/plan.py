@@ -5,7 +5,7 @@ import itertools
 import re
 
 from pipeline.errors import UserError
-from pipeline.names import TAG_PROCEDURE, TAG_STUDY
+from pipeline.names import TAG_CELL, TAG_PROCEDURE, TAG_REPORT_TABLES, TAG_STUDY
 from pipeline.study.spec import AXES, AXIS_KEY, Block, Cell, Procedure, Study, study_error
 
 REF = re.compile(r"\$\{([^}]*)\}")
@@ -117,7 +117,8 @@ def _runner_overrides(study: Study, cell: Cell) -> list[tuple[str, str]]:
     """Where the stage writes and how its MLflow run is named and tagged (the report reads the tags)."""
     items = [f"output_dir={cell.output_dir}", f"tracking.experiment={study.name}", f"tracking.run_name={cell.name}",
              f"tracking.tags.{TAG_STUDY}={study.name}", f"tracking.tags.{TAG_PROCEDURE}={cell.procedure}",
-             f"tracking.tags.cell={cell.name}", f"tracking.tags.report_tables={','.join(cell.tables) or 'none'}"]
+             f"tracking.tags.{TAG_CELL}={cell.name}",
+             f"tracking.tags.{TAG_REPORT_TABLES}={','.join(cell.tables) or 'none'}"]
     return [(i, RUNNER) for i in items]
 
 

@@ -14,14 +14,17 @@ import sys
 import time
 from pathlib import Path
 
-from pipeline.names import CELL_TAG_PREFIX, PARENT_TAG, TAG_STUDY
+from pipeline.names import (
+    CELL_TAG_PREFIX,
+    PARENT_TAG,
+    STUDY_CELLS_FAILED,
+    STUDY_CELLS_FINISHED,
+    TAG_STUDY,
+    TAG_STUDY_FILE,
+)
 from pipeline.study.spec import Cell, Study
 
 log = logging.getLogger("pipeline")
-
-# The parent run's counts of cells (not in pipeline/names.py yet).
-CELLS_FINISHED = "study/cells_finished"
-CELLS_FAILED = "study/cells_failed"
 
 
 def dry_run(study: Study, cells: list[Cell]) -> int:
@@ -59,8 +62,8 @@ def run_study(study: Study, cells: list[Cell]) -> int:
             return 143  # 128 + SIGTERM, as a stage that stopped on TERM
         raise
     failed = [n for n, o in outcomes.items() if o["status"] != "finished"]
-    client.log_metric(parent, CELLS_FINISHED, len(cells) - len(failed))
-    client.log_metric(parent, CELLS_FAILED, len(failed))
+    client.log_metric(parent, STUDY_CELLS_FINISHED, len(cells) - len(failed))
+    client.log_metric(parent, STUDY_CELLS_FAILED, len(failed))
     client.set_terminated(parent, status="FAILED" if failed else "FINISHED")
     out = report.write_report(uri, study.name, study.report_dir)
     log.info("study %s: %d/%d cells finished%s; report in %s", study.name, len(cells) - len(failed), len(cells),
@@ -77,7 +80,7 @@ def open_parent(client, experiment_id: str, study: Study) -> str:
         client.update_run(run_id, status="RUNNING")
         return run_id
     run = client.create_run(experiment_id, run_name=study.name,
-                            tags={PARENT_TAG: "true", TAG_STUDY: study.name, "study_file": str(study.path)})
+                            tags={PARENT_TAG: "true", TAG_STUDY: study.name, TAG_STUDY_FILE: str(study.path)})
     if study.path.is_file():
         client.log_artifact(run.info.run_id, str(study.path))
     return run.info.run_id
