@@ -55,68 +55,84 @@ def md_table(df: pd.DataFrame) -> str:
 
 
 def render(experiment: str, uri: str, parent_id: str | None, cells: pd.DataFrame, amp: pd.DataFrame,
-             kd: pd.DataFrame, stats: pd.DataFrame, charts: list[str]) -> str:
+           kd: pd.DataFrame, stats: pd.DataFrame, charts: list[str]) -> str:
+    """report.md: the header, the AMP and KD sections (where the study has them), seeds, cells."""
     counts = cells.status.value_counts().to_dict() if not cells.empty else {}
     lines = [f"# Study report: {experiment}", "",
              f"Experiment `{experiment}` in `{uri}`" + (f", parent run `{parent_id}`" if parent_id else "")
              + f"; generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.",
              f"Cells: {len(cells)} ({', '.join(f'{v} {k}' for k, v in counts.items()) or 'none'}).", ""]
     if not amp.empty:
-        shown = amp_display(amp)
-        table = pd.DataFrame({
-            "task": shown.task, "model": shown.model,
-            "FP32 main": [_fmt(v, s, 4) for v, s in zip(shown.fp32_main, shown.fp32_main_std)],
-            "AMP main": [_fmt(v, s, 4) for v, s in zip(shown.amp_main, shown.amp_main_std)],
-            "AMP precision": shown.amp_precision,
-            "FP32 peak MB": [_fmt(v, s, 1) for v, s in zip(shown.fp32_peak_mem_mb, shown.fp32_peak_mem_mb_std)],
-            "AMP peak MB": [_fmt(v, s, 1) for v, s in zip(shown.amp_peak_mem_mb, shown.amp_peak_mem_mb_std)],
-            "memory": shown.memory,
-            "FP32 samples/s": [_fmt(v, s, 1) for v, s in zip(shown.fp32_samples_per_s, shown.fp32_samples_per_s_std)],
-            "AMP samples/s": [_fmt(v, s, 1) for v, s in zip(shown.amp_samples_per_s, shown.amp_samples_per_s_std)],
-            "FP32 epoch s": [_fmt(v, s, 2) for v, s in zip(shown.fp32_epoch_time_s, shown.fp32_epoch_time_s_std)],
-            "AMP epoch s": [_fmt(v, s, 2) for v, s in zip(shown.amp_epoch_time_s, shown.amp_epoch_time_s_std)],
-            "FP32 energy J": [_fmt(v, s, 1) for v, s in zip(shown.fp32_energy_j, shown.fp32_energy_j_std)],
-            "AMP energy J": [_fmt(v, s, 1) for v, s in zip(shown.amp_energy_j, shown.amp_energy_j_std)],
-            "speed-up": [_pct(v) for v in shown.speedup_pct],
-            "memory reduction": [_pct(v) for v in shown.mem_reduction_pct],
-            "retention": [v if isinstance(v, str) else f"{v:.1f}%" for v in shown.retention_pct],
-            "FP32 runs": shown.fp32_seeds, "AMP runs": shown.amp_seeds,
-        })
-        if (shown.procedure != "train").any():
-            table.insert(2, "procedure", shown.procedure)
-        lines += ["## AMP vs FP32", "", f"**{headline(amp)}**", "", md_table(table), "",
-                  f"- main: the task's main metric on the test split with the best dev checkpoint (`{TEST_MAIN}`; "
-                  f"`{EVAL_MAIN}`, the best dev epoch, where a run has no test figures).",
-                  f"- peak memory: `{PEAK_MEM_ALLOCATED}` on CUDA, `{PEAK_RSS}` (process peak RSS) on CPU; "
-                  "the memory column says which.",
-                  "- speed-up = AMP samples/s / FP32 samples/s - 1; memory reduction = 1 - AMP peak / FP32 peak; "
-                  "retention = AMP main / FP32 main. With several seeds: means, ± the sample std; runs: "
-                  "finished / planned.",
-                  f"- energy: `{ENERGY_JOULES}` (NVML); n/a where the run is tagged energy_available=false.", ""]
-        lines += [f"![{c}]({c})" for c in charts if c != "kd.png"] + [""]
+        lines += _amp_section(amp, charts)
     if not kd.empty:
-        shown = kd_display(kd)
-        table = pd.DataFrame({
-            "task": shown.task, "procedure": shown.procedure, "stage": shown.stage, "model": shown.model,
-            "precision": shown.precision, "launcher": shown.launcher,
-            "wall time s": [_fmt(v, s, 2) for v, s in zip(shown.train_time_s, shown.train_time_s_std)],
-            "samples/s": [_fmt(v, s, 1) for v, s in zip(shown.samples_per_s, shown.samples_per_s_std)],
-            "peak MB": [_fmt(v, s, 1) for v, s in zip(shown.peak_mem_mb, shown.peak_mem_mb_std)],
-            "memory": shown.memory,
-            "energy J": [_fmt(v, s, 1) for v, s in zip(shown.energy_j, shown.energy_j_std)],
-            **{label: [_fmt(v, s, 4) for v, s in zip(shown[f"test_{k}"], shown[f"test_{k}_std"])]
-               for label, k in zip(TEST_LABELS, TEST_FIGURES)},
-            "runs": shown.seeds,
-        })
-        lines += ["## Knowledge distillation procedures", "", md_table(table), "",
-                  f"- wall time: `{TRAIN_TIME}` (training steps only); P/R/F1: `{test_metric('precision')}`, "
-                  f"`{test_metric('recall')}`, `{test_metric('f1')}` (the positive class for WikiQA); MAP/MRR: "
-                  f"`{test_metric('map')}`, `{test_metric('mrr')}`; n/a where the task has no such metric.", ""]
-        if "kd.png" in charts:
-            lines += ["![kd.png](kd.png)", ""]
-    lines += ["## Seeds: is the difference larger than the spread?", "",
-              f"Rule: an AMP-vs-FP32 difference counts as real when |mean(AMP) - mean(FP32)| > {SPREAD_FACTOR:g} x "
-              "pooled std, pooled std = sqrt((std_FP32² + std_AMP²) / 2), sample std over the seeds (2+ per side).", ""]
+        lines += _kd_section(kd, charts)
+    lines += _seed_section(stats) + _cells_section(cells)
+    return "\n".join(lines)
+
+
+def _amp_section(amp: pd.DataFrame, charts: list[str]) -> list[str]:
+    shown = amp_display(amp)
+    table = pd.DataFrame({
+        "task": shown.task, "model": shown.model,
+        "FP32 main": [_fmt(v, s, 4) for v, s in zip(shown.fp32_main, shown.fp32_main_std)],
+        "AMP main": [_fmt(v, s, 4) for v, s in zip(shown.amp_main, shown.amp_main_std)],
+        "AMP precision": shown.amp_precision,
+        "FP32 peak MB": [_fmt(v, s, 1) for v, s in zip(shown.fp32_peak_mem_mb, shown.fp32_peak_mem_mb_std)],
+        "AMP peak MB": [_fmt(v, s, 1) for v, s in zip(shown.amp_peak_mem_mb, shown.amp_peak_mem_mb_std)],
+        "memory": shown.memory,
+        "FP32 samples/s": [_fmt(v, s, 1) for v, s in zip(shown.fp32_samples_per_s, shown.fp32_samples_per_s_std)],
+        "AMP samples/s": [_fmt(v, s, 1) for v, s in zip(shown.amp_samples_per_s, shown.amp_samples_per_s_std)],
+        "FP32 epoch s": [_fmt(v, s, 2) for v, s in zip(shown.fp32_epoch_time_s, shown.fp32_epoch_time_s_std)],
+        "AMP epoch s": [_fmt(v, s, 2) for v, s in zip(shown.amp_epoch_time_s, shown.amp_epoch_time_s_std)],
+        "FP32 energy J": [_fmt(v, s, 1) for v, s in zip(shown.fp32_energy_j, shown.fp32_energy_j_std)],
+        "AMP energy J": [_fmt(v, s, 1) for v, s in zip(shown.amp_energy_j, shown.amp_energy_j_std)],
+        "speed-up": [_pct(v) for v in shown.speedup_pct],
+        "memory reduction": [_pct(v) for v in shown.mem_reduction_pct],
+        "retention": [v if isinstance(v, str) else f"{v:.1f}%" for v in shown.retention_pct],
+        "FP32 runs": shown.fp32_seeds, "AMP runs": shown.amp_seeds,
+    })
+    if (shown.procedure != "train").any():
+        table.insert(2, "procedure", shown.procedure)
+    lines = ["## AMP vs FP32", "", f"**{headline(amp)}**", "", md_table(table), "",
+             f"- main: the task's main metric on the test split with the best dev checkpoint (`{TEST_MAIN}`; "
+             f"`{EVAL_MAIN}`, the best dev epoch, where a run has no test figures).",
+             f"- peak memory: `{PEAK_MEM_ALLOCATED}` on CUDA, `{PEAK_RSS}` (process peak RSS) on CPU; "
+             "the memory column says which.",
+             "- speed-up = AMP samples/s / FP32 samples/s - 1; memory reduction = 1 - AMP peak / FP32 peak; "
+             "retention = AMP main / FP32 main. With several seeds: means, ± the sample std; runs: "
+             "finished / planned.",
+             f"- energy: `{ENERGY_JOULES}` (NVML); n/a where the run is tagged energy_available=false.", ""]
+    lines += [f"![{c}]({c})" for c in charts if c != "kd.png"] + [""]
+    return lines
+
+
+def _kd_section(kd: pd.DataFrame, charts: list[str]) -> list[str]:
+    shown = kd_display(kd)
+    table = pd.DataFrame({
+        "task": shown.task, "procedure": shown.procedure, "stage": shown.stage, "model": shown.model,
+        "precision": shown.precision, "launcher": shown.launcher,
+        "wall time s": [_fmt(v, s, 2) for v, s in zip(shown.train_time_s, shown.train_time_s_std)],
+        "samples/s": [_fmt(v, s, 1) for v, s in zip(shown.samples_per_s, shown.samples_per_s_std)],
+        "peak MB": [_fmt(v, s, 1) for v, s in zip(shown.peak_mem_mb, shown.peak_mem_mb_std)],
+        "memory": shown.memory,
+        "energy J": [_fmt(v, s, 1) for v, s in zip(shown.energy_j, shown.energy_j_std)],
+        **{label: [_fmt(v, s, 4) for v, s in zip(shown[f"test_{k}"], shown[f"test_{k}_std"])]
+           for label, k in zip(TEST_LABELS, TEST_FIGURES)},
+        "runs": shown.seeds,
+    })
+    lines = ["## Knowledge distillation procedures", "", md_table(table), "",
+             f"- wall time: `{TRAIN_TIME}` (training steps only); P/R/F1: `{test_metric('precision')}`, "
+             f"`{test_metric('recall')}`, `{test_metric('f1')}` (the positive class for WikiQA); MAP/MRR: "
+             f"`{test_metric('map')}`, `{test_metric('mrr')}`; n/a where the task has no such metric.", ""]
+    if "kd.png" in charts:
+        lines += ["![kd.png](kd.png)", ""]
+    return lines
+
+
+def _seed_section(stats: pd.DataFrame) -> list[str]:
+    lines = ["## Seeds: is the difference larger than the spread?", "",
+             f"Rule: an AMP-vs-FP32 difference counts as real when |mean(AMP) - mean(FP32)| > {SPREAD_FACTOR:g} x "
+             "pooled std, pooled std = sqrt((std_FP32² + std_AMP²) / 2), sample std over the seeds (2+ per side).", ""]
     if stats.empty:
         lines += ["No comparison has two or more finished seeds on each side.", ""]
     else:
@@ -124,9 +140,11 @@ def render(experiment: str, uri: str, parent_id: str | None, cells: pd.DataFrame
         for c in ("fp32_mean", "fp32_std", "amp_mean", "amp_std", "diff", "pooled_std"):
             shown[c] = [f"{v:.4g}" for v in shown[c]]
         lines += [md_table(shown), ""]
+    return lines
+
+
+def _cells_section(cells: pd.DataFrame) -> list[str]:
     listing = cells[["cell", "procedure", "task", "model", "precision", "seed", "launcher", "status", "exit_code",
                      "reason", "run_id"]].copy()
     listing["exit_code"] = ["" if pd.isna(v) else int(v) for v in listing.exit_code]
-    lines += ["## Cells", "", md_table(listing), ""]
-    return "\n".join(lines)
-
+    return ["## Cells", "", md_table(listing), ""]
