@@ -26,9 +26,9 @@ demo: $(STAMP)
 
 # Two pytest workers, one test file each at a time (module fixtures such as the shared teacher
 # run once): many tests wait on launchers, servers and sockets, so a second worker fills the
-# idle CPU. PYTEST_WORKERS=0 runs everything in one process.
+# idle CPU. PYTEST_WORKERS=0 runs everything in one process. Lint first: it takes a second.
 PYTEST_WORKERS ?= 2
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest -q $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
 # The tests that neither train nor start a process, in one process (10-30 s here):
