@@ -1,15 +1,33 @@
 #!/usr/bin/env bash
 # One node under the deepspeed launcher: one process per visible GPU, or NPROC CPU processes
 # (DeepSpeed's CPU accelerator with gloo). The launcher appends --local_rank=N; the CLI accepts it.
+# "Visible" is what torch sees (CUDA_VISIBLE_DEVICES honoured). The launcher itself drops
+# CUDA_VISIBLE_DEVICES when given --num_gpus and would use GPUs 0..N-1, so with a visible set the
+# GPUs are named with --include localhost:IDS (the first NPROC of them).
 # Usage: DS_CONFIG=ds_configs/zero3.json launch/deepspeed_single_node.sh [CONFIG.yaml] [key=value ...]
 set -euo pipefail
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-  NPROC=${NPROC:-$(nvidia-smi -L | wc -l)}
+PYTHON=${PYTHON:-.venv/bin/python}
+DEEPSPEED=${DEEPSPEED:-.venv/bin/deepspeed}
+fail() { echo "error: launch: $*" >&2; exit 2; }
+GPUS=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
+if [ "$GPUS" -gt 0 ]; then
+  NPROC=${NPROC:-$GPUS}
+  [ "$NPROC" -le "$GPUS" ] || fail "NPROC=$NPROC but only $GPUS GPU(s) are visible (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset})"
+  if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    IFS=, read -ra ids <<< "$CUDA_VISIBLE_DEVICES"
+    ids=("${ids[@]:0:$NPROC}")
+    for id in "${ids[@]}"; do
+      [[ "$id" =~ ^[0-9]+$ ]] || fail "CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES: the deepspeed launcher takes GPU indices, not '$id'; use indices or launch/torchrun_single_node.sh"
+    done
+    resources=(--include "localhost:$(IFS=,; echo "${ids[*]}")")
+  else
+    resources=(--num_gpus "$NPROC")
+  fi
 else
   NPROC=${NPROC:-2}
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+  resources=(--num_gpus "$NPROC")
 fi
-DEEPSPEED=${DEEPSPEED:-.venv/bin/deepspeed}
-cmd=("$DEEPSPEED" --num_gpus "$NPROC" --module pipeline train "$@" "deepspeed=${DS_CONFIG:-ds_configs/zero2.json}")
+cmd=("$DEEPSPEED" "${resources[@]}" --module pipeline train "$@" "deepspeed=${DS_CONFIG:-ds_configs/zero2.json}")
 echo "+ ${cmd[*]}"
 exec "${cmd[@]}"
