@@ -8,9 +8,12 @@ import torch
 from pipeline.runtime import dist
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def evaluate(module, loader, task, policy, rt, examples, features, keep: bool = False) -> dict:
-    """Task metrics on a split; with keep=True also the gathered predictions (`_predictions`)."""
+    """Task metrics on a split; with keep=True also the gathered predictions (`_predictions`).
+
+    no_grad, not inference_mode: tensors a module caches while evaluating (ZeRO-3's gathered
+    parameters, lazily built buffers) must stay usable by the training step that follows."""
     module.eval()
     indices, parts, loss_sum = [], [], 0.0
     for batch in loader:

@@ -76,17 +76,23 @@ def init(backend: str, want_cuda: bool = True) -> Runtime:
         device = torch.device("cpu")
 
     if backend in ("ddp", "deepspeed") and not dist.is_initialized():
-        kind = "nccl" if device.type == "cuda" else "gloo"
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        if restart != "0":
-            # After an elastic restart the agent's store still holds the previous attempt's
-            # addresses (a killed rank's port among them): namespace this attempt's keys.
-            store, _, _ = next(dist.rendezvous("env://"))
-            dist.init_process_group(kind, store=dist.PrefixStore(f"pipeline/attempt_{restart}", store),
-                                    rank=rank, world_size=world)
-        else:
-            dist.init_process_group(kind, device_id=device if device.type == "cuda" else None)
+        init_process_group(device, rank, world)
     return Runtime(launcher, backend, rank, local_rank, world, num_nodes, device)
+
+
+def init_process_group(device: torch.device, rank: int, world: int) -> None:
+    """NCCL bound to this rank's GPU (device_id: eager init, no guessing which GPU a rank uses), gloo on CPU."""
+    kind = "nccl" if device.type == "cuda" else "gloo"
+    device_id = device if device.type == "cuda" else None
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if restart != "0":
+        # After an elastic restart the agent's store still holds the previous attempt's
+        # addresses (a killed rank's port among them): namespace this attempt's keys.
+        store, _, _ = next(dist.rendezvous("env://"))
+        dist.init_process_group(kind, store=dist.PrefixStore(f"pipeline/attempt_{restart}", store),
+                                rank=rank, world_size=world, device_id=device_id)
+    else:
+        dist.init_process_group(kind, device_id=device_id)
 
 
 def _free_port() -> int:
