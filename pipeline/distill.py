@@ -73,10 +73,10 @@ def student_from_teacher(n_layers: int, teacher, task):
         raise UserError(f"config: model=from_teacher:{n_layers}: the teacher has {total} layers")
     chosen = [i * total // n_layers for i in range(n_layers)]
     config = teacher.config.__class__.from_dict({**teacher.config.to_dict(), "num_hidden_layers": n_layers})
-    student = task.model_class.from_config(config)
+    student = task.model_class.from_config(config, dtype=torch.float32)  # trainable: fp32 whatever the teacher's dtype
     source = teacher.state_dict()
     mapped = {}
-    for key in student.state_dict():
+    for key in student.state_dict():  # load_state_dict copies into the fp32 parameters
         teacher_key = key
         if ".layer." in key:
             head, _, rest = key.partition(".layer.")
@@ -114,7 +114,10 @@ def build_distillation(cfg: Config, task, policy, rt, train_texts: list[str]):
 
 
 class Distiller:
-    """Frozen teacher on this rank's device, outside DDP/DeepSpeed; logits from its cache."""
+    """Frozen teacher outside DDP/DeepSpeed; logits from its cache. With the cache the teacher
+    goes to the device only for rank 0's pass on a cache miss and is dropped once the cache is
+    loaded, so its memory is never charged to the student's peak; a live teacher (no cache, or
+    the hidden-state term) sits on this rank's device."""
 
     def __init__(self, kd: KDConfig, eval_batch_size: int, task, policy, rt, teacher):
         self.alpha, self.temperature, self.hidden_weight = kd.alpha, kd.temperature, kd.hidden_weight
@@ -125,8 +128,10 @@ class Distiller:
         # asked of both forwards (student and teacher): the hidden-state term needs their hidden states
         self.forward_kwargs = {"output_hidden_states": True} if self.hidden_weight else {}
         self.eval_batch_size = eval_batch_size
-        # eval mode (no dropout), no gradients, the compute dtype of the precision policy
-        self.teacher = teacher.to(rt.device, dtype=policy.compute_dtype).eval().requires_grad_(False)
+        # eval mode (no dropout), no gradients; on the device in the policy's compute dtype when it runs
+        self.teacher = teacher.eval().requires_grad_(False)
+        if not self.use_cache:
+            self._teacher_to_device()
         self.cached: dict[str, torch.Tensor] | None = None
         self.cache_hit: bool | None = None
 
@@ -140,15 +145,23 @@ class Distiller:
         self.cache_hit = path.is_file()
         if not self.cache_hit and self.rt.is_main:
             log.info("teacher-logit cache miss: running the teacher over %d training features", len(features))
+            self._teacher_to_device()
             logits = self._teacher_pass(features, collate, max_length)
             with atomic_dir(path.parent) as tmp:
                 save_file({k: v.to(torch.float16).contiguous() for k, v in logits.items()}, tmp / path.name)
         dist.barrier()  # the other ranks wait for rank 0's file
         self.cached = load_file(path)
+        self.teacher = None  # the cache answers from here on: free the teacher's memory
+        if self.rt.device.type == "cuda":
+            torch.cuda.empty_cache()  # give its blocks back, out of the reserved-memory figure too
+
+    def _teacher_to_device(self) -> None:
+        self.teacher = self.teacher.to(self.rt.device, dtype=self.policy.compute_dtype)
 
     def fingerprint(self, features, tokenizer, max_length: int) -> str:
         h = hashlib.sha256()
-        h.update(f"{self.task.name}|{max_length}|{sorted(self.task.options.items())}".encode())
+        # the policy: a bf16 teacher's logits differ from an fp32 teacher's
+        h.update(f"{self.task.name}|{max_length}|{sorted(self.task.options.items())}|{self.policy.name}".encode())
         for name, tensor in sorted(self.teacher.state_dict().items()):
             h.update(name.encode())
             h.update(tensor.detach().float().cpu().numpy().tobytes())

@@ -4,12 +4,19 @@ Presets are BERT encoders built from config (random init) with a WordPiece token
 with the `tokenizers` library on the training texts, cached by a hash of those texts, so the
 embedded default runs with no hub access. Hub ids and local directories load through the
 Auto classes, exactly as a user would load them.
+
+Trainable models are always built in fp32, whatever dtype a saved config.json names
+(transformers 5 loads in the config's dtype by default): AMP keeps fp32 master weights and
+casts per op, and GradScaler refuses to unscale fp16 gradients. best/ is saved in fp32 with a
+config that says so (save_pretrained_fp32).
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 from pathlib import Path
 
+import torch
 from transformers import AutoConfig, AutoTokenizer, BertConfig, PreTrainedTokenizerFast
 
 from pipeline.errors import UserError
@@ -39,7 +46,7 @@ def build(spec: str, task: Task, train_texts: list[str], overrides: dict, max_le
         config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=max(512, max_length),
                             pad_token_id=tokenizer.pad_token_id, **PRESETS[name], **task.model_kwargs())
         _apply_overrides(config, overrides, spec)
-        return tokenizer, task.model_class.from_config(config)
+        return tokenizer, task.model_class.from_config(config, dtype=torch.float32)
     if spec.startswith("from_teacher:"):
         raise UserError(f"config: model={spec}: only the distill command builds a student from a teacher")
     return _load_pretrained(spec, task, overrides)
@@ -70,12 +77,24 @@ def _load_pretrained(spec: str, task: Task, overrides: dict):
         tokenizer = AutoTokenizer.from_pretrained(source)
         config = AutoConfig.from_pretrained(source, **task.model_kwargs())
         _apply_overrides(config, overrides, spec)
-        model = task.model_class.from_pretrained(source, config=config)
+        model = task.model_class.from_pretrained(source, config=config, dtype=torch.float32)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         offline = " (offline and not in the Hugging Face cache?)" if not looks_local else ""
         raise UserError(f"config: model={spec}: cannot load{offline}: {first}") from None
     return tokenizer, model
+
+
+def save_pretrained_fp32(module, state_dict: dict, tokenizer, directory: Path) -> None:
+    """A model directory (best/) that loads as fp32: the weights of `state_dict` in fp32 and a
+    config.json whose dtype says float32, whatever dtype the module itself trained in
+    (DeepSpeed's fp16 mode keeps it in 16 bit, and save_pretrained writes the module's dtype)."""
+    weights = {k: v.float() if v.is_floating_point() else v for k, v in state_dict.items()}
+    module.save_pretrained(directory, state_dict=weights, safe_serialization=True)
+    config = copy.deepcopy(module.config)
+    config.dtype = "float32"
+    config.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
 
 
 def _apply_overrides(config, overrides: dict, spec: str) -> None:

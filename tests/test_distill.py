@@ -188,3 +188,26 @@ def test_distill_with_the_hidden_term_saves_a_plain_student(tmp_path, teacher_di
 
     saved = load_file(tmp_path / "out" / "best" / "model.safetensors")
     assert not any(k.startswith("kd_projection") for k in saved) and "classifier.weight" in saved
+
+
+def test_the_teacher_is_dropped_once_its_logits_are_cached():
+    """With the cache, no teacher stays in the Distiller (on a GPU: its memory would be charged to
+    the student's peak); the loss then comes from the cache alone. A live teacher stays."""
+    from pipeline import models
+
+    task = get_task("sentiment")
+    examples = task.load(None, "train")[:32]
+    tokenizer, teacher = models.build("preset:bangla-tiny", task, task.texts(task.load(None, "train")), {}, 48)
+    features = task.featurize(examples, tokenizer, 48, "train")
+    collate = task.collator(tokenizer)
+    for attempt in ("miss", "hit"):
+        d = make_distiller(teacher)
+        d.prepare(features, collate, 48, tokenizer)
+        assert d.cache_hit is (attempt == "hit") and d.teacher is None
+    batch = collate([features[i] for i in range(4)])
+    idx = batch.pop("idx")
+    outputs = teacher(**batch)  # any student of the right shape
+    assert torch.isfinite(d.loss(outputs, batch, idx))
+    live = make_distiller(teacher, ["kd.cache=false"])
+    live.prepare(features, collate, 48, tokenizer)
+    assert live.teacher is teacher and live.cached is None
