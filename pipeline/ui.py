@@ -1,13 +1,24 @@
-"""`python -m pipeline ui`: the MLflow UI on the project's tracking store, on 127.0.0.1 by default."""
+"""`python -m pipeline ui`: the MLflow UI on the project's tracking store, on 127.0.0.1 by default.
+
+It prints the page a user came for: `--experiment NAME` the experiment's runs table (in MLflow's
+"Model training" view, not the GenAI overview), `--study NAME` the compare view of the study's
+finished cells (their params, metrics and plots side by side).
+"""
 from __future__ import annotations
 
 import argparse
+import json
 import socket
 import subprocess
 import sys
+from urllib.parse import quote
 
+from pipeline import names
 from pipeline.errors import UserError
-from pipeline.tracking import open_experiment, resolve_uri
+from pipeline.tracking import open_experiment, redact, resolve_uri
+
+# MLflow 3's UI picks its GenAI or classic-ML navigation from this query parameter
+TRAINING_VIEW = "workflowType=machine_learning"
 
 
 def free_port(host: str) -> int:
@@ -16,9 +27,54 @@ def free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def runs_page(experiment_id: str) -> str:
+    """The URL fragment of an experiment's runs table."""
+    return f"#/experiments/{experiment_id}/runs?{TRAINING_VIEW}"
+
+
+def compare_page(experiment_id: str, run_ids: list[str]) -> str:
+    """The URL fragment of MLflow's compare view of these runs (the format its own links use)."""
+    return (f"#/compare-runs?runs={quote(json.dumps(run_ids))}"
+            f"&experiments={quote(json.dumps([experiment_id]))}&{TRAINING_VIEW}")
+
+
+def study_runs(client, experiment_id: str, study: str) -> list[str]:
+    """Run ids of the study's finished cells (the parent run left out), oldest first."""
+    runs = client.search_runs([experiment_id], f"tags.{names.TAG_STUDY} = '{study}' and "
+                              "attributes.status = 'FINISHED'", order_by=["attributes.start_time ASC"])
+    return [r.info.run_id for r in runs if r.data.tags.get(names.PARENT_TAG) != "true"]
+
+
+def page_for(uri: str, experiment: str | None, study: str | None) -> str:
+    """The URL fragment to open: a study's comparison, an experiment's runs, or the home page."""
+    if study:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=uri)
+        found = client.get_experiment_by_name(experiment or study)  # a study's experiment is its name
+        if found is None:
+            raise UserError(f"ui: --study {study}: no experiment '{experiment or study}' in {uri}")
+        experiment_id = found.experiment_id
+        run_ids = study_runs(client, experiment_id, study)
+        if not run_ids:
+            raise UserError(f"ui: --study {study}: no finished cell runs in experiment '{experiment or study}'")
+        return compare_page(experiment_id, run_ids)
+    if experiment:
+        _, experiment_id = open_experiment(uri, experiment)
+        return runs_page(experiment_id)
+    return ""
+
+
+def command(uri: str | None = None, experiment: str | None = None, study: str | None = None) -> str:
+    """The command line that opens a page (printed at the end of a stage and of a study)."""
+    return "python -m pipeline ui" + (f" --uri {redact(uri)}" if uri else "") + (
+        f" --experiment {experiment}" if experiment else "") + (f" --study {study}" if study else "")
+
+
 def main(args: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline ui")
-    parser.add_argument("--experiment", help="print the URL of this experiment")
+    parser.add_argument("--experiment", help="open this experiment's runs table")
+    parser.add_argument("--study", help="open the compare view of this study's finished cells")
     parser.add_argument("--uri", help="tracking URI (default: tracking store of the project)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address; 0.0.0.0 exposes the UI on purpose")
     parser.add_argument("--port", type=int, default=0, help="0 = a free port")
@@ -27,10 +83,7 @@ def main(args: list[str]) -> int:
     if not uri.startswith("sqlite:"):
         raise UserError(f"ui: --uri {uri}: is a server already; open it in a browser")
     port = opts.port or free_port(opts.host)
-    url = f"http://{opts.host}:{port}/"
-    if opts.experiment:
-        _, experiment_id = open_experiment(uri, opts.experiment)
-        url += f"#/experiments/{experiment_id}"
+    url = f"http://{opts.host}:{port}/" + page_for(uri, opts.experiment, opts.study)
     print(f"MLflow UI: {url}  (Ctrl-C stops it)", flush=True)
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", opts.host,
            "--port", str(port), "--workers", "1"]

@@ -37,7 +37,7 @@ def dry_run(study: Study, cells: list[Cell]) -> int:
 
 
 def run_study(study: Study, cells: list[Cell]) -> int:
-    from pipeline import report
+    from pipeline import report, ui
     from pipeline.config import load_config
     from pipeline.tracking import open_experiment, resolve_uri
 
@@ -68,6 +68,8 @@ def run_study(study: Study, cells: list[Cell]) -> int:
     out = report.write_report(uri, study.name, study.report_dir)
     log.info("study %s: %d/%d cells finished%s; report in %s", study.name, len(cells) - len(failed), len(cells),
              f" (failed: {', '.join(failed)})" if failed else "", out / "report.md")
+    if len(failed) < len(cells):
+        log.info("compare the cells in the MLflow UI: %s", ui.command(base.tracking.uri, study=study.name))
     return 1 if failed else 0
 
 
