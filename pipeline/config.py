@@ -58,6 +58,10 @@ class TrainConfig:
     group_by_length: bool = False
     """Batch sequences of similar length together (shuffled mega-batches sorted by length, as
     the Hugging Face Trainer's group_by_length): less padding computed, same epoch contents."""
+    batch_tokens: int = 0
+    """Batches by tokens instead of rows (fairseq's max_tokens): similar lengths together, each
+    batch's padded size (longest x rows) within this budget; 0 = train.batch_size rows per batch.
+    The global batch then varies; the LR schedule counts the epoch's actual batches."""
     patience: int = 0
     """Stop after this many evaluations without a better main metric; 0 = never stop early."""
     log_every: int = 10
@@ -152,6 +156,8 @@ class Config:
         _check("train.weight_decay", t.weight_decay, t.weight_decay >= 0, "must be >= 0")
         _check("train.max_grad_norm", t.max_grad_norm, t.max_grad_norm >= 0, "must be >= 0 (0 = no clipping)")
         _check("train.max_length", t.max_length, t.max_length >= 8, "must be >= 8")
+        _check("train.batch_tokens", t.batch_tokens, t.batch_tokens == 0 or t.batch_tokens >= t.max_length,
+               f"must be 0 (off) or >= train.max_length ({t.max_length}), so that the longest sequence fits")
         _check("train.patience", t.patience, t.patience >= 0, "must be >= 0 (0 = off)")
         _check("train.log_every", t.log_every, t.log_every >= 1, "must be >= 1")
         _check("train.num_workers", t.num_workers, t.num_workers >= 0, "must be >= 0")

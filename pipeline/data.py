@@ -1,4 +1,5 @@
-"""Loaders of a stage: the resumable, rank-sharded training sampler and the eval shards.
+"""Loaders of a stage: the resumable, rank-sharded training sampler (rows per batch, or a token
+budget per batch) and the eval shards.
 
 Every rank sees a disjoint slice of each epoch's permutation; the seed makes the permutation
 identical across ranks and equal to a single process's. Loaders get their own generators so
@@ -45,6 +46,60 @@ class ResumableSampler(DistributedSampler):
         return iter(indices[self.skip:])  # len() stays the whole epoch: the loop counts positions in it
 
 
+class TokenBatchSampler(torch.utils.data.Sampler):
+    """Batches filled up to a token budget, as fairseq's max_tokens: a batch's padded size (its
+    longest sequence x its rows) stays within `batch_tokens`, so short sequences travel in large
+    batches and long ones in small batches, and little padding is computed.
+
+    Each epoch: a seeded permutation, sorted by length within mega-batches (so batches hold
+    similar lengths yet the epoch stays shuffled), packed greedily, the batches shuffled again and
+    dealt round-robin to the ranks. Every rank gets the same number of batches (the last ones
+    repeat batches from the start, as DistributedSampler pads), so collectives stay in step.
+    Resumable: the first `skip` batches of this rank's epoch are left out; len() stays the whole
+    epoch, as the loop counts positions in it.
+    """
+
+    def __init__(self, lengths: list[int], batch_tokens: int, *, num_replicas: int, rank: int, seed: int):
+        self.lengths, self.batch_tokens = lengths, batch_tokens
+        self.num_replicas, self.rank, self.seed = num_replicas, rank, seed
+        self.epoch, self.skip = 0, 0
+        self._cached: tuple[int, list[list[int]]] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def epoch_batches(self) -> list[list[int]]:
+        """Every rank's batches of this epoch (the same list on every rank), before dealing."""
+        if self._cached is not None and self._cached[0] == self.epoch:
+            return self._cached[1]
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        order = torch.randperm(len(self.lengths), generator=generator).tolist()
+        mean_length = max(1, sum(self.lengths) // max(1, len(self.lengths)))
+        mega = 50 * max(1, self.batch_tokens // mean_length)  # rows: about 50 batches' worth
+        batches = []
+        for start in range(0, len(order), mega):
+            chunk = sorted(order[start:start + mega], key=lambda i: self.lengths[i], reverse=True)
+            batch: list[int] = []
+            for i in chunk:  # descending: the batch's first row is its longest
+                if batch and (len(batch) + 1) * self.lengths[batch[0]] > self.batch_tokens:
+                    batches.append(batch)
+                    batch = []
+                batch.append(i)
+            batches.append(batch)
+        batches = [batches[i] for i in torch.randperm(len(batches), generator=generator).tolist()]
+        total = math.ceil(len(batches) / self.num_replicas) * self.num_replicas
+        batches += (batches * math.ceil(total / len(batches)))[:total - len(batches)]
+        self._cached = (self.epoch, batches)
+        return batches
+
+    def __iter__(self):
+        mine = self.epoch_batches()[self.rank::self.num_replicas]
+        return iter(mine[self.skip:])
+
+    def __len__(self) -> int:
+        return len(self.epoch_batches()) // self.num_replicas
+
+
 def eval_shard(n: int, rt: Runtime) -> list[int]:
     """This rank's rows of an eval split: every rank gets the same number of rows (ZeRO-3 runs
     its forward passes in lockstep), the last ranks wrap around to rows already covered."""
@@ -55,20 +110,34 @@ def eval_shard(n: int, rt: Runtime) -> list[int]:
 @dataclass
 class Loaders:
     train: DataLoader
-    sampler: ResumableSampler
-    """The training loader's sampler: the loop sets its epoch and the batches to skip."""
+    sampler: ResumableSampler | TokenBatchSampler
+    """The training loader's (batch) sampler: start_epoch() sets its epoch and what to skip."""
     dev: DataLoader
     test: DataLoader
+
+    def start_epoch(self, epoch: int, batches_done: int) -> None:
+        """Position the training loader at `epoch`, after the micro-batches a resumed job did."""
+        self.sampler.set_epoch(epoch)
+        per_batch = 1 if isinstance(self.sampler, TokenBatchSampler) else self.train.batch_size
+        self.sampler.skip = batches_done * per_batch
 
 
 def build_loaders(features: dict, collate, train: TrainConfig, rt: Runtime, seed: int) -> Loaders:
     """The training loader (shuffled, sharded, resumable) and this rank's dev/test shards."""
-    lengths = [len(ids) for ids in features["train"]["input_ids"]] if train.group_by_length else None
-    sampler = ResumableSampler(features["train"], num_replicas=rt.world_size, rank=rt.rank, shuffle=True,
-                               seed=seed, lengths=lengths, batch_size=train.batch_size)
-    train_loader = DataLoader(features["train"], batch_size=train.batch_size, sampler=sampler, collate_fn=collate,
-                              num_workers=train.num_workers, pin_memory=rt.device.type == "cuda",
-                              generator=torch.Generator().manual_seed(seed))
+    grouped = train.group_by_length or train.batch_tokens
+    lengths = [len(ids) for ids in features["train"]["input_ids"]] if grouped else None
+    pin = rt.device.type == "cuda"
+    if train.batch_tokens:
+        sampler = TokenBatchSampler(lengths, train.batch_tokens, num_replicas=rt.world_size, rank=rt.rank, seed=seed)
+        train_loader = DataLoader(features["train"], batch_sampler=sampler, collate_fn=collate,
+                                  num_workers=train.num_workers, pin_memory=pin,
+                                  generator=torch.Generator().manual_seed(seed))
+    else:
+        sampler = ResumableSampler(features["train"], num_replicas=rt.world_size, rank=rt.rank, shuffle=True,
+                                   seed=seed, lengths=lengths, batch_size=train.batch_size)
+        train_loader = DataLoader(features["train"], batch_size=train.batch_size, sampler=sampler,
+                                  collate_fn=collate, num_workers=train.num_workers, pin_memory=pin,
+                                  generator=torch.Generator().manual_seed(seed))
     dev, test = (DataLoader(Subset(features[split], eval_shard(len(features[split]), rt)),
                             batch_size=train.eval_batch_size, collate_fn=collate,
                             generator=torch.Generator().manual_seed(seed))
