@@ -1,6 +1,8 @@
 """DeepSpeed on CPU (its CPU accelerator, gloo): ZeRO-3 in bf16 under the real deepspeed
 launcher, close to DDP; exact resume through ZeRO-2 engine checkpoints; the
-config's "auto" values and conflicts; and a two-node torchrun job simulated on loopback."""
+config's "auto" values and conflicts; bf16 as torch autocast with fp32 weights in every ZeRO
+stage, the fp16 loss scale of every ZeRO optimizer, bucket sizes from the model's hidden size;
+and a two-node torchrun job simulated on loopback."""
 import json
 import os
 import signal
@@ -8,12 +10,21 @@ import subprocess
 import sys
 
 import pytest
+import torch
+from transformers import BertConfig, BertForSequenceClassification
 
 from helpers import FAST, ROOT, assert_same_result, deepspeed, free_port, mlflow_runs, run_cli, torchrun, wait_for
 from pipeline import checkpoint, names
 from pipeline.config import load_config
 from pipeline.errors import UserError
-from pipeline.runtime.deepspeed_backend import resolve_ds_config
+from pipeline.runtime import dist, precision
+from pipeline.runtime.deepspeed_backend import (
+    DeepSpeedBackend,
+    fill_bucket_sizes,
+    load_ds_config,
+    resolve_ds_config,
+)
+from pipeline.runtime.dist import Runtime
 
 JOB = [*FAST, "train.batch_size=16", "train.epochs=2"]
 
@@ -38,7 +49,8 @@ def test_zero3_in_bf16_lands_close_to_ddp(tmp_path, ddp_bf16):
     assert final[names.EVAL_MAIN] > 0.6  # it learned (chance is ~0.33)
     assert abs(final[names.EVAL_MAIN] - ddp_bf16[names.EVAL_MAIN]) < 0.1  # close to DDP, not equal
     resolved = json.loads((tmp_path / "out" / "deepspeed_config.json").read_text())
-    assert resolved["zero_optimization"]["stage"] == stage and resolved["bf16"]["enabled"] is True
+    assert resolved["zero_optimization"]["stage"] == stage and resolved["bf16"]["enabled"] is False
+    assert resolved["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}  # fp32 weights, autocast
     assert resolved["train_micro_batch_size_per_gpu"] == 16 and resolved["train_batch_size"] == 32
     (mlrun,) = mlflow_runs(db, "ds")
     assert mlrun.data.tags["backend"] == "deepspeed" and mlrun.data.tags["world_size"] == "2"
@@ -71,12 +83,107 @@ def test_auto_values_are_filled_and_conflicts_named():
     raw = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "bf16": {"enabled": "auto"},
            "optimizer": {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto"}}}
     resolved = resolve_ds_config(raw, cfg.train, "bf16", 4, "ds.json")
-    assert resolved["train_batch_size"] == 64 and resolved["bf16"]["enabled"] is True
-    assert resolved["fp16"]["enabled"] is False and resolved["optimizer"]["params"]["lr"] == 3e-4
+    assert resolved["train_batch_size"] == 64 and resolved["optimizer"]["params"]["lr"] == 3e-4
     with pytest.raises(UserError, match=r"ds.json sets train_micro_batch_size_per_gpu=32 but train.batch_size=8"):
         resolve_ds_config({"train_micro_batch_size_per_gpu": 32}, cfg.train, "fp32", 1, "ds.json")
     with pytest.raises(UserError, match=r"ds.json sets bf16.enabled=true but precision=fp32"):
         resolve_ds_config({"bf16": {"enabled": True}}, cfg.train, "fp32", 1, "ds.json")
+
+
+def test_bf16_is_torch_autocast_and_fp16_is_labelled_pure16():
+    train = load_config(None, []).train
+    bf16 = resolve_ds_config(load_ds_config("ds_configs/zero2.json"), train, "bf16", 1, "zero2.json")
+    assert bf16["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}
+    assert bf16["bf16"]["enabled"] is False and bf16["fp16"]["enabled"] is False  # no 16-bit module
+    fp16 = resolve_ds_config(load_ds_config("ds_configs/zero2.json"), train, "fp16", 1, "zero2.json")
+    assert fp16["fp16"]["enabled"] is True and fp16["torch_autocast"]["enabled"] is False
+    with pytest.raises(UserError, match=r"zero2.json sets bf16.enabled=true but precision=bf16 runs as torch "
+                                        r"autocast with fp32 weights; make them agree or write \"auto\""):
+        resolve_ds_config({"bf16": {"enabled": True}}, train, "bf16", 1, "zero2.json")
+    with pytest.raises(UserError, match=r"sets torch_autocast.enabled=true but precision=fp32"):
+        resolve_ds_config({"torch_autocast": {"enabled": True}}, train, "fp32", 1, "zero2.json")
+    cpu = Runtime("deepspeed", "deepspeed", 0, 0, 1, 1, torch.device("cpu"))
+    modes = {name: DeepSpeedBackend(cpu, precision.PrecisionPolicy(name, "cpu"), train, None).extra_tags
+             for name in ("fp32", "bf16")}
+    assert modes == {"fp32": {"precision_mode": "fp32"}, "bf16": {"precision_mode": "autocast"}}
+    cuda = Runtime("deepspeed", "deepspeed", 0, 0, 1, 1, torch.device("cuda", 0))  # a GPU's fp16, config only
+    fp16_backend = DeepSpeedBackend(cuda, precision.PrecisionPolicy("fp16", "cuda"), train, None)
+    assert fp16_backend.extra_tags == {"precision_mode": "pure16"}
+
+
+@pytest.mark.parametrize("stage_file, expected", [
+    ("zero1.json", {"reduce_bucket_size": 768 * 768, "allgather_bucket_size": 768 * 768}),
+    ("zero2.json", {"reduce_bucket_size": 768 * 768, "allgather_bucket_size": 768 * 768}),
+    ("zero2_offload.json", {"reduce_bucket_size": 768 * 768, "allgather_bucket_size": 768 * 768}),
+    ("zero3.json", {"reduce_bucket_size": 768 * 768, "stage3_prefetch_bucket_size": int(0.9 * 768 * 768),
+                    "stage3_param_persistence_threshold": 7680}),
+])
+def test_zero_bucket_sizes_come_from_the_hidden_size(stage_file, expected):
+    """DeepSpeed's 5e8-element defaults are gigabytes of buckets per GPU; BERT-base needs 590k."""
+    cfg = load_ds_config(f"ds_configs/{stage_file}")
+    assert fill_bucket_sizes(cfg, BertConfig(hidden_size=768)) == expected
+    assert {k: cfg["zero_optimization"][k] for k in expected} == expected
+    mine = {"zero_optimization": {"stage": 2, "reduce_bucket_size": 2e8, "allgather_bucket_size": "auto"}}
+    fill_bucket_sizes(mine, BertConfig(hidden_size=256))
+    assert mine["zero_optimization"] == {"stage": 2, "reduce_bucket_size": 2e8, "allgather_bucket_size": 65536}
+
+
+@pytest.fixture(scope="module")
+def deepspeed_process_group():
+    """One gloo process group for the in-process engines (DeepSpeed needs one even alone)."""
+    saved = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    os.environ["MASTER_PORT"] = str(free_port())
+    rt = dist.init("deepspeed", want_cuda=False)
+    yield rt
+    dist.shutdown()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_bf16_under_every_zero_stage_is_autocast_on_fp32_weights(deepspeed_process_group, stage):
+    """The engine on DeepSpeed's CPU accelerator, through the pipeline's backend and its ds_configs:
+    fp32 parameters, autocast on inside the engine's forward, LayerNorm and loss in fp32, a real
+    step, buckets sized from the model; and the fp16 loss scale readable from every ZeRO optimizer
+    (the CPU accelerator trains no fp16: the engine is told it is in fp16 mode, a stand-in)."""
+    train = load_config(None, ["train.batch_size=4"]).train
+    backend = DeepSpeedBackend(deepspeed_process_group, precision.PrecisionPolicy("bf16", "cpu"), train,
+                               f"ds_configs/zero{stage}.json")
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                                     num_attention_heads=2, intermediate_size=64, num_labels=3))
+    engine = backend.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    seen = {}
+    layer = backend.module.bert.encoder.layer[0]
+    layer.attention.self.query.register_forward_hook(
+        lambda m, a, out: seen.update(autocast=torch.is_autocast_enabled("cpu"), matmul=out.dtype))
+    layer.output.LayerNorm.register_forward_hook(lambda m, a, out: seen.update(layernorm=out.dtype))
+    batch = {"input_ids": torch.randint(5, 100, (4, 8)), "attention_mask": torch.ones(4, 8, dtype=torch.long),
+             "labels": torch.tensor([0, 1, 2, 0])}
+    with backend.policy.autocast():  # as the loop calls it
+        loss = engine(**batch).loss
+    backend.backward(loss)
+    result = backend.step()
+    assert {p.dtype for p in backend.module.parameters()} == {torch.float32}
+    assert seen == {"autocast": True, "matmul": torch.bfloat16, "layernorm": torch.float32}
+    assert loss.dtype == torch.float32 and result.stepped
+    zero = backend.ds_config["zero_optimization"]
+    assert '"auto"' not in json.dumps(backend.ds_config)
+    if stage in (1, 2):
+        assert zero["reduce_bucket_size"] == zero["allgather_bucket_size"] == 32 * 32
+    if stage == 3:
+        assert zero["stage3_param_persistence_threshold"] == 320
+    engine.fp16_enabled = lambda: True
+    if stage == 0:  # a plain torch optimizer: ZeRO-0 fp16 is DeepSpeed's FP16_Optimizer, built only in fp16
+        assert backend.loss_scale is None
+    else:
+        assert type(engine.optimizer).__name__ == ("DeepSpeedZeroOptimizer_Stage3" if stage == 3
+                                                   else "DeepSpeedZeroOptimizer")
+        assert backend.loss_scale == 1.0  # cur_scale: the ZeRO optimizers have no loss_scale_config
 
 
 @pytest.mark.slow

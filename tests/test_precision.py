@@ -107,3 +107,15 @@ def test_fp32_is_strict_and_tf32_allows_tensor_cores():
     assert torch.get_float32_matmul_precision() == "high" and torch.backends.cudnn.allow_tf32
     precision.resolve("fp32", cpu)
     assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cudnn.allow_tf32
+
+
+def test_gpus_that_only_emulate_bf16_get_fp16(monkeypatch):
+    """A stand-in for an absent V100/T4: torch.cuda.is_bf16_supported says True when emulation
+    counts (its default) and False for native bf16 only. auto must pick fp16, bf16 be refused."""
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    cuda = torch.device("cuda", 0)
+    assert precision.resolve("auto", cuda).name == "fp16"
+    with pytest.raises(UserError, match="precision=bf16: this cuda device has no bf16 support"):
+        precision.resolve("bf16", cuda)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # an A100/H100
+    assert precision.resolve("auto", cuda).name == "bf16"

@@ -7,7 +7,24 @@ disagrees is a UserError naming both, never a silent override.
 
 The loop owns gradient accumulation (managed_gradient_accumulation=false: every step() is the
 boundary) and the LR schedule (stepped only when the engine says the step was applied), so
-the two backends behave alike; fp16 uses DeepSpeed's own dynamic loss scaler.
+the two backends behave alike.
+
+Precision (DeepSpeed 0.19.8, read in its engine.py, torch_autocast.py and ZeRO optimizers, run on
+its CPU accelerator for stages 0-3):
+- bf16 is torch autocast, as under torchrun: DeepSpeed's `torch_autocast` section with the bf16
+  block off, so the module and the optimizer's master weights stay fp32 and LayerNorm, softmax and
+  the loss run in fp32 (the bf16 block would cast the whole module to bf16 and turn autocast off
+  inside the engine's forward). Tag precision_mode=autocast.
+- fp16 is DeepSpeed's own fp16 mode: the module in fp16, fp32 master weights inside the optimizer,
+  its dynamic loss scaler (the only fp16 path whose skipped steps and clipping are right: with
+  `torch_autocast` fp16 the ZeRO-1/2/3 optimizers clip and report the gradients still multiplied
+  by their GradScaler's scale and return before the scaler's update on an overflow, and ZeRO-0's
+  torch optimizer has no overflow flag, so a skipped step counts as applied). Not the same AMP as
+  torchrun's fp16: tag precision_mode=pure16, never one column with autocast rows.
+
+ZeRO's bucket sizes may say "auto": filled at prepare() from the model's hidden size as the Hugging
+Face integration does (reduce/allgather buckets hidden^2, ZeRO-3 prefetch 0.9 hidden^2, parameter
+persistence 10 hidden), instead of DeepSpeed's 5e8-element defaults (gigabytes of buckets per GPU).
 
 The deepspeed package is imported inside the methods that use it: importing it costs seconds,
 and reading and checking the config must not.
@@ -24,7 +41,7 @@ from pipeline.config import TrainConfig
 from pipeline.errors import UserError
 from pipeline.runtime.backend import StepResult
 from pipeline.runtime.dist import Runtime
-from pipeline.runtime.precision import PrecisionPolicy
+from pipeline.runtime.precision import PRECISION_MODE_TAG, PURE16, PrecisionPolicy
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "ds_configs" / "zero2.json"
 
@@ -60,9 +77,14 @@ def resolve_ds_config(raw: dict, train: TrainConfig, precision: str, world_size:
     fill(cfg, "train_batch_size", train.batch_size * train.grad_accum * world_size,
          "train.batch_size x train.grad_accum x world size")
     fill(cfg, "gradient_clipping", train.max_grad_norm, "train.max_grad_norm")
-    for name in ("fp16", "bf16"):
-        block = cfg.setdefault(name, {})
-        fill(block, "enabled", precision == name, f"precision={precision}", label=f"{name}.enabled")
+    # fp16: DeepSpeed's fp16 mode (pure16); bf16: torch autocast with fp32 weights, the bf16 block off
+    fill(cfg.setdefault("fp16", {}), "enabled", precision == "fp16", f"precision={precision}", label="fp16.enabled")
+    fill(cfg.setdefault("bf16", {}), "enabled", False, f"precision={precision} runs as torch autocast with fp32 weights"
+         if precision == "bf16" else f"precision={precision}", label="bf16.enabled")
+    autocast = cfg.setdefault("torch_autocast", {})
+    fill(autocast, "enabled", precision == "bf16", f"precision={precision}", label="torch_autocast.enabled")
+    if autocast["enabled"]:
+        fill(autocast, "dtype", "bfloat16", f"precision={precision}", label="torch_autocast.dtype")
     if "optimizer" in cfg:
         params = cfg["optimizer"].setdefault("params", {})
         fill(params, "lr", train.lr, "train.lr")
@@ -74,6 +96,39 @@ def resolve_ds_config(raw: dict, train: TrainConfig, precision: str, world_size:
     return cfg
 
 
+BUCKET_SIZES = {  # ZeRO key -> its size from the model's hidden size h (transformers' DeepSpeed integration)
+    "reduce_bucket_size": lambda h: h * h,
+    "allgather_bucket_size": lambda h: h * h,
+    "stage3_prefetch_bucket_size": lambda h: int(0.9 * h * h),
+    "stage3_param_persistence_threshold": lambda h: 10 * h,
+}
+
+
+def fill_bucket_sizes(cfg: dict, model_config) -> dict:
+    """The ZeRO sizes that say "auto", filled from the model's hidden size (in place; returns what
+    was filled). A number the user wrote is a tuning choice and stays. A model config without a
+    hidden size leaves those keys to DeepSpeed's defaults."""
+    zero = cfg.get("zero_optimization", {})
+    wanted = [key for key in BUCKET_SIZES if zero.get(key) == "auto"]
+    hidden = getattr(model_config, "hidden_size", None) or max(getattr(model_config, "hidden_sizes", None) or [0])
+    filled = {}
+    for key in wanted:
+        if hidden:
+            zero[key] = filled[key] = BUCKET_SIZES[key](hidden)
+        else:
+            del zero[key]
+    return filled
+
+
+def read_loss_scale(optimizer) -> float | None:
+    """The dynamic loss scale of a DeepSpeed fp16 optimizer: the ZeRO-0 FP16_Optimizer keeps it in
+    loss_scale_config.cur_scale, the ZeRO-1/2/3 optimizers in cur_scale (as the engine's own
+    _get_optimizer_loss_scale reads it)."""
+    config = getattr(optimizer, "loss_scale_config", None)
+    scale = config.cur_scale if config is not None else getattr(optimizer, "cur_scale", None)
+    return None if scale is None else float(scale)
+
+
 def check_supported(ds_cfg: dict, policy: PrecisionPolicy, device: torch.device, source: str) -> None:
     """Combinations that cannot work, refused at start instead of deep inside DeepSpeed."""
     stage = ds_cfg.get("zero_optimization", {}).get("stage", 0)
@@ -82,6 +137,11 @@ def check_supported(ds_cfg: dict, policy: PrecisionPolicy, device: torch.device,
                         "training; use bf16 or fp32")
     if stage not in (0, 1, 2, 3):
         raise UserError(f"config: {source}: zero_optimization.stage={stage}: must be 0, 1, 2 or 3")
+
+
+def precision_mode(policy: PrecisionPolicy) -> str:
+    """fp16 is DeepSpeed's own 16-bit module (pure16); bf16 autocast as under torchrun."""
+    return PURE16 if policy.name == "fp16" else policy.mode
 
 
 class DeepSpeedBackend:
@@ -97,10 +157,12 @@ class DeepSpeedBackend:
         check_supported(self.ds_config, policy, rt.device, self.source)
         self.stage = self.ds_config.get("zero_optimization", {}).get("stage", 0)
         self.engine = None
+        self.precision_mode = precision_mode(policy)
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> torch.nn.Module:
         import deepspeed
 
+        fill_bucket_sizes(self.ds_config, getattr(model, "config", None))
         client_optimizer = None if "optimizer" in self.ds_config else optimizer
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=model, optimizer=client_optimizer, model_parameters=None if client_optimizer else
@@ -124,10 +186,7 @@ class DeepSpeedBackend:
 
     @property
     def loss_scale(self) -> float | None:
-        if not self.engine.fp16_enabled():
-            return None
-        config = getattr(self.engine.optimizer, "loss_scale_config", None)
-        return float(config.cur_scale) if config is not None else None
+        return read_loss_scale(self.engine.optimizer) if self.engine.fp16_enabled() else None
 
     # ------------------------------------------------------------------ state
     def save(self, directory: Path, rank: int) -> None:
@@ -155,3 +214,7 @@ class DeepSpeedBackend:
     @property
     def extra_artifacts(self) -> dict[str, object]:
         return {"deepspeed_config.json": self.ds_config}
+
+    @property
+    def extra_tags(self) -> dict[str, str]:
+        return {PRECISION_MODE_TAG: self.precision_mode}

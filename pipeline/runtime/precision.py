@@ -12,6 +12,16 @@ import torch
 
 from pipeline.errors import UserError
 
+# The run's tag saying how 16-bit compute is done, so rows that differ in it never share a report
+# column unlabeled (its name belongs in pipeline/names.py with the other tags).
+PRECISION_MODE_TAG = "precision_mode"
+AUTOCAST = "autocast"
+"""fp32 weights, 16-bit matmuls per op under torch.autocast (reductions, softmax, norms, losses in fp32)."""
+PURE16 = "pure16"
+"""The module itself in 16 bit (DeepSpeed's fp16 mode): norms and losses in 16 bit too."""
+FP32 = "fp32"
+"""No 16-bit compute (fp32 and tf32)."""
+
 
 def cpu_supports_bf16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
@@ -37,6 +47,11 @@ class PrecisionPolicy:
         return self.name in ("fp16", "bf16")
 
     @property
+    def mode(self) -> str:
+        """How 16-bit compute is done under this policy with the torch backend."""
+        return AUTOCAST if self.uses_autocast else FP32
+
+    @property
     def uses_loss_scaling(self) -> bool:
         return self.name == "fp16"  # bf16 has fp32's exponent range: nothing underflows
 
@@ -56,16 +71,22 @@ class PrecisionPolicy:
         torch.backends.cudnn.allow_tf32 = allow
 
 
+def cuda_supports_bf16() -> bool:
+    """Native bf16 only (Ampere, compute capability 8.0, and newer): torch's default also counts
+    GPUs that merely emulate it (V100, T4), where bf16 runs slower than fp32."""
+    return torch.cuda.is_bf16_supported(including_emulation=False)
+
+
 def resolve(requested: str, device: torch.device) -> PrecisionPolicy:
     """Turn the `precision` key into a policy for this device, refusing what it cannot run."""
     kind = device.type
     if requested == "auto":
         if kind == "cuda":
-            requested = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+            requested = "bf16" if cuda_supports_bf16() else "fp16"
         else:
             requested = "bf16" if cpu_supports_bf16() else "fp32"
     if requested == "bf16":
-        ok = torch.cuda.is_bf16_supported() if kind == "cuda" else cpu_supports_bf16()
+        ok = cuda_supports_bf16() if kind == "cuda" else cpu_supports_bf16()
         if not ok:
             raise UserError(f"precision=bf16: this {kind} device has no bf16 support; use fp16 or fp32")
     if requested == "fp16" and kind == "cpu" and not cpu_supports_fp16():

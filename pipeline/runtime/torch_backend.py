@@ -10,7 +10,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from pipeline.runtime.backend import StepResult
 from pipeline.runtime.dist import Runtime
-from pipeline.runtime.precision import PrecisionPolicy
+from pipeline.runtime.precision import PRECISION_MODE_TAG, PrecisionPolicy
 
 
 class TorchBackend:
@@ -69,6 +69,10 @@ class TorchBackend:
     @property
     def extra_artifacts(self) -> dict[str, object]:
         return {}
+
+    @property
+    def extra_tags(self) -> dict[str, str]:
+        return {PRECISION_MODE_TAG: self.policy.mode}
 
     # ------------------------------------------------------------------ state
     def save(self, directory: Path, rank: int) -> None:
