@@ -50,5 +50,10 @@ bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'
 	for b in amp overhead batching kd ddp; do $(PY) benchmarks/bench_$$b.py || exit 1; done
 
+# On a CUDA machine: the paper's table (fp32/tf32/fp16/bf16 x BanglaBERT/XLM-R/mBERT x batch x
+# length; samples/s, peak memory, MFU, energy), about 40 minutes on one H100: results/gpu-DEVICE.json
+bench-gpu: $(STAMP)
+	$(PY) benchmarks/bench_gpu.py
+
 clean-outputs:
 	rm -rf outputs reports mlruns/*.db mlruns/*/

@@ -1,26 +1,35 @@
 """The paper's table on a GPU: the real architectures built from config with random weights
-(speed and memory do not depend on the weights), fp32 (TF32 off), tf32, fp16, bf16, batch 16,
-32, 64, sequence 128 and 256: samples/s, peak memory, MFU, energy per sample.
+(speed and memory do not depend on the weights), strict fp32 (TF32 off), tf32, fp16 and bf16
+autocast, batch 16, 32, 64, sequence 128 and 256: samples/s, peak memory, TFLOP/s and MFU,
+energy per sample and mean power. `make bench-gpu` runs it; results/gpu-DEVICE.json names the GPU.
 
 The step is the pipeline's: its PrecisionPolicy (autocast, matmul mode) and TorchBackend
 (GradScaler for fp16, unscale, clipping, skipped-step detection), AdamW on fp32 master weights.
 Each cell builds its model fresh after resetting the allocator's peak, so peak memory counts
-weights, gradients, optimizer state and activations of that cell alone. Precisions alternate
-within each (model, batch, length) for --reps rounds; figures are medians.
+weights, gradients, optimizer state and activations of that cell alone. FLOPs are counted on one
+step outside the timed window (FlopCounterMode), then warm-up steps, then one timed window.
+
+The window is long enough to resolve energy: NVML's total-energy counter (mJ since the driver
+loaded) advances with the board's power sensor, which recent GPUs refresh every ~20-100 ms, so
+each cell runs for at least --seconds (default 10 s: the counter's edges then cost <= ~1-2%) with
+the number of steps set from a timed calibration, and the clock and the counter are read at the
+same two synchronized points. Precisions alternate within each (model, batch, length) for --reps
+rounds; figures are medians.
 Targets on H100-class GPUs: AMP >= 3x strict fp32 throughput, >= 30% less peak memory at the same
 batch, bf16 MFU >= 40%. (The paper: +44.5% speed, -17.6% memory on an RTX 4070.)
-    python benchmarks/bench_gpu.py [--models banglabert,xlmr,mbert] [--reps 2]
+    python benchmarks/bench_gpu.py [--models banglabert,xlmr,mbert] [--reps 2] [--seconds 10]
     python benchmarks/bench_gpu.py --quick   # a tiny CPU smoke run of the same code
 """
 import argparse
 import gc
+import math
 import statistics
 import time
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from common import quiet, save
+from common import markdown_table, quiet, save
 
 ARCHS = {  # the checkpoints' config.json values that decide speed and memory
     "banglabert": ("electra", dict(vocab_size=32000, embedding_size=768, hidden_size=768, num_hidden_layers=12,
@@ -34,6 +43,8 @@ ARCHS = {  # the checkpoints' config.json values that decide speed and memory
                           intermediate_size=128, max_position_embeddings=512)),  # --quick only
 }
 NAMES = {"banglabert": "BanglaBERT (ELECTRA-base)", "xlmr": "XLM-R base", "mbert": "mBERT (cased)", "tiny": "tiny"}
+WARMUP_STEPS = 3  # cuBLAS heuristics, the allocator, the fused AdamW's first step
+MAX_STEPS = 100_000
 
 
 def build(arch: str, device):
@@ -41,10 +52,25 @@ def build(arch: str, device):
 
     model_type, sizes = ARCHS[arch]
     config = AutoConfig.for_model(model_type, num_labels=3, **sizes)
-    return AutoModelForSequenceClassification.from_config(config, attn_implementation="sdpa").to(device)
+    return AutoModelForSequenceClassification.from_config(config, attn_implementation="sdpa",
+                                                          dtype=torch.float32).to(device)
 
 
-def cell(arch, precision_name, batch, length, steps, device) -> dict:
+def steps_for(step, seconds: float, device, min_steps: int) -> int:
+    """Steps that fill `seconds`, from a synchronized timing of a few warm-up steps; the timed window
+    then runs that many steps with no clock reads or syncs of the benchmark's own in between."""
+    from pipeline import telemetry
+
+    telemetry.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(WARMUP_STEPS):
+        step()
+    telemetry.synchronize(device)
+    per_step = (time.perf_counter() - start) / WARMUP_STEPS
+    return max(min_steps, min(MAX_STEPS, math.ceil(seconds / per_step)))
+
+
+def cell(arch, precision_name, batch, length, seconds, min_steps, device) -> dict:
     from pipeline import telemetry
     from pipeline.runtime import precision
     from pipeline.runtime.dist import Runtime
@@ -74,66 +100,31 @@ def cell(arch, precision_name, batch, length, steps, device) -> dict:
     counter = FlopCounterMode(display=False)
     with counter:
         step()
-    flops = counter.get_total_flops()  # forward + backward of one step
-    step()  # warm-up (cuBLAS heuristics, allocator)
+    flops = counter.get_total_flops()  # forward + backward of one step, outside the timed window
+    steps = steps_for(step, seconds, device, min_steps)  # also the warm-up
     energy = telemetry.EnergyMeter(device)
     telemetry.synchronize(device)
-    energy.start()
+    energy.start()  # the clock and the energy counter: read at the same two synchronized points
     start = time.perf_counter()
-    skipped = sum(not step().stepped for _ in range(steps))
+    skipped = sum(not step().stepped for _ in range(steps))  # note: TorchBackend.step syncs once per step
     telemetry.synchronize(device)
-    seconds = time.perf_counter() - start
+    elapsed = time.perf_counter() - start
     joules = energy.stop()
     memory = telemetry.peak_memory(device)
     peak = telemetry.peak_tflops(telemetry.device_name(device), policy.name) if device.type == "cuda" else None
-    tflops = flops * steps / seconds / 1e12
-    return {"samples_per_s": batch * steps / seconds, "peak_mem_mb": next(iter(memory.values())),
-            "tflops": tflops, "mfu": tflops / peak if peak else None,
-            "joules_per_sample": joules / (batch * steps) if energy.available else None, "skipped_steps": skipped}
+    tflops = flops * steps / elapsed / 1e12
+    return {"samples_per_s": batch * steps / elapsed, "peak_mem_mb": next(iter(memory.values())),
+            "tflops": tflops, "mfu": tflops / peak if peak else None, "steps": steps, "seconds": elapsed,
+            "joules_per_sample": joules / (batch * steps) if energy.available else None,
+            "watts": joules / elapsed if energy.available else None, "skipped_steps": skipped}
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--models", default="banglabert,xlmr,mbert")
-    parser.add_argument("--precisions", default="fp32,tf32,fp16,bf16")
-    parser.add_argument("--batches", default="16,32,64")
-    parser.add_argument("--lengths", default="128,256")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--reps", type=int, default=2)
-    parser.add_argument("--quick", action="store_true", help="tiny model on this machine's device, as a smoke run")
-    args = parser.parse_args()
-    quiet()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if args.quick:
-        args.models, args.precisions, args.batches, args.lengths, args.steps, args.reps = \
-            "tiny", "fp32,bf16", "4", "32", 3, 1
-    elif device.type != "cuda":
-        raise SystemExit("bench_gpu.py needs a CUDA device (--quick runs a CPU smoke version)")
-    precisions = args.precisions.split(",")
-    rows = []
-    for arch in args.models.split(","):
-        for length in map(int, args.lengths.split(",")):
-            for batch in map(int, args.batches.split(",")):
-                runs = {p: [] for p in precisions}
-                for rep in range(args.reps):  # precisions alternate, the first one rotates
-                    for p in precisions[rep % len(precisions):] + precisions[:rep % len(precisions)]:
-                        try:
-                            runs[p].append(cell(arch, p, batch, length, args.steps, device))
-                        except torch.OutOfMemoryError:
-                            runs[p].append(None)
-                for p in precisions:
-                    done = [r for r in runs[p] if r]
-                    row = {"model": NAMES[arch], "precision": p, "batch": batch, "seq": length}
-                    if not done:
-                        rows.append({**row, "samples/s": "OOM"})
-                        continue
-                    med = {k: statistics.median(r[k] for r in done) if done[0][k] is not None else None
-                           for k in done[0]}
-                    rows.append({**row, "samples/s": med["samples_per_s"], "peak MB": med["peak_mem_mb"],
-                                 "TFLOP/s": med["tflops"], "MFU": med["mfu"], "J/sample": med["joules_per_sample"],
-                                 "skipped": med["skipped_steps"]})
-                    print(rows[-1], flush=True)
-    # AMP vs strict fp32 per (model, batch, seq): the paper's comparison, and the targets
+def median_row(runs: list[dict]) -> dict:
+    return {k: statistics.median(r[k] for r in runs) if runs[0][k] is not None else None for k in runs[0]}
+
+
+def amp_summary(rows: list[dict]) -> list[dict]:
+    """AMP vs strict fp32 per (model, batch, seq): the paper's comparison, and the targets."""
     summary = []
     for row in rows:
         if row["precision"] not in ("fp16", "bf16") or not isinstance(row["samples/s"], float):
@@ -144,12 +135,64 @@ def main():
             continue
         summary.append({"model": row["model"], "batch": row["batch"], "seq": row["seq"], "amp": row["precision"],
                         "speed-up vs fp32": row["samples/s"] / base["samples/s"],
-                        "memory reduction": 1 - row["peak MB"] / base["peak MB"], "MFU": row["MFU"]})
-    columns = ["model", "precision", "batch", "seq", "samples/s", "peak MB", "TFLOP/s", "MFU", "J/sample", "skipped"]
+                        "memory reduction": 1 - row["peak MB"] / base["peak MB"], "MFU": row["MFU"],
+                        "energy/sample vs fp32": row["J/sample"] / base["J/sample"]
+                        if row["J/sample"] and base["J/sample"] else None})
+    return summary
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="banglabert,xlmr,mbert")
+    parser.add_argument("--precisions", default="fp32,tf32,fp16,bf16")
+    parser.add_argument("--batches", default="16,32,64")
+    parser.add_argument("--lengths", default="128,256")
+    parser.add_argument("--seconds", type=float, default=10.0, help="timed window per cell (energy resolution)")
+    parser.add_argument("--min-steps", type=int, default=20)
+    parser.add_argument("--reps", type=int, default=2)
+    parser.add_argument("--quick", action="store_true", help="tiny model on this machine's device, as a smoke run")
+    args = parser.parse_args()
+    if args.quick:
+        args.models, args.precisions, args.batches, args.lengths = "tiny", "fp32,bf16", "4", "32"
+        args.seconds, args.min_steps, args.reps = 0.2, 3, 1
+    return args
+
+
+def main():
+    args = parse_args()
+    quiet()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type != "cuda" and not args.quick:
+        raise SystemExit("bench_gpu.py needs a CUDA device (--quick runs a CPU smoke version)")
+    precisions = args.precisions.split(",")
+    rows = []
+    for arch in args.models.split(","):
+        for length in map(int, args.lengths.split(",")):
+            for batch in map(int, args.batches.split(",")):
+                runs = {p: [] for p in precisions}
+                for rep in range(args.reps):  # precisions alternate, the first one rotates
+                    for p in precisions[rep % len(precisions):] + precisions[:rep % len(precisions)]:
+                        try:
+                            runs[p].append(cell(arch, p, batch, length, args.seconds, args.min_steps, device))
+                        except torch.OutOfMemoryError:
+                            runs[p].append(None)
+                for p in precisions:
+                    done = [r for r in runs[p] if r]
+                    row = {"model": NAMES[arch], "precision": p, "batch": batch, "seq": length}
+                    if not done:
+                        rows.append({**row, "samples/s": "OOM"})
+                        continue
+                    med = median_row(done)
+                    rows.append({**row, "samples/s": med["samples_per_s"], "peak MB": med["peak_mem_mb"],
+                                 "TFLOP/s": med["tflops"], "MFU": med["mfu"], "J/sample": med["joules_per_sample"],
+                                 "W": med["watts"], "steps": med["steps"], "s": med["seconds"],
+                                 "skipped": med["skipped_steps"]})
+                    print(rows[-1], flush=True)
+    summary = amp_summary(rows)
+    columns = ["model", "precision", "batch", "seq", "samples/s", "peak MB", "TFLOP/s", "MFU", "J/sample", "W",
+               "steps", "s", "skipped"]
     save("gpu" if not args.quick else "gpu-quick", rows, columns, vars(args), {"amp_vs_fp32": summary})
     if summary:
-        from common import markdown_table
-
         print(markdown_table(summary, list(summary[0])))
 
 

@@ -1,0 +1,116 @@
+"""What only a GPU can check: NCCL gives what one process gives, fp16 with its loss scaler runs
+end to end (GradScaler under torchrun, DeepSpeed's scaler under ZeRO), ZeRO-2/3 hold less memory
+than DDP, bf16 under DeepSpeed is autocast on fp32 weights on CUDA too, and NVML energy is
+measured. Marked `gpu`: skipped without CUDA (the reason is printed by -ra), run on a GPU machine
+with `pytest -m gpu`.
+"""
+import json
+
+import pytest
+import torch
+
+from helpers import FAST, deepspeed, mlflow_runs, run_cli, torchrun
+from pipeline import names
+
+GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
+pytestmark = [pytest.mark.gpu, pytest.mark.slow,
+              pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU: not verified on a GPU here")]
+two_gpus = pytest.mark.skipif(GPUS < 2, reason=f"needs 2 CUDA GPUs, {GPUS} visible")
+# a model big enough that memory and energy are not noise: bangla-base widened to BERT-base's layer
+WIDE = ["model=preset:bangla-base", "model_config.hidden_size=768", "model_config.intermediate_size=3072",
+        "model_config.num_attention_heads=12"]
+JOB = [*FAST, "train.batch_size=16", "train.max_steps=40"]
+
+
+def finished(tmp_path, *args, launcher="cli", nproc=2):
+    """Run one stage; its metrics.json and MLflow run."""
+    out, db = tmp_path / "out", tmp_path / "m.db"
+    common = [*args, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", "tracking.experiment=gpu"]
+    if launcher == "deepspeed":
+        code, log = deepspeed("train", *common)
+        assert code == 0, log[-3000:]
+    else:
+        result = torchrun(nproc, "train", *common) if launcher == "torchrun" else run_cli("train", *common)
+        assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = mlflow_runs(db, "gpu")
+    return json.loads((out / "metrics.json").read_text()), run, out
+
+
+@two_gpus
+def test_nccl_two_ranks_match_one_process_on_the_same_global_batch(tmp_path):
+    one, _, _ = finished(tmp_path / "one", *JOB, "precision=fp32", "train.batch_size=32")
+    two, run, _ = finished(tmp_path / "two", *JOB, "precision=fp32", launcher="torchrun")
+    assert run.data.tags["backend"] == "ddp" and run.data.tags["world_size"] == "2"
+    assert two[names.TRAIN_LOSS] == pytest.approx(one[names.TRAIN_LOSS], rel=0.05)
+    assert abs(two[names.EVAL_MAIN] - one[names.EVAL_MAIN]) < 0.05
+
+
+def test_fp16_with_grad_scaler_end_to_end(tmp_path):
+    final, run, out = finished(tmp_path, *JOB, "precision=fp16")
+    assert run.data.metrics[names.LOSS_SCALE] >= 1.0 and final[names.NONFINITE_LOSSES] == 0
+    assert final[names.SKIPPED_STEPS] < 10  # a few overflow skips while the scale settles, not a stuck scaler
+    assert json.loads((out / "best" / "config.json").read_text())["dtype"] == "float32"
+
+
+@two_gpus
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_deepspeed_fp16_logs_its_loss_scale_under_every_zero_stage(tmp_path, stage):
+    final, run, _ = finished(tmp_path, *JOB, "precision=fp16", f"deepspeed=ds_configs/zero{stage}.json",
+                             launcher="deepspeed")
+    assert run.data.metrics[names.LOSS_SCALE] >= 1.0 and names.SKIPPED_STEPS in run.data.metrics
+    assert final[names.TRAIN_STEPS] == 40
+
+
+@two_gpus
+def test_zero2_and_zero3_hold_less_memory_than_ddp(tmp_path):
+    peak = {}
+    _, run, _ = finished(tmp_path / "ddp", *JOB, *WIDE, "precision=bf16", launcher="torchrun")
+    peak["ddp"] = run.data.metrics[names.PEAK_MEM_ALLOCATED]
+    for stage in (2, 3):
+        _, run, out = finished(tmp_path / f"zero{stage}", *JOB, *WIDE, "precision=bf16",
+                               f"deepspeed=ds_configs/zero{stage}.json", launcher="deepspeed")
+        peak[stage] = run.data.metrics[names.PEAK_MEM_ALLOCATED]
+        resolved = json.loads((out / "deepspeed_config.json").read_text())
+        assert resolved["zero_optimization"]["reduce_bucket_size"] == 768 * 768
+    assert peak[2] < peak["ddp"] and peak[3] < peak["ddp"], peak
+
+
+def test_bf16_under_deepspeed_is_autocast_on_fp32_weights_on_cuda(monkeypatch):
+    """The CPU test of every ZeRO stage (test_deepspeed.py), on the CUDA accelerator."""
+    from helpers import free_port
+    from pipeline.config import load_config
+    from pipeline.runtime import dist, precision
+    from pipeline.runtime.deepspeed_backend import DeepSpeedBackend
+
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(key, value)  # one process, restored afterwards
+    rt = dist.init("deepspeed")
+    try:
+        from transformers import BertConfig, BertForSequenceClassification
+
+        model = BertForSequenceClassification(BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                                         intermediate_size=128, num_labels=3))
+        backend = DeepSpeedBackend(rt, precision.resolve("bf16", rt.device),
+                                   load_config(None, ["train.batch_size=4"]).train, "ds_configs/zero3.json")
+        engine = backend.prepare(model.to(rt.device), torch.optim.AdamW(model.parameters()))
+        seen = {}
+        backend.module.bert.encoder.layer[0].output.LayerNorm.register_forward_hook(
+            lambda m, a, out: seen.update(layernorm=out.dtype, autocast=torch.is_autocast_enabled("cuda")))
+        batch = {"input_ids": torch.randint(5, 100, (4, 8), device=rt.device),
+                 "labels": torch.tensor([0, 1, 2, 0], device=rt.device)}
+        loss = engine(**batch).loss
+        backend.backward(loss)
+        assert backend.step().stepped and loss.dtype == torch.float32
+        assert seen == {"layernorm": torch.float32, "autocast": True}
+        assert {p.dtype for p in backend.module.parameters()} == {torch.float32}
+    finally:
+        dist.shutdown()
+
+
+def test_energy_is_measured_on_a_gpu(tmp_path):
+    final, run, _ = finished(tmp_path, *JOB, *WIDE, "precision=bf16", "train.max_steps=200")
+    if run.data.tags["energy_available"] != "true":
+        pytest.skip("NVML's total-energy counter cannot be read on this GPU (pre-Volta, or no permission)")
+    assert final[names.ENERGY_JOULES] > 0 and final[names.AVG_POWER] > 10  # an idle H100 draws ~70 W
+    assert 0 < final[names.JOULES_PER_SAMPLE] < final[names.ENERGY_JOULES]
