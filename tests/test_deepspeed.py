@@ -148,8 +148,9 @@ def deepspeed_process_group():
 def test_bf16_under_every_zero_stage_is_autocast_on_fp32_weights(deepspeed_process_group, stage):
     """The engine on DeepSpeed's CPU accelerator, through the pipeline's backend and its ds_configs:
     fp32 parameters, autocast on inside the engine's forward, LayerNorm and loss in fp32, a real
-    step, buckets sized from the model; and the fp16 loss scale readable from every ZeRO optimizer
-    (the CPU accelerator trains no fp16: the engine is told it is in fp16 mode, a stand-in)."""
+    step with its gradient norm, a non-finite step skipped, buckets sized from the model; and the
+    fp16 loss scale readable from every ZeRO optimizer (the CPU accelerator trains no fp16: the
+    engine is told it is in fp16 mode, a stand-in)."""
     train = load_config(None, ["train.batch_size=4"]).train
     backend = DeepSpeedBackend(deepspeed_process_group, precision.PrecisionPolicy("bf16", "cpu"), train,
                                f"ds_configs/zero{stage}.json")
@@ -177,6 +178,13 @@ def test_bf16_under_every_zero_stage_is_autocast_on_fp32_weights(deepspeed_proce
         assert zero["reduce_bucket_size"] == zero["allgather_bucket_size"] == 32 * 32
     if stage == 3:
         assert zero["stage3_param_persistence_threshold"] == 320
+    assert torch.isfinite(result.grad_norm) and result.grad_norm > 0
+    before = backend.full_state_dict()  # gathered: ZeRO-3 refreshes its whole parameters lazily
+    with backend.policy.autocast():
+        backend.backward(engine(**batch).loss * float("nan"))
+    assert not backend.step().stepped  # a non-finite update is skipped, not applied
+    after = backend.full_state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
     engine.fp16_enabled = lambda: True
     if stage == 0:  # a plain torch optimizer: ZeRO-0 fp16 is DeepSpeed's FP16_Optimizer, built only in fp16
         assert backend.loss_scale is None

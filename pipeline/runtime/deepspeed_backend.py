@@ -179,10 +179,24 @@ class DeepSpeedBackend:
         self.engine.backward(loss, scale_wrt_gas=False)  # the loop already divided by the group length
 
     def step(self) -> StepResult:
+        if self.stage == 0 and not self.engine.fp16_enabled():
+            return self._plain_optimizer_step()
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         norm = torch.as_tensor(float("nan") if norm is None else float(norm))
         return StepResult(bool(self.engine.was_step_applied()), norm)
+
+    def _plain_optimizer_step(self) -> StepResult:
+        """ZeRO-0 without DeepSpeed's fp16 optimizer steps a plain torch optimizer: the engine then
+        neither reports the gradient norm nor skips a non-finite update (it has no overflow flag),
+        so both are done here, as the torch backend does (one device sync per step)."""
+        norm = torch.nn.utils.get_total_norm([p.grad for p in self.module.parameters() if p.grad is not None])
+        stepped = bool(torch.isfinite(norm))
+        if stepped:
+            self.engine.step()
+        else:  # not even engine.step(): it would fill the missing gradients with zeros and AdamW's momentum moves on
+            self.engine.optimizer.zero_grad(set_to_none=True)
+        return StepResult(stepped, norm)
 
     @property
     def loss_scale(self) -> float | None:
