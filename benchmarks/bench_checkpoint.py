@@ -10,6 +10,7 @@ part dominates. Figures are medians over --reps saves.
 """
 import argparse
 import hashlib
+import shutil
 import statistics
 import tempfile
 import time
@@ -79,7 +80,10 @@ def main():
     quiet()
     backend, params = bert_base_with_adamw_state()
     root = Path(tempfile.mkdtemp(dir=args.dir or WORK, prefix="ckpt-"))
-    runs = [one_rep(backend, root, rep) for rep in range(args.reps)]
+    try:
+        runs = [one_rep(backend, root, rep) for rep in range(args.reps)]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # 1.25 GB per repetition
     for run in runs:
         print("  " + ", ".join(f"{k}={v:.3g}" for k, v in run.items()), flush=True)
     med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
