@@ -62,6 +62,7 @@ RUN_TAGS = ("task", "model", "precision", "precision_requested", "backend", "lau
 TAG_STUDY = "study"
 TAG_PROCEDURE = "procedure"
 TAG_KD_CACHE = "kd_cache"  # hit | miss | off
+TAG_PRECISION_MODE = "precision_mode"  # autocast | pure16 | fp32: how 16-bit compute was done
 TAG_CELL = "cell"  # a study cell's run: the cell's name
 TAG_REPORT_TABLES = "report_tables"  # a study cell's run: the report tables it feeds (comma-separated)
 PARENT_TAG = "study_parent"  # "true" on a study's parent run

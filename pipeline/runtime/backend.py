@@ -81,3 +81,9 @@ class Backend(Protocol):
         """File name -> JSON content the run saves beside its outputs (e.g. the resolved
         DeepSpeed config); empty when the backend has none."""
         ...
+
+    @property
+    def extra_tags(self) -> dict[str, str]:
+        """Run tags only the backend knows, e.g. names.TAG_PRECISION_MODE (autocast | pure16 |
+        fp32): how 16-bit compute was done, so unlike rows never share a report column."""
+        ...

@@ -37,11 +37,12 @@ from pathlib import Path
 
 import torch
 
+from pipeline import names
 from pipeline.config import TrainConfig
 from pipeline.errors import UserError
 from pipeline.runtime.backend import StepResult
 from pipeline.runtime.dist import Runtime
-from pipeline.runtime.precision import PRECISION_MODE_TAG, PURE16, PrecisionPolicy
+from pipeline.runtime.precision import PURE16, PrecisionPolicy
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "ds_configs" / "zero2.json"
 
@@ -231,4 +232,4 @@ class DeepSpeedBackend:
 
     @property
     def extra_tags(self) -> dict[str, str]:
-        return {PRECISION_MODE_TAG: self.precision_mode}
+        return {names.TAG_PRECISION_MODE: self.precision_mode}

@@ -12,9 +12,8 @@ import torch
 
 from pipeline.errors import UserError
 
-# The run's tag saying how 16-bit compute is done, so rows that differ in it never share a report
-# column unlabeled (its name belongs in pipeline/names.py with the other tags).
-PRECISION_MODE_TAG = "precision_mode"
+# The values of the run's precision_mode tag (names.TAG_PRECISION_MODE): how 16-bit compute is
+# done, so rows that differ in it never share a report column unlabeled.
 AUTOCAST = "autocast"
 """fp32 weights, 16-bit matmuls per op under torch.autocast (reductions, softmax, norms, losses in fp32)."""
 PURE16 = "pure16"

@@ -8,9 +8,10 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from pipeline import names
 from pipeline.runtime.backend import StepResult
 from pipeline.runtime.dist import Runtime
-from pipeline.runtime.precision import PRECISION_MODE_TAG, PrecisionPolicy
+from pipeline.runtime.precision import PrecisionPolicy
 
 
 class TorchBackend:
@@ -72,7 +73,7 @@ class TorchBackend:
 
     @property
     def extra_tags(self) -> dict[str, str]:
-        return {PRECISION_MODE_TAG: self.policy.mode}
+        return {names.TAG_PRECISION_MODE: self.policy.mode}
 
     # ------------------------------------------------------------------ state
     def save(self, directory: Path, rank: int) -> None:
