@@ -8,14 +8,18 @@ continue exactly after a resume).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from pipeline.config import TrainConfig
+from pipeline.config import DataConfig, TrainConfig
 from pipeline.runtime.dist import Runtime
+from pipeline.tasks import samples
 
 
 class ResumableSampler(DistributedSampler):
@@ -143,3 +147,40 @@ def build_loaders(features: dict, collate, train: TrainConfig, rt: Runtime, seed
                             generator=torch.Generator().manual_seed(seed))
                  for split in ("dev", "test"))
     return Loaders(train_loader, sampler, dev, test)
+
+
+@dataclass(frozen=True)
+class DatasetRecord:
+    """What data a split of the run saw, as MLflow records a dataset input."""
+
+    split: str
+    name: str
+    source_type: str
+    """local | hugging_face (MLflow's source types)."""
+    source: str
+    """JSON: {"uri": absolute path} for a file, {"path": id, "config_name", "split"} for the hub."""
+    digest: str
+    """sha256 of the examples as read (after validation), first 16 hex digits: equal data, equal digest."""
+    rows: int
+
+
+def describe_datasets(data: DataConfig, task, examples: dict) -> list[DatasetRecord]:
+    """One record per split: where its rows came from (file, hub id or the built-in sample set)."""
+    from pipeline.tasks.base import HUB_SPLIT, SPLITS
+
+    records = []
+    for split in SPLITS:
+        spec = getattr(data, split)
+        digest = hashlib.sha256(json.dumps(examples[split], sort_keys=True, ensure_ascii=False,
+                                           default=str).encode()).hexdigest()[:16]
+        if spec and spec.startswith("hub:"):
+            ident, _, config = spec[len("hub:"):].partition(":")
+            source = {"path": ident, "config_name": config or None, "split": HUB_SPLIT[split]}
+            records.append(DatasetRecord(split, spec[len("hub:"):], "hugging_face", json.dumps(source), digest,
+                                         len(examples[split])))
+            continue
+        path = Path(spec) if spec else samples.ensure_samples(task.name, task.write_samples)[split]
+        name = path.name if spec else f"{task.name}-samples-v{samples.SAMPLE_VERSION}/{path.name}"
+        records.append(DatasetRecord(split, name, "local", json.dumps({"uri": str(path.resolve())}), digest,
+                                     len(examples[split])))
+    return records
