@@ -6,6 +6,7 @@ A data problem is a UserError naming file, row and reason, raised before trainin
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -23,6 +24,10 @@ from pipeline.tasks import samples
 
 SPLITS = ("train", "dev", "test")
 HUB_SPLIT = {"train": "train", "dev": "validation", "test": "test"}
+MAX_FIELD_CHARS = 1_000_000
+"""The longest field a reader accepts (characters): far beyond any text a model is trained on
+(max_length is a few hundred tokens), so a longer one is a broken file, e.g. a missing
+closing quote that swallowed the lines after it."""
 
 
 class Task(ABC):
@@ -55,8 +60,12 @@ class Task(ABC):
         if source.startswith("hub:"):
             return self.from_hub_rows(load_hub_split(source, split), source)
         path = Path(source)
-        if not path.is_file():
+        if path.is_dir():
+            raise UserError(f"data.{split}={source}: is a directory, expected a data file")
+        if not path.exists():
             raise UserError(f"data.{split}={source}: no such file")
+        if not path.is_file():
+            raise UserError(f"data.{split}={source}: not a regular file")
         return self.read_file(path)
 
     @abstractmethod
@@ -108,7 +117,12 @@ class Task(ABC):
 
 def read_text(path: Path) -> str:
     """UTF-8 text, or a UserError naming the line with the first invalid byte."""
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, expected a data file") from None
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror})") from None
     if not data.strip():
         raise UserError(f"{path}: empty file")
     try:
@@ -119,7 +133,8 @@ def read_text(path: Path) -> str:
 
 
 def read_json_lines(path: Path):
-    """(line number, object) of each non-blank line of a JSON Lines file; every line must be an object."""
+    """(line number, object) of each non-blank line of a JSON Lines file; every line must be an
+    object whose text fields fit MAX_FIELD_CHARS."""
     for number, line in enumerate(read_text(path).split("\n"), start=1):
         if not line.strip():
             continue
@@ -129,22 +144,67 @@ def read_json_lines(path: Path):
             raise UserError(f"{path}: line {number}: invalid JSON ({e.msg} at column {e.colno})") from None
         if not isinstance(obj, dict):
             raise UserError(f"{path}: line {number}: expected a JSON object, got {type(obj).__name__}")
+        for key, value in obj.items():
+            _check_field(path, number, key, value)
         yield number, obj
 
 
-def read_table(path: Path, required: tuple[str, ...], delimiter: str) -> list[tuple[int, dict]]:
-    """Rows of a CSV/TSV file with a header, as (line number, row); checks the columns."""
+def read_table(path: Path, required: tuple[str, ...], delimiter: str,
+               quoting: int = csv.QUOTE_MINIMAL) -> list[tuple[int, dict]]:
+    """Rows of a CSV/TSV file with a header, as (line number, row); checks the columns, that
+    every row has as many fields as the header (a row with more or fewer is refused, never
+    cut or padded) and that no field is longer than MAX_FIELD_CHARS."""
     text = read_text(path)
-    reader = csv.DictReader(io.StringIO(text), delimiter=delimiter)
-    columns = [c.strip() for c in (reader.fieldnames or [])]
-    missing = [c for c in required if c not in columns]
-    if missing:
-        raise UserError(f"{path}: missing column(s) {', '.join(missing)} (found: {', '.join(columns) or 'none'})")
-    reader.fieldnames = columns
-    rows = [(reader.line_num, {k: (v if v is not None else "") for k, v in row.items()}) for row in reader]
+    reader = csv.reader(io.StringIO(text), delimiter=delimiter, quoting=quoting)
+    rows = []
+    with _csv_field_limit(len(text) + 1), _csv_errors(path, reader):  # the limit is ours, with line and column
+        columns = [c.strip() for c in next(reader, [])]
+        missing = [c for c in required if c not in columns]
+        if missing:
+            raise UserError(f"{path}: missing column(s) {', '.join(missing)} "
+                            f"(found: {', '.join(columns) or 'none'})")
+        for fields in reader:
+            if not fields:  # a blank line
+                continue
+            if len(fields) != len(columns):
+                raise UserError(f"{path}: line {reader.line_num}: {len(fields)} fields, expected {len(columns)} "
+                                f"({delimiter_name(delimiter)}-separated: {', '.join(columns)})")
+            for column, value in zip(columns, fields):
+                _check_field(path, reader.line_num, column, value)
+            rows.append((reader.line_num, dict(zip(columns, fields))))
     if not rows:
         raise UserError(f"{path}: no data rows")
     return rows
+
+
+def delimiter_name(delimiter: str) -> str:
+    return {"\t": "tab", ",": "comma"}.get(delimiter, repr(delimiter))
+
+
+def _check_field(path: Path, line: int, name: str, value) -> None:
+    if isinstance(value, str) and len(value) > MAX_FIELD_CHARS:
+        raise UserError(f"{path}: line {line}: field {name!r} is {len(value):,} characters long, "
+                        f"over the limit of {MAX_FIELD_CHARS:,}")
+
+
+@contextlib.contextmanager
+def _csv_field_limit(limit: int):
+    """csv's own limit (131072 by default) raises without naming the field: lift it while reading
+    (no field can be longer than the text in memory) and check lengths ourselves."""
+    previous = csv.field_size_limit(max(limit, csv.field_size_limit()))
+    try:
+        yield
+    finally:
+        csv.field_size_limit(previous)
+
+
+@contextlib.contextmanager
+def _csv_errors(path: Path, reader):
+    """csv.Error (a NUL byte, a stray quote) as a UserError naming the line."""
+    try:
+        yield
+    except csv.Error as e:
+        raise UserError(f"{path}: line {reader.line_num}: cannot parse ({e})") from None
 
 
 def load_hub_split(source: str, split: str):
