@@ -28,7 +28,10 @@ def synchronize(device: torch.device) -> None:
 
 
 class ThroughputMeter:
-    """Samples, non-padding tokens and seconds of training steps (eval and saving excluded)."""
+    """Samples, non-padding tokens and seconds of training steps (eval and saving excluded).
+
+    The clock runs in segments: start() and stop() bracket each stretch of training, and
+    `seconds` is their sum, so a pause for a mid-epoch checkpoint loses no training time."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -42,11 +45,12 @@ class ThroughputMeter:
         self._t0 = time.perf_counter()
 
     def stop(self) -> float:
-        synchronize(self.device)
-        elapsed = time.perf_counter() - self._t0
-        self.seconds += elapsed
-        self._t0 = None
-        return elapsed
+        """Ends the running segment (if any); returns the seconds of all segments so far."""
+        if self._t0 is not None:
+            synchronize(self.device)
+            self.seconds += time.perf_counter() - self._t0
+            self._t0 = None
+        return self.seconds
 
     def add(self, samples: int, tokens: int) -> None:
         self.samples += samples
@@ -120,17 +124,22 @@ def peak_tflops(device_name: str, precision_name: str) -> float | None:
 
 class EnergyMeter:
     """GPU energy from NVML's total-energy counter (mJ since driver load), read at the edges
-    of the measured interval; plus the mean GPU utilization sampled once a second.
+    of each measured segment; plus the mean GPU utilization sampled once a second while
+    measuring.
 
-    available is False on a CPU, without NVML, or on a GPU whose counter cannot be read:
-    then nothing is reported, never a zero or an estimate.
+    An epoch is start() ... stop(); pause() and resume() leave out what happens between them
+    (a mid-epoch checkpoint), the same window the throughput clock leaves out. available is
+    False on a CPU, without NVML, or on a GPU whose counter cannot be read: then nothing is
+    reported, never a zero or an estimate.
     """
 
     def __init__(self, device: torch.device):
         self.available = False
         self.uuid: str | None = None
         self._handle = None
-        self._start_mj = 0
+        self._segment_mj: float | None = None
+        """The counter at the start of the running segment; None while paused or stopped."""
+        self.epoch_joules = 0.0
         self.joules = 0.0
         self._util: list[float] = []
         self._stop = None
@@ -149,30 +158,47 @@ class EnergyMeter:
             self.available = False
 
     def start(self) -> None:
+        """An epoch: joules and utilization from zero, measuring from now."""
         if not self.available:
             return
         import threading
 
-        self._start_mj = self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
+        self.epoch_joules = 0.0
         self._util = []
         self._stop = threading.Event()
+        self.resume()
         threading.Thread(target=self._sample, daemon=True).start()
 
+    def pause(self) -> None:
+        if not self.available or self._segment_mj is None:
+            return
+        self.epoch_joules += (self._counter_mj() - self._segment_mj) / 1000.0
+        self._segment_mj = None
+
+    def resume(self) -> None:
+        if self.available:
+            self._segment_mj = self._counter_mj()
+
     def stop(self) -> float:
-        """Joules used since start() (0.0 if unavailable; callers check .available)."""
+        """Joules of the epoch's measured segments (0.0 if unavailable; callers check .available)."""
         if not self.available:
             return 0.0
+        self.pause()
         self._stop.set()
-        joules = (self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle) - self._start_mj) / 1000.0
-        self.joules += joules
-        return joules
+        self.joules += self.epoch_joules
+        return self.epoch_joules
 
     @property
     def mean_utilization(self) -> float | None:
         return sum(self._util) / len(self._util) if self._util else None
 
+    def _counter_mj(self) -> float:
+        return float(self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle))
+
     def _sample(self) -> None:
         while not self._stop.wait(1.0):
+            if self._segment_mj is None:  # paused: a checkpoint write is not training
+                continue
             try:
                 self._util.append(float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu))
             except Exception:  # noqa: BLE001
@@ -211,10 +237,13 @@ class StageMeters:
         self.energy.start()
 
     def pause(self) -> None:
-        self.throughput.stop()  # e.g. a checkpoint save: not training time
+        """A checkpoint save: neither training time nor training energy (both meters stop)."""
+        self.throughput.stop()
+        self.energy.pause()
 
     def resume(self) -> None:
         self.throughput.start()
+        self.energy.resume()
 
     def add_batch(self, samples: int, tokens: int) -> None:
         self.throughput.add(samples, tokens)
@@ -229,7 +258,7 @@ class StageMeters:
 
     def end_epoch(self, state) -> dict:
         """Collective: the epoch's perf/ and energy/ figures; adds the epoch to state's totals."""
-        elapsed = self.throughput.stop()  # training steps only: evaluation and saving come after
+        elapsed = self.throughput.stop()  # every training segment of the epoch; evaluation comes after
         joules_here = self.energy.stop()
         samples, tokens = dist.all_reduce([self.throughput.samples, self.throughput.tokens])
         (elapsed,) = dist.all_reduce([elapsed], op="max")

@@ -1,0 +1,93 @@
+"""Throughput, time and energy are measured over the training steps only, whatever the
+checkpoint cadence: a mid-epoch save pauses the meters, which then go on counting."""
+import json
+import time
+
+import pytest
+import torch
+
+from helpers import FAST
+from pipeline import names
+from pipeline.telemetry import EnergyMeter, StageMeters
+from pipeline.train import LoopState
+
+CPU = torch.device("cpu")
+
+
+class StandInNvml:
+    """NVML's total-energy counter (mJ) for a test: this machine has no NVIDIA GPU, so the
+    counter the meter reads on a GPU is stood in for by a number the test sets."""
+
+    def __init__(self):
+        self.mj = 1000.0
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
+        return self.mj
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        raise RuntimeError("not sampled in this test")
+
+
+def metered_energy(nvml):
+    meter = EnergyMeter(CPU)  # unavailable on a CPU: give it the stand-in counter
+    meter.available, meter.uuid, meter._handle, meter._nvml = True, "GPU-standin", "handle", nvml
+    return meter
+
+
+def test_a_mid_epoch_pause_leaves_out_its_time_and_energy_and_keeps_the_rest():
+    nvml = StandInNvml()
+    meters = StageMeters(CPU, "fp32", world_size=1)
+    meters.energy = metered_energy(nvml)
+    state = LoopState()
+    meters.start_epoch()
+    meters.add_batch(32, 1000)
+    time.sleep(0.2)
+    nvml.mj += 2000  # 2 J of training
+    meters.pause()  # a checkpoint save: 0.4 s and 7 J that are not training
+    time.sleep(0.4)
+    nvml.mj += 7000
+    meters.resume()
+    meters.add_batch(32, 1000)
+    time.sleep(0.2)
+    nvml.mj += 1000  # 1 J more of training
+    figures = meters.end_epoch(state)
+
+    assert 0.4 <= figures[names.EPOCH_TIME] < 0.6  # both training stretches, not the save
+    assert state.train_seconds == figures[names.EPOCH_TIME]
+    assert figures[names.SAMPLES_PER_S] == pytest.approx(64 / figures[names.EPOCH_TIME])
+    assert figures[names.ENERGY_JOULES] == pytest.approx(3.0)
+    assert figures[names.AVG_POWER] == pytest.approx(3.0 / figures[names.EPOCH_TIME])
+
+
+@pytest.mark.slow
+def test_throughput_is_the_same_with_and_without_mid_epoch_saves(tmp_path, monkeypatch):
+    from pipeline import train
+    from pipeline.config import load_config
+
+    wall = {}  # seconds of the real calls, timed around them: the epoch, and the saves inside it
+
+    def timed(name, fn):
+        def call(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                wall[name] = wall.get(name, 0.0) + time.perf_counter() - t0
+        return call
+
+    monkeypatch.setattr(train, "train_epoch", timed("epoch", train.train_epoch))
+    monkeypatch.setattr(train, "save_checkpoint", timed("saves", train.save_checkpoint))
+    figures = {}
+    for every in (0, 3):  # 30 steps in one epoch: a save every 3 steps, the last at step 27
+        wall.clear()
+        out = tmp_path / f"save{every}"
+        train.run(load_config(None, [*FAST, "train.max_steps=30", f"train.save_every={every}", f"output_dir={out}",
+                                     f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
+        figures[every] = json.loads((out / "metrics.json").read_text())
+    plain, saving = figures[0], figures[3]
+    shown = {k: (plain[k], saving[k]) for k in (names.SAMPLES_PER_S, names.TRAIN_TIME)} | wall
+    # the epoch's training time is the epoch less its saves (measured in the same run, so the
+    # load of a shared machine cannot tell them apart) ...
+    assert saving[names.TRAIN_TIME] == pytest.approx(wall["epoch"] - wall["saves"], rel=0.1), shown
+    # ... and saving changes throughput little (jobs one after the other on a busy machine: a loose bound)
+    assert 1 / 3 < saving[names.SAMPLES_PER_S] / plain[names.SAMPLES_PER_S] < 3, shown
