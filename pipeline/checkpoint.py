@@ -4,7 +4,9 @@ Layout: OUTPUT_DIR/checkpoints/step-00000123/ with `state.pt` (scheduler and loo
 rank 0), what the backend writes (`backend.pt`: model, optimizer, loss scaler; or DeepSpeed's
 own engine checkpoint under `engine/`), `rng-rank{R}.pt` (every rank's RNG states) and
 `manifest.json` (sha256 of each file), written last. Every file goes into a temporary
-directory that is renamed when complete; a directory without a valid manifest, or whose
+directory that is fsync'ed (files, then directories) and renamed when complete, so neither a
+kill nor a power loss publishes a partial checkpoint; a save that fails (a full disk: DiskFull,
+one line) removes its temporary directory. A directory without a valid manifest, or whose
 checksums do not match, is skipped with a warning for the previous one. The pipeline's own
 files load with torch.load(weights_only=True); DeepSpeed loads its engine/ folder itself.
 """
@@ -21,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline import fsutil
 from pipeline.runtime import dist
 
 log = logging.getLogger("pipeline")
@@ -48,29 +51,52 @@ def directory(output_dir: Path) -> Path:
 
 
 def save(output_dir: Path, step: int, state: dict, rank: int, keep: int, write_backend=None) -> Path:
-    """Collective: every rank calls it at the same step boundary; write_backend(dir, rank) too."""
+    """Collective: every rank calls it at the same step boundary; write_backend(dir, rank) too.
+
+    A failure on any rank (DiskFull on a full disk) removes the temporary directory and raises."""
     root = directory(output_dir)
     final = root / f"step-{step:08d}"
     tmp = root / f".step-{step:08d}.tmp"
+    try:
+        with fsutil.writing(tmp):
+            if rank == 0:
+                remove_partial(output_dir)  # leftovers of saves that were killed
+                tmp.mkdir(parents=True)
+            dist.barrier()
+            save_torch(rng_state(), tmp / f"rng-rank{rank}.pt")
+            if write_backend is not None:
+                write_backend(tmp, rank)
+            if rank == 0:
+                save_torch(state, tmp / "state.pt")
+            dist.barrier()
+            if rank == 0:
+                files = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+                (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
+                fsutil.fsync_tree(tmp)  # every rank's files are complete (barrier): make them durable
+                shutil.rmtree(final, ignore_errors=True)
+                fsutil.publish(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a save that was killed
-        tmp.mkdir(parents=True)
-    dist.barrier()
-    torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
-    if write_backend is not None:
-        write_backend(tmp, rank)
-    if rank == 0:
-        torch.save(state, tmp / "state.pt")
-    dist.barrier()
-    if rank == 0:
-        files = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
-        (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
         for old in complete(output_dir)[:-keep]:
             shutil.rmtree(old.path, ignore_errors=True)
     dist.barrier()
     return final
+
+
+def save_torch(obj, path: Path) -> None:
+    """torch.save through a Python file, so a full disk raises OSError(ENOSPC) rather than
+    torch's errno-less RuntimeError from its zip writer."""
+    with open(path, "wb") as f:
+        torch.save(obj, f)
+
+
+def remove_partial(output_dir: Path) -> None:
+    """Temporary directories of saves that were killed or failed (they only take space)."""
+    root = directory(output_dir)
+    for tmp in root.glob(".step-*.tmp") if root.is_dir() else []:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def latest(output_dir: Path) -> Checkpoint | None:

@@ -1,6 +1,8 @@
 """`python -m pipeline COMMAND ...`; works under `torchrun -m` and `deepspeed --module`.
 
-Exit codes: 0 done; 2 the user's input is wrong (one line on stderr); 1 anything else.
+Exit codes: 0 done; 2 the user's input is wrong (one line on stderr); 1 anything else (a full
+disk among them, also one line: it is the environment that failed, and what helps is the same
+as for any failure: fix it, run again with resume=auto); 143 stopped by SIGTERM.
 """
 from __future__ import annotations
 
@@ -56,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
+        full = _disk_full(e)
+        if full is not None:  # the environment failed, not the input: exit 1, but one line
+            print(f"error: {full}", file=sys.stderr)
+            return 1
         from pipeline.train import Preempted
 
         if not isinstance(e, Preempted):
@@ -90,6 +96,21 @@ def _sync(args: list[str]) -> int:
     run_id = sync(opts.run_dir, opts.uri)
     print(f"synced {opts.run_dir} into MLflow run {run_id}")
     return 0
+
+
+def _disk_full(error: BaseException) -> str | None:
+    """The one-line message for an error caused by a full disk (or quota), else None."""
+    from pipeline.fsutil import FULL_ERRNOS, DiskFull
+
+    seen = error
+    while seen is not None:
+        if isinstance(seen, DiskFull):
+            return str(seen)
+        if isinstance(seen, OSError) and seen.errno in FULL_ERRNOS:
+            where = f": writing {seen.filename}" if seen.filename else ""
+            return f"no space left on device{where}; free some space and run again with resume=auto"
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 def _strip_local_rank(argv: list[str]) -> list[str]:
