@@ -2,10 +2,13 @@
 figure in the run's output directory, written as it is produced.
 
 If the tracking server cannot be reached (at start or mid-run) training goes on: the journal
-keeps everything, and `python -m pipeline sync RUN_DIR` uploads it later.
+keeps everything, and `python -m pipeline sync RUN_DIR` uploads it later. A job that fails,
+even because the journal itself cannot be written, ends its run FAILED (or KILLED).
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -17,7 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import yaml
 
-from pipeline import names, telemetry
+from pipeline import fsutil, names, telemetry
 from pipeline.config import Config, flatten
 from pipeline.errors import UserError
 from pipeline.runtime import dist
@@ -92,7 +95,7 @@ class Tracker:
         if active:
             self.journal_path.parent.mkdir(parents=True, exist_ok=True)
             if not resume:  # a resumed job appends to the journal of its first attempt
-                self.journal_path.write_text("", encoding="utf-8")
+                fsutil.write_text(self.journal_path, "")
 
     # -------------------------------------------------------------- lifecycle
     def start(self, uri: str, experiment: str, run_name: str, tags: dict, params: dict,
@@ -101,9 +104,7 @@ class Tracker:
         if not self.active:
             return
         self.uri = uri
-        # a dead server must not stall training for minutes of retries
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+        _few_retries()
         # MLflow prints run links with the URI as given, credentials included; we log our own
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
         params = safe_params(params)
@@ -124,11 +125,17 @@ class Tracker:
         self._journal({"type": "run", "run_id": self.run_id})
 
     def end(self, status: str = "FINISHED") -> None:
+        """End the run; MLflow hears of it even when the journal cannot be written (a full
+        disk), so a failure never leaves the run RUNNING."""
         self.stop_system_metrics()
         if not self.active:
             return
-        self._journal({"type": "end", "status": status})
-        self._call(lambda: self.client.set_terminated(self.run_id, status=status))
+        try:
+            self._journal({"type": "end", "status": status})
+        except OSError as e:
+            log.warning("tracking: cannot record the end of the run in %s (%s)", self.journal_path, e)
+        finally:
+            self._call(lambda: self.client.set_terminated(self.run_id, status=status))
 
     def announce(self, config) -> None:
         """Log where the finished run is and the command that opens it (config: TrackingConfig)."""
@@ -217,7 +224,7 @@ class Tracker:
         self.client = None
 
     def _journal(self, record: dict) -> None:
-        with self.journal_path.open("a", encoding="utf-8") as f:
+        with fsutil.writing(self.journal_path), self.journal_path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
@@ -228,10 +235,10 @@ def start_stage_run(cfg: Config, rt: Runtime, stage: str, model_spec: str, preci
     metrics on every node. Returns the tracker and the run id (the same on every rank; None
     without tracking)."""
     out = Path(cfg.output_dir)
-    tracker = Tracker(out, active=rt.is_main, resume=resumed)
     resolved = redact_config({**cfg.to_dict(), "tracking": {**cfg.to_dict()["tracking"], "uri": uri}})
-    if rt.is_main:
-        (out / "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True))  # no secrets
+    if rt.is_main:  # redacted: no secrets in the file
+        fsutil.write_text(out / "config.yaml", yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True))
+    tracker = Tracker(out, active=rt.is_main, resume=resumed)
     tags = {
         "task": cfg.task, "model": model_spec, "precision": precision_name, "precision_requested": cfg.precision,
         "backend": rt.backend, "launcher": rt.launcher, "world_size": rt.world_size,
@@ -243,14 +250,47 @@ def start_stage_run(cfg: Config, rt: Runtime, stage: str, model_spec: str, preci
     if cfg.tracking.parent_run_id:
         tags["mlflow.parentRunId"] = cfg.tracking.parent_run_id
     run_name = cfg.tracking.run_name or f"{cfg.task}-{model_spec.split('/')[-1]}-{precision_name}"
-    tracker.start(uri, cfg.tracking.experiment, run_name, tags, flatten(resolved), resume_run_id=resume_run_id)
-    tracker.log_artifact(out / "config.yaml")
-    run_id = dist.broadcast_object(tracker.run_id)
-    if cfg.tracking.system_metrics and rt.local_rank == 0:
-        node = rt.rank // max(1, rt.world_size // rt.num_nodes)
-        tracker.start_system_metrics(run_id, uri, f"node{node}-{socket.gethostname()}",
-                                     cfg.tracking.system_metrics_interval)
+    try:
+        tracker.start(uri, cfg.tracking.experiment, run_name, tags, flatten(resolved), resume_run_id=resume_run_id)
+        tracker.log_artifact(out / "config.yaml")
+        run_id = dist.broadcast_object(tracker.run_id)
+        if cfg.tracking.system_metrics and rt.local_rank == 0:
+            node = rt.rank // max(1, rt.world_size // rt.num_nodes)
+            tracker.start_system_metrics(run_id, uri, f"node{node}-{socket.gethostname()}",
+                                         cfg.tracking.system_metrics_interval)
+    except BaseException:  # e.g. the journal on a full disk: the run must not stay RUNNING
+        tracker.end("FAILED")
+        raise
     return tracker, run_id
+
+
+def _few_retries() -> None:
+    """A dead server must not stall a job for minutes of retries."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
+
+
+def end_abandoned_run(output_dir: Path, uri: str) -> str | None:
+    """The run of a previous job in output_dir that stopped without ending (killed, its
+    checkpoints unusable) is marked FAILED, as `sync` would; returns its id, if any."""
+    path = Path(output_dir) / JOURNAL
+    try:
+        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    except (OSError, ValueError):
+        return None
+    run_id = next((r.get("run_id") for r in reversed(records) if r.get("type") == "run"), None)
+    if run_id is None or any(r.get("type") == "end" for r in records):
+        return None
+    _few_retries()
+    try:
+        client = open_client(uri)
+        if client.get_run(run_id).info.status == "RUNNING":
+            client.set_terminated(run_id, status="FAILED")
+    except Exception as e:  # noqa: BLE001 - a dead server must not stop the new job
+        log.warning("tracking: could not mark run %s of the previous job FAILED (%s)", run_id,
+                    str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__)
+        return None
+    return run_id
 
 
 def _tag(key: str, value: str):
@@ -259,13 +299,37 @@ def _tag(key: str, value: str):
     return RunTag(key, value)
 
 
-def open_experiment(uri: str, name: str):
-    """(MlflowClient, experiment id); for the sqlite store, artifacts live beside the db."""
+def open_client(uri: str):
+    """MlflowClient for uri. A sqlite store is created (tables and schema migrations) under a
+    file lock beside the db: MLflow's own creation is not safe for jobs that start together
+    (`table ... already exists`, `duplicate column name`)."""
     logging.getLogger("alembic").setLevel(logging.WARNING)  # schema migrations are noisy
-    from mlflow.exceptions import MlflowException
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=uri)
+    with _store_lock(uri):
+        return MlflowClient(tracking_uri=uri)  # creates (or checks) the store
+
+
+@contextlib.contextmanager
+def _store_lock(uri: str):
+    if not uri.startswith("sqlite:///"):
+        yield
+        return
+    db = Path(uri[len("sqlite:///"):])
+    db.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(db.with_name(f".{db.name}.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX)  # waits for the job that is creating the store
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def open_experiment(uri: str, name: str):
+    """(MlflowClient, experiment id); for the sqlite store, artifacts live beside the db."""
+    from mlflow.exceptions import MlflowException
+
+    client = open_client(uri)
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return client, exp.experiment_id

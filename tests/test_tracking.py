@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from helpers import FAST, ROOT, free_port, run_cli, torchrun
+from helpers import FAST, ROOT, free_port, run_cli, torchrun, wait_for
 from pipeline import names
 
 pytestmark = pytest.mark.slow  # every test starts an mlflow server or a pipeline process
@@ -155,3 +155,49 @@ def test_malformed_tracking_uri_is_a_user_error(tmp_path):
     result = run_cli("train", "tracking.uri=mlflow-server:5000", f"output_dir={tmp_path / 'out'}")
     assert result.returncode == 2
     assert result.stderr.strip().startswith("error: config: tracking.uri=mlflow-server:5000: not a tracking URI")
+
+
+RACE = """
+import sys, time
+from pathlib import Path
+from pipeline.tracking import Tracker
+out, uri, go = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+tracker = Tracker(out, active=True)
+(out / "ready").touch()
+while not go.exists():  # every job reaches the store at the same moment
+    time.sleep(0.01)
+tracker.start(uri, "together", "job", {}, {"job": out.name})
+print(tracker.run_id)
+"""
+
+
+def test_jobs_starting_together_on_a_fresh_sqlite_store_all_track(tmp_path):
+    uri, go = f"sqlite:///{tmp_path}/fresh.db", tmp_path / "go"
+    outs = [tmp_path / f"job{i}" for i in range(2)]
+    jobs = [subprocess.Popen([sys.executable, "-c", RACE, str(out), uri, str(go)], cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for out in outs]
+    wait_for(lambda: all((out / "ready").exists() for out in outs) or any(j.poll() is not None for j in jobs),
+             what="both jobs imported")
+    go.touch()
+    outputs = [job.communicate(timeout=300)[0] for job in jobs]
+    for output in outputs:
+        assert "MLflow unavailable" not in output, output[-2000:]
+    c = client(uri)
+    runs = c.search_runs([c.get_experiment_by_name("together").experiment_id])
+    assert sorted(r.info.run_id for r in runs) == sorted(o.strip().splitlines()[-1] for o in outputs)
+
+
+def test_a_journal_that_cannot_be_written_still_ends_the_run(tmp_path, monkeypatch):
+    """The disk is full when the job fails: the journal's writes go to /dev/full (a real ENOSPC)."""
+    from pathlib import Path
+
+    from pipeline.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path}/m.db"
+    tracker = Tracker(tmp_path / "out", active=True)
+    tracker.start(uri, "full", "job", {}, {})
+    real_open = Path.open
+    monkeypatch.setattr(Path, "open", lambda self, *a, **k: real_open(
+        Path("/dev/full") if self == tracker.journal_path else self, *a, **k))
+    tracker.end("FAILED")
+    assert client(uri).get_run(tracker.run_id).info.status == "FAILED"
