@@ -1,9 +1,10 @@
 """The training loop: one stage, in any launch mode and precision, readable top to bottom.
 
 run() does everything that can be the user's fault first (config, device, data, model), so a
-bad input fails before any MLflow run or output exists; then the stage's phases run in the
-order they are written below: set up the optimization, resume, train an epoch, end the epoch
-(evaluate, keep the best model, checkpoint), finish (test with the best model, write the
+bad input fails before any MLflow run or output exists; then it locks output_dir (one job per
+folder) and resumes, starts over or, for a finished job, does nothing. The stage's phases run
+in the order they are written below: set up the optimization, resume, train an epoch, end the
+epoch (evaluate, keep the best model, checkpoint), finish (test with the best model, write the
 figures). The Backend hides single/DDP/DeepSpeed, StageMeters turns meters into figures, and
 pipeline/names.py spells every figure's name.
 """
@@ -11,9 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import math
 import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,12 +26,12 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from pipeline import checkpoint, models, names
+from pipeline import checkpoint, lock, models, names
 from pipeline.config import Config
 from pipeline.data import Loaders, build_loaders
 from pipeline.distill import Distiller, build_distillation
 from pipeline.evaluation import evaluate
-from pipeline.fsutil import atomic_dir, write_json
+from pipeline.fsutil import atomic_dir, write_json, write_text
 from pipeline.optim import build_optimizer
 from pipeline.runtime import dist, precision
 from pipeline.runtime.backend import Backend
@@ -38,7 +41,7 @@ from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.tasks import get_task
 from pipeline.tasks.base import SPLITS, Task
 from pipeline.telemetry import StageMeters
-from pipeline.tracking import Tracker, resolve_uri, start_stage_run
+from pipeline.tracking import JOURNAL, Tracker, end_abandoned_run, resolve_uri, start_stage_run
 
 log = logging.getLogger("pipeline")
 
@@ -72,6 +75,9 @@ class LoopState:
     epoch_times: list = field(default_factory=list)
     peak: dict = field(default_factory=dict)
     last_loss: float = math.nan
+    loss_window: list = field(default_factory=lambda: [0.0, 0])
+    """Sum and count of the finite step losses since train/loss was last logged (in a
+    checkpoint: summed over ranks, held by rank 0)."""
     run_id: str | None = None
 
 
@@ -103,8 +109,6 @@ class Stage:
     """The best model's weights (CPU, fp32): the final test runs with them."""
     epochs: int = 0
     total_steps: int = 0
-    window: list = field(default_factory=lambda: [0.0, 0])
-    """Sum and count of the finite step losses since train/loss was last logged."""
 
     @property
     def out(self) -> Path:
@@ -115,24 +119,70 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
     """Run one stage; returns the final figures (also in output_dir/metrics.json)."""
     rt = dist.init(cfg.backend)
     try:
-        s = build_stage(cfg, stage, rt)
+        out = Path(cfg.resolve().output_dir)
+        lock.check_free(out, rt)  # a duplicate job fails before loading anything
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # elastic restart
-        ckpt = checkpoint.latest(s.out) if s.cfg.resume == "auto" or restarted else None
-        resume_state = ckpt.load_state() if ckpt else None
-        s.tracker, run_id = start_stage_run(
-            s.cfg, rt, stage, s.model_spec, s.policy.name, s.uri, s.meters.energy_available_anywhere(),
-            resumed=ckpt is not None, resume_run_id=resume_state["loop"]["run_id"] if resume_state else None)
-        try:
-            with dist.sigterm_flag() as preempt:
-                figures = fit(s, preempt, ckpt, resume_state, run_id)
-        except BaseException as e:
-            s.tracker.end("KILLED" if isinstance(e, (KeyboardInterrupt, Preempted)) else "FAILED")
-            raise
-        s.tracker.end("FINISHED")
-        s.tracker.announce(cfg.tracking)
-        return figures
+        resuming = cfg.resume == "auto" or restarted
+        finished = dist.broadcast_object(previous_figures(out, rt)) if resuming else None
+        if finished is not None:
+            return finished
+        s = build_stage(cfg, stage, rt)
+        with lock.job_lock(s.out, rt):  # a second job into output_dir: UserError, nothing touched
+            return run_locked(s, resuming)
     finally:
         dist.shutdown()
+
+
+def previous_figures(out: Path, rt: Runtime) -> dict | None:
+    """A job that finished wrote metrics.json last: its figures (on rank 0), else None."""
+    path = out / "metrics.json"
+    if not rt.is_main or not path.is_file():
+        return None
+    log.info("%s: this job finished before (%s); nothing to do. To train again: resume=never "
+             "(starts over) or another output_dir", out, path)
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def run_locked(s: Stage, resuming: bool) -> dict[str, float]:
+    """Resume from the newest usable checkpoint or start over; the stage, in its MLflow run."""
+    ckpt = checkpoint.latest(s.out) if resuming else None
+    resume_state = ckpt.load_state() if ckpt else None
+    if ckpt is None:
+        start_over(s, resuming)
+    s.tracker, run_id = start_stage_run(
+        s.cfg, s.rt, s.stage, s.model_spec, s.policy.name, s.uri, s.meters.energy_available_anywhere(),
+        resumed=ckpt is not None, resume_run_id=resume_state["loop"]["run_id"] if resume_state else None)
+    try:
+        with dist.sigterm_flag() as preempt:
+            figures = fit(s, preempt, ckpt, resume_state, run_id)
+    except BaseException as e:
+        s.tracker.end("KILLED" if isinstance(e, (KeyboardInterrupt, Preempted)) else "FAILED")
+        raise
+    s.tracker.end("FINISHED")
+    s.tracker.announce(s.cfg.tracking)
+    return figures
+
+
+def start_over(s: Stage, resuming: bool) -> None:
+    """Collective: a job that does not resume removes what a previous job left in output_dir
+    (checkpoints, best model, final figures), so nothing of the two mixes and a later
+    resume=auto continues this job; the previous job's run, if it never ended, is marked FAILED."""
+    if s.rt.is_main:
+        leftovers = [name for name in ("checkpoints", "best", "metrics.json", "report.txt") if (s.out / name).exists()]
+        removing = f" (removing {', '.join(leftovers)})" if leftovers else ""
+        if resuming and (leftovers or (s.out / JOURNAL).is_file()):
+            log.warning("resume=auto: no usable checkpoint in %s; starting over%s", s.out, removing)
+        elif leftovers:
+            log.warning("%s holds a previous job's outputs; resume=never: starting over%s", s.out, removing)
+        for name in leftovers:
+            if (s.out / name).is_dir():
+                shutil.rmtree(s.out / name)
+            else:
+                (s.out / name).unlink()
+        abandoned = end_abandoned_run(s.out, s.uri)
+        if abandoned:
+            log.warning("the previous job's MLflow run %s never ended: marked FAILED", abandoned)
+    dist.barrier()
 
 
 def build_stage(cfg: Config, stage: str, rt: Runtime) -> Stage:
@@ -197,6 +247,8 @@ def resume(s: Stage, ckpt, resume_state: dict) -> None:
     s.backend.load(ckpt.path)
     s.scheduler.load_state_dict(resume_state["scheduler"])
     s.state = LoopState(**{**resume_state["loop"], "run_id": s.state.run_id})
+    if not s.rt.is_main:  # rank 0 holds the saved window, summed over ranks
+        s.state.loss_window = [0.0, 0]
     ckpt.restore_rng(s.rt.rank)
     if (s.out / "best" / "model.safetensors").is_file():
         from safetensors.torch import load_file
@@ -212,11 +264,9 @@ def train_epoch(s: Stage, epoch: int, preempt) -> None:
     a checkpoint every train.save_every steps, and one (then Preempted) on SIGTERM."""
     t, state = s.cfg.train, s.state
     state.epoch = epoch
-    s.loaders.sampler.set_epoch(epoch)
-    s.loaders.sampler.skip = state.batches_done * t.batch_size
+    s.loaders.start_epoch(epoch, state.batches_done)
     s.model.train()
     s.meters.start_epoch()
-    s.window = [0.0, 0]
     group_loss = 0.0
     micro_steps = len(s.loaders.train)
     bar = tqdm(s.loaders.train, desc=f"epoch {epoch + 1}/{s.epochs}", leave=False, initial=state.batches_done,
@@ -280,17 +330,17 @@ def optimizer_step(s: Stage, group_loss: torch.Tensor, epoch_progress: float, pr
             raise Diverged(f"{state.nonfinite_streak} consecutive non-finite losses at step {state.step}; "
                            f"last good checkpoint: {last.path if last else 'none'}")
     else:
-        s.window = [s.window[0] + loss_value, s.window[1] + 1]
+        state.loss_window = [state.loss_window[0] + loss_value, state.loss_window[1] + 1]
         state.nonfinite_streak = 0
     if state.step % t.log_every == 0 or state.step == s.total_steps:
-        mean_loss, n = dist.all_reduce(s.window)
+        mean_loss, n = dist.all_reduce(state.loss_window)
         state.last_loss = mean_loss / n if n else math.nan
         figures = {names.TRAIN_LOSS: state.last_loss, names.TRAIN_LR: s.scheduler.get_last_lr()[0],
                    names.TRAIN_GRAD_NORM: float(result.grad_norm), names.TRAIN_EPOCH: epoch_progress,
                    **amp_figures(s)}
         s.tracker.log_metrics(figures, state.step)
         bar.set_postfix(loss=f"{state.last_loss:.4f}")
-        s.window = [0.0, 0]
+        state.loss_window = [0.0, 0]
     return bool(stop)
 
 
@@ -346,7 +396,7 @@ def finish(s: Stage) -> dict:
     if rt.is_main:
         write_json(s.out / "metrics.json", final)
         report = s.task.report(test_scores["_predictions"], s.examples["test"], s.features["test"])
-        (s.out / "report.txt").write_text(report, encoding="utf-8")
+        write_text(s.out / "report.txt", report)
         for name in ("metrics.json", "report.txt"):
             s.tracker.log_artifact(s.out / name)
         if s.cfg.tracking.log_model:
@@ -366,6 +416,8 @@ def amp_figures(s: Stage, scale: bool = True) -> dict:
 
 def save_checkpoint(s: Stage) -> Path:
     """Collective: scheduler, loop state, the backend's state and every rank's RNG."""
-    bundle = {"scheduler": s.scheduler.state_dict(), "loop": dataclasses.asdict(s.state)}
+    loop = dataclasses.asdict(s.state)
+    loop["loss_window"] = dist.all_reduce(s.state.loss_window)  # every rank's losses since the last log
+    bundle = {"scheduler": s.scheduler.state_dict(), "loop": loop}
     return checkpoint.save(s.out, s.state.step, bundle, s.rt.rank, keep=s.cfg.train.keep_checkpoints,
                            write_backend=s.backend.save)

@@ -1,27 +1,36 @@
-"""Faults: kill and resume exactly, preemption, divergence, corrupted checkpoints."""
+"""Faults: kill and resume exactly, preemption, divergence, corrupted checkpoints, a full disk,
+a finished job resumed, durable writes."""
 import json
+import logging
 import math
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from helpers import FAST, ROOT, assert_same_result, mlflow_runs, run_cli, wait_for
-from pipeline import checkpoint
+from pipeline import checkpoint, cli, fsutil
 from pipeline.config import load_config
 from pipeline.train import Diverged, run
 
-# dropout stays on: a resume must restore every rank's RNG to continue bit-exactly
-JOB = [*FAST, "train.epochs=2", "train.save_every=10", "train.log_every=5"]
+# dropout stays on: a resume must restore every rank's RNG to continue bit-exactly. train/loss is
+# logged only at the end, so its window spans every kill below: it must survive in the checkpoint
+JOB = [*FAST, "train.epochs=2", "train.save_every=10", "train.log_every=1000"]
+STEPS_PER_EPOCH = 75  # 2400 samples, batch 32, one process (38 per rank under 2-process DDP)
 
 
 def start_cli(*args, log):
     """The CLI in its own session (so a kill reaches all of it), output to a file."""
     return subprocess.Popen([sys.executable, "-m", "pipeline", *map(str, args)], cwd=ROOT,
                             stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def newest_step(out):
+    return (checkpoint.latest(out) or checkpoint.Checkpoint(None, 0)).step
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +46,8 @@ def uninterrupted(tmp_path_factory):
 def test_sigkill_after_a_checkpoint_then_resume_gives_identical_results(tmp_path, uninterrupted):
     out, db = tmp_path / "out", tmp_path / "m.db"
     proc = start_cli("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log")
-    wait_for(lambda: (checkpoint.latest(out) or checkpoint.Checkpoint(None, 0)).step >= 30 or proc.poll() is not None,
-             what="a checkpoint at step 30")
+    wait_for(lambda: newest_step(out) > STEPS_PER_EPOCH or proc.poll() is not None,
+             what="a checkpoint in the second epoch")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert not (out / "metrics.json").exists()  # it really died mid-run
@@ -46,6 +55,7 @@ def test_sigkill_after_a_checkpoint_then_resume_gives_identical_results(tmp_path
     result = run_cli("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", "resume=auto")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "resumed from" in result.stderr
+    assert "taking over the lock of a job that ended without releasing it" in result.stderr
     assert_same_result(uninterrupted, out)
     (mlrun,) = mlflow_runs(db, "pipeline")  # the resumed job continued its own run
     assert mlrun.info.status == "FINISHED"
@@ -55,12 +65,14 @@ def test_sigkill_after_a_checkpoint_then_resume_gives_identical_results(tmp_path
 def test_sigterm_saves_marks_the_run_killed_and_resume_finishes(tmp_path, uninterrupted):
     out, db = tmp_path / "out", tmp_path / "m.db"
     proc = start_cli("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log")
-    wait_for(lambda: checkpoint.latest(out) is not None or proc.poll() is not None, what="first checkpoint")
+    wait_for(lambda: newest_step(out) > STEPS_PER_EPOCH or proc.poll() is not None,
+             what="a checkpoint in the second epoch")
+    before = newest_step(out)
     os.kill(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=120) == 143, (tmp_path / "log").read_text()[-2000:]
     assert "preempted: SIGTERM: checkpoint" in (tmp_path / "log").read_text()
     saved = checkpoint.latest(out)
-    assert saved.step > 10  # a fresh checkpoint at the step boundary after the signal
+    assert saved.step > before  # a fresh checkpoint at the step boundary after the signal
     (mlrun,) = mlflow_runs(db, "pipeline")
     assert mlrun.info.status == "KILLED"
 
@@ -135,6 +147,18 @@ def start_torchrun(*args, log, max_restarts=0):
                             start_new_session=True)
 
 
+def kill_all(agent):
+    """SIGKILL torchrun's agent and its workers, each of which it starts in a session of its own
+    (a kill of the agent's process group leaves them training)."""
+    import psutil
+
+    procs = [psutil.Process(agent.pid), *psutil.Process(agent.pid).children(recursive=True)]
+    for p in procs:
+        p.kill()
+    psutil.wait_procs(procs, timeout=60)
+    agent.wait()
+
+
 @pytest.fixture(scope="module")
 def uninterrupted_ddp(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("uninterrupted_ddp")
@@ -148,10 +172,8 @@ def uninterrupted_ddp(tmp_path_factory):
 def test_ddp_sigkill_then_resume_gives_identical_results(tmp_path, uninterrupted_ddp):
     out, db = tmp_path / "out", tmp_path / "m.db"
     proc = start_torchrun("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log")
-    wait_for(lambda: (checkpoint.latest(out) or checkpoint.Checkpoint(None, 0)).step >= 20 or proc.poll() is not None,
-             what="a checkpoint at step 20")
-    os.killpg(proc.pid, signal.SIGKILL)  # the agent and both workers
-    proc.wait()
+    wait_for(lambda: newest_step(out) > 38 or proc.poll() is not None, what="a checkpoint in the second epoch")
+    kill_all(proc)
     assert not (out / "metrics.json").exists()
     resumed = start_torchrun("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", "resume=auto",
                              log=tmp_path / "log2")
@@ -169,8 +191,7 @@ def test_elastic_restart_after_a_worker_is_killed_completes_in_the_same_run(tmp_
     out, db = tmp_path / "out", tmp_path / "m.db"
     agent = start_torchrun("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log",
                            max_restarts=1)
-    wait_for(lambda: (checkpoint.latest(out) or checkpoint.Checkpoint(None, 0)).step >= 20 or agent.poll() is not None,
-             what="a checkpoint at step 20")
+    wait_for(lambda: newest_step(out) > 38 or agent.poll() is not None, what="a checkpoint in the second epoch")
     workers = [p for p in psutil.Process(agent.pid).children(recursive=True) if "pipeline" in " ".join(p.cmdline())]
     assert len(workers) == 2
     workers[1].kill()  # one worker dies; the agent restarts the group, which resumes
@@ -179,3 +200,169 @@ def test_elastic_restart_after_a_worker_is_killed_completes_in_the_same_run(tmp_
     assert_same_result(uninterrupted_ddp, out)
     (mlrun,) = mlflow_runs(db, "pipeline")  # the restarted workers continued the same run
     assert mlrun.info.status == "FINISHED"
+
+
+# ---------------------------------------------------------------------- a finished job, a lost one
+
+
+@pytest.mark.slow
+def test_resume_auto_on_a_finished_job_does_nothing(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="pipeline")
+    out, db = tmp_path / "out", tmp_path / "m.db"
+    job = [*FAST, "train.max_steps=10", "train.save_every=5", f"output_dir={out}", f"tracking.uri=sqlite:///{db}"]
+    figures = run(load_config(None, job))
+    (done,) = mlflow_runs(db, "pipeline")
+    journal = (out / "journal.jsonl").read_bytes()
+    metrics_written = (out / "metrics.json").stat().st_mtime_ns
+
+    again = run(load_config(None, [*job, "resume=auto"]))
+    assert again == pytest.approx(figures, nan_ok=True)
+    assert "this job finished before" in caplog.text and "resumed from" not in caplog.text
+    assert (out / "journal.jsonl").read_bytes() == journal  # not reopened, nothing logged
+    assert (out / "metrics.json").stat().st_mtime_ns == metrics_written
+    (run_after,) = mlflow_runs(db, "pipeline")
+    assert run_after.info.status == "FINISHED" and run_after.info.end_time == done.info.end_time
+    assert run_after.data.metrics == done.data.metrics
+
+
+@pytest.mark.slow
+def test_no_usable_checkpoint_starts_over_says_so_and_fails_the_lost_run(tmp_path):
+    out, db = tmp_path / "out", tmp_path / "m.db"
+    proc = start_cli("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log")
+    wait_for(lambda: len(checkpoint.complete(out)) == 2 or proc.poll() is not None, what="two checkpoints")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    for ckpt in checkpoint.complete(out):  # every checkpoint corrupted
+        state = ckpt.path / "state.pt"
+        state.write_bytes(state.read_bytes()[:-7])
+    (lost,) = mlflow_runs(db, "pipeline")
+    assert lost.info.status == "RUNNING"
+
+    result = run_cli("train", *FAST, "train.max_steps=10", f"output_dir={out}", f"tracking.uri=sqlite:///{db}",
+                     "resume=auto")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"resume=auto: no usable checkpoint in {out}; starting over (removing checkpoints)" in result.stderr
+    assert f"the previous job's MLflow run {lost.info.run_id} never ended: marked FAILED" in result.stderr
+    status = {r.info.run_id: r.info.status for r in mlflow_runs(db, "pipeline")}
+    assert status.pop(lost.info.run_id) == "FAILED" and list(status.values()) == ["FINISHED"]
+    assert not checkpoint.complete(out)  # no corrupted checkpoint of the lost job kept (10 steps: none saved)
+
+
+# ---------------------------------------------------------------------- a full disk
+
+
+def test_a_checkpoint_that_does_not_fit_says_so_and_leaves_no_temporary_folder(tmp_path):
+    """The disk fills while the backend writes its state: the first MiB fits, the rest goes to
+    /dev/full, whose writes fail with a real ENOSPC (no root mount for a small disk in a test)."""
+    def backend(directory, rank):
+        (directory / "backend.pt").write_bytes(os.urandom(1 << 20))
+        with open("/dev/full", "wb") as rest:
+            rest.write(os.urandom(1 << 20))
+
+    with pytest.raises(fsutil.DiskFull, match=r"^no space left on device: writing .*/\.step-00000007\.tmp "):
+        checkpoint.save(tmp_path, 7, {"x": torch.tensor([7])}, rank=0, keep=2, write_backend=backend)
+    assert [p.name for p in checkpoint.directory(tmp_path).iterdir()] == []
+
+
+def test_torchs_errno_less_write_error_on_a_full_disk_is_still_named(tmp_path, monkeypatch):
+    """torch.save to a path loses the errno of a full disk (RuntimeError: ... unexpected pos):
+    the real error comes from writing backend.pt to /dev/full; the file system's answer to "how
+    much space is left" is stood in for (0 bytes), as a test cannot fill a real disk."""
+    def backend(directory, rank):
+        os.symlink("/dev/full", directory / "backend.pt")
+        torch.save({"w": torch.zeros(1 << 16)}, directory / "backend.pt")
+
+    real_statvfs = os.statvfs
+
+    def full(path):
+        st = real_statvfs(path)
+        return os.statvfs_result((st.f_bsize, st.f_frsize, st.f_blocks, 0, 0, st.f_files, st.f_ffree,
+                                  st.f_favail, st.f_flag, st.f_namemax))
+
+    monkeypatch.setattr(os, "statvfs", full)
+    with pytest.raises(fsutil.DiskFull, match=r"no space left on device: writing .*step-00000003\.tmp \(0 MiB free"):
+        checkpoint.save(tmp_path, 3, {"x": torch.tensor([3])}, rank=0, keep=2, write_backend=backend)
+    assert [p.name for p in checkpoint.directory(tmp_path).iterdir()] == []
+
+
+@pytest.mark.slow
+def test_a_disk_that_fills_mid_run_is_one_line_and_the_run_ends_failed(tmp_path, monkeypatch, capsys):
+    """The disk fills from outside during training: from then on the journal's writes go to
+    /dev/full, which fails them with a real ENOSPC (no root mount for a small disk in a test)."""
+    out, db = tmp_path / "out", tmp_path / "m.db"
+    real_open, opened = Path.open, []
+
+    def journal_on_a_full_disk(self, *args, **kwargs):
+        if self.name == "journal.jsonl":
+            opened.append(self)
+            if len(opened) > 12:  # past the start of the run, into training
+                return real_open(Path("/dev/full"), *args, **kwargs)
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "open", journal_on_a_full_disk)
+    code = cli.main(["train", *FAST, "train.max_steps=30", "train.log_every=2", f"output_dir={out}",
+                     f"tracking.uri=sqlite:///{db}"])
+    err = capsys.readouterr().err
+    assert code == 1, err[-2000:]
+    assert err.strip().splitlines()[-1] == (f"error: no space left on device: writing {out / 'journal.jsonl'} "
+                                            f"({fsutil.free_bytes(out) / 2**20:.0f} MiB free there); free some "
+                                            "space and run again with resume=auto")
+    assert "Traceback" not in err
+    (mlrun,) = mlflow_runs(db, "pipeline")
+    assert mlrun.info.status == "FAILED"  # not left RUNNING although the journal could not say so
+
+
+# ---------------------------------------------------------------------- durable writes
+
+
+class Writes:
+    """os.fsync and renames as they happen (the real calls run): a power loss cannot be made in a
+    test, so the test checks that what is published was flushed to disk before it was renamed."""
+
+    def __init__(self, monkeypatch):
+        self.events = []
+        real_fsync, real_replace, real_rename = os.fsync, os.replace, os.rename
+
+        def fsync(fd):
+            self.events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+            return real_fsync(fd)
+
+        def replace(src, dst, **kwargs):
+            self.events.append(("rename", str(src), str(dst)))
+            return real_replace(src, dst, **kwargs)
+
+        def rename(src, dst, **kwargs):
+            self.events.append(("rename", str(src), str(dst)))
+            return real_rename(src, dst, **kwargs)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "replace", replace)
+        monkeypatch.setattr(os, "rename", rename)
+
+    def renamed_to(self, final):
+        return next(i for i, e in enumerate(self.events) if e[0] == "rename" and e[2] == str(final))
+
+    def synced_before(self, index):
+        return {e[1] for e in self.events[:index] if e[0] == "fsync"}
+
+    def synced_after(self, index):
+        return {e[1] for e in self.events[index:] if e[0] == "fsync"}
+
+
+def test_a_checkpoint_is_on_disk_before_it_is_published(tmp_path, monkeypatch):
+    writes = Writes(monkeypatch)
+    final = checkpoint.save(tmp_path, 4, {"x": torch.tensor([4])}, rank=0, keep=2)
+    renamed = writes.renamed_to(final)
+    tmp = writes.events[renamed][1]
+    files = [p.relative_to(final) for p in final.rglob("*") if p.is_file()]
+    assert {"manifest.json", "state.pt", "rng-rank0.pt"} <= {str(f) for f in files}
+    assert {f"{tmp}/{f}" for f in files} | {tmp} <= writes.synced_before(renamed)  # contents and entries
+    assert str(final.parent) in writes.synced_after(renamed)  # the rename itself
+
+
+def test_json_files_are_on_disk_before_they_replace_the_old_ones(tmp_path, monkeypatch):
+    writes = Writes(monkeypatch)
+    fsutil.write_json(tmp_path / "metrics.json", {"a": 1})
+    renamed = writes.renamed_to(tmp_path / "metrics.json")
+    assert writes.events[renamed][1] in writes.synced_before(renamed)
+    assert str(tmp_path) in writes.synced_after(renamed)

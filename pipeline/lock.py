@@ -1,0 +1,143 @@
+"""One job per output_dir: an exclusive lock held for the life of the job.
+
+Global rank 0 takes a POSIX lock (fcntl.lockf) on OUTPUT_DIR/.lock before anything is written
+there and holds it until the job ends; every rank learns the outcome, so a second job fails on
+all its ranks at once, with one line, exit 2, having touched nothing. The same check runs once,
+reading only, before the job loads its data and model, so a duplicate fails in seconds. The kernel (or the NFS
+server) drops the lock when its process dies, SIGKILL included, so a dead job never blocks the
+next; the file keeps the holder's pid, host and start time for the messages, and is emptied
+when a job ends normally, so a leftover record means the job that wrote it died.
+
+POSIX locks rather than flock: forked DataLoader workers do not inherit them, so a restarted
+worker group never waits for the dying workers of the previous one. They hold across nodes on
+a file system with coherent locks (NFSv4, Lustre mounted with `flock`, GPFS); where the file
+system has none, the job warns and runs unlocked.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+
+from pipeline.errors import UserError
+from pipeline.runtime import dist
+from pipeline.runtime.dist import Runtime
+
+log = logging.getLogger("pipeline")
+
+LOCK_FILE = ".lock"
+NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+"""The file system cannot lock (some network mounts)."""
+
+
+class OutputLock:
+    """This process's lock on one output_dir; release() when the job ends."""
+
+    def __init__(self, path: Path, fd: int | None):
+        self.path, self._fd = path, fd
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.ftruncate(self._fd, 0)  # an empty file: the last holder ended normally
+        except OSError:
+            pass
+        os.close(self._fd)  # drops the lock
+        self._fd = None
+
+
+def acquire(output_dir: Path) -> OutputLock:
+    """Lock output_dir for this process; UserError naming the holder if another job has it."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_FILE
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # an existing file is not changed
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        previous = _holder(fd)
+        os.close(fd)
+        if e.errno in (errno.EACCES, errno.EAGAIN):
+            raise UserError(_in_use(out, previous)) from None
+        if e.errno in NO_LOCKS:
+            log.warning("output_dir %s: the file system cannot lock %s (%s); a second job writing into "
+                        "it would not be detected", out, path, e.strerror)
+            return OutputLock(path, None)
+        raise
+    previous = _holder(fd)
+    if previous:
+        log.warning("output_dir %s: taking over the lock of a job that ended without releasing it (%s)",
+                    out, previous)
+    record = {"pid": os.getpid(), "host": socket.gethostname(),
+              "started": time.strftime("%Y-%m-%d %H:%M:%S %z")}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
+    return OutputLock(path, fd)
+
+
+def check_free(output_dir: Path, rt: Runtime) -> None:
+    """Collective, reads only: fail at once, before a job spends minutes loading its data and
+    model, if another job holds output_dir (job_lock() then takes the lock for real)."""
+    error = _busy(Path(output_dir)) if rt.is_main else None
+    error = dist.broadcast_object(error)
+    if error is not None:
+        raise UserError(error)
+
+
+@contextlib.contextmanager
+def job_lock(output_dir: Path, rt: Runtime):
+    """Collective: rank 0 holds the output_dir lock for the block; if another job has it,
+    every rank raises the same UserError."""
+    held, error = None, None
+    if rt.is_main:
+        try:
+            held = acquire(output_dir)
+        except UserError as e:
+            error = str(e)
+    error = dist.broadcast_object(error)
+    if error is not None:
+        raise UserError(error)
+    try:
+        yield held
+    finally:
+        if held is not None:
+            held.release()
+
+
+def _busy(out: Path) -> str | None:
+    """The error message if a live job holds out's lock, else None (nothing is created)."""
+    try:
+        fd = os.open(out / LOCK_FILE, os.O_RDONLY)
+    except OSError:
+        return None  # no lock file (or no output_dir): nobody holds it
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # fails while another process holds it
+    except OSError as e:
+        return _in_use(out, _holder(fd)) if e.errno in (errno.EACCES, errno.EAGAIN) else None
+    finally:
+        os.close(fd)  # drops the probe's shared lock
+    return None
+
+
+def _in_use(out: Path, holder: str) -> str:
+    return (f"output_dir={out}: in use by another job ({holder or 'holder unknown'}); "
+            "wait for it to end or choose another output_dir")
+
+
+def _holder(fd: int) -> str:
+    """'pid P on host H since T' from the lock file, or '' if it holds no record."""
+    try:
+        data = os.pread(fd, 4096, 0)
+        record = json.loads(data) if data.strip() else None
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(record, dict):
+        return ""
+    return f"pid {record.get('pid')} on host {record.get('host')} since {record.get('started')}"
