@@ -8,6 +8,7 @@ even because the journal itself cannot be written, ends its run FAILED (or KILLE
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import json
 import logging
@@ -29,6 +30,8 @@ from pipeline.runtime.dist import Runtime
 log = logging.getLogger("pipeline")
 
 JOURNAL = "journal.jsonl"
+# MLflow 3's UI opens an experiment on its GenAI overview unless this tag says it trains models
+EXPERIMENT_KIND, TRAINING_KIND = "mlflow.experimentKind", "custom_model_development"
 MAX_PARAM_LEN = 6000  # MLflow's limit for a param value
 DEFAULT_URI = "sqlite:///mlruns/mlflow.db"
 KNOWN_SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks")
@@ -190,6 +193,15 @@ class Tracker:
 
         self._call(lambda: self.client.log_batch(self.run_id, tags=[_tag(k, v) for k, v in tags.items()]))
 
+    def log_datasets(self, records) -> None:
+        """The run's data as MLflow dataset inputs (data.DatasetRecord: name, source, digest,
+        rows, split as the input's context), so the UI's Dataset column says what it trained on."""
+        if not self.active:
+            return
+        entries = [dataclasses.asdict(r) for r in records]
+        self._journal({"type": "datasets", "datasets": entries})
+        self._call(lambda: self.client.log_inputs(self.run_id, datasets=dataset_inputs(entries)))
+
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         if not self.active or not Path(path).exists():
             return
@@ -228,12 +240,23 @@ class Tracker:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
+def dataset_inputs(entries: list[dict]):
+    """MLflow DatasetInputs from journal entries of DatasetRecords."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    return [DatasetInput(Dataset(e["name"], e["digest"], e["source_type"], e["source"],
+                                 profile=json.dumps({"num_rows": e["rows"]})),
+                         tags=[InputTag("mlflow.data.context", e["split"])]) for e in entries]
+
+
 def start_stage_run(cfg: Config, rt: Runtime, stage: str, model_spec: str, precision_name: str, uri: str,
-                    energy_available: bool, resumed: bool, resume_run_id: str | None) -> tuple[Tracker, str | None]:
+                    energy_available: bool, resumed: bool, resume_run_id: str | None,
+                    ran: dict | None = None) -> tuple[Tracker, str | None]:
     """Collective: write the resolved config.yaml, open the stage's MLflow run on rank 0 with its
     tags and params (a resumed job reopens its run and appends to its journal), and start system
-    metrics on every node. Returns the tracker and the run id (the same on every rank; None
-    without tracking)."""
+    metrics on every node. Params are the config as requested plus `ran` (what actually ran:
+    `resolved.*` params and backend tags such as precision_mode). Returns the tracker and the run
+    id (the same on every rank; None without tracking)."""
     out = Path(cfg.output_dir)
     resolved = redact_config({**cfg.to_dict(), "tracking": {**cfg.to_dict()["tracking"], "uri": uri}})
     if rt.is_main:  # redacted: no secrets in the file
@@ -245,13 +268,14 @@ def start_stage_run(cfg: Config, rt: Runtime, stage: str, model_spec: str, preci
         "num_nodes": rt.num_nodes, "stage": stage, names.TAG_PROCEDURE: stage,
         "device": telemetry.device_name(rt.device), "device_type": rt.device.type, "seed": cfg.seed,
         names.TAG_STUDY: "", "energy_available": "true" if energy_available else "false",
-        **telemetry.environment_tags(), **cfg.tracking.tags,
+        **telemetry.environment_tags(), **(ran or {}).get("tags", {}), **cfg.tracking.tags,
     }
     if cfg.tracking.parent_run_id:
         tags["mlflow.parentRunId"] = cfg.tracking.parent_run_id
     run_name = cfg.tracking.run_name or f"{cfg.task}-{model_spec.split('/')[-1]}-{precision_name}"
     try:
-        tracker.start(uri, cfg.tracking.experiment, run_name, tags, flatten(resolved), resume_run_id=resume_run_id)
+        params = {**flatten(resolved), **{k: v for k, v in (ran or {}).get("params", {}).items() if v is not None}}
+        tracker.start(uri, cfg.tracking.experiment, run_name, tags, params, resume_run_id=resume_run_id)
         tracker.log_artifact(out / "config.yaml")
         run_id = dist.broadcast_object(tracker.run_id)
         if cfg.tracking.system_metrics and rt.local_rank == 0:
@@ -332,13 +356,16 @@ def open_experiment(uri: str, name: str):
     client = open_client(uri)
     exp = client.get_experiment_by_name(name)
     if exp is not None:
+        if exp.tags.get(EXPERIMENT_KIND) != TRAINING_KIND:  # e.g. made by an older version
+            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND, TRAINING_KIND)
         return client, exp.experiment_id
     location = None
     if uri.startswith("sqlite:///"):  # mlruns/<experiment>/<run id>/artifacts, beside the db
         slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "experiment"
         location = (Path(uri[len("sqlite:///"):]).parent.resolve() / slug).as_uri()
     try:
-        return client, client.create_experiment(name, artifact_location=location)
+        return client, client.create_experiment(name, artifact_location=location,
+                                                tags={EXPERIMENT_KIND: TRAINING_KIND})
     except MlflowException:  # created meanwhile by another job
         return client, client.get_experiment_by_name(name).experiment_id
 
@@ -389,6 +416,9 @@ def sync(run_dir: Path, uri: str | None = None) -> str:
     for i in range(0, len(missing), 1000):
         client.log_batch(run_id, metrics=missing[i : i + 1000])
 
+    inputs = [e for r in records if r["type"] == "datasets" for e in r["datasets"]]
+    if inputs:
+        client.log_inputs(run_id, datasets=dataset_inputs(inputs))
     for r in records:
         if r["type"] == "artifact" and Path(r["path"]).exists():
             if Path(r["path"]).is_dir():

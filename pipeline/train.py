@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from pipeline import checkpoint, lock, models, names
 from pipeline.config import Config
-from pipeline.data import Loaders, build_loaders
+from pipeline.data import Loaders, build_loaders, describe_datasets
 from pipeline.distill import Distiller, build_distillation
 from pipeline.evaluation import evaluate
 from pipeline.fsutil import atomic_dir, write_json, write_text
@@ -151,7 +151,9 @@ def run_locked(s: Stage, resuming: bool) -> dict[str, float]:
         start_over(s, resuming)
     s.tracker, run_id = start_stage_run(
         s.cfg, s.rt, s.stage, s.model_spec, s.policy.name, s.uri, s.meters.energy_available_anywhere(),
-        resumed=ckpt is not None, resume_run_id=resume_state["loop"]["run_id"] if resume_state else None)
+        resumed=ckpt is not None, resume_run_id=resume_state["loop"]["run_id"] if resume_state else None,
+        ran=what_ran(s))
+    s.tracker.log_datasets(describe_datasets(s.cfg.data, s.task, s.examples))
     try:
         with dist.sigterm_flag() as preempt:
             figures = fit(s, preempt, ckpt, resume_state, run_id)
@@ -161,6 +163,20 @@ def run_locked(s: Stage, resuming: bool) -> dict[str, float]:
     s.tracker.end("FINISHED")
     s.tracker.announce(s.cfg.tracking)
     return figures
+
+
+def what_ran(s: Stage) -> dict:
+    """What actually runs, beside the config as requested (precision=auto, backend=auto): MLflow
+    params `resolved.*` and the backend's tags, so the compare view needs no click-through."""
+    t, rt = s.cfg.train, s.rt
+    batch = f"<= {t.batch_tokens} tokens" if t.batch_tokens else t.batch_size
+    params = {"precision": s.policy.name, "compute_dtype": str(s.policy.compute_dtype).removeprefix("torch."),
+              "backend": rt.backend, "world_size": rt.world_size, "grad_accum": t.grad_accum,
+              "global_batch": f"{batch} x {t.grad_accum} x {rt.world_size}" if t.batch_tokens
+              else t.batch_size * t.grad_accum * rt.world_size,
+              "deepspeed_stage": getattr(s.backend, "stage", None), "model": s.model_spec, "lr": t.lr,
+              "teacher": s.cfg.kd.teacher if s.stage == "distill" else None}
+    return {"params": {f"resolved.{k}": v for k, v in params.items()}, "tags": s.backend.extra_tags}
 
 
 def start_over(s: Stage, resuming: bool) -> None:
@@ -362,10 +378,8 @@ def end_epoch(s: Stage, epoch: int) -> bool:
         state.best_figures = {names.eval_metric(k): v for k, v in scores.items()}
         s.best_state = s.backend.full_state_dict()  # collective under ZeRO-3 (gathers the shards)
         if rt.is_main:
-            with atomic_dir(s.out / "best", replace=True) as tmp:
-                # save_pretrained consumes the dict it is given: hand it a copy
-                s.backend.module.save_pretrained(tmp, state_dict=dict(s.best_state), safe_serialization=True)
-                s.tokenizer.save_pretrained(tmp)
+            with atomic_dir(s.out / "best", replace=True) as tmp:  # fp32, whatever dtype the module trains in
+                models.save_pretrained_fp32(s.backend.module, s.best_state, s.tokenizer, tmp)
     else:
         state.bad_evals += 1
     done = state.step >= s.total_steps or epoch + 1 == s.epochs
