@@ -107,16 +107,17 @@ def environment_tags() -> dict[str, str]:
 PEAK_TFLOPS: dict[str, dict[str, float]] = {
     "H100 80GB HBM3": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},  # SXM5
     "H100 PCIe": {"fp32": 51.2, "tf32": 378.0, "fp16": 756.0, "bf16": 756.0},
-    "H200": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},
+    "H100 NVL": {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5},  # data sheet's sparse / 2
+    "H200": {"fp32": 67.0, "tf32": 494.7, "fp16": 989.4, "bf16": 989.4},  # SXM
+    "H200 NVL": {"fp32": 60.0, "tf32": 417.5, "fp16": 835.5, "bf16": 835.5},  # lower clocks and power than SXM
     "A100": {"fp32": 19.5, "tf32": 156.0, "fp16": 312.0, "bf16": 312.0},
 }
 
 
 def peak_tflops(device_name: str, precision_name: str) -> float | None:
-    for model, table in PEAK_TFLOPS.items():
-        if model in device_name:
-            return table.get(precision_name)
-    return None
+    """The peak of the most specific table entry in the device's name ("H200 NVL" before "H200")."""
+    found = [model for model in PEAK_TFLOPS if model in device_name]
+    return PEAK_TFLOPS[max(found, key=len)].get(precision_name) if found else None
 
 
 # ---------------------------------------------------------------------- energy

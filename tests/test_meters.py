@@ -91,3 +91,13 @@ def test_throughput_is_the_same_with_and_without_mid_epoch_saves(tmp_path, monke
     assert saving[names.TRAIN_TIME] == pytest.approx(wall["epoch"] - wall["saves"], rel=0.1), shown
     # ... and saving changes throughput little (jobs one after the other on a busy machine: a loose bound)
     assert 1 / 3 < saving[names.SAMPLES_PER_S] / plain[names.SAMPLES_PER_S] < 3, shown
+
+
+def test_mfu_peak_is_the_most_specific_device_entry():
+    from pipeline.telemetry import peak_tflops
+
+    assert peak_tflops("NVIDIA H200", "bf16") == 989.4
+    assert peak_tflops("NVIDIA H200 NVL", "bf16") == 835.5  # not the SXM part's peak
+    assert peak_tflops("NVIDIA H100 NVL", "fp32") == 60.0
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "tf32") == 494.7
+    assert peak_tflops("Tesla V100-SXM2-16GB", "fp16") is None  # not in the table: no MFU, never a guess
