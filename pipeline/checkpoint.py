@@ -1,13 +1,13 @@
 """Checkpoints that a kill at any moment cannot corrupt.
 
-Layout: OUTPUT_DIR/checkpoints/step-00000123/ with `state.pt` (scheduler and loop state,
-rank 0), what the backend writes (`backend.pt`: model, optimizer, loss scaler; or DeepSpeed's
-own engine checkpoint under `engine/`), `rng-rank{R}.pt` (every rank's RNG states) and
-`manifest.json` (sha256 of each file), written last. Every file goes into a temporary
-directory that is fsync'ed (files, then directories) and renamed when complete, so neither a
-kill nor a power loss publishes a partial checkpoint; a save that fails (a full disk: DiskFull,
-one line) removes its temporary directory. A directory without a valid manifest, or whose
-checksums do not match, is skipped with a warning for the previous one. The pipeline's own
+Layout: OUTPUT_DIR/checkpoints/step-00000123/ with `state.pt` (scheduler and LoopState, the
+loop's position and history, rank 0), what the backend writes (`backend.pt`: model, optimizer,
+loss scaler; or DeepSpeed's own engine checkpoint under `engine/`), `rng-rank{R}.pt` (every
+rank's RNG states) and `manifest.json` (sha256 of each file), written last. Every file goes into
+a temporary directory that is fsync'ed (files, then directories) and renamed when complete, so
+neither a kill nor a power loss publishes a partial checkpoint; a save that fails (a full disk:
+DiskFull, one line) removes its temporary directory. A directory without a valid manifest, or
+whose checksums do not match, is skipped with a warning for the previous one. The pipeline's own
 files load with torch.load(weights_only=True); DeepSpeed loads its engine/ folder itself.
 """
 from __future__ import annotations
@@ -15,9 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import random
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,33 @@ from pipeline.runtime import dist
 
 log = logging.getLogger("pipeline")
 MANIFEST = "manifest.json"
+
+
+@dataclass
+class LoopState:
+    """Everything about the loop's position and history that a resumed job needs."""
+
+    epoch: int = 0
+    batches_done: int = 0  # micro-batches of `epoch` already trained (a multiple of grad_accum)
+    step: int = 0
+    skipped: int = 0
+    nonfinite: int = 0
+    nonfinite_streak: int = 0
+    bad_evals: int = 0
+    best_main: float = -math.inf
+    best_figures: dict = field(default_factory=dict)
+    time_to_best: float | None = None
+    train_seconds: float = 0.0
+    samples: float = 0.0
+    tokens: float = 0.0
+    joules: float = 0.0
+    epoch_times: list = field(default_factory=list)
+    peak: dict = field(default_factory=dict)
+    last_loss: float = math.nan
+    loss_window: list = field(default_factory=lambda: [0.0, 0])
+    """Sum and count of the finite step losses since train/loss was last logged (in a
+    checkpoint: summed over ranks, held by rank 0)."""
+    run_id: str | None = None
 
 
 @dataclass

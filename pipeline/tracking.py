@@ -240,6 +240,20 @@ class Tracker:
             f.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
+def what_ran(cfg: Config, rt: Runtime, policy, backend, model_spec: str, stage: str) -> dict:
+    """What actually runs, beside the config as requested (precision=auto, backend=auto): MLflow
+    params `resolved.*` and the backend's tags, so the compare view needs no click-through."""
+    t = cfg.train
+    batch = f"<= {t.batch_tokens} tokens" if t.batch_tokens else t.batch_size
+    params = {"precision": policy.name, "compute_dtype": str(policy.compute_dtype).removeprefix("torch."),
+              "backend": rt.backend, "world_size": rt.world_size, "grad_accum": t.grad_accum,
+              "global_batch": f"{batch} x {t.grad_accum} x {rt.world_size}" if t.batch_tokens
+              else t.batch_size * t.grad_accum * rt.world_size,
+              "deepspeed_stage": getattr(backend, "stage", None), "model": model_spec, "lr": t.lr,
+              "teacher": cfg.kd.teacher if stage == "distill" else None}
+    return {"params": {f"resolved.{k}": v for k, v in params.items()}, "tags": backend.extra_tags}
+
+
 def dataset_inputs(entries: list[dict]):
     """MLflow DatasetInputs from journal entries of DatasetRecords."""
     from mlflow.entities import Dataset, DatasetInput, InputTag

@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import math
 import os
-import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +24,8 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from pipeline import checkpoint, lock, models, names
+from pipeline import checkpoint, lock, models, names, outputs
+from pipeline.checkpoint import LoopState
 from pipeline.config import Config
 from pipeline.data import Loaders, build_loaders, describe_datasets
 from pipeline.distill import Distiller, build_distillation
@@ -41,7 +40,7 @@ from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.tasks import get_task
 from pipeline.tasks.base import SPLITS, Task
 from pipeline.telemetry import StageMeters
-from pipeline.tracking import JOURNAL, Tracker, end_abandoned_run, resolve_uri, start_stage_run
+from pipeline.tracking import Tracker, resolve_uri, start_stage_run, what_ran
 
 log = logging.getLogger("pipeline")
 
@@ -52,33 +51,6 @@ class Preempted(Exception):
 
 class Diverged(RuntimeError):
     """Too many consecutive non-finite losses (exit code 1; the last checkpoint is kept)."""
-
-
-@dataclass
-class LoopState:
-    """Everything about the loop's position and history that a resumed job needs."""
-
-    epoch: int = 0
-    batches_done: int = 0  # micro-batches of `epoch` already trained (a multiple of grad_accum)
-    step: int = 0
-    skipped: int = 0
-    nonfinite: int = 0
-    nonfinite_streak: int = 0
-    bad_evals: int = 0
-    best_main: float = -math.inf
-    best_figures: dict = field(default_factory=dict)
-    time_to_best: float | None = None
-    train_seconds: float = 0.0
-    samples: float = 0.0
-    tokens: float = 0.0
-    joules: float = 0.0
-    epoch_times: list = field(default_factory=list)
-    peak: dict = field(default_factory=dict)
-    last_loss: float = math.nan
-    loss_window: list = field(default_factory=lambda: [0.0, 0])
-    """Sum and count of the finite step losses since train/loss was last logged (in a
-    checkpoint: summed over ranks, held by rank 0)."""
-    run_id: str | None = None
 
 
 @dataclass
@@ -123,7 +95,7 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
         lock.check_free(out, rt)  # a duplicate job fails before loading anything
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # elastic restart
         resuming = cfg.resume == "auto" or restarted
-        finished = dist.broadcast_object(previous_figures(out, rt)) if resuming else None
+        finished = dist.broadcast_object(outputs.finished_figures(out, rt)) if resuming else None
         if finished is not None:
             return finished
         s = build_stage(cfg, stage, rt)
@@ -133,26 +105,16 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
         dist.shutdown()
 
 
-def previous_figures(out: Path, rt: Runtime) -> dict | None:
-    """A job that finished wrote metrics.json last: its figures (on rank 0), else None."""
-    path = out / "metrics.json"
-    if not rt.is_main or not path.is_file():
-        return None
-    log.info("%s: this job finished before (%s); nothing to do. To train again: resume=never "
-             "(starts over) or another output_dir", out, path)
-    return json.loads(path.read_text(encoding="utf-8"))
-
-
 def run_locked(s: Stage, resuming: bool) -> dict[str, float]:
     """Resume from the newest usable checkpoint or start over; the stage, in its MLflow run."""
     ckpt = checkpoint.latest(s.out) if resuming else None
     resume_state = ckpt.load_state() if ckpt else None
     if ckpt is None:
-        start_over(s, resuming)
+        outputs.start_over(s.out, s.rt, s.uri, resuming)
     s.tracker, run_id = start_stage_run(
         s.cfg, s.rt, s.stage, s.model_spec, s.policy.name, s.uri, s.meters.energy_available_anywhere(),
         resumed=ckpt is not None, resume_run_id=resume_state["loop"]["run_id"] if resume_state else None,
-        ran=what_ran(s))
+        ran=what_ran(s.cfg, s.rt, s.policy, s.backend, s.model_spec, s.stage))
     s.tracker.log_datasets(describe_datasets(s.cfg.data, s.task, s.examples))
     try:
         with dist.sigterm_flag() as preempt:
@@ -163,42 +125,6 @@ def run_locked(s: Stage, resuming: bool) -> dict[str, float]:
     s.tracker.end("FINISHED")
     s.tracker.announce(s.cfg.tracking)
     return figures
-
-
-def what_ran(s: Stage) -> dict:
-    """What actually runs, beside the config as requested (precision=auto, backend=auto): MLflow
-    params `resolved.*` and the backend's tags, so the compare view needs no click-through."""
-    t, rt = s.cfg.train, s.rt
-    batch = f"<= {t.batch_tokens} tokens" if t.batch_tokens else t.batch_size
-    params = {"precision": s.policy.name, "compute_dtype": str(s.policy.compute_dtype).removeprefix("torch."),
-              "backend": rt.backend, "world_size": rt.world_size, "grad_accum": t.grad_accum,
-              "global_batch": f"{batch} x {t.grad_accum} x {rt.world_size}" if t.batch_tokens
-              else t.batch_size * t.grad_accum * rt.world_size,
-              "deepspeed_stage": getattr(s.backend, "stage", None), "model": s.model_spec, "lr": t.lr,
-              "teacher": s.cfg.kd.teacher if s.stage == "distill" else None}
-    return {"params": {f"resolved.{k}": v for k, v in params.items()}, "tags": s.backend.extra_tags}
-
-
-def start_over(s: Stage, resuming: bool) -> None:
-    """Collective: a job that does not resume removes what a previous job left in output_dir
-    (checkpoints, best model, final figures), so nothing of the two mixes and a later
-    resume=auto continues this job; the previous job's run, if it never ended, is marked FAILED."""
-    if s.rt.is_main:
-        leftovers = [name for name in ("checkpoints", "best", "metrics.json", "report.txt") if (s.out / name).exists()]
-        removing = f" (removing {', '.join(leftovers)})" if leftovers else ""
-        if resuming and (leftovers or (s.out / JOURNAL).is_file()):
-            log.warning("resume=auto: no usable checkpoint in %s; starting over%s", s.out, removing)
-        elif leftovers:
-            log.warning("%s holds a previous job's outputs; resume=never: starting over%s", s.out, removing)
-        for name in leftovers:
-            if (s.out / name).is_dir():
-                shutil.rmtree(s.out / name)
-            else:
-                (s.out / name).unlink()
-        abandoned = end_abandoned_run(s.out, s.uri)
-        if abandoned:
-            log.warning("the previous job's MLflow run %s never ended: marked FAILED", abandoned)
-    dist.barrier()
 
 
 def build_stage(cfg: Config, stage: str, rt: Runtime) -> Stage:

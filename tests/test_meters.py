@@ -8,8 +8,8 @@ import torch
 
 from helpers import FAST
 from pipeline import names
+from pipeline.checkpoint import LoopState
 from pipeline.telemetry import EnergyMeter, StageMeters
-from pipeline.train import LoopState
 
 CPU = torch.device("cpu")
 

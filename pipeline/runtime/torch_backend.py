@@ -82,7 +82,8 @@ class TorchBackend:
             state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
             if self.scaler:
                 state["scaler"] = self.scaler.state_dict()
-            torch.save(state, Path(directory) / "backend.pt")
+            with open(Path(directory) / "backend.pt", "wb") as f:  # a file object keeps ENOSPC's errno
+                torch.save(state, f)
 
     def load(self, directory: Path) -> None:
         state = torch.load(Path(directory) / "backend.pt", map_location=self.rt.device, weights_only=True)

@@ -1,0 +1,47 @@
+"""The life of an output_dir between jobs: a job that finished stays finished, and a job that
+starts over leaves nothing of the previous one to mix with its own (the lock that keeps two live
+jobs apart is lock.py)."""
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+from pipeline.runtime import dist
+from pipeline.runtime.dist import Runtime
+from pipeline.tracking import JOURNAL, end_abandoned_run
+
+log = logging.getLogger("pipeline")
+
+
+def finished_figures(out: Path, rt: Runtime) -> dict | None:
+    """A job that finished wrote metrics.json last: its figures (on rank 0), else None."""
+    path = out / "metrics.json"
+    if not rt.is_main or not path.is_file():
+        return None
+    log.info("%s: this job finished before (%s); nothing to do. To train again: resume=never "
+             "(starts over) or another output_dir", out, path)
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def start_over(out: Path, rt: Runtime, uri: str, resuming: bool) -> None:
+    """Collective: a job that does not resume removes what a previous job left in output_dir
+    (checkpoints, best model, final figures), so nothing of the two mixes and a later
+    resume=auto continues this job; the previous job's run, if it never ended, is marked FAILED."""
+    if rt.is_main:
+        leftovers = [name for name in ("checkpoints", "best", "metrics.json", "report.txt") if (out / name).exists()]
+        removing = f" (removing {', '.join(leftovers)})" if leftovers else ""
+        if resuming and (leftovers or (out / JOURNAL).is_file()):
+            log.warning("resume=auto: no usable checkpoint in %s; starting over%s", out, removing)
+        elif leftovers:
+            log.warning("%s holds a previous job's outputs; resume=never: starting over%s", out, removing)
+        for name in leftovers:
+            if (out / name).is_dir():
+                shutil.rmtree(out / name)
+            else:
+                (out / name).unlink()
+        abandoned = end_abandoned_run(out, uri)
+        if abandoned:
+            log.warning("the previous job's MLflow run %s never ended: marked FAILED", abandoned)
+    dist.barrier()
