@@ -267,7 +267,7 @@ def test_dry_run_orders_dependencies_and_builds_launcher_commands(tmp_path, caps
 
 
 def test_shipped_study_files_plan(capsys):
-    sizes = {"demo.yaml": 6, "wikiqa_kd.yaml": 12, "bangla_amp.yaml": 96}
+    sizes = {"demo.yaml": 12, "wikiqa_kd.yaml": 12, "bangla_amp.yaml": 96}
     for name, n in sizes.items():
         code, out = _cli(["study", ROOT / "launch" / "studies" / name, "--dry-run"], capsys)
         assert code == 0, out.err
@@ -286,15 +286,20 @@ def log_run(client, experiment_id, parent_id, cell, tags, metrics, status="FINIS
     return run.info.run_id
 
 
-def plan_entry(task, model, precision, procedure="train", seed=1, tables=("amp",), command="train", **outcome):
+def plan_entry(task, model, precision, procedure="train", seed=1, tables=("amp",), command="train", needs=(),
+               **outcome):
     return json.dumps({"task": task, "model": model, "precision": precision, "seed": seed, "procedure": procedure,
-                       "command": command, "launcher": "none", "tables": list(tables), "needs": [],
+                       "command": command, "launcher": "none", "tables": list(tables), "needs": list(needs),
                        "status": "finished", **outcome})
 
 
-def cpu_figures(main, sps, rss, epoch=10.0):
-    return {names.TEST_MAIN: main, names.EVAL_MAIN: main - 0.05, names.SAMPLES_PER_S: sps, names.PEAK_RSS: rss,
-            names.EPOCH_TIME: epoch, names.TRAIN_TIME: 3 * epoch}
+def cpu_figures(main, sps, rss, epoch=10.0, accuracy=None):
+    """A classification run's figures on a CPU; its test scores are the main metric (macro-F1)
+    and the accuracy (default: main + 0.01)."""
+    return {names.TEST_MAIN: main, names.test_metric("macro_f1"): main,
+            names.test_metric("accuracy"): main + 0.01 if accuracy is None else accuracy,
+            names.test_metric("loss"): 0.5 - main / 10, names.EVAL_MAIN: main - 0.05, names.SAMPLES_PER_S: sps,
+            names.PEAK_RSS: rss, names.EPOCH_TIME: epoch, names.TRAIN_TIME: 3 * epoch}
 
 
 # slow: a new MLflow SQLite store, 14 runs and four charts take 10-15 s
@@ -330,6 +335,12 @@ def hand_report(tmp_path_factory):
     cell("c-fp32", "qa", "m1", "fp32", "fp32", None)
     plan["c-fp32"] = plan_entry("qa", "m1", "fp32", status="planned")
     cell("c-bf16", "qa", "m1", "bf16", "bf16", cpu_figures(0.5, 80, 700))
+    # error_cls x m1: a saturated task, FP32 and AMP give the same test scores for each seed
+    # (only the loss differs): "identical", never a bare "kept 100.0%"
+    for seed in (1, 2):
+        cell(f"e-fp32-s{seed}", "error_cls", "m1", "fp32", "fp32", cpu_figures(0.91, 100, 1000), seed=seed)
+        cell(f"e-bf16-s{seed}", "error_cls", "m1", "bf16", "bf16",
+             {**cpu_figures(0.91, 150, 800), names.test_metric("loss"): 0.4}, seed=seed)
 
     def kd(f1, sec, j, mem):  # KD procedures on a GPU: energy measured, allocated memory
         return {names.TEST_MAIN: f1, names.test_metric("f1"): f1, names.test_metric("precision"): f1 + 0.1,
@@ -341,13 +352,14 @@ def hand_report(tmp_path_factory):
     for name, proc, precision, seed, figures in (
             ("teacher", "teacher", "fp32", 1, kd(0.60, 40, 4000, 2000)),
             ("baseline", "baseline", "fp32", 1, kd(0.40, 20, 2000, 900)),
+            ("baseline-s2", "baseline", "fp32", 2, kd(0.42, 20, 2000, 900)),
             ("kd_fp32-s1", "kd_fp32", "fp32", 1, kd(0.50, 25, 2500, 1000)),
             ("kd_fp32-s2", "kd_fp32", "fp32", 2, kd(0.52, 27, 2700, 1000)),
             ("kd_amp-s1", "kd_amp", "fp16", 1, kd(0.51, 15, 1500, 600)),
             ("kd_amp-s2", "kd_amp", "fp16", 2, kd(0.49, 17, 1700, 600))):
         command = "distill" if proc.startswith("kd") else "train"
         plan[name] = plan_entry("wikiqa", "mini", precision, procedure=proc, seed=seed, tables=("kd",),
-                                command=command)
+                                command=command, needs=["teacher"] if command == "distill" else [])
         log_run(client, exp, parent, name, {**gpu, "precision": precision, names.TAG_PROCEDURE: proc,
                                             "stage": command}, figures)
     for name, entry in plan.items():
@@ -375,10 +387,33 @@ def test_report_deltas_and_marks(hand_report):
     assert (c.fp32_main, c.speedup_pct) == ("missing", "missing")
     assert float(c.amp_main) == pytest.approx(0.5)
     text = (hand_report["out"] / "report.md").read_text()
-    assert ("Averaged over 1 task x model cell (2 more failed or are missing), AMP (bf16) trained 47.6% faster than "
-            "FP32 (samples/s), used 19.0% less peak memory (CPU peak RSS) and kept 98.8% of the FP32 main metric."
-            in text)
+    assert ("Averaged over 2 task x model cells (2 more failed or are missing), AMP (bf16) trained 48.8% faster than "
+            "FP32 (samples/s), used 19.5% less peak memory (CPU peak RSS); the scores, pair by pair, are below the "
+            "table." in text)
     assert "RuntimeError: boom" in text
+
+
+@pytest.mark.slow
+def test_report_says_what_the_scores_show_with_their_spread(hand_report):
+    """Retention in words with its seed spread and verdict; identical test scores called so,
+    never a bare 100.0%; a single seed says there is no spread (issue 16)."""
+    text = (hand_report["out"] / "report.md").read_text()
+    # 0.80 / 0.81; pooled std sqrt((0.0141^2 + 0.0141^2) / 2) = 0.0141 = 1.7% of 0.81
+    assert ("sentiment / m1: AMP (bf16) kept 98.8% ± 1.7% of FP32 macro-F1 over 2 seeds (0.8000 ± 0.0141 vs "
+            "0.8100 ± 0.0141): within the seed spread (|difference| 0.0100, 2 x pooled std 0.0283)." in text)
+    assert ("error_cls / m1: AMP (bf16) and FP32 gave identical test scores in every metric (macro-F1 0.9100) for "
+            "each of the 2 seeds run in both: most likely the same predictions" in text)
+    assert "100.0%" not in text
+    amp = read_table(hand_report["out"] / "amp_table.csv").set_index("task")
+    assert amp.loc["error_cls"].identical_seeds == "2/2" and amp.loc["sentiment"].identical_seeds == "0/2"
+    assert float(amp.loc["sentiment"].retention_spread_pct) == pytest.approx(100 * math.sqrt(0.0002) / 0.81)
+    assert "qa / m1: no finished FP32 run: nothing to compare." in text
+    # the students against the baseline (2 seeds a side) and their teacher (one seed)
+    assert ("wikiqa: kd_fp32 scored F1 0.5100 ± 0.0141 vs 0.4100 ± 0.0141 for the baseline `baseline` (+0.1000): "
+            "above the baseline beyond the seed spread; distillation recovered 53% of the baseline-to-teacher gap."
+            in text)
+    assert ("wikiqa: kd_fp32 scored F1 0.5100 ± 0.0141 vs 0.6000 for its teacher `teacher` (-0.0900): fewer than "
+            "2 seeds a side: no spread to tell this difference from noise." in text)
 
 
 @pytest.mark.slow
@@ -404,11 +439,16 @@ def test_report_seed_statistics(hand_report):
     main = by[("sentiment / m1: bf16 vs fp32", "main")]
     assert main.diff == pytest.approx(-0.01) and main.pooled_std == pytest.approx(math.sqrt(0.0002))
     assert main.exceeds_spread == "no"  # 0.01 < 2 x 0.0141
+    assert main.identical_seeds == "0/2" and by[("error_cls / m1: bf16 vs fp32", "main")].identical_seeds == "2/2"
     speed = by[("sentiment / m1: bf16 vs fp32", "samples_per_s")]
     assert speed.diff == pytest.approx(50) and speed.exceeds_spread == "yes"  # 50 > 2 x 7.07
     kd_speed = by[("wikiqa: kd_amp vs kd_fp32", "samples_per_s")]
-    assert kd_speed.fp32_mean == pytest.approx((1000 / 25 + 1000 / 27) / 2)
+    assert kd_speed.reference_mean == pytest.approx((1000 / 25 + 1000 / 27) / 2)
+    kd_main = by[("wikiqa: kd_fp32 vs baseline", "main")]  # the student against the baseline
+    assert kd_main.diff == pytest.approx(0.10) and kd_main.exceeds_spread == "yes"  # 0.1 > 2 x 0.0141
+    assert by[("wikiqa: kd_amp vs baseline", "test_map")].diff == pytest.approx(0.0)
     assert not any(c.startswith(("ner", "qa")) for c in stats.comparison)  # one seed: no spread to compare
+    assert not any(c.endswith("vs teacher") for c in stats.comparison)  # the teacher ran one seed
 
 
 @pytest.mark.slow

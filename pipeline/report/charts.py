@@ -47,18 +47,26 @@ def plot_amp(amp: pd.DataFrame, out: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(amp) + 1), 3.6))
         values = amp[column].astype(float).to_numpy()
         x = np.arange(len(values))
-        ax.bar(x, np.nan_to_num(values, nan=0.0) * ~np.isnan(values), color="tab:blue")
+        # retention: error bars of the seed spread, and "identical" where FP32 and AMP scored the same
+        spread = amp.retention_spread_pct.astype(float).to_numpy() if column == "retention_pct" else None
+        ax.bar(x, np.nan_to_num(values, nan=0.0) * ~np.isnan(values), color="tab:blue",
+               yerr=None if spread is None else np.nan_to_num(spread), capsize=3)
         ax.axhline(ref, color="grey", linewidth=0.8)
         ax.set_xticks(x, labels, fontsize=7)
         ax.set_title(title, fontsize=9)
-        for xi, v in zip(x, values):
+        for xi, v, same in zip(x, values, _identical(amp) if spread is not None else [False] * len(values)):
             if not np.isnan(v):
-                ax.annotate(f"{v:.1f}", (xi, v), ha="center", va="bottom", fontsize=7)
+                ax.annotate("identical\nscores" if same else f"{v:.1f}", (xi, v), ha="center", va="bottom", fontsize=7)
         fig.tight_layout()
         fig.savefig(out / name, dpi=110)
         plt.close(fig)
         names.append(name)
     return names
+
+
+def _identical(amp: pd.DataFrame) -> list[bool]:
+    """Pairs whose every seed run in both gave equal test scores ("k/n" with k == n > 0)."""
+    return [n not in ("", "0") and k == n for k, _, n in (str(v).partition("/") for v in amp.identical_seeds)]
 
 
 def plot_kd(kd: pd.DataFrame, out: Path) -> list[str]:

@@ -15,13 +15,14 @@ from pipeline.names import (
     TAG_PROCEDURE,
     TAG_REPORT_TABLES,
     TAG_STUDY,
+    TEST,
     TEST_MAIN,
 )
 from pipeline.report.figures import AMP_PRECISIONS, FIGURES, FP32_PRECISIONS, MEMORY, METRICS
 
 ROW_COLUMNS = ["cell", "task", "model", "procedure", "stage", "seed", "precision_requested", "precision", "role",
-               "tables", "launcher", "status", "exit_code", "reason", "run_id", "device_type", "energy_available",
-               "main_source", "memory", *FIGURES]
+               "tables", "needs", "launcher", "status", "exit_code", "reason", "run_id", "device_type",
+               "energy_available", "main_source", "memory", "test_scores", *FIGURES]
 """The columns of a cell row (cells.csv)."""
 
 
@@ -84,12 +85,13 @@ def _row(client, name: str, plan: dict | None, run) -> dict:
         "seed": plan.get("seed", tags.get("seed")), "precision_requested": requested,
         "precision": tags.get("precision") or requested,
         "role": "amp" if requested in AMP_PRECISIONS else "fp32" if requested in FP32_PRECISIONS else "",
-        "tables": ",".join(tables), "launcher": launcher, "status": status,
+        "tables": ",".join(tables), "needs": ",".join(plan.get("needs") or []), "launcher": launcher,
+        "status": status,
         "exit_code": plan.get("exit_code") if status == "failed" else (0 if status == "finished" else None),
         "reason": plan.get("reason", "") if status == "failed" else "",
         "run_id": run.info.run_id if run else plan.get("run_id"),
         "device_type": tags.get("device_type"), "energy_available": tags.get("energy_available"),
-        "main_source": None, "memory": None, **{f: math.nan for f in FIGURES},
+        "main_source": None, "memory": None, "test_scores": "", **{f: math.nan for f in FIGURES},
     }
     if status == "finished":  # figures of failed runs are partial: never reported
         row.update(_figures(client, run))
@@ -120,4 +122,7 @@ def _figures(client, run) -> dict:
             break
     if run.data.tags.get("energy_available") == "false":
         figures["energy_j"] = math.nan
+    # every test score but the loss, to tell two runs that predicted the same from two that differ
+    scores = {k: v for k, v in sorted(m.items()) if k.startswith(TEST) and k not in (TEST_MAIN, f"{TEST}loss")}
+    figures["test_scores"] = json.dumps(scores) if scores else ""
     return figures

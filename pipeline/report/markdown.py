@@ -7,27 +7,30 @@ from datetime import datetime, timezone
 import pandas as pd
 
 from pipeline.names import ENERGY_JOULES, EVAL_MAIN, PEAK_MEM_ALLOCATED, PEAK_RSS, TEST_MAIN, TRAIN_TIME, test_metric
+from pipeline.report.compare import SPREAD_FACTOR, comparisons
 from pipeline.report.figures import AMP_DELTAS, TEST_FIGURES
-from pipeline.report.tables import SPREAD_FACTOR, amp_display, kd_display
+from pipeline.report.tables import amp_display, kd_display
+from pipeline.report.verdicts import amp_sentence, kd_sentences
 
 TEST_LABELS = ("P", "R", "F1", "MAP", "MRR")
 """The KD table's column headers of TEST_FIGURES, in their order."""
 
 
 def headline(amp: pd.DataFrame) -> str:
-    """The averages over the matrix in one sentence."""
+    """Speed and memory averaged over the matrix in one sentence (the scores are compared pair
+    by pair, against the seed spread: amp_sentence)."""
     if amp.empty:
         return "No FP32/AMP pairs in this study."
     ok = amp.dropna(subset=list(AMP_DELTAS))
     if ok.empty:
         return f"No task x model cell has both an FP32 and an AMP run that finished ({len(amp)} planned)."
-    s, m, r = ok.speedup_pct.mean(), ok.mem_reduction_pct.mean(), ok.retention_pct.mean()
+    s, m = ok.speedup_pct.mean(), ok.mem_reduction_pct.mean()
     precisions = "/".join(sorted(set("/".join(ok.amp_precision).split("/"))))
     memory = "/".join(sorted(set(ok.memory) - {""})) or "peak memory"
     left_out = f" ({len(amp) - len(ok)} more failed or are missing)" if len(ok) < len(amp) else ""
     return (f"Averaged over {len(ok)} task x model cell{'s' if len(ok) != 1 else ''}{left_out}, AMP ({precisions}) "
             f"trained {abs(s):.1f}% {'faster' if s >= 0 else 'slower'} than FP32 (samples/s), used {abs(m):.1f}% "
-            f"{'less' if m >= 0 else 'more'} peak memory ({memory}) and kept {r:.1f}% of the FP32 main metric.")
+            f"{'less' if m >= 0 else 'more'} peak memory ({memory}); the scores, pair by pair, are below the table.")
 
 
 
@@ -36,6 +39,22 @@ def _fmt(value, std=math.nan, digits: int = 2) -> str:
         return value
     text = f"{value:.{digits}f}"
     return text if std is None or math.isnan(std) else f"{text} ± {std:.{digits}f}"
+
+
+def _retention(value, spread, identical: str) -> str:
+    """AMP main / FP32 main ± the seed spread; "identical scores" where every seed run in both gave
+    the same test scores (a ratio of 100% would read as a finding)."""
+    if _identical(identical) == "all":
+        return "identical scores"
+    if isinstance(value, str):
+        return value
+    return f"{value:.1f}%" if spread is None or math.isnan(spread) else f"{value:.1f}% ± {spread:.1f}%"
+
+
+def _identical(seeds: str) -> str:
+    """"k/n" (seeds with equal test scores / seeds run in both) as words."""
+    same, _, pairs = seeds.partition("/")
+    return "" if pairs in ("", "0") else "all" if same == pairs else "none" if same == "0" else f"{same} of {pairs}"
 
 
 def _pct(value) -> str:
@@ -57,20 +76,21 @@ def md_table(df: pd.DataFrame) -> str:
 def render(experiment: str, uri: str, parent_id: str | None, cells: pd.DataFrame, amp: pd.DataFrame,
            kd: pd.DataFrame, stats: pd.DataFrame, charts: list[str]) -> str:
     """report.md: the header, the AMP and KD sections (where the study has them), seeds, cells."""
+    found = comparisons(cells) if not cells.empty else []
     counts = cells.status.value_counts().to_dict() if not cells.empty else {}
     lines = [f"# Study report: {experiment}", "",
              f"Experiment `{experiment}` in `{uri}`" + (f", parent run `{parent_id}`" if parent_id else "")
              + f"; generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.",
              f"Cells: {len(cells)} ({', '.join(f'{v} {k}' for k, v in counts.items()) or 'none'}).", ""]
     if not amp.empty:
-        lines += _amp_section(amp, charts)
+        lines += _amp_section(amp, charts, [amp_sentence(c) for c in found if c.kind == "amp"])
     if not kd.empty:
-        lines += _kd_section(kd, charts)
+        lines += _kd_section(kd, charts, [amp_sentence(c) for c in found if c.kind == "kd_amp"] + kd_sentences(found))
     lines += _seed_section(stats) + _cells_section(cells)
     return "\n".join(lines)
 
 
-def _amp_section(amp: pd.DataFrame, charts: list[str]) -> list[str]:
+def _amp_section(amp: pd.DataFrame, charts: list[str], findings: list[str]) -> list[str]:
     shown = amp_display(amp)
     table = pd.DataFrame({
         "task": shown.task, "model": shown.model,
@@ -88,25 +108,29 @@ def _amp_section(amp: pd.DataFrame, charts: list[str]) -> list[str]:
         "AMP energy J": [_fmt(v, s, 1) for v, s in zip(shown.amp_energy_j, shown.amp_energy_j_std)],
         "speed-up": [_pct(v) for v in shown.speedup_pct],
         "memory reduction": [_pct(v) for v in shown.mem_reduction_pct],
-        "retention": [v if isinstance(v, str) else f"{v:.1f}%" for v in shown.retention_pct],
+        "retention": [_retention(v, s, i) for v, s, i in zip(shown.retention_pct, shown.retention_spread_pct,
+                                                            shown.identical_seeds)],
+        "identical test scores": [_identical(v) for v in shown.identical_seeds],
         "FP32 runs": shown.fp32_seeds, "AMP runs": shown.amp_seeds,
     })
     if (shown.procedure != "train").any():
         table.insert(2, "procedure", shown.procedure)
     lines = ["## AMP vs FP32", "", f"**{headline(amp)}**", "", md_table(table), "",
+             *[f"- {line}" for line in findings], "",
              f"- main: the task's main metric on the test split with the best dev checkpoint (`{TEST_MAIN}`; "
              f"`{EVAL_MAIN}`, the best dev epoch, where a run has no test figures).",
              f"- peak memory: `{PEAK_MEM_ALLOCATED}` on CUDA, `{PEAK_RSS}` (process peak RSS) on CPU; "
              "the memory column says which.",
              "- speed-up = AMP samples/s / FP32 samples/s - 1; memory reduction = 1 - AMP peak / FP32 peak; "
-             "retention = AMP main / FP32 main. With several seeds: means, ± the sample std; runs: "
-             "finished / planned.",
+             "retention = AMP main / FP32 main, ± the pooled std of the two sides in % of the FP32 mean. With "
+             "several seeds: means, ± the sample std; runs: finished / planned; identical test scores: seeds "
+             "whose FP32 and AMP runs have equal test scores in every metric, of those run in both.",
              f"- energy: `{ENERGY_JOULES}` (NVML); n/a where the run is tagged energy_available=false.", ""]
     lines += [f"![{c}]({c})" for c in charts if c != "kd.png"] + [""]
     return lines
 
 
-def _kd_section(kd: pd.DataFrame, charts: list[str]) -> list[str]:
+def _kd_section(kd: pd.DataFrame, charts: list[str], findings: list[str]) -> list[str]:
     shown = kd_display(kd)
     table = pd.DataFrame({
         "task": shown.task, "procedure": shown.procedure, "stage": shown.stage, "model": shown.model,
@@ -121,6 +145,7 @@ def _kd_section(kd: pd.DataFrame, charts: list[str]) -> list[str]:
         "runs": shown.seeds,
     })
     lines = ["## Knowledge distillation procedures", "", md_table(table), "",
+             *[f"- {line}" for line in findings], "",
              f"- wall time: `{TRAIN_TIME}` (training steps only); P/R/F1: `{test_metric('precision')}`, "
              f"`{test_metric('recall')}`, `{test_metric('f1')}` (the positive class for WikiQA); MAP/MRR: "
              f"`{test_metric('map')}`, `{test_metric('mrr')}`; n/a where the task has no such metric.", ""]
@@ -131,13 +156,15 @@ def _kd_section(kd: pd.DataFrame, charts: list[str]) -> list[str]:
 
 def _seed_section(stats: pd.DataFrame) -> list[str]:
     lines = ["## Seeds: is the difference larger than the spread?", "",
-             f"Rule: an AMP-vs-FP32 difference counts as real when |mean(AMP) - mean(FP32)| > {SPREAD_FACTOR:g} x "
-             "pooled std, pooled std = sqrt((std_FP32² + std_AMP²) / 2), sample std over the seeds (2+ per side).", ""]
+             f"Rule: a difference counts as real when |mean(compared) - mean(reference)| > {SPREAD_FACTOR:g} x "
+             "pooled std, pooled std = sqrt((std_reference² + std_compared²) / 2), sample std over the seeds (2+ "
+             "per side). Reference: FP32, the teacher or the baseline; compared: AMP or the distilled student. "
+             "test_map: MAP, where the task has it.", ""]
     if stats.empty:
         lines += ["No comparison has two or more finished seeds on each side.", ""]
     else:
         shown = stats.copy()
-        for c in ("fp32_mean", "fp32_std", "amp_mean", "amp_std", "diff", "pooled_std"):
+        for c in ("reference_mean", "reference_std", "compared_mean", "compared_std", "diff", "pooled_std"):
             shown[c] = [f"{v:.4g}" for v in shown[c]]
         lines += [md_table(shown), ""]
     return lines

@@ -8,10 +8,8 @@ import math
 
 import pandas as pd
 
+from pipeline.report.compare import Comparison, amp_pairs, comparisons, difference, identical_scores
 from pipeline.report.figures import AMP_DELTAS, AMP_FIGURES, FIGURES, KD_FIGURES, KD_SHOWN, SEED_FIGURES
-
-SPREAD_FACTOR = 2.0
-"""A mean difference counts as larger than the seed spread when |diff| > 2 x pooled std."""
 
 
 def _aggregate(rows: pd.DataFrame) -> dict:
@@ -31,9 +29,11 @@ def _aggregate(rows: pd.DataFrame) -> dict:
 
 
 def amp_table(cells: pd.DataFrame) -> pd.DataFrame:
-    """One row per task x model (x procedure): FP32 and AMP figures (means over seeds) and deltas."""
+    """One row per task x model (x procedure): FP32 and AMP figures (means over seeds) and deltas;
+    retention_spread_pct is the pooled std of the main metric in % of the FP32 mean (2+ seeds a
+    side), identical_seeds "k/n": n seeds run on both sides, k of them with equal test scores."""
     rows = []
-    for (task, model, procedure), fp32, amp in _amp_pairs(cells):
+    for (task, model, procedure), fp32, amp in amp_pairs(cells):
         f, a = _aggregate(fp32), _aggregate(amp)
         row = {"task": task, "model": model, "procedure": procedure, "memory": f["memory"] or a["memory"]}
         for prefix, agg in (("fp32", f), ("amp", a)):
@@ -45,6 +45,9 @@ def amp_table(cells: pd.DataFrame) -> pd.DataFrame:
         row["speedup_pct"] = (_ratio(a["samples_per_s"], f["samples_per_s"]) - 1) * 100
         row["mem_reduction_pct"] = (1 - _ratio(a["peak_mem_mb"], f["peak_mem_mb"])) * 100
         row["retention_pct"] = _ratio(a["main"], f["main"]) * 100
+        pair = Comparison(task, "", "amp", "fp32", a["precision"], fp32, amp, model=model)
+        row["retention_spread_pct"] = _ratio(difference(pair, "main")["pooled_std"], f["main"]) * 100
+        row["identical_seeds"] = "{1}/{0}".format(*identical_scores(pair))
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -52,16 +55,6 @@ def amp_table(cells: pd.DataFrame) -> pd.DataFrame:
 def _ratio(a: float, b: float) -> float:
     """a / b, NaN (shown as n/a) where b is zero or either is unknown."""
     return float(a) / float(b) if b and not (math.isnan(a) or math.isnan(b)) else math.nan
-
-
-def _amp_pairs(cells: pd.DataFrame):
-    """((task, model, procedure), FP32 rows, AMP rows): one pair per AMP precision requested
-    (fp16 and bf16 in one study are two comparisons against the same FP32 runs)."""
-    sub = cells[cells.tables.str.contains("amp") & (cells.role != "")]
-    for key, g in sub.groupby(["task", "model", "procedure"], sort=False, dropna=False):
-        amp = g[g.role == "amp"]
-        for variant in list(dict.fromkeys(amp.precision_requested)) or [None]:
-            yield key, g[g.role == "fp32"], amp if variant is None else amp[amp.precision_requested == variant]
 
 
 def kd_table(cells: pd.DataFrame) -> pd.DataFrame:
@@ -82,38 +75,23 @@ def kd_table(cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def seed_stats(cells: pd.DataFrame) -> pd.DataFrame:
-    """AMP vs FP32 with 2+ seeds on each side: is |mean difference| > 2 x pooled std?
-
-    Pairs: FP32 and AMP cells of one task x model in the AMP table, and in the KD table an
-    FP32 and an AMP procedure of the same task and stage (kd_fp32 vs kd_amp).
-    """
-    pairs = []
-    for (task, model, procedure), fp32, amp in _amp_pairs(cells):
-        variant = "/".join(dict.fromkeys(amp.precision_requested)) or "amp"
-        label = f"{task} / {model}" + (f" / {procedure}" if procedure != "train" else "") + f": {variant} vs fp32"
-        pairs.append((label, fp32, amp))
-    kd = cells[cells.tables.str.contains("kd") & (cells.role != "")]
-    for (task, _stage), g in kd.groupby(["task", "stage"], sort=False, dropna=False):
-        fp32_procs = list(dict.fromkeys(g[g.role == "fp32"].procedure))
-        amp_procs = list(dict.fromkeys(g[g.role == "amp"].procedure))
-        for fp, ap in ((fp, ap) for fp in fp32_procs for ap in amp_procs):
-            pairs.append((f"{task}: {ap} vs {fp}", g[g.procedure == fp], g[g.procedure == ap]))
+    """Every comparison (compare.comparisons) with 2+ finished seeds on each side: per figure,
+    both sides' mean and std, compared - reference, the pooled std, and whether the difference
+    exceeds the seed spread; identical_seeds as in amp_table (FP32/AMP pairs only)."""
     rows = []
-    for label, f_rows, a_rows in pairs:
-        f, a = _aggregate(f_rows), _aggregate(a_rows)
-        if f["n"] < 2 or a["n"] < 2:
-            continue
+    for c in comparisons(cells):
+        pairs, same = identical_scores(c)
         for fig in SEED_FIGURES:
-            if math.isnan(f[fig]) or math.isnan(a[fig]):
-                continue
-            diff = a[fig] - f[fig]
-            pooled = math.sqrt((f[f"{fig}_std"] ** 2 + a[f"{fig}_std"] ** 2) / 2)
-            rows.append({"comparison": label, "metric": fig, "fp32_n": f["n"], "fp32_mean": f[fig],
-                         "fp32_std": f[f"{fig}_std"], "amp_n": a["n"], "amp_mean": a[fig], "amp_std": a[f"{fig}_std"],
-                         "diff": diff, "pooled_std": pooled,
-                         "exceeds_spread": "yes" if abs(diff) > SPREAD_FACTOR * pooled else "no"})
-    return pd.DataFrame(rows, columns=["comparison", "metric", "fp32_n", "fp32_mean", "fp32_std", "amp_n", "amp_mean",
-                                       "amp_std", "diff", "pooled_std", "exceeds_spread"])
+            d = difference(c, fig)
+            if d["exceeds_spread"]:
+                rows.append({"comparison": c.label, "metric": fig, **d,
+                             "identical_seeds": f"{same}/{pairs}" if pairs else ""})
+    return pd.DataFrame(rows, columns=SEED_COLUMNS)
+
+
+SEED_COLUMNS = ["comparison", "metric", "reference_n", "reference_mean", "reference_std", "compared_n",
+                "compared_mean", "compared_std", "diff", "pooled_std", "exceeds_spread", "identical_seeds"]
+"""seed_stats.csv: reference = FP32, the teacher or the baseline; compared = AMP or the student."""
 
 
 # ------------------------------------------------------------------ as written (marks instead of numbers)
@@ -141,6 +119,8 @@ def amp_display(amp: pd.DataFrame) -> pd.DataFrame:
                                      for _, r in amp.iterrows()]
     for d in AMP_DELTAS:
         out[d] = [r[d] if not math.isnan(r[d]) else _pair_mark(r) for _, r in amp.iterrows()]
+    out["retention_spread_pct"] = amp.retention_spread_pct
+    out["identical_seeds"] = amp.identical_seeds
     return out
 
 
