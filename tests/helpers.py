@@ -47,9 +47,14 @@ def written_twice(task, tmp_path) -> dict:
     return a
 
 
+# what a launcher sets: a CLI process started by a test is a user's plain command, and must not
+# inherit the variables of an in-process DeepSpeed group that a module fixture holds open
+LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def run_cli(*args, cwd=None, env=None, timeout=600):
     """`python -m pipeline ...` in a fresh process; returns CompletedProcess (text)."""
-    full_env = {**os.environ, **(env or {})}
+    full_env = {**{k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}, **(env or {})}
     return subprocess.run([sys.executable, "-m", "pipeline", *map(str, args)], cwd=cwd or ROOT, env=full_env,
                           capture_output=True, text=True, timeout=timeout)
 
