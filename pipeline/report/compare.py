@@ -103,20 +103,22 @@ def difference(c: Comparison, figure: str) -> dict:
             "compared_std": cs, "diff": cm - rm, "pooled_std": pooled, "exceeds_spread": verdict}
 
 
-def identical_scores(c: Comparison) -> tuple[int, int]:
-    """(seeds run on both sides, seeds whose two runs have equal test scores in every metric);
-    only FP32/AMP comparisons pair runs (a student and its teacher are different models)."""
+def identical_scores(c: Comparison, main_only: bool = False) -> tuple[int, int]:
+    """(seeds run on both sides, seeds whose two runs have equal test scores in every metric, or
+    with main_only in the main metric); only FP32/AMP comparisons pair runs (a student and its
+    teacher are different models)."""
     if c.kind not in ("amp", "kd_amp"):
         return 0, 0
     pairs = same = 0
-    for seed, ref in _by_seed(c.ref).items():
-        other = _by_seed(c.cmp).get(seed)
-        if other is not None:
+    others = _by_seed(c.cmp)
+    for seed, (ref, ref_main) in _by_seed(c.ref).items():
+        if seed in others:
             pairs += 1
-            same += ref == other
+            same += others[seed][1] == ref_main if main_only else others[seed][0] == ref
     return pairs, same
 
 
 def _by_seed(rows: pd.DataFrame) -> dict:
+    """seed -> (test scores, main metric) of the finished runs that logged test scores."""
     done = rows[(rows.status == "finished") & (rows.test_scores.fillna("") != "")]
-    return {str(r.seed): json.loads(r.test_scores) for r in done.itertuples()}
+    return {str(r.seed): (json.loads(r.test_scores), r.main) for r in done.itertuples()}

@@ -35,6 +35,10 @@ def _mean(mean: float, std: float) -> str:
     return f"{mean:.4f}" if math.isnan(std) else f"{mean:.4f} ± {std:.4f}"
 
 
+def _seeds(pairs: int) -> str:
+    return "the one seed run in both" if pairs == 1 else f"each of the {pairs} seeds run in both"
+
+
 def amp_sentence(c: Comparison) -> str:
     """One FP32/AMP pair in words."""
     d, name = difference(c, "main"), metric_name(c.task)
@@ -44,12 +48,15 @@ def amp_sentence(c: Comparison) -> str:
         return f"{_where(c)}: no finished {fp32 if not d['reference_n'] else amp} run: nothing to compare."
     pairs, same = identical_scores(c)
     if pairs and same == pairs:
-        seeds = "the one seed run in both" if pairs == 1 else f"each of the {pairs} seeds run in both"
         return (f"{_where(c)}: {amp} and {fp32} gave identical test scores in every metric ({name} "
-                f"{d['reference_mean']:.4f}) for {seeds}: most likely the same predictions (the runs log scores, "
-                "not predictions), so this pair measures no difference at all; it is no evidence that AMP keeps "
-                "the score where the task is not saturated.")
+                f"{d['reference_mean']:.4f}) for {_seeds(pairs)}: most likely the same predictions (the runs log "
+                "scores, not predictions), so this pair measures no difference at all; it is no evidence that AMP "
+                "keeps the score where the task is not saturated.")
     rm, cm = d["reference_mean"], d["compared_mean"]
+    if pairs and identical_scores(c, main_only=True)[1] == pairs:
+        return (f"{_where(c)}: {amp} matched {fp32}'s {name} exactly for {_seeds(pairs)} "
+                f"({_mean(cm, d['compared_std'])}), while other test scores differ: the two differ below what "
+                f"{name} resolves here.")
     kept = f"kept {100 * cm / rm:.1f}%" if rm else "scored"
     identical = f"; {same} of {pairs} seeds gave identical test scores" if same else ""
     if not d["exceeds_spread"]:
