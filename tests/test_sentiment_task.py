@@ -1,10 +1,15 @@
-"""The BLP-2023 sentiment reader and metrics: real format, one-line errors, hand-computed scores."""
+"""The BLP-2023 sentiment reader and metrics: real format, one-line errors, hand-computed scores;
+the sample set's structure, and that it leaves room between seeds."""
 import numpy as np
 import pytest
 
-from helpers import write_file, written_twice
+from helpers import FAST, write_file, written_twice
+from pipeline import names
+from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.tasks import get_task
+from pipeline.tasks.samples import NEGATIVE, POSITIVE
+from pipeline.train import run
 
 TASK = get_task("sentiment")
 
@@ -55,3 +60,41 @@ def test_sample_set_is_deterministic_balanced_and_noisy(tmp_path):
     examples = TASK.load(str(a["train"]), "train")
     counts = np.bincount([e["label"] for e in examples], minlength=3)
     assert counts.min() > 0.25 * len(examples)
+
+
+def words(text):
+    return set(text.replace(",", " ").replace("?", " ").replace("।", " ").split())
+
+
+def test_no_single_cue_decides_the_label():
+    """Opinion words, negation and contrast words each occur under several labels: where they
+    sit decides, so a model has to read the structure (the issue's weak, overlapping cues)."""
+    examples = TASK.load(None, "train")
+    labels = {cue: set() for cue in ("কিন্তু", "না", "দেখিনি", *POSITIVE[:3], *NEGATIVE[:3])}
+    for e in examples:
+        for cue in words(e["text"]) & set(labels):
+            labels[cue].add(e["label"])
+    assert all(len(seen) >= 2 for seen in labels.values()), labels
+    # neutral comments that mention an opinion word (questions, hearsay, conditions)
+    neutral = [e for e in examples if e["label"] == 2]
+    opinionated = [e for e in neutral if words(e["text"]) & set(POSITIVE + NEGATIVE)]
+    assert len(opinionated) > 0.4 * len(neutral)
+    # contrasts: both polarities in one polar comment
+    mixed = [e for e in examples if e["label"] < 2 and words(e["text"]) & set(POSITIVE)
+             and words(e["text"]) & set(NEGATIVE)]
+    assert len(mixed) > 0.07 * sum(e["label"] < 2 for e in examples)
+
+
+@pytest.mark.slow
+def test_two_seeds_score_differently_below_the_ceiling(tmp_path):
+    """The default sample set is not saturated: seeds 1 and 2 of the fast model land between
+    chance (~0.33) and the label-noise ceiling (~0.96) at different test scores. On a set every
+    model learns to the ceiling both seeds miss exactly the flipped labels (issue 16: fp32, bf16
+    and DDP all scored 0.9099970036332531). Observed 0.84 and 0.84 (0.8445, 0.8351)."""
+    scores = []
+    for seed in (1, 2):
+        figures = run(load_config(None, [*FAST, "train.epochs=3", f"seed={seed}", f"output_dir={tmp_path / str(seed)}",
+                                         f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
+        scores.append(figures[names.test_metric("macro_f1")])
+    assert all(0.6 < s < 0.93 for s in scores), scores
+    assert scores[0] != scores[1]

@@ -11,7 +11,7 @@ from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.runtime import precision
 from pipeline.tasks import get_task
-from pipeline.tasks.error_cls import GENITIVE, MISSPELLED
+from pipeline.tasks.error_cls import BANGLISH, ENGLISH, FILLERS, GENITIVE, MISSPELLED
 from pipeline.train import run
 
 HEADER = "Comment,Error,Category\n"
@@ -120,12 +120,23 @@ def test_sample_set_is_deterministic_consistent_and_noisy(tmp_path):
     examples = task.load(str(a["train"]), "train")  # every row passes the reader's checks
     counts = np.bincount([e["label"] for e in examples], minlength=5)
     assert len(examples) == 1500 and counts.min() > 0.1 * len(examples)
-    # a comment with a visible error marker (Latin word, misspelling, genitive subject) labelled
-    # Correct can only be label noise: some, not many
-    markers = set(MISSPELLED.values()) | set(GENITIVE.values())
-    noisy = [e for e in examples if e["label"] == 0
-             and (re.search("[a-z]", e["text"]) or markers & set(re.findall(r"[^\s,।!]+", e["text"])))]
+    # a comment with a visible error marker (an English word, a misspelling, a genitive subject)
+    # labelled Correct can only be label noise: some, not many
+    markers = (set(MISSPELLED.values()) | set(GENITIVE.values()) | {BANGLISH[g] for g in GENITIVE.values()}
+               | {w for phrase in ENGLISH.values() for w in phrase.split() if w != "e"} | set(FILLERS))
+    noisy = [e for e in examples if e["label"] == 0 and markers & set(re.findall(r"[^\s,।!.]+", e["text"]))]
     assert 5 < len(noisy) < 0.05 * len(examples)
+
+
+def test_latin_script_is_a_weak_cue():
+    """Banglish comments (romanized Bangla) are Latin script without being code-switched: a
+    model must know the words, not the script (issue 16)."""
+    examples = get_task("error_cls").load(None, "train")
+    latin = [e for e in examples if re.search("[a-z]", e["text"])]
+    banglish = [e for e in latin if not re.search("[\u0980-\u09ff]", e["text"])]
+    assert len(banglish) > 0.1 * len(examples)
+    by_label = np.bincount([e["label"] for e in banglish], minlength=5)
+    assert by_label[0] > 0.15 * len(banglish) and by_label[3] > 0.1 * len(banglish)  # Correct, Code Switching
 
 
 # ------------------------------------------------------------------ end to end
@@ -141,7 +152,7 @@ def test_error_cls_learns(tmp_path, prec):
     out = tmp_path / "out"
     figures = run(load_config(None, [*ERR, f"precision={prec}", f"output_dir={out}",
                                      f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
-    # chance is ~0.2 macro-F1 on five classes; observed ~0.6
+    # chance is ~0.2 macro-F1 on five classes; observed 0.64-0.71 (agreement errors are the hard part)
     assert figures[names.EVAL_MAIN] == figures[names.eval_metric("macro_f1")] > 0.45
     assert figures[names.test_metric("macro_f1")] > 0.45 and figures[names.test_metric("accuracy")] > 0.55
     assert "Code Switching" in (out / "report.txt").read_text()
@@ -152,5 +163,5 @@ def test_binary_error_cls_learns(tmp_path):
     out = tmp_path / "out"
     figures = run(load_config(None, [*ERR, "task_options.binary=true", f"output_dir={out}",
                                      f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
-    assert figures[names.test_metric("macro_f1")] > 0.7  # chance ~0.5; observed ~0.85
+    assert figures[names.test_metric("macro_f1")] > 0.7  # chance ~0.5
     assert json.loads((out / "best" / "config.json").read_text())["id2label"] == {"0": "Correct", "1": "Error"}

@@ -1,4 +1,5 @@
 """Bangla health NER: the JSON reader, sub-word alignment, seqeval scores, learning end to end."""
+import collections
 import json
 import re
 from types import SimpleNamespace
@@ -14,7 +15,8 @@ from pipeline.errors import UserError
 from pipeline.models import preset_tokenizer
 from pipeline.runtime import precision
 from pipeline.tasks import get_task
-from pipeline.tasks.ner import BN, LABELS, ROMAN, TYPES
+from pipeline.tasks.ner import BN, EITHER, HELD_OUT, LABELS, ROMAN, TYPES
+from pipeline.tasks.samples import ensure_samples
 from pipeline.train import run
 
 
@@ -223,9 +225,38 @@ def test_sample_set_is_deterministic_learnable_and_noisy(tmp_path):
     assert 0.01 < wrong < 0.1
 
 
+def entities(examples):
+    """(type, words) of every gold entity."""
+    found = []
+    for e in examples:
+        for i, tag in enumerate(e["tags"]):
+            if tag.startswith("B-"):
+                j = i + 1
+                while j < len(e["tags"]) and e["tags"][j] == f"I-{tag[2:]}":
+                    j += 1
+                found.append((tag[2:], " ".join(e["words"][i:j])))
+    return found
+
+
+def test_the_words_alone_do_not_settle_the_tags():
+    """Held-out names only in dev/test, words typed by their slot, numbers that are no entity:
+    the sample set needs the context (issue 16), so a model lands below the ceiling."""
+    task = get_task("ner")
+    train, test = entities(task.load(None, "train")), entities(task.load(None, "test"))
+    held_out = {v for values in BN.values() for v in values[-HELD_OUT:] if "{" not in v}
+    assert not held_out & {words for _, words in train}
+    assert 0.05 < sum(words in held_out for _, words in test) / len(test) < 0.3
+    either = collections.Counter(t for t, words in train if words in EITHER)  # a few relabelled (noise)
+    assert {t for t, _ in either.most_common(2)} == {"Symptom", "Health Condition"}
+    assert min(either["Symptom"], either["Health Condition"]) > 0.2 * sum(either.values())
+    numbers = [w for e in task.load(None, "train") for w, t in zip(e["words"], e["tags"])
+               if t == "O" and w.isdigit()]
+    assert len(numbers) > 100  # durations, prices and times: numbers that are no entity
+
+
 # ------------------------------------------------------------------ end to end
 
-NER = ["task=ner", *FAST, "train.epochs=2"]  # F1 ~0.9 after one epoch already
+NER = ["task=ner", *FAST, "train.epochs=2"]  # test F1 0.85 observed
 
 
 @pytest.mark.slow
@@ -236,9 +267,9 @@ def test_ner_learns(tmp_path, prec):
     out = tmp_path / "out"
     figures = run(load_config(None, [*NER, f"precision={prec}", f"output_dir={out}",
                                      f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
-    # chance (random tags) is near 0 entity F1; observed ~0.95 in fp32 and bf16
-    assert figures[names.EVAL_MAIN] == figures[names.eval_metric("f1")] > 0.8
-    assert figures[names.test_metric("f1")] > 0.8
+    # chance (random tags) is near 0 entity F1; observed 0.85-0.86 (the default model: 0.91)
+    assert figures[names.EVAL_MAIN] == figures[names.eval_metric("f1")] > 0.75
+    assert 0.75 < figures[names.test_metric("f1")] < 0.95
     assert {names.test_metric(f"f1_{t}") for t in ("symptom", "health_condition", "age", "medicine", "dosage",
                                      "medical_procedure", "specialist")} <= set(figures)
     assert json.loads((out / "best" / "config.json").read_text())["id2label"]["3"] == "B-Health Condition"
@@ -252,4 +283,22 @@ def test_ner_under_two_process_ddp(tmp_path):
                       f"tracking.uri=sqlite:///{tmp_path}/m.db")
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads((out / "metrics.json").read_text())
-    assert figures[names.test_metric("f1")] > 0.8 and figures[names.EVAL_MAIN] > 0.8
+    assert figures[names.test_metric("f1")] > 0.75 and figures[names.EVAL_MAIN] > 0.75
+
+
+@pytest.mark.slow
+def test_misaligned_labels_collapse_the_score(tmp_path):
+    """A pipeline that puts each word's tag on its neighbour (labels shifted by one word, a
+    classic alignment bug) scores far below the aligned one on the same budget: the sample set
+    shows a broken alignment as a collapse. Observed: 0.85 aligned, 0.01 shifted."""
+    task = get_task("ner")
+    rows = json.loads(ensure_samples("ner", task.write_samples)["train"].read_text(encoding="utf-8"))
+    for r in rows:
+        r["labels"] = ["O"] + r["labels"][:-1]
+    shifted = write(tmp_path, rows, "shifted.json")
+    scores = {}
+    for name, data in (("aligned", []), ("shifted", [f"data.train={shifted}"])):
+        figures = run(load_config(None, [*NER, *data, f"output_dir={tmp_path / name}",
+                                         f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
+        scores[name] = figures[names.test_metric("f1")]
+    assert scores["aligned"] > 0.75 and scores["shifted"] < 0.3 * scores["aligned"], scores

@@ -1,6 +1,7 @@
 """Extractive QA (squad_bn / SQuAD v2): both file layouts, offsets kept through normalization,
 one-line errors, windows, span post-processing, SQuAD v2 scores, and the job end to end."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from pipeline.errors import UserError
 from pipeline.models import preset_tokenizer
 from pipeline.runtime import precision
 from pipeline.tasks import get_task
-from pipeline.tasks.qa import normalize_answer, squad_v2_scores
+from pipeline.tasks.qa import CITIES, FRUITS, JOBS, normalize_answer, squad_v2_scores
 from pipeline.train import run
 
 TASK = get_task("qa")
@@ -132,6 +133,24 @@ def test_sample_set_is_deterministic_with_unanswerable_questions_and_long_contex
     assert 0.1 < unanswerable < 0.2
     features = TASK.featurize(examples, tokenizer, 64, "train")
     assert len(features) > len(examples) + 30  # some contexts need two or more windows
+
+
+def test_most_answers_have_a_distractor_of_their_own_kind():
+    """A city next to another city (where one lives, where one was born, where the friend lives),
+    a number next to another number, a job next to the friend's: knowing what an answer looks
+    like is not enough, the question's words must be matched (issue 16)."""
+    kinds = [CITIES, JOBS, FRUITS]
+    answered = [e for e in TASK.load(None, "train") if e["answers"]["text"]]
+    with_distractor = 0
+    for e in answered:
+        gold = e["answers"]["text"][0]
+        same_kind = next((k for k in kinds if gold in k), None)
+        if same_kind is None:  # a number: another number in the paragraph
+            others = [w for w in re.findall(r"[০-৯]+", e["context"]) if w != gold]
+        else:
+            others = [v for v in same_kind if v != gold and v in e["context"]]
+        with_distractor += bool(others)
+    assert with_distractor > 0.6 * len(answered)
 
 
 # ---------------------------------------------------------------------- windows and post-processing
@@ -258,28 +277,24 @@ def test_squad_v2_scores_against_hand_computed_values():
 
 # ---------------------------------------------------------------------- the job end to end
 
-QA_FAST = ["task=qa", *FAST]
+QA_FAST = ["task=qa", *FAST, "train.max_length=64", "train.epochs=12"]  # QaTask.recommended_overrides
 
 
 def assert_learned(figures):
-    """Above the trivial answers: "" everywhere scores exactly the unanswerable share of F1 and
-    0 on HasAns; a random span scores about 0. Three fast epochs learn to point at answer-like
-    spans (a city, a job, a number); tying them to the question takes longer (see QaTask)."""
+    """Clearly above the trivial answers: "" everywhere scores exactly the unanswerable share of
+    F1 and 0 on HasAns; a random span scores about 0. Three epochs sit on that null answer; 12
+    learn to point at the span next to the question's words (see QaTask)."""
     noans_share = np.mean([not e["answers"]["text"] for e in TASK.load(None, "test")])
-    # observed over fresh caches, fp32 and bf16: f1 0.27-0.33, HasAns_f1 0.32-0.39
-    assert figures[names.EVAL_MAIN] == figures[names.eval_metric("f1")] > noans_share + 0.05
-    assert figures[names.test_metric("f1")] > noans_share + 0.05
-    assert figures[names.test_metric("HasAns_f1")] > 0.2 and figures[names.eval_metric("HasAns_f1")] > 0.2
+    # observed: f1 0.34-0.51 (12 epochs: 0.51, 10 epochs: 0.34-0.40), HasAns_f1 0.34-0.57
+    assert figures[names.EVAL_MAIN] == figures[names.eval_metric("f1")] > noans_share + 0.1
+    assert figures[names.test_metric("f1")] > noans_share + 0.1
+    assert figures[names.test_metric("HasAns_f1")] > 0.25 and figures[names.eval_metric("HasAns_f1")] > 0.25
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("prec", ["fp32", "bf16"])
-def test_qa_learns_on_the_sample_set(tmp_path, prec):
-    if prec == "bf16" and not precision.cpu_supports_bf16():
-        pytest.skip("this CPU has no bf16")
+def test_qa_learns_on_the_sample_set(tmp_path):
     out = tmp_path / "out"
-    figures = run(load_config(None, [*QA_FAST, "train.epochs=3", f"precision={prec}", f"output_dir={out}",
-                                     f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
+    figures = run(load_config(None, [*QA_FAST, f"output_dir={out}", f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
     assert_learned(figures)
     assert {names.eval_metric("exact"), names.eval_metric("NoAns_f1"), names.test_metric("HasAns_exact"),
             names.test_metric("NoAns_exact")} <= set(figures)
@@ -287,10 +302,12 @@ def test_qa_learns_on_the_sample_set(tmp_path, prec):
 
 
 @pytest.mark.slow
-def test_qa_under_two_process_ddp(tmp_path):
+def test_qa_under_two_process_ddp_in_bf16(tmp_path):
+    """DDP and AMP in one run (each costs a minute here): 2 ranks x 16 = the single-process
+    global batch of 32; bf16 where the CPU has it."""
+    prec = "bf16" if precision.cpu_supports_bf16() else "fp32"
     out = tmp_path / "out"
-    # 2 ranks x 16 = the single-process global batch of 32
-    result = torchrun(2, "train", *QA_FAST, "train.batch_size=16", "train.epochs=3", f"output_dir={out}",
+    result = torchrun(2, "train", *QA_FAST, "train.batch_size=16", f"precision={prec}", f"output_dir={out}",
                       f"tracking.uri=sqlite:///{tmp_path}/m.db")
     assert result.returncode == 0, result.stderr[-3000:]
     assert_learned(json.loads((out / "metrics.json").read_text()))

@@ -3,6 +3,7 @@
 import itertools
 import json
 import math
+import re
 
 import datasets
 import numpy as np
@@ -185,19 +186,40 @@ def chance(examples):
 def test_sample_set_is_deterministic_and_shaped_like_wikiqa(tmp_path):
     a = written_twice(TASK, tmp_path)
     examples = TASK.load(str(a["train"]), "train")
-    assert 1700 < len(examples) < 1900
-    assert 0.09 < np.mean([e["label"] for e in examples]) < 0.16
+    assert 1150 < len(examples) < 1260
+    assert 0.12 < np.mean([e["label"] for e in examples]) < 0.2
     per_question = {}
     for e in examples:
         per_question.setdefault(e["qid"], []).append(e["label"])
     assert {len(v) for v in per_question.values()} == {3, 4, 5, 6}
-    assert 0.3 < np.mean([sum(v) == 0 for v in per_question.values()]) < 0.7  # many unanswered questions
+    assert 0.2 < np.mean([sum(v) == 0 for v in per_question.values()]) < 0.5  # many unanswered questions
     assert chance(examples)["map"] == pytest.approx(0.506, abs=0.005)
+
+
+def test_word_overlap_is_a_weak_cue():
+    """As in WikiQA, the answer often shares fewer of the question's words than a wrong
+    candidate does (a paraphrased answer, a near miss that repeats the question): matching
+    words is not enough (issue 16). The previous sample set: 28% of the questions."""
+    def words(text):
+        return set(re.findall(r"[a-z0-9]+", text.lower()))
+
+    questions = {}
+    for e in TASK.load(None, "train"):
+        questions.setdefault(e["qid"], []).append(e)
+    overlapped = answered = 0
+    for rows in questions.values():
+        if sum(e["label"] for e in rows) != 1:
+            continue
+        answered += 1
+        asked = words(rows[0]["question"])
+        answer = next(len(asked & words(e["sentence"])) for e in rows if e["label"])
+        overlapped += max(len(asked & words(e["sentence"])) for e in rows if not e["label"]) > answer
+    assert overlapped > 0.45 * answered
 
 
 # ---------------------------------------------------------------------- the job end to end
 # Chance on the sample set: F1 0 (all negative), MAP and MRR 0.50-0.51 on dev and test (random ranking).
-# Observed with FAST, 3 epochs: F1 0.69-0.79, MAP 0.91-0.92 (fp32 and bf16).
+# Observed with FAST, 3 epochs: test F1 0.71, MAP 0.90 (fp32).
 
 
 @pytest.mark.slow
@@ -223,14 +245,15 @@ def test_wikiqa_learns_above_chance(tmp_path, prec):
 
 @pytest.mark.slow
 def test_default_model_ranks_above_chance_after_a_few_steps(tmp_path):
-    """all-MiniLM-L6-v2 (the task's default, loaded offline from its package), 30 steps of 32 pairs.
-    The ranking learns first (MAP 0.81-0.85 observed); F1 needs a few epochs to rise above 0,
-    since the decision threshold must first overcome the 13% positive prior."""
-    cfg = load_config(None, ["task=wikiqa", "train.max_steps=30", "train.batch_size=32", "train.max_length=64",
+    """all-MiniLM-L6-v2 (the task's default, loaded offline from its package), 50 steps of 32 pairs.
+    The ranking learns first (MAP 0.70 dev, 0.78 test observed; chance 0.51, 30 steps: 0.62-0.65);
+    F1 needs a few epochs to rise above 0, since the decision threshold must first overcome the
+    16% positive prior."""
+    cfg = load_config(None, ["task=wikiqa", "train.max_steps=50", "train.batch_size=32", "train.max_length=64",
                              "train.lr=2e-4", f"output_dir={tmp_path / 'out'}",
                              f"tracking.uri=sqlite:///{tmp_path}/m.db"])
     figures = run(cfg)
-    assert figures[names.eval_metric("map")] > 0.7 and figures[names.test_metric("map")] > 0.7
+    assert figures[names.eval_metric("map")] > 0.6 and figures[names.test_metric("map")] > 0.6
 
 
 @pytest.mark.slow

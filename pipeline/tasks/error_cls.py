@@ -23,7 +23,7 @@ BINARY_LABELS = ["Correct", "Error"]
 COLUMNS = ("Comment", "Error", "Category")
 OPTIONS = ("binary",)
 SAMPLE_SIZES = {"train": 1500, "dev": 300, "test": 300}
-LABEL_NOISE = 0.07
+LABEL_NOISE = 0.05
 
 
 class ErrorClsTask(TextClassificationTask):
@@ -87,8 +87,10 @@ class ErrorClsTask(TextClassificationTask):
 # ---------------------------------------------------------------------- built-in sample set
 # Composed here from small word lists (no dataset content): "pronoun time object verb".
 # Grammatical = the verb agrees with another person, or the subject is in the genitive case;
-# Spelling = a misspelled word from the list
-# below; Code Switching = an English word in Latin script; Multiple Errors = two of these.
+# Spelling = a misspelled word from the list below; Code Switching = an English word; Multiple
+# Errors = two of these. A fifth of the comments are written in romanized Bangla (Banglish):
+# there Latin script is no error at all, only an English word among the Banglish ones is, so
+# the script is a weak cue and the model has to know the words.
 
 PRONOUNS = {"1": ["আমি", "আমরা"], "2": ["তুমি", "তোমরা"], "3": ["সে", "তারা", "ও"], "hon": ["আপনি", "আপনারা"]}
 GENITIVE = {"আমি": "আমার", "আমরা": "আমাদের", "তুমি": "তোমার", "তোমরা": "তোমাদের", "সে": "তার", "তারা": "তাদের",
@@ -118,6 +120,23 @@ ENGLISH = {
     "কাজ": "work", "ব্যায়াম": "exercise", "চিঠি": "letter",
 }
 FILLERS = ["actually", "really", "basically", "honestly", "anyway"]  # English words code-switched in
+BANGLISH = {  # romanized forms of the words above (the spelling most comments use)
+    "আমি": "ami", "আমরা": "amra", "তুমি": "tumi", "তোমরা": "tomra", "সে": "she", "তারা": "tara", "ও": "o",
+    "আপনি": "apni", "আপনারা": "apnara", "আমার": "amar", "আমাদের": "amader", "তোমার": "tomar", "তোমাদের": "tomader",
+    "তার": "tar", "তাদের": "tader", "ওর": "or", "আপনার": "apnar", "আপনাদের": "apnader",
+    "প্রতিদিন": "protidin", "সকালে": "sokale", "বিকেলে": "bikele", "রাতে": "rate", "সবসময়": "sobsomoy",
+    "আজকাল": "ajkal", "মাঝেমধ্যে": "majhe moddhe", "বাজারে": "bazare", "স্কুলে": "iskule", "অফিসে": "ofise",
+    "গ্রামে": "grame", "মাঠে": "mathe", "ভাত": "bhat", "মাছ": "mach", "ফল": "fol", "রুটি": "ruti", "মিষ্টি": "mishti",
+    "বই": "boi", "পত্রিকা": "potrika", "গল্প": "golpo", "কবিতা": "kobita", "সিনেমা": "cinema", "নাটক": "natok",
+    "খবর": "khobor", "কাজ": "kaj", "রান্না": "ranna", "ব্যায়াম": "bayam", "চিঠি": "chithi", "ডায়েরি": "diary",
+    "যাই": "jai", "যাও": "jao", "যায়": "jay", "যান": "jan", "খাই": "khai", "খাও": "khao", "খায়": "khay",
+    "খান": "khan", "পড়ি": "pori", "পড়ো": "poro", "পড়ে": "pore", "পড়েন": "poren", "দেখি": "dekhi",
+    "দেখো": "dekho", "দেখে": "dekhe", "দেখেন": "dekhen", "করি": "kori", "করো": "koro", "করে": "kore",
+    "করেন": "koren", "লিখি": "likhi", "লেখো": "lekho", "লেখে": "lekhe", "লেখেন": "lekhen",
+    "ভাই,": "bhai,", "আসলে": "asole", "সত্যি বলতে,": "sotti bolte,",
+}
+BANGLISH_SHARE = 0.2
+"""Comments written in romanized Bangla; never Spelling (romanized Bangla has no one spelling)."""
 
 
 def sample_comment(rng: random.Random, category: str) -> str:
@@ -126,6 +145,7 @@ def sample_comment(rng: random.Random, category: str) -> str:
     words = [rng.choice(PRONOUNS[person]), rng.choice(TIMES), rng.choice(objects), forms[person]]
     kinds = {"Grammatical": ["g"], "Spelling": ["s"], "Code Switching": ["c"],
              "Multiple Errors": rng.sample(["g", "s", "c"], 2), "Correct": []}[category]
+    banglish = "s" not in kinds and rng.random() < BANGLISH_SHARE
     if "g" in kinds and rng.random() < 0.5:  # a verb form of another person, never the right one
         words[3] = rng.choice([f for p, f in forms.items() if f != forms[person]])
     elif "g" in kinds:
@@ -133,14 +153,21 @@ def sample_comment(rng: random.Random, category: str) -> str:
     if "s" in kinds:
         i = rng.choice([1, 2])
         words[i] = MISSPELLED[words[i]]
+    words = [rng.choice(OPENERS), *words]
+    if banglish:
+        words = [BANGLISH.get(w, w) for w in words]
     if "c" in kinds:
-        switchable = [i for i in (1, 2) if words[i] in ENGLISH]
+        switchable = [i for i in (2, 3) if words[i] in ENGLISH or BANGLISH_OF.get(words[i]) in ENGLISH]
         if switchable and rng.random() < 0.7:
             i = rng.choice(switchable)
-            words[i] = ENGLISH[words[i]]
+            words[i] = ENGLISH[BANGLISH_OF.get(words[i], words[i])]
         else:
-            words.insert(rng.randrange(len(words)), rng.choice(FILLERS))
-    return " ".join([rng.choice(OPENERS), *words]).strip() + rng.choice(ENDINGS)
+            words.insert(rng.randrange(1, len(words) + 1), rng.choice(FILLERS))
+    return " ".join(words).strip() + rng.choice(["", ".", "!"] if banglish else ENDINGS)
+
+
+BANGLISH_OF = {roman: bangla for bangla, roman in BANGLISH.items()}
+"""Romanized word -> its Bangla-script word."""
 
 
 def _sample_rows(rng: random.Random, n: int):

@@ -40,12 +40,12 @@ class QaTask(Task):
     main_metric = "f1"
     model_class = AutoModelForQuestionAnswering
     recommended_overrides = ("model=preset:bangla-tiny", "train.lr=1e-3", "train.batch_size=32",
-                             "train.max_length=64", "train.epochs=15")
-    """What suits a from-scratch preset on the sample set (test F1 ~0.6 in ~2.5 min on 2 shared
-    CPU cores); documentation only: the loop has no per-task defaults yet. Such a model first
-    learns to point at answer-like spans (F1 ~0.3, all that 3 epochs reach) and only after
-    ~300 optimizer steps ties them to the question; the global defaults (lr 5e-5, 3 epochs)
-    stay on that plateau."""
+                             "train.max_length=64", "train.epochs=12")
+    """What suits a from-scratch preset on the sample set (test F1 ~0.5, about a minute of 2 CPU
+    cores); documentation only: the loop has no per-task defaults yet. Such a model first sits on
+    the null answer (F1 = the unanswerable share, all that 3 epochs reach), then learns to point
+    at the span next to the question's words; the distractors of the answer's own kind keep it
+    below the ceiling. The global defaults (lr 5e-5, 3 epochs) stay on the plateau."""
 
     def __init__(self, options: dict | None = None):
         super().__init__(options)
@@ -222,11 +222,15 @@ class QaTask(Task):
 
 
 # ---------------------------------------------------------------------- sample set
-# Short paragraphs of templated facts about one or two people; questions ask for one fact (a
-# city, a job, a fruit, or a number in Bangla digits). Some ask for a fact that is not there
-# (unanswerable), some paragraphs carry filler sentences so they need several windows, some
-# have messy spacing (the normalizer moves the offsets), and a few golds point at the wrong
-# fact (label noise), so scores are learnable but not perfect.
+# Short paragraphs of templated facts about one person and a friend; questions ask for one fact
+# (a city, a job, a fruit, or a number in Bangla digits). Every paragraph holds distractors of
+# the answer's own kind: the city a person lives in and the city they were born in, their age
+# and their birth year, and the friend's city and job. The question shares its words with the
+# sentence of the answer ("... কোন শহরে থাকেন?" / "... ঢাকা শহরে থাকেন।"), so a model that reads
+# the words around a candidate finds it; one that only learned what a city looks like does not.
+# Some questions ask for a fact that is not there (unanswerable), some paragraphs carry filler
+# sentences so they need several windows, some have messy spacing (the normalizer moves the
+# offsets), and a few golds point at the wrong fact (label noise).
 
 NAMES = ["রহিম", "করিম", "সুমন", "রাকিব", "তানভীর", "নাসরিন", "ফারহানা", "সাবিনা", "জয়া", "মিতু",
          "আরিফ", "শাকিল", "রুমানা", "পলাশ", "দীপা", "অনিক", "তৃষা", "মাহমুদ", "সাদিয়া", "ইমরান"]
@@ -238,62 +242,83 @@ FILLER = ["সেখানে প্রতি সপ্তাহে একটি
           "এলাকার মানুষ খুব অতিথিপরায়ণ।", "বর্ষায় রাস্তাগুলো কাদায় ভরে যায়।", "বিকেলে ছেলেরা মাঠে ফুটবল খেলে।",
           "গ্রামের স্কুলটি অনেক পুরনো।", "সন্ধ্যায় চায়ের দোকানে ভিড় জমে।", "পাশের পুকুরে অনেক মাছ আছে।",
           "এখানকার মিষ্টি সারা দেশে বিখ্যাত।"]
+
+
+def _bn_number(low: int, high: int):
+    return lambda r: str(r.randint(low, high)).translate(samples.BN_DIGITS)
+
+
 # attribute: (fact templates split around the value, question templates, value maker)
 FACTS = {
-    "city": ([("{n} ", " শহরে থাকেন।"), ("{n} থাকেন ", " শহরে।")],
-             ["{n} কোন শহরে থাকেন?", "{n} কোথায় থাকেন?"], lambda r: r.choice(CITIES)),
-    "age": ([("{n}-এর বয়স ", " বছর।")], ["{n}-এর বয়স কত?", "{n}-এর বয়স কত বছর?"],
-            lambda r: str(r.randint(18, 80)).translate(samples.BN_DIGITS)),
+    "city": ([("{n} ", " শহরে থাকেন।"), ("{n} এখন থাকেন ", " শহরে।")],
+             ["{n} কোন শহরে থাকেন?", "{n} এখন কোথায় থাকেন?"], lambda r: r.choice(CITIES)),
+    "birthplace": ([("{n}-এর জন্ম ", " শহরে।"), ("{n} জন্মেছেন ", " শহরে।")],
+                   ["{n}-এর জন্ম কোন শহরে?", "{n} কোন শহরে জন্মেছেন?"], lambda r: r.choice(CITIES)),
+    "age": ([("{n}-এর বয়স ", " বছর।")], ["{n}-এর বয়স কত?", "{n}-এর বয়স কত বছর?"], _bn_number(18, 80)),
+    "year": ([("{n} ", " সালে জন্মগ্রহণ করেন।")], ["{n} কত সালে জন্মগ্রহণ করেন?", "{n} কোন সালে জন্মগ্রহণ করেন?"],
+             _bn_number(1950, 2005)),
     "job": ([("{n} পেশায় একজন ", "।"), ("{n} একজন ", " হিসেবে কাজ করেন।")],
             ["{n}-এর পেশা কী?", "{n} কী কাজ করেন?"], lambda r: r.choice(JOBS)),
-    "year": ([("{n} ", " সালে জন্মগ্রহণ করেন।")], ["{n} কত সালে জন্মগ্রহণ করেন?", "{n}-এর জন্ম কোন সালে?"],
-             lambda r: str(r.randint(1950, 2005)).translate(samples.BN_DIGITS)),
     "fruit": ([("{n}-এর প্রিয় ফল ", "।")], ["{n}-এর প্রিয় ফল কী?", "{n} কোন ফল সবচেয়ে ভালোবাসেন?"],
               lambda r: r.choice(FRUITS)),
 }
-UNANSWERABLE, LONG, MESSY, WRONG_GOLD = 0.15, 0.15, 0.1, 0.04
-NAMES_PER_CONTEXT = [1, 2]
+FRIEND_FACTS = ("city", "job", "age")
+"""What a paragraph may say about the friend too: a distractor of the same kind."""
+UNANSWERABLE, LONG, MESSY, WRONG_GOLD, ABOUT_FRIEND = 0.15, 0.12, 0.1, 0.03, 0.2
 FILLERS = (3, 6)  # filler sentences in a long paragraph: few enough that most features hold an answer
+
+
+def _paragraph(rng: random.Random):
+    """(person, friend, sentences, facts): facts are (person, attribute, value, sentence index,
+    offset of the value in its sentence)."""
+    person, friend = rng.sample(NAMES, 2)
+    messy = rng.random() < MESSY
+    stated = [(person, a) for a in rng.sample(list(FACTS), rng.randint(3, 5))]
+    stated += [(friend, a) for a in rng.sample(FRIEND_FACTS, rng.randint(1, 2))]
+    sentences, facts = [], []
+    for who, attr in stated:
+        before, after = rng.choice(FACTS[attr][0])
+        before = before.format(n=who if who == person else f"{person}-এর বন্ধু {who}")
+        if messy and rng.random() < 0.5:
+            before = before.replace(" ", "  ", 1)
+        value = FACTS[attr][2](rng)
+        facts.append((who, attr, value, len(sentences), len(before)))
+        sentences.append(before + value + after)
+    order = list(range(len(sentences)))
+    rng.shuffle(order)
+    sentences = [sentences[i] for i in order]
+    facts = [(*f[:3], order.index(f[3]), f[4]) for f in facts]
+    if rng.random() < LONG:
+        for filler in rng.sample(FILLER, rng.randint(*FILLERS)):
+            at = rng.randint(0, len(sentences))
+            sentences.insert(at, filler)
+            facts = [f if f[3] < at else (*f[:3], f[3] + 1, f[4]) for f in facts]
+    return person, friend, messy, sentences, facts
 
 
 def sample_rows(rng: random.Random, n_questions: int) -> list[dict]:
     rows = []
     while len(rows) < n_questions:
-        people = rng.sample(NAMES, rng.choice(NAMES_PER_CONTEXT))
-        messy = rng.random() < MESSY
-        sentences, facts = [], []  # facts: (person, attribute, value, sentence index, offset in it)
-        for person in people:
-            for attr in rng.sample(list(FACTS), rng.randint(2, 3)):
-                before, after = rng.choice(FACTS[attr][0])
-                before = before.format(n=person)
-                if messy and rng.random() < 0.5:
-                    before = before.replace(" ", "  ", 1)
-                value = FACTS[attr][2](rng)
-                facts.append((person, attr, value, len(sentences), len(before)))
-                sentences.append(before + value + after)
-        if rng.random() < LONG:
-            for filler in rng.sample(FILLER, rng.randint(*FILLERS)):
-                at = rng.randint(0, len(sentences))
-                sentences.insert(at, filler)
-                facts = [f if f[3] < at else (*f[:3], f[3] + 1, f[4]) for f in facts]
+        person, friend, messy, sentences, facts = _paragraph(rng)
         joiners = [rng.choice(["  ", " ", " \n"]) if messy else " " for _ in sentences]
         starts, context = [], ""
         for sentence, joiner in zip(sentences, joiners):
             starts.append(len(context))
             context += sentence + joiner
         context = context.rstrip()
+        stated = {(p, a) for p, a, *_ in facts}
         for _ in range(rng.randint(1, 3)):
+            who = friend if rng.random() < ABOUT_FRIEND else person
             if rng.random() < UNANSWERABLE:  # a fact that is not in the paragraph
-                stated = {(p, a) for p, a, *_ in facts}
-                person, attr = rng.choice([(p, a) for p in NAMES for a in FACTS if (p, a) not in stated])
+                attr = rng.choice([a for a in FACTS if (who, a) not in stated])
                 answer = None
             else:
-                person, attr, value, sentence, offset = rng.choice(facts)
-                if len(facts) > 1 and rng.random() < WRONG_GOLD:
-                    _, _, value, sentence, offset = rng.choice([f for f in facts if f[:2] != (person, attr)])
+                who, attr, value, sentence, offset = rng.choice([f for f in facts if f[0] == who] or facts)
+                if rng.random() < WRONG_GOLD:
+                    _, _, value, sentence, offset = rng.choice([f for f in facts if f[:2] != (who, attr)])
                 answer = (value, starts[sentence] + offset)
-            question = rng.choice(FACTS[attr][1]).format(n=person)
-            rows.append({"title": people[0], "context": context, "question": question,
+            question = rng.choice(FACTS[attr][1]).format(n=who)
+            rows.append({"title": person, "context": context, "question": question,
                          "answers": {"text": [answer[0]] if answer else [],
                                      "answer_start": [answer[1]] if answer else []}})
     return rows[:n_questions]

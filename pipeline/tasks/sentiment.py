@@ -13,7 +13,7 @@ from pipeline.tasks.text_classification import TextClassificationTask
 
 LABELS = ["Positive", "Negative", "Neutral"]
 SAMPLE_SIZES = {"train": 2400, "dev": 400, "test": 400}
-LABEL_NOISE = 0.08
+LABEL_NOISE = 0.05
 
 
 class SentimentTask(TextClassificationTask):
