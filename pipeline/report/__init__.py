@@ -3,7 +3,8 @@
 Reads the runs back from MLflow (the study's parent run says which cells were planned and how
 each ended; the child runs hold the figures) and writes to reports/NAME/:
 - report.md: the AMP table (FP32 vs AMP per task x model, with speed-up, memory reduction and
-  metric retention, and their averages in one sentence), the KD table (per procedure), the seed
+  metric retention ± the seed spread, speed and memory averaged in one sentence), the KD table
+  (per procedure), each finding in words with its uncertainty (compare, verdicts), the seed
   statistics, the cells and their outcomes, the charts;
 - amp_table.csv, kd_table.csv, seed_stats.csv, cells.csv (one row per cell, raw figures);
 - speedup.png, memory_reduction.png, retention.png, kd.png (matplotlib, Agg).
