@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pipeline.fsutil import atomic_dir, cache_root
 
-SAMPLE_VERSION = 2  # bump when a generator changes, so stale caches are not reused
+SAMPLE_VERSION = 3  # bump when a generator changes, so stale caches are not reused
 
 BN_DIGITS = str.maketrans("0123456789", "০১২৩৪৫৬৭৮৯")
 
