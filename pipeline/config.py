@@ -128,6 +128,15 @@ class Config:
     """auto (from the launcher's environment) | single | ddp | deepspeed."""
     deepspeed: str | None = None
     """Path of a DeepSpeed JSON config (ds_configs/); "auto" values are filled from this config."""
+    requested_world_size: int = 0
+    """The number of processes the job's global batch was planned for; 0 = as many as run. When
+    fewer run (fewer devices than asked for), grad_accum is multiplied to keep the global batch."""
+    fallback: bool = True
+    """Run on the devices there are when a job asks for more (fewer processes, same global batch,
+    a warning and tag fallback=true); false refuses such a job instead (exit 2)."""
+    dist_timeout: int = 1800
+    """Seconds a collective may wait for the other ranks (the process group's timeout), e.g. while
+    one rank prepares data; as the Hugging Face Trainer's ddp_timeout."""
     seed: int = 42
     """Seed for model init, data order and (plus the rank) dropout."""
     resume: str = "never"
@@ -165,6 +174,9 @@ class Config:
         _check("train.keep_checkpoints", t.keep_checkpoints, t.keep_checkpoints >= 1, "must be >= 1")
         _check("train.max_nonfinite", t.max_nonfinite, t.max_nonfinite >= 1, "must be >= 1")
         _one_of("resume", self.resume, ("never", "auto"))
+        _check("requested_world_size", self.requested_world_size, self.requested_world_size >= 0,
+               "must be >= 0 (0 = as many processes as run)")
+        _check("dist_timeout", self.dist_timeout, self.dist_timeout >= 1, "must be >= 1 (seconds)")
         _check("tracking.system_metrics_interval", self.tracking.system_metrics_interval,
                self.tracking.system_metrics_interval > 0, "must be > 0")
         _check("kd.alpha", self.kd.alpha, 0 <= self.kd.alpha <= 1, "must be in [0, 1]")

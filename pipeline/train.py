@@ -89,7 +89,7 @@ class Stage:
 
 def run(cfg: Config, stage: str = "train") -> dict[str, float]:
     """Run one stage; returns the final figures (also in output_dir/metrics.json)."""
-    rt = dist.init(cfg.backend)
+    rt = dist.init(cfg.backend, timeout_s=cfg.dist_timeout)
     try:
         out = Path(cfg.resolve().output_dir)
         lock.check_free(out, rt)  # a duplicate job fails before loading anything

@@ -32,6 +32,15 @@ def test_process_group_gets_the_rank_gpu_on_first_start_and_after_elastic_restar
     assert restart["rank"] == 3 and restart["world_size"] == 4 and "store" in restart
     dist.init_process_group(torch.device("cpu"), rank=3, world=4)
     assert calls[-1][0] == "gloo" and calls[-1][1]["device_id"] is None
+    assert {kw["timeout"].total_seconds() for _, kw in calls} == {1800}  # dist_timeout's default
+
+
+def test_dist_timeout_reaches_the_process_group(monkeypatch):
+    calls = []
+    monkeypatch.setattr(dist.dist, "init_process_group", lambda backend, **kw: calls.append(kw))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    dist.init_process_group(torch.device("cpu"), rank=0, world=2, timeout_s=7200)
+    assert calls[0]["timeout"].total_seconds() == 7200
 
 
 class LazyScale(torch.nn.Module):

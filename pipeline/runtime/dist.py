@@ -3,6 +3,7 @@ the few collectives the loop needs (all of them no-ops in a single process)."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import signal
 import threading
@@ -43,8 +44,9 @@ def detect_launcher() -> str:
     return "none"
 
 
-def init(backend: str, want_cuda: bool = True) -> Runtime:
-    """Resolve `backend` against the launcher and start the process group if needed."""
+def init(backend: str, want_cuda: bool = True, timeout_s: int = 1800) -> Runtime:
+    """Resolve `backend` against the launcher and start the process group if needed; a collective
+    waits at most `timeout_s` for the other ranks."""
     launcher = detect_launcher()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -76,23 +78,24 @@ def init(backend: str, want_cuda: bool = True) -> Runtime:
         device = torch.device("cpu")
 
     if backend in ("ddp", "deepspeed") and not dist.is_initialized():
-        init_process_group(device, rank, world)
+        init_process_group(device, rank, world, timeout_s)
     return Runtime(launcher, backend, rank, local_rank, world, num_nodes, device)
 
 
-def init_process_group(device: torch.device, rank: int, world: int) -> None:
+def init_process_group(device: torch.device, rank: int, world: int, timeout_s: int = 1800) -> None:
     """NCCL bound to this rank's GPU (device_id: eager init, no guessing which GPU a rank uses), gloo on CPU."""
     kind = "nccl" if device.type == "cuda" else "gloo"
     device_id = device if device.type == "cuda" else None
+    timeout = datetime.timedelta(seconds=timeout_s)
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if restart != "0":
         # After an elastic restart the agent's store still holds the previous attempt's
         # addresses (a killed rank's port among them): namespace this attempt's keys.
         store, _, _ = next(dist.rendezvous("env://"))
         dist.init_process_group(kind, store=dist.PrefixStore(f"pipeline/attempt_{restart}", store),
-                                rank=rank, world_size=world, device_id=device_id)
+                                rank=rank, world_size=world, device_id=device_id, timeout=timeout)
     else:
-        dist.init_process_group(kind, device_id=device_id)
+        dist.init_process_group(kind, device_id=device_id, timeout=timeout)
 
 
 def _free_port() -> int:
