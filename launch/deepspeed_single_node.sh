@@ -3,16 +3,17 @@
 # (DeepSpeed's CPU accelerator with gloo). The launcher appends --local_rank=N; the CLI accepts it.
 # "Visible" is what torch sees (CUDA_VISIBLE_DEVICES honoured). The launcher itself drops
 # CUDA_VISIBLE_DEVICES when given --num_gpus and would use GPUs 0..N-1, so with a visible set the
-# GPUs are named with --include localhost:IDS (the first NPROC of them).
+# GPUs are named with --include localhost:IDS (the first NPROC of them). NPROC above the visible
+# GPUs falls back to one process per GPU with the same global batch (launch/devices.sh).
 # Usage: DS_CONFIG=ds_configs/zero3.json launch/deepspeed_single_node.sh [CONFIG.yaml] [key=value ...]
 set -euo pipefail
 PYTHON=${PYTHON:-.venv/bin/python}
 DEEPSPEED=${DEEPSPEED:-.venv/bin/deepspeed}
 fail() { echo "error: launch: $*" >&2; exit 2; }
-GPUS=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
-if [ "$GPUS" -gt 0 ]; then
-  NPROC=${NPROC:-$GPUS}
-  [ "$NPROC" -le "$GPUS" ] || fail "NPROC=$NPROC but only $GPUS GPU(s) are visible (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset})"
+source "$(dirname "$0")/devices.sh"
+DEVICES=$(visible_devices)
+if [ "$DEVICES" -gt 0 ]; then
+  fit_nproc "${NPROC:-$DEVICES}" 1 "$@"
   if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
     IFS=, read -ra ids <<< "$CUDA_VISIBLE_DEVICES"
     ids=("${ids[@]:0:$NPROC}")
@@ -24,10 +25,10 @@ if [ "$GPUS" -gt 0 ]; then
     resources=(--num_gpus "$NPROC")
   fi
 else
-  NPROC=${NPROC:-2}
+  fit_nproc "${NPROC:-2}" 1 "$@"
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
   resources=(--num_gpus "$NPROC")
 fi
-cmd=("$DEEPSPEED" "${resources[@]}" --module pipeline train "$@" "deepspeed=${DS_CONFIG:-ds_configs/zero2.json}")
+cmd=("$DEEPSPEED" "${resources[@]}" --module pipeline train "$@" "${FALLBACK[@]}" "deepspeed=${DS_CONFIG:-ds_configs/zero2.json}")
 echo "+ ${cmd[*]}"
 exec "${cmd[@]}"

@@ -250,7 +250,8 @@ def what_ran(cfg: Config, rt: Runtime, policy, backend, model_spec: str, stage: 
               "global_batch": f"{batch} x {t.grad_accum} x {rt.world_size}" if t.batch_tokens
               else t.batch_size * t.grad_accum * rt.world_size,
               "deepspeed_stage": getattr(backend, "stage", None), "model": model_spec, "lr": t.lr,
-              "teacher": cfg.kd.teacher if stage == "distill" else None}
+              "teacher": cfg.kd.teacher if stage == "distill" else None,
+              "requested_world_size": rt.requested_world_size or rt.world_size}
     return {"params": {f"resolved.{k}": v for k, v in params.items()}, "tags": backend.extra_tags}
 
 
@@ -279,6 +280,8 @@ def start_stage_run(cfg: Config, rt: Runtime, stage: str, model_spec: str, preci
     tags = {
         "task": cfg.task, "model": model_spec, "precision": precision_name, "precision_requested": cfg.precision,
         "backend": rt.backend, "launcher": rt.launcher, "world_size": rt.world_size,
+        names.TAG_FALLBACK: "true" if rt.fallback else "false",
+        names.TAG_REQUESTED_WORLD_SIZE: rt.requested_world_size or rt.world_size,
         "num_nodes": rt.num_nodes, "stage": stage, names.TAG_PROCEDURE: stage,
         "device": telemetry.device_name(rt.device), "device_type": rt.device.type, "seed": cfg.seed,
         names.TAG_STUDY: "", "energy_available": "true" if energy_available else "false",

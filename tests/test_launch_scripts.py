@@ -94,12 +94,30 @@ def test_deepspeed_launcher_is_given_the_visible_gpus(fake_bin):
     assert ran(whole_node) == "--num_gpus 8 --module pipeline train deepspeed=ds_configs/zero2.json"
 
 
+def test_more_processes_than_visible_gpus_fall_back_with_the_same_global_batch(fake_bin):
+    """8 asked, 1 visible: one process, told the world size its batch was planned for."""
+    torchrun = launch("torchrun_single_node.sh", fake_bin, "precision=bf16", CUDA_VISIBLE_DEVICES="5", NPROC="8")
+    assert ran(torchrun) == ("-m torch.distributed.run --standalone --nproc_per_node 1 -m pipeline train "
+                             "precision=bf16 requested_world_size=8")
+    assert torchrun.stderr.strip().splitlines() == [
+        "warning: launch: NPROC=8 but only 1 device(s) visible (CUDA_VISIBLE_DEVICES=5): fallback to 1 process(es) "
+        "per node, grad_accum keeps the global batch of 8"]
+    ds = launch("deepspeed_single_node.sh", fake_bin, CUDA_VISIBLE_DEVICES="2,5", NPROC="4")
+    assert ran(ds) == ("--include localhost:2,5 --module pipeline train requested_world_size=4 "
+                       "deepspeed=ds_configs/zero2.json")
+    nodes = launch("torchrun_multi_node.sh", fake_bin, MASTER_ADDR="node0", NNODES="2", CUDA_VISIBLE_DEVICES="0",
+                   NPROC="4")
+    assert " --nproc_per_node 1 " in ran(nodes) and ran(nodes).endswith("requested_world_size=8 resume=auto")
+    own = launch("torchrun_single_node.sh", fake_bin, "requested_world_size=16", CUDA_VISIBLE_DEVICES="5", NPROC="8")
+    assert ran(own).endswith("train requested_world_size=16")  # the user's own plan stands
+
+
 @pytest.mark.parametrize("script", ["torchrun_single_node.sh", "deepspeed_single_node.sh"])
-def test_more_processes_than_visible_gpus_is_a_one_line_error(fake_bin, script):
-    result = launch(script, fake_bin, CUDA_VISIBLE_DEVICES="2,5", NPROC="3")
+def test_fallback_false_keeps_the_one_line_refusal(fake_bin, script):
+    result = launch(script, fake_bin, "fallback=false", CUDA_VISIBLE_DEVICES="2,5", NPROC="3")
     assert result.returncode == 2 and "RUN" not in result.stdout
     assert result.stderr.strip().splitlines() == [
-        "error: launch: NPROC=3 but only 2 GPU(s) are visible (CUDA_VISIBLE_DEVICES=2,5)"]
+        "error: launch: NPROC=3 but only 2 device(s) visible (CUDA_VISIBLE_DEVICES=2,5) and fallback=false"]
 
 
 def test_deepspeed_refuses_gpu_uuids_it_cannot_include(fake_bin):

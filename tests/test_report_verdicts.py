@@ -86,3 +86,30 @@ def test_a_student_against_its_teacher_and_the_baseline():
     # (0.845 - 0.65) / (0.865 - 0.65) = 91%; the baseline's spread (0.0707) is wide
     assert baseline.startswith("wikiqa: kd scored F1 0.8450 ± 0.0071 vs 0.6500 ± 0.0707 for the baseline `baseline` "
                                "(+0.1950): above the baseline beyond the seed spread; distillation recovered 91%")
+
+
+def test_deepspeed_pure16_is_compared_apart_from_autocast():
+    """DeepSpeed's fp16 casts the whole model (precision_mode=pure16): its speed and memory are not
+    autocast's, so it gets its own comparison, labelled, never a shared AMP column."""
+    rows = [row("fp32", "sentiment", "fp32", 1, 0.80), row("ac", "sentiment", "fp16", 1, 0.79),
+            row("ds", "sentiment", "fp16", 1, 0.78)]
+    for r in rows[1:]:
+        r["role"] = "amp"
+    rows[1]["precision_mode"], rows[2]["precision_mode"] = "autocast", "pure16"
+    amp = [c for c in comparisons(pd.DataFrame(rows, columns=ROW_COLUMNS)) if c.kind == "amp"]
+    assert [(c.compared, list(c.cmp.cell), list(c.ref.cell)) for c in amp] == [
+        ("fp16", ["ac"], ["fp32"]), ("fp16 pure16", ["ds"], ["fp32"])]
+
+
+def test_a_fallback_run_says_so_in_its_row():
+    """The tags a fallback run carries (fewer processes than planned) show in the cell's launcher."""
+    from types import SimpleNamespace
+
+    from pipeline.report.collect import _row
+
+    tags = {"launcher": "torchrun", "world_size": "1", "fallback": "true", "requested_world_size": "8",
+            "precision": "fp16", "precision_mode": "pure16"}
+    run = SimpleNamespace(data=SimpleNamespace(tags=tags), info=SimpleNamespace(status="RUNNING", run_id="r"))
+    r = _row(None, "cell", {}, run)
+    assert r["launcher"] == "torchrun x1 (fallback: 1 of 8 processes)"
+    assert r["precision"] == "fp16 (pure16)" and r["precision_mode"] == "pure16"

@@ -12,17 +12,20 @@ from pipeline.names import (
     EVAL_MAIN,
     PARENT_TAG,
     TAG_CELL,
+    TAG_FALLBACK,
+    TAG_PRECISION_MODE,
     TAG_PROCEDURE,
     TAG_REPORT_TABLES,
+    TAG_REQUESTED_WORLD_SIZE,
     TAG_STUDY,
     TEST,
     TEST_MAIN,
 )
 from pipeline.report.figures import AMP_PRECISIONS, FIGURES, FP32_PRECISIONS, MEMORY, METRICS
 
-ROW_COLUMNS = ["cell", "task", "model", "procedure", "stage", "seed", "precision_requested", "precision", "role",
-               "tables", "needs", "launcher", "status", "exit_code", "reason", "run_id", "device_type",
-               "energy_available", "main_source", "memory", "test_scores", *FIGURES]
+ROW_COLUMNS = ["cell", "task", "model", "procedure", "stage", "seed", "precision_requested", "precision",
+               "precision_mode", "role", "tables", "needs", "launcher", "status", "exit_code", "reason", "run_id",
+               "device_type", "energy_available", "main_source", "memory", "test_scores", *FIGURES]
 """The columns of a cell row (cells.csv)."""
 
 
@@ -79,11 +82,16 @@ def _row(client, name: str, plan: dict | None, run) -> dict:
             ["amp"] + (["kd"] if procedure not in ("train", "") else []))
     launcher = plan.get("launcher") or (f"{tags['launcher']} x{tags.get('world_size', '?')}" if "launcher" in tags
                                         else "")
+    if tags.get(TAG_FALLBACK) == "true" and "fallback" not in launcher:  # torchrun's surplus ranks left
+        launcher += f" (fallback: {tags.get('world_size')} of {tags.get(TAG_REQUESTED_WORLD_SIZE)} processes)"
+    # DeepSpeed's fp16 casts the whole model (pure16): never in one column with autocast fp16
+    mode = tags.get(TAG_PRECISION_MODE, "")
+    ran = tags.get("precision") or requested
     row = {
         "cell": name, "task": plan.get("task") or tags.get("task"), "model": plan.get("model") or tags.get("model"),
         "procedure": procedure, "stage": plan.get("command") or tags.get("stage"),
         "seed": plan.get("seed", tags.get("seed")), "precision_requested": requested,
-        "precision": tags.get("precision") or requested,
+        "precision": f"{ran} (pure16)" if mode == "pure16" else ran, "precision_mode": mode,
         "role": "amp" if requested in AMP_PRECISIONS else "fp32" if requested in FP32_PRECISIONS else "",
         "tables": ",".join(tables), "needs": ",".join(plan.get("needs") or []), "launcher": launcher,
         "status": status,

@@ -36,20 +36,28 @@ class Comparison:
 
 
 def amp_pairs(cells: pd.DataFrame):
-    """((task, model, procedure), FP32 rows, AMP rows): one pair per AMP precision requested
-    (fp16 and bf16 in one study are two comparisons against the same FP32 runs)."""
+    """((task, model, procedure), FP32 rows, AMP rows): one pair per AMP precision requested and
+    the way it ran (fp16 and bf16 in one study, or autocast fp16 and DeepSpeed's pure fp16, are
+    separate comparisons against the same FP32 runs)."""
     sub = cells[cells.tables.str.contains("amp") & (cells.role != "")]
     for key, g in sub.groupby(["task", "model", "procedure"], sort=False, dropna=False):
         amp = g[g.role == "amp"]
-        for variant in list(dict.fromkeys(amp.precision_requested)) or [None]:
-            yield key, g[g.role == "fp32"], amp if variant is None else amp[amp.precision_requested == variant]
+        variants = amp.precision_requested.map(str) + _pure16(amp)
+        for variant in list(dict.fromkeys(variants)) or [None]:
+            yield key, g[g.role == "fp32"], amp if variant is None else amp[variants == variant]
+
+
+def _pure16(rows: pd.DataFrame) -> pd.Series:
+    """' pure16' for the rows DeepSpeed ran in pure 16 bit, '' for autocast (rows without the column: '')."""
+    mode = rows["precision_mode"] if "precision_mode" in rows else pd.Series("", index=rows.index)
+    return mode.fillna("").map(lambda m: " pure16" if m == "pure16" else "")
 
 
 def comparisons(cells: pd.DataFrame) -> list[Comparison]:
     """Every comparison the study's cells allow, AMP pairs first, then per task the KD ones."""
     found = []
     for (task, model, procedure), fp32, amp in amp_pairs(cells):
-        variant = "/".join(dict.fromkeys(amp.precision_requested)) or "amp"
+        variant = "/".join(dict.fromkeys(amp.precision_requested.map(str) + _pure16(amp))) or "amp"
         label = f"{task} / {model}" + (f" / {procedure}" if procedure != "train" else "") + f": {variant} vs fp32"
         found.append(Comparison(task, label, "amp", "fp32", variant, fp32, amp, model=model))
     kd = cells[cells.tables.str.contains("kd")]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import os
 import signal
 import threading
@@ -13,6 +14,11 @@ import torch
 import torch.distributed as dist
 
 from pipeline.errors import UserError
+
+log = logging.getLogger("pipeline")
+
+DEVICES_ENV = "PIPELINE_DEVICES"
+"""Devices per node the pipeline may use (an integer); unset: the GPUs torch sees, no limit on CPU."""
 
 
 @dataclass
@@ -26,6 +32,12 @@ class Runtime:
     world_size: int
     num_nodes: int
     device: torch.device
+    requested_world_size: int = 0
+    """The world size the job was planned for, when fallback runs fewer processes; 0 = world_size."""
+
+    @property
+    def fallback(self) -> bool:
+        return self.requested_world_size > self.world_size
 
     @property
     def is_main(self) -> bool:
@@ -44,9 +56,24 @@ def detect_launcher() -> str:
     return "none"
 
 
-def init(backend: str, want_cuda: bool = True, timeout_s: int = 1800) -> Runtime:
+def devices_per_node(want_cuda: bool = True) -> int | None:
+    """How many processes a node can give a device each: $PIPELINE_DEVICES if set, else the GPUs
+    torch sees (CUDA_VISIBLE_DEVICES honoured); None on a CPU-only machine (processes share the CPU)."""
+    text = os.environ.get(DEVICES_ENV, "").strip()
+    if text:
+        if not text.isdigit() or int(text) < 1:
+            raise UserError(f"{DEVICES_ENV}={text}: must be a whole number >= 1")
+        return int(text)
+    if want_cuda and torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return None
+
+
+def init(backend: str, want_cuda: bool = True, timeout_s: int = 1800, fallback: bool = True) -> Runtime | None:
     """Resolve `backend` against the launcher and start the process group if needed; a collective
-    waits at most `timeout_s` for the other ranks."""
+    waits at most `timeout_s` for the other ranks. Under torchrun with more processes per node than
+    devices, fallback keeps one process per device and returns None in the others (they have
+    nothing to do and exit 0); without fallback that is a UserError."""
     launcher = detect_launcher()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -54,6 +81,20 @@ def init(backend: str, want_cuda: bool = True, timeout_s: int = 1800) -> Runtime
     # torchrun says LOCAL_WORLD_SIZE; the deepspeed launcher says LOCAL_SIZE
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", str(world))))
     num_nodes = max(1, world // max(1, local_world))
+    requested = 0
+    devices = devices_per_node(want_cuda)
+    if devices is not None and local_world > devices:
+        if launcher != "torchrun" or not fallback:
+            why = "fallback=false" if launcher == "torchrun" else f"the {launcher} launcher cannot shrink its group"
+            raise UserError(f"launch: {local_world} processes per node but {devices} device(s) visible ({why}); "
+                            "lower --nproc_per_node")
+        if local_rank >= devices:
+            log.warning("fallback: local rank %d has no device (%d visible): this process exits; the other "
+                        "ranks keep the global batch with gradient accumulation", local_rank, devices)
+            return None
+        node = rank // local_world
+        requested, rank, world = world, node * devices + local_rank, num_nodes * devices
+        os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(devices)})
 
     if backend == "auto":
         backend = "deepspeed" if launcher == "deepspeed" else ("ddp" if world > 1 else "single")
@@ -78,21 +119,24 @@ def init(backend: str, want_cuda: bool = True, timeout_s: int = 1800) -> Runtime
         device = torch.device("cpu")
 
     if backend in ("ddp", "deepspeed") and not dist.is_initialized():
-        init_process_group(device, rank, world, timeout_s)
-    return Runtime(launcher, backend, rank, local_rank, world, num_nodes, device)
+        init_process_group(device, rank, world, timeout_s, namespace="fallback" if requested else "")
+    return Runtime(launcher, backend, rank, local_rank, world, num_nodes, device, requested)
 
 
-def init_process_group(device: torch.device, rank: int, world: int, timeout_s: int = 1800) -> None:
-    """NCCL bound to this rank's GPU (device_id: eager init, no guessing which GPU a rank uses), gloo on CPU."""
+def init_process_group(device: torch.device, rank: int, world: int, timeout_s: int = 1800,
+                       namespace: str = "") -> None:
+    """NCCL bound to this rank's GPU (device_id: eager init, no guessing which GPU a rank uses), gloo on CPU.
+    A `namespace` forms the group over the launcher's store under its own keys, with `rank` and
+    `world` rather than the launcher's (the fallback's smaller group)."""
     kind = "nccl" if device.type == "cuda" else "gloo"
     device_id = device if device.type == "cuda" else None
     timeout = datetime.timedelta(seconds=timeout_s)
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    if restart != "0":
+    if restart != "0" or namespace:
         # After an elastic restart the agent's store still holds the previous attempt's
         # addresses (a killed rank's port among them): namespace this attempt's keys.
         store, _, _ = next(dist.rendezvous("env://"))
-        dist.init_process_group(kind, store=dist.PrefixStore(f"pipeline/attempt_{restart}", store),
+        dist.init_process_group(kind, store=dist.PrefixStore(f"pipeline/{namespace}attempt_{restart}", store),
                                 rank=rank, world_size=world, device_id=device_id, timeout=timeout)
     else:
         dist.init_process_group(kind, device_id=device_id, timeout=timeout)

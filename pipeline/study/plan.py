@@ -1,7 +1,9 @@
 """Planning a study: its cells, their `${PROC.output_dir}` references, run order and effective config."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import logging
 import re
 
 from pipeline.errors import UserError
@@ -11,6 +13,8 @@ from pipeline.study.spec import AXES, AXIS_KEY, Block, Cell, Procedure, Study, s
 REF = re.compile(r"\$\{([^}]*)\}")
 RUNNER = "(the study runner)"
 """The origin of the overrides the runner adds itself."""
+
+log = logging.getLogger("pipeline")
 
 
 def plan_cells(study: Study) -> list[Cell]:
@@ -141,6 +145,7 @@ def _effective(study: Study, cell: Cell) -> dict:
         reason = str(e).removeprefix("config: ")
         raise study_error(study.path, origin, f"{reason} (cell {cell.name})") from None
     cell.overrides.insert(0, ("resume=auto", RUNNER))
+    asked = _fit_to_devices(study, cell, cfg.fallback, cfg.requested_world_size)
     model = cfg.model
     if model is None:
         from pipeline.tasks import get_task
@@ -149,5 +154,29 @@ def _effective(study: Study, cell: Cell) -> dict:
     if cfg.model_config:  # e.g. the baseline: the teacher's encoder cut to 3 layers
         model += " (" + ", ".join(f"{k}={v}" for k, v in cfg.model_config.items()) + ")"
     return {"task": cfg.task, "model": model, "precision": cfg.precision, "seed": cfg.seed,
-            "procedure": cell.procedure, "command": cell.command, "launcher": cell.launcher.describe(),
+            "procedure": cell.procedure, "command": cell.command,
+            "launcher": cell.launcher.describe() + (f" (fallback: asked {asked})" if asked else ""),
             "tables": cell.tables, "needs": cell.needs}
+
+
+def _fit_to_devices(study: Study, cell: Cell, fallback: bool, requested: int) -> str | None:
+    """A cell asking for more processes per node than there are devices runs one per device, told
+    the world size it was planned for (the stage keeps the global batch with grad_accum); with
+    fallback=false the study is refused. Returns what the cell asked for, if it was cut."""
+    from pipeline.runtime.dist import devices_per_node
+
+    launcher = cell.launcher
+    devices = devices_per_node()
+    if launcher.kind == "none" or not isinstance(launcher.nproc, int) or devices is None or launcher.nproc <= devices:
+        return None
+    if not fallback:
+        own = cell.procedure in study.procedures and study.procedures[cell.procedure].launcher is not None
+        raise study_error(study.path, f"procedures.{cell.procedure}.launcher" if own else "launcher",
+                          f"nproc={launcher.nproc} but {devices} device(s) visible and fallback=false (cell {cell.name})")
+    asked = launcher.describe()
+    cell.launcher = dataclasses.replace(launcher, nproc=devices)
+    if not requested:
+        cell.overrides.append((f"requested_world_size={launcher.nproc * launcher.nnodes}", RUNNER))
+    log.warning("study %s: cell %s asks for %s, %d device(s) per node visible: it runs %s with the same global "
+                "batch (fallback)", study.name, cell.name, asked, devices, cell.launcher.describe())
+    return asked

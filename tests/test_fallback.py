@@ -1,0 +1,138 @@
+"""Fallback mode: a job asking for more processes than there are devices runs on the devices
+there are, with the same global batch (gradient accumulation makes up the missing ranks), says
+so in one warning line and in its tags; fallback=false refuses it (exit 2).
+
+This machine has no GPU. PIPELINE_DEVICES (devices per node, a documented setting) stands in for
+the GPU count, so the real launchers and the real CPU processes run the GPU-shaped cases: 8
+processes asked of 1 device, 4 of 2.
+"""
+import os
+
+import pytest
+import yaml
+
+from helpers import FAST, ROOT, mlflow_runs, run_cli, torchrun
+from pipeline import names
+from pipeline.config import load_config
+from pipeline.errors import UserError
+from pipeline.runtime import dist
+from pipeline.runtime.dist import Runtime
+from pipeline.runtime.fallback import fit_to_world
+
+
+def runtime(world, requested=0):
+    import torch
+
+    return Runtime("torchrun", "ddp" if world > 1 else "single", 0, 0, world, 1, torch.device("cpu"), requested)
+
+
+def test_grad_accum_makes_up_the_missing_ranks():
+    cfg, rt = fit_to_world(load_config(None, ["train.grad_accum=2", "requested_world_size=8"]), runtime(2))
+    assert cfg.train.grad_accum == 8 and rt.requested_world_size == 8 and rt.fallback
+    # the written config describes the run as it ran: reusing it does not multiply again
+    assert cfg.requested_world_size == 0
+    again, rt2 = fit_to_world(cfg, runtime(2))
+    assert again.train.grad_accum == 8 and not rt2.fallback
+    shrunk_by_torchrun = fit_to_world(load_config(None, []), runtime(1, requested=4))
+    assert shrunk_by_torchrun[0].train.grad_accum == 4 and shrunk_by_torchrun[1].requested_world_size == 4
+
+
+@pytest.mark.parametrize("overrides, world, message", [
+    (["requested_world_size=8", "fallback=false"], 1,
+     "launch: requested_world_size=8 but 1 process(es) run and fallback=false: launch 8 processes on 8 devices"),
+    (["requested_world_size=3"], 2,
+     "launch: requested_world_size=3 but 2 process(es) run: 3 is not a multiple of 2, so gradient accumulation "
+     "cannot keep the global batch"),
+    (["requested_world_size=1"], 2,
+     "launch: requested_world_size=1 but 2 process(es) run: launch at most 1 processes (or set requested_world_size=0)"),
+])
+def test_a_batch_that_cannot_be_kept_is_refused(overrides, world, message):
+    with pytest.raises(UserError) as e:
+        fit_to_world(load_config(None, overrides), runtime(world))
+    assert str(e.value) == message
+
+
+def torchrun_env(monkeypatch, local_rank, nproc, devices):
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    monkeypatch.setenv(dist.DEVICES_ENV, str(devices))
+    for key, value in {"RANK": local_rank, "LOCAL_RANK": local_rank, "WORLD_SIZE": nproc,
+                       "LOCAL_WORLD_SIZE": nproc}.items():
+        monkeypatch.setenv(key, str(value))
+
+
+def test_surplus_torchrun_ranks_leave_and_fallback_false_refuses(monkeypatch):
+    """Without a process group: a rank beyond the devices returns None (it exits 0), and with
+    fallback=false the launch is a one-line error."""
+    torchrun_env(monkeypatch, local_rank=1, nproc=2, devices=1)
+    assert dist.init("auto", want_cuda=False) is None
+    with pytest.raises(UserError, match=r"^launch: 2 processes per node but 1 device\(s\) visible \(fallback=false\)"):
+        dist.init("auto", want_cuda=False, fallback=False)
+    monkeypatch.setenv(dist.DEVICES_ENV, "two")
+    with pytest.raises(UserError, match="^PIPELINE_DEVICES=two: must be a whole number >= 1$"):
+        dist.init("auto", want_cuda=False)
+
+
+def test_fallback_false_is_exit_2_before_any_run(tmp_path):
+    db = tmp_path / "m.db"
+    result = run_cli("train", *FAST, "requested_world_size=2", "fallback=false", f"output_dir={tmp_path / 'out'}",
+                     f"tracking.uri=sqlite:///{db}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: launch: requested_world_size=2 but 1 process(es) run and fallback=false: launch 2 processes on 2 "
+        "devices")
+    assert not (tmp_path / "out").exists() and mlflow_runs(db, "pipeline") == []
+
+
+def tags_and_params(db, experiment):
+    (run,) = mlflow_runs(db, experiment)
+    assert run.info.status == "FINISHED"
+    return run.data.tags, run.data.params
+
+
+@pytest.mark.slow
+def test_launch_script_asked_for_8_on_1_device_trains_1_process(tmp_path):
+    import subprocess
+
+    db = tmp_path / "m.db"
+    env = {**os.environ, "PYTHON": str(ROOT / ".venv" / "bin" / "python"), "NPROC": "8", dist.DEVICES_ENV: "1"}
+    result = subprocess.run(["bash", "launch/torchrun_single_node.sh", *FAST, "train.batch_size=4",
+                             "train.max_steps=2", f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{db}",
+                             "tracking.experiment=fb"], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "--nproc_per_node 1 " in result.stdout
+    assert "fallback: requested_world_size=8 but 1 process(es) run; train.grad_accum 1 -> 8" in result.stderr
+    tags, params = tags_and_params(db, "fb")
+    assert (tags[names.TAG_FALLBACK], tags[names.TAG_REQUESTED_WORLD_SIZE], tags["world_size"]) == ("true", "8", "1")
+    assert params["resolved.grad_accum"] == "8" and params["resolved.global_batch"] == "32"  # 4 x 8, as planned
+    assert yaml.safe_load((tmp_path / "out" / "config.yaml").read_text())["train"]["grad_accum"] == 8
+
+
+@pytest.mark.slow
+def test_torchrun_beyond_the_devices_reforms_a_smaller_group(tmp_path):
+    """4 torchrun processes, 2 devices: ranks 2 and 3 exit 0, ranks 0 and 1 form a new gloo group
+    on the agent's store and train with grad_accum 2: one MLflow run saying what happened."""
+    db = tmp_path / "m.db"
+    result = torchrun(4, "train", *FAST, "train.batch_size=4", "train.max_steps=2", f"output_dir={tmp_path / 'out'}",
+                      f"tracking.uri=sqlite:///{db}", "tracking.experiment=fb", env={dist.DEVICES_ENV: "2"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.count("fallback: local rank") == 2
+    tags, params = tags_and_params(db, "fb")
+    assert (tags["backend"], tags["world_size"], tags[names.TAG_REQUESTED_WORLD_SIZE]) == ("ddp", "2", "4")
+    assert tags[names.TAG_FALLBACK] == "true" and params["resolved.global_batch"] == "16"
+
+
+@pytest.mark.slow
+def test_study_cell_asking_2_processes_runs_1_and_its_row_says_so(tmp_path):
+    db = tmp_path / "m.db"
+    spec = {"name": "fb", "output_root": str(tmp_path / "outputs"), "report_dir": str(tmp_path / "report"),
+            "overrides": [*FAST, "train.batch_size=4", "train.max_steps=2", f"tracking.uri=sqlite:///{db}"],
+            "launcher": {"type": "torchrun", "nproc": 2}, "matrix": [{"tasks": ["sentiment"]}]}
+    (tmp_path / "fb.yaml").write_text(yaml.safe_dump(spec))
+    result = run_cli("study", tmp_path / "fb.yaml", env={dist.DEVICES_ENV: "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "asks for torchrun:2, 1 device(s) per node visible: it runs torchrun:1" in result.stderr
+    (run,) = [r for r in mlflow_runs(db, "fb") if r.data.tags.get(names.PARENT_TAG) != "true"]
+    assert run.data.tags[names.TAG_FALLBACK] == "true" and run.data.params["resolved.global_batch"] == "8"
+    cells = (tmp_path / "report" / "cells.csv").read_text()
+    assert "torchrun:1 (fallback: asked torchrun:2)" in cells
