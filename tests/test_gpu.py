@@ -114,3 +114,14 @@ def test_energy_is_measured_on_a_gpu(tmp_path):
         pytest.skip("NVML's total-energy counter cannot be read on this GPU (pre-Volta, or no permission)")
     assert final[names.ENERGY_JOULES] > 0 and final[names.AVG_POWER] > 10  # an idle H100 draws ~70 W
     assert 0 < final[names.JOULES_PER_SAMPLE] < final[names.ENERGY_JOULES]
+
+
+def test_torchrun_beyond_the_visible_gpus_falls_back_on_nccl(tmp_path):
+    """Twice as many processes as GPUs: the surplus ranks exit 0, the others form an NCCL group
+    (or run alone) on their own GPUs, with grad_accum 2 keeping the global batch."""
+    _, run, _ = finished(tmp_path, *JOB, "train.batch_size=4", launcher="torchrun", nproc=2 * GPUS)
+    tags = run.data.tags
+    assert (tags[names.TAG_FALLBACK], tags["world_size"], tags[names.TAG_REQUESTED_WORLD_SIZE]) == \
+        ("true", str(GPUS), str(2 * GPUS))
+    assert run.data.params["resolved.grad_accum"] == "2"
+    assert run.data.params["resolved.global_batch"] == str(4 * 2 * GPUS)
