@@ -1,6 +1,8 @@
 """Runtime paths that a GPU job takes, checked as far as a CPU can: the process group is bound to
 the rank's GPU on an elastic restart too, and evaluation leaves nothing behind that the next
 training step cannot use."""
+import os
+
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -75,3 +77,17 @@ def test_a_training_step_after_evaluation_can_use_what_evaluation_cached():
     batch.pop("idx")
     module(**batch).loss.backward()  # inference_mode would leave an inference tensor: "cannot be saved for backward"
     assert model.classifier.weight.grad is not None
+
+
+def test_a_deepspeed_job_without_launcher_leaves_no_launcher_variables(monkeypatch):
+    """init() sets RANK/WORLD_SIZE/... for DeepSpeed's one-process group; after shutdown() they are
+    gone, so the next job in this process is not detected as a deepspeed-launched rank."""
+    for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("MASTER_PORT", "29555")
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **kw: None)  # no group needed to check the env
+    rt = dist.init("deepspeed", want_cuda=False)
+    assert rt.backend == "deepspeed" and dist.detect_launcher() == "deepspeed"
+    dist.shutdown()
+    assert dist.detect_launcher() == "none" and "RANK" not in os.environ
+    assert os.environ["MASTER_PORT"] == "29555"  # the user's own value stays

@@ -94,7 +94,7 @@ def init(backend: str, want_cuda: bool = True, timeout_s: int = 1800, fallback: 
             return None
         node = rank // local_world
         requested, rank, world = world, node * devices + local_rank, num_nodes * devices
-        os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(devices)})
+        _set_env({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(devices)})
 
     if backend == "auto":
         backend = "deepspeed" if launcher == "deepspeed" else ("ddp" if world > 1 else "single")
@@ -104,8 +104,8 @@ def init(backend: str, want_cuda: bool = True, timeout_s: int = 1800, fallback: 
         raise UserError("backend=ddp: needs a launcher (torchrun --nproc_per_node N -m pipeline train ...)")
     if backend == "deepspeed" and launcher == "none":
         # DeepSpeed's engine needs a process group even for one process
-        os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                           "MASTER_PORT": os.environ.get("MASTER_PORT", str(_free_port()))})
+        _set_env({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                  "MASTER_PORT": os.environ.get("MASTER_PORT", str(_free_port()))})
 
     if want_cuda and torch.cuda.is_available():
         if local_rank >= torch.cuda.device_count():
@@ -150,9 +150,26 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+_saved_env: dict[str, str | None] = {}
+"""The launcher variables init() set, with their values before: shutdown() puts them back, so a
+later job in the same process (a notebook, a test) is not taken for a deepspeed-launched rank."""
+
+
+def _set_env(values: dict[str, str]) -> None:
+    for key, value in values.items():
+        _saved_env.setdefault(key, os.environ.get(key))
+        os.environ[key] = value
+
+
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+    while _saved_env:
+        key, value = _saved_env.popitem()
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 def barrier() -> None:
