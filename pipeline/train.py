@@ -24,7 +24,7 @@ import torch
 import transformers
 from tqdm.auto import tqdm
 
-from pipeline import checkpoint, lock, models, names, outputs
+from pipeline import checkpoint, features, lock, models, names, outputs
 from pipeline.checkpoint import LoopState
 from pipeline.config import Config
 from pipeline.data import Loaders, build_loaders, describe_datasets
@@ -131,10 +131,13 @@ def build_stage(cfg: Config, stage: str, rt: Runtime) -> Stage:
     """Everything that can be the user's fault, before a run or an output exists."""
     policy = precision.resolve(cfg.precision, rt.device)
     task = get_task(cfg.task, cfg.task_options)
-    examples = {split: task.load(getattr(cfg.data, split), split) for split in SPLITS}
+    # the training split is prepared once per node and memory-mapped: its size, digest and texts
+    # here, not its rows; dev/test keep their examples (the metrics read them)
+    examples = {"train": features.prepare_train(task, cfg.data.train, rt),
+                **{split: task.load(getattr(cfg.data, split), split) for split in ("dev", "test")}}
     uri = resolve_uri(cfg.tracking.uri)
     transformers.set_seed(cfg.seed)  # identical initial weights on every rank
-    train_texts = task.texts(examples["train"])
+    train_texts = examples["train"].texts
     distiller = None
     if stage == "distill":
         model_spec, tokenizer, model, distiller = build_distillation(cfg, task, policy, rt, train_texts)
@@ -143,8 +146,10 @@ def build_stage(cfg: Config, stage: str, rt: Runtime) -> Stage:
         tokenizer, model = models.build(model_spec, task, train_texts, cfg.model_config, cfg.train.max_length)
     cfg = cfg.resolve(model_spec)
     backend = make_backend(rt, policy, cfg.train, cfg.deepspeed)  # resolves and checks a DeepSpeed config
-    features = {split: task.featurize(examples[split], tokenizer, cfg.train.max_length, split) for split in SPLITS}
-    return Stage(cfg, rt, stage, policy, task, examples, features, tokenizer, model, model_spec, backend,
+    prepared = {split: features.prepare_features(task, split, getattr(cfg.data, split), examples[split], tokenizer,
+                                                 cfg.train.max_length, rt) for split in SPLITS}
+    examples["train"].release()  # the builder's rows: the features are on disk now
+    return Stage(cfg, rt, stage, policy, task, examples, prepared, tokenizer, model, model_spec, backend,
                  distiller, StageMeters(rt.device, policy.name, rt.world_size), uri)
 
 

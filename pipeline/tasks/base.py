@@ -10,6 +10,8 @@ import contextlib
 import csv
 import io
 import json
+import multiprocessing
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+from normalizer import normalize
 from transformers import AutoModelForSequenceClassification, DataCollatorWithPadding
 
 from pipeline.errors import UserError
@@ -28,6 +31,11 @@ MAX_FIELD_CHARS = 1_000_000
 """The longest field a reader accepts (characters): far beyond any text a model is trained on
 (max_length is a few hundred tokens), so a longer one is a broken file, e.g. a missing
 closing quote that swallowed the lines after it."""
+PARALLEL_ROWS = 20_000
+"""From this many rows (texts) up, normalization and tokenization run in worker processes: the
+normalizer does ~7k short comments/s on one core, so 20k rows are ~3 s of work against ~0.2 s to
+fork workers and move the rows (datasets' map with num_proc also writes and joins shards: ~1 s);
+below it, and for the built-in sample sets and tests, everything stays in-process."""
 
 
 class Task(ABC):
@@ -37,8 +45,20 @@ class Task(ABC):
     default_model: ClassVar[str] = "preset:bangla-small"
     model_class: ClassVar[Any] = AutoModelForSequenceClassification
 
+    state_attributes: ClassVar[tuple[str, ...]] = ()
+    """Attributes that load() or featurize() set and later steps read (NER's tag set, the
+    predictions' width): kept with prepared features, so a cache hit restores them."""
+
     def __init__(self, options: dict | None = None):
         self.options = dict(options or {})
+
+    def state(self) -> dict:
+        return {name: getattr(self, name) for name in self.state_attributes}
+
+    def restore_state(self, state: dict) -> None:
+        for name in self.state_attributes:
+            if name in state:
+                setattr(self, name, state[name])
 
     # ------------------------------------------------------------------ data
     @abstractmethod
@@ -55,10 +75,17 @@ class Task(ABC):
 
     def load(self, source: str | None, split: str) -> list[dict]:
         """Examples of one split; `source` None means the built-in sample set."""
-        if source is None:
-            source = str(samples.ensure_samples(self.name, self.write_samples)[split])
+        source = self.resolve_source(source, split)
         if source.startswith("hub:"):
             return self.from_hub_rows(load_hub_split(source, split), source)
+        return self.read_file(Path(source))
+
+    def resolve_source(self, source: str | None, split: str) -> str:
+        """`hub:ID[:CONFIG]`, or the path of a data file that exists (the sample set's for None)."""
+        if source is None:
+            return str(samples.ensure_samples(self.name, self.write_samples)[split])
+        if source.startswith("hub:"):
+            return source
         path = Path(source)
         if path.is_dir():
             raise UserError(f"data.{split}={source}: is a directory, expected a data file")
@@ -66,7 +93,7 @@ class Task(ABC):
             raise UserError(f"data.{split}={source}: no such file")
         if not path.is_file():
             raise UserError(f"data.{split}={source}: not a regular file")
-        return self.read_file(path)
+        return source
 
     @abstractmethod
     def texts(self, examples: list[dict]) -> list[str]:
@@ -82,6 +109,11 @@ class Task(ABC):
         """A datasets.Dataset of features: model inputs, the training target(s) the HF head
         takes (`labels`, or `start_positions`/`end_positions`) and `idx` (the feature's row
         number, 0..n-1). One example may give several features (QA windows)."""
+
+    def map_batched(self, dataset, function: Callable, **kwargs):
+        """dataset.map(function, batched=True), in worker processes when the rows are many."""
+        workers = worker_count(len(dataset))
+        return dataset.map(function, batched=True, num_proc=workers if workers > 1 else None, **kwargs)
 
     def collator(self, tokenizer) -> Callable:
         """Batches of features -> dict of tensors: model inputs, targets and `idx`, padded to
@@ -113,6 +145,24 @@ class Task(ABC):
 
 
 # ---------------------------------------------------------------------- helpers for tasks
+
+
+def worker_count(rows: int) -> int:
+    """Worker processes for `rows` rows: 1 below PARALLEL_ROWS, else one per usable core (at
+    most 8, and at most one per PARALLEL_ROWS rows)."""
+    if rows < PARALLEL_ROWS:
+        return 1
+    return max(1, min(len(os.sched_getaffinity(0)), 8, rows // PARALLEL_ROWS))
+
+
+def normalize_texts(texts: list[str]) -> list[str]:
+    """normalizer.normalize of every text, in worker processes when they are many (see PARALLEL_ROWS)."""
+    workers = worker_count(len(texts))
+    if workers == 1:
+        return [normalize(t) for t in texts]
+    # fork: the workers need only the normalizer, already imported; nothing to pickle but the texts
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        return pool.map(normalize, texts, chunksize=max(1000, len(texts) // (workers * 8)))
 
 
 def read_text(path: Path) -> str:

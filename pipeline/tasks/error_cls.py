@@ -11,11 +11,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from normalizer import normalize
-
 from pipeline.errors import UserError
 from pipeline.tasks import samples
-from pipeline.tasks.base import read_table
+from pipeline.tasks.base import normalize_texts, read_table
 from pipeline.tasks.text_classification import TextClassificationTask
 
 LABELS = ["Correct", "Grammatical", "Spelling", "Code Switching", "Multiple Errors"]
@@ -80,7 +78,9 @@ class ErrorClsTask(TextClassificationTask):
                 fail(f"Error={error} but Category={raw!r}" + (" (a correct comment has an empty Category)"
                                                                 if error == "0" else " (an error needs a Category)"))
             label = int(error) if self.binary else LABELS.index(category)
-            examples.append({"text": normalize(comment), "label": label})
+            examples.append({"text": comment, "label": label})
+        for example, text in zip(examples, normalize_texts([e["text"] for e in examples])):
+            example["text"] = text
         return examples
 
 

@@ -27,12 +27,11 @@ import re
 from pathlib import Path
 
 import numpy as np
-from normalizer import normalize
 from seqeval.metrics import classification_report, f1_score, precision_score, recall_score
 from transformers import AutoModelForTokenClassification, DataCollatorForTokenClassification
 
 from pipeline.errors import UserError
-from pipeline.tasks.base import Task, read_text
+from pipeline.tasks.base import Task, normalize_texts, read_text
 from pipeline.tasks.samples import BN_DIGITS, zipf
 
 TYPES = ["Symptom", "Health Condition", "Age", "Medicine", "Dosage", "Medical Procedure", "Specialist"]
@@ -48,6 +47,8 @@ class NerTask(Task):
     name = "ner"
     main_metric = "f1"
     model_class = AutoModelForTokenClassification
+
+    state_attributes = ("labels", "max_length", "_loaded")
 
     def __init__(self, options: dict | None = None):
         super().__init__(options)
@@ -145,9 +146,12 @@ class NerTask(Task):
                     fail(f"word {j} ({word!r}): unknown tag {tag!r} (expected O, or B-/I- with one of "
                          f"{', '.join(types)})")
                 tags.append(canonical)
-            # word by word keeps the alignment; a word the normalizer empties keeps its label
-            examples.append({"words": [normalize(w).strip() or w for w in words], "tags": tags})
+            examples.append({"words": words, "tags": tags})
         self._loaded = True
+        # word by word keeps the alignment; a word the normalizer empties keeps its label
+        normalized = iter(normalize_texts([w for e in examples for w in e["words"]]))
+        for e in examples:
+            e["words"] = [next(normalized).strip() or w for w in e["words"]]
         return examples
 
     def texts(self, examples):
@@ -186,7 +190,7 @@ class NerTask(Task):
                 enc["word_starts"].append(starts)
             return enc
 
-        return ds.map(tokenize, batched=True, remove_columns=["words", "tags"])
+        return self.map_batched(ds, tokenize, remove_columns=["words", "tags"])
 
     def collator(self, tokenizer):
         return functools.partial(_collate, DataCollatorForTokenClassification(tokenizer, label_pad_token_id=IGNORE))

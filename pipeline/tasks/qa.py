@@ -47,6 +47,8 @@ class QaTask(Task):
     at the span next to the question's words; the distractors of the answer's own kind keep it
     below the ceiling. The global defaults (lr 5e-5, 3 epochs) stay on the plateau."""
 
+    state_attributes = ("max_length",)
+
     def __init__(self, options: dict | None = None):
         super().__init__(options)
         unknown = sorted(set(self.options) - set(OPTIONS))

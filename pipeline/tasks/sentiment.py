@@ -4,11 +4,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from normalizer import normalize
-
 from pipeline.errors import UserError
 from pipeline.tasks import samples
-from pipeline.tasks.base import read_table
+from pipeline.tasks.base import normalize_texts, read_table
 from pipeline.tasks.text_classification import TextClassificationTask
 
 LABELS = ["Positive", "Negative", "Neutral"]
@@ -48,7 +46,9 @@ class SentimentTask(TextClassificationTask):
             label = lookup.get(str(r.get("label", "")).strip().lower())
             if label is None:
                 raise UserError(f"{where} {line}: unknown label {r.get('label')!r} (expected {', '.join(LABELS)})")
-            examples.append({"id": str(r.get("id", line)), "text": normalize(text), "label": LABELS.index(label)})
+            examples.append({"id": str(r.get("id", line)), "text": text, "label": LABELS.index(label)})
+        for example, text in zip(examples, normalize_texts([e["text"] for e in examples])):
+            example["text"] = text
         return examples
 
 

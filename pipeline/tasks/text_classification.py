@@ -30,8 +30,8 @@ class TextClassificationTask(Task):
             "labels": [e["label"] for e in examples],
             "idx": list(range(len(examples))),
         })
-        return ds.map(lambda b: tokenizer(b["text"], truncation=True, max_length=max_length),
-                      batched=True, remove_columns=["text"])
+        return self.map_batched(ds, lambda b: tokenizer(b["text"], truncation=True, max_length=max_length),
+                                remove_columns=["text"])
 
     def predictions(self, outputs, batch):
         return {"logits": logits_to_numpy(outputs.logits)}

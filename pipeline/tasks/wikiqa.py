@@ -113,7 +113,7 @@ class WikiQaTask(Task):
             "labels": [e["label"] for e in examples],
             "idx": list(range(len(examples))),
         })
-        return ds.map(encode, batched=True, remove_columns=["question", "sentence"])
+        return self.map_batched(ds, encode, remove_columns=["question", "sentence"])
 
     def predictions(self, outputs, batch):
         logits = logits_to_numpy(outputs.logits)

@@ -1,0 +1,278 @@
+"""Prepared data: normalized examples and tokenized features on disk as Arrow (memory-mapped),
+built once per fingerprint and shared by the ranks of a job, later stages and study cells.
+
+Two kinds of entry under $PIPELINE_CACHE/features/ (cache_root()):
+  examples-KEY/  the training split as read, validated and normalized (`examples/`), the texts a
+                 preset's tokenizer is trained on (`texts/`), and meta.json (rows, digest, the
+                 task's state after loading). KEY: the file's sha256 (or hub id + the dataset's
+                 fingerprint), task and options, normalizer version, FORMAT_VERSION.
+  SPLIT-KEY/     one split's features (`data/`, what task.featurize returns) and meta.json.
+                 KEY: the examples' key, the tokenizer (class, vocabulary and pipeline, special
+                 tokens), max_length, the tokenizers/transformers versions, FORMAT_VERSION.
+Local rank 0 of each node builds a missing or unreadable entry (a node-local cache works: each
+node builds its own; on shared storage the atomic rename keeps the first copy and drops the
+others) while the other ranks wait in one collective, which also carries a builder's error to
+every rank; then every rank memory-maps the entry. Training rows never sit in a rank's memory
+as Python objects once prepared: the training split is a TrainRows (size, digest, texts).
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from pipeline.errors import UserError
+from pipeline.fsutil import atomic_dir, cache_root, write_json
+from pipeline.runtime import dist
+from pipeline.runtime.dist import Runtime
+
+FORMAT_VERSION = 1
+"""Bump when a reader, a normalization or a featurize changes what it produces: old entries are
+then never matched again."""
+TEXT_BATCH = 10_000
+log = logging.getLogger("pipeline")
+
+
+def features_dir() -> Path:
+    return cache_root() / "features"
+
+
+# ---------------------------------------------------------------------- fingerprints
+
+
+def _digest(parts: dict) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+@functools.cache
+def normalizer_version() -> str:
+    """The installed csebuetnlp normalizer's distribution and version (its module is `normalizer`)."""
+    import importlib.metadata
+
+    names = importlib.metadata.packages_distributions().get("normalizer", [])
+    return ",".join(f"{name}=={importlib.metadata.version(name)}" for name in sorted(names)) or "unknown"
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def source_identity(task, spec: str | None, split: str) -> str:
+    """What the split's rows are: a file's content hash, or a hub dataset's id and fingerprint
+    (datasets derives it from the downloaded revision)."""
+    source = task.resolve_source(spec, split)
+    if source.startswith("hub:"):
+        from pipeline.tasks.base import load_hub_split
+
+        return f"{source}|{split}|{load_hub_split(source, split)._fingerprint}"
+    return f"sha256:{file_sha256(Path(source))}"
+
+
+def examples_key(task, spec: str | None, split: str) -> str:
+    return _digest({"kind": "examples", "format": FORMAT_VERSION, "split": split, "task": task.name,
+                    "options": task.options, "source": source_identity(task, spec, split),
+                    "normalizer": normalizer_version()})
+
+
+def tokenizer_identity(tokenizer) -> str:
+    """Class, vocabulary and the whole pipeline of a fast tokenizer (normalizer, pre-tokenizer,
+    model, post-processor), special tokens and input names; never a path, and not the backend's
+    truncation/padding settings, which a call changes."""
+    parts = {"class": type(tokenizer).__name__, "specials": list(zip(tokenizer.all_special_tokens,
+                                                                      tokenizer.all_special_ids)),
+             "inputs": list(tokenizer.model_input_names), "sides": [tokenizer.padding_side, tokenizer.truncation_side]}
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        spec = json.loads(backend.to_str())
+        parts["backend"] = {k: v for k, v in spec.items() if k not in ("truncation", "padding")}
+    else:
+        parts["vocab"] = sorted(tokenizer.get_vocab().items())
+    return _digest(parts)
+
+
+def features_key(task, source_key: str, split: str, tokenizer, max_length: int) -> str:
+    import tokenizers
+    import transformers
+
+    return _digest({"kind": "features", "format": FORMAT_VERSION, "split": split, "source": source_key,
+                    "task": task.name, "options": task.options, "tokenizer": tokenizer_identity(tokenizer),
+                    "max_length": max_length, "libraries": [tokenizers.__version__, transformers.__version__]})
+
+
+def examples_digest(examples: list[dict]) -> str:
+    """The 16-hex-digit digest describe_datasets records for a split (the same formula)."""
+    text = json.dumps(examples, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------- the training split
+
+
+class TextColumn:
+    """The training texts, read batch by batch from the memory-mapped entry: iterable any number
+    of times (a preset's tokenizer hashes them, then trains on them) without a list of them all."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __iter__(self) -> Iterator[str]:
+        for batch in self.dataset.iter(batch_size=TEXT_BATCH):
+            yield from batch["text"]
+
+
+class TrainRows:
+    """The prepared training split: its size, the digest of its examples and its texts; the rows
+    themselves only on demand (the builder, to featurize)."""
+
+    def __init__(self, directory: Path, meta: dict, rows: list[dict] | None = None):
+        import datasets
+
+        self.directory, self.meta = directory, meta
+        self.texts = TextColumn(datasets.load_from_disk(str(directory / "texts")))
+        self.digest: str = meta["digest"]
+        self.key: str = meta["key"]
+        self._rows = rows
+
+    def __len__(self) -> int:
+        return self.meta["rows"]
+
+    def __repr__(self) -> str:  # what a JSON dump with default=str records: size and content digest
+        return f"TrainRows(rows={len(self)}, digest={self.digest})"
+
+    def examples(self) -> list[dict]:
+        """The normalized examples as Python objects (the builder's featurize only)."""
+        if self._rows is None:
+            import datasets
+
+            self._rows = datasets.load_from_disk(str(self.directory / "examples")).to_list()
+        return self._rows
+
+    def release(self) -> None:
+        self._rows = None
+
+
+def prepare_train(task, spec: str | None, rt: Runtime) -> TrainRows:
+    """The training split's examples entry (built by local rank 0 on a miss); the task's state
+    after loading is restored on every rank, as if it had read the file."""
+    key = examples_key(task, spec, "train")
+    final = features_dir() / f"examples-{key}"
+    built: dict = {}
+
+    def build(tmp: Path) -> None:
+        import datasets
+
+        rows = task.load(spec, "train")
+        datasets.Dataset.from_list(rows).save_to_disk(str(tmp / "examples"))
+        texts = list(task.texts(rows))
+        datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(tmp / "texts"))
+        write_json(tmp / "meta.json", {"format": FORMAT_VERSION, "key": key, "rows": len(rows),
+                                       "digest": examples_digest(rows), "state": task.state(),
+                                       "datasets": {"examples": len(rows), "texts": len(texts)}})
+        built["rows"] = rows
+
+    meta = _shared_entry(final, build, rt, f"train examples ({spec or 'sample set'})", ("examples", "texts"))
+    task.restore_state(meta["state"])
+    return TrainRows(final, meta, built.get("rows"))
+
+
+def prepare_features(task, split: str, spec: str | None, examples: list[dict] | TrainRows, tokenizer,
+                     max_length: int, rt: Runtime):
+    """One split's features, memory-mapped from its entry (built by local rank 0 on a miss)."""
+    import datasets
+
+    source_key = examples.key if isinstance(examples, TrainRows) else examples_key(task, spec, split)
+    key = features_key(task, source_key, split, tokenizer, max_length)
+    final = features_dir() / f"{split}-{key}"
+
+    def build(tmp: Path) -> None:
+        rows = examples.examples() if isinstance(examples, TrainRows) else examples
+        features = task.featurize(rows, tokenizer, max_length, split)
+        features.save_to_disk(str(tmp / "data"))
+        write_json(tmp / "meta.json", {"format": FORMAT_VERSION, "key": key, "state": task.state(),
+                                       "datasets": {"data": len(features)}})
+
+    meta = _shared_entry(final, build, rt, f"{split} features (max_length {max_length})", ("data",))
+    task.restore_state(meta["state"])
+    return datasets.load_from_disk(str(final / "data"))
+
+
+# ---------------------------------------------------------------------- one builder per node
+
+
+def _shared_entry(final: Path, build: Callable[[Path], None], rt: Runtime, what: str,
+                  datasets_in: tuple[str, ...]) -> dict:
+    """Local rank 0 makes sure `final` is complete (builds it on a miss, rebuilds it if it is
+    unreadable); every rank waits in one collective that also brings a builder's error to all
+    of them, so a bad file fails every rank with the same line instead of leaving them waiting
+    until the process-group timeout. Returns the entry's meta.json."""
+    failure = None
+    if rt.local_rank == 0:
+        try:
+            outcome = "hit" if _readable(final, datasets_in) else "miss"
+            if outcome == "miss":
+                _set_aside(final)
+                with atomic_dir(final) as tmp:  # another node's copy renamed in first: theirs is kept
+                    build(tmp)
+            log.info("prepared data: %s: %s (%s)", outcome, what, final.name)
+        except Exception as e:
+            failure = e
+    reports = dist.all_gather_objects(None if failure is None else (isinstance(failure, UserError), str(failure)))
+    if failure is not None:
+        raise failure
+    failed = [r for r in reports if r is not None]
+    if failed:
+        is_user, message = failed[0]
+        raise UserError(message) if is_user else RuntimeError(f"data preparation failed on another node: {message}")
+    meta = _read_meta(final)
+    if meta is None:
+        raise RuntimeError(f"{final}: prepared by local rank 0 but not readable here (is {features_dir()} "
+                           "the same directory for every rank of a node?)")
+    return meta
+
+
+def _read_meta(final: Path) -> dict | None:
+    try:
+        meta = json.loads((final / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and meta.get("format") == FORMAT_VERSION else None
+
+
+def _readable(final: Path, datasets_in: tuple[str, ...]) -> bool:
+    """A complete entry: its meta.json, and every dataset loads with the rows meta.json names
+    (a truncated or missing Arrow file, a half-copied folder: rebuilt, never trusted)."""
+    import datasets
+
+    meta = _read_meta(final)
+    if meta is None:
+        return False
+    try:
+        return all(len(datasets.load_from_disk(str(final / name))) == meta["datasets"][name] for name in datasets_in)
+    except Exception:  # noqa: BLE001 - whatever is wrong with it, the entry is rebuilt
+        return False
+
+
+def _set_aside(final: Path) -> None:
+    """Remove an unreadable entry: renamed first (a reader never sees it half deleted); another
+    node may have removed it already."""
+    if not final.exists():
+        return
+    log.warning("prepared data: %s is incomplete or unreadable: building it again", final)
+    aside = final.with_name(f".{final.name}.unreadable-{os.getpid()}")
+    try:
+        final.rename(aside)
+    except OSError:
+        return
+    shutil.rmtree(aside, ignore_errors=True)

@@ -1,0 +1,247 @@
+"""Prepared data (pipeline/features.py): features cached on disk are the features the task makes,
+a warm start reads and tokenizes nothing again, the fingerprint follows exactly what changes the
+features, an unreadable entry is rebuilt, and under torchrun one rank per node does the work."""
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from helpers import ROOT
+from pipeline import features
+from pipeline.config import load_config
+from pipeline.models import preset_tokenizer
+from pipeline.runtime.dist import Runtime
+from pipeline.tasks import get_task, samples
+from pipeline.tasks.base import SPLITS
+from pipeline.tasks.sentiment import LABELS
+
+SINGLE = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A cache of this test's own: a miss is a miss, whatever other tests prepared."""
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def sentiment_files(directory, rows=120, seed=0) -> dict:
+    """Small BLP-2023 TSV files (train/dev/test) with spacing the normalizer changes."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng, paths = random.Random(seed), {}
+    for split in SPLITS:
+        lines = [[f"{split}-{i}", "  " + samples.sentiment_sentence(rng, label) + " ।  ", label]
+                 for i, label in enumerate(rng.choice(LABELS) for _ in range(rows))]
+        paths[split] = samples.write_table(directory / f"{split}.tsv", ["id", "text", "label"], lines, **samples.TSV)
+    return paths
+
+
+def prepare(task, spec, tokenizer=None, max_length=32):
+    """What build_stage does with the training split: its entry, the tokenizer, its features."""
+    train = features.prepare_train(task, spec, SINGLE)
+    tokenizer = tokenizer or preset_tokenizer(train.texts)
+    return train, tokenizer, features.prepare_features(task, "train", spec, train, tokenizer, max_length, SINGLE)
+
+
+def assert_same_columns(a, b):
+    assert a.column_names == b.column_names
+    for name in a.column_names:  # the Arrow arrays themselves: same values, same types
+        assert a.data.column(name).combine_chunks().equals(b.data.column(name).combine_chunks()), name
+
+
+@pytest.mark.parametrize("task_name", ["sentiment", "ner", "qa", "error_cls", "wikiqa"])
+def test_cached_features_are_the_features_the_task_makes(cache, task_name):
+    """Cold (built) and warm (memory-mapped) features equal task.featurize over the examples as
+    read, column by column; the tokenizer trained on the cached texts is the one the rows give."""
+    direct_task = get_task(task_name)
+    rows = direct_task.load(None, "train")
+    tokenizer = preset_tokenizer(direct_task.texts(rows))
+    direct = direct_task.featurize(rows, tokenizer, 32, "train")
+
+    cold_train, cold_tokenizer, cold = prepare(get_task(task_name), None)
+    warm_task = get_task(task_name)
+    warm_train, _, warm = prepare(warm_task, None)
+    assert cold_tokenizer.get_vocab() == tokenizer.get_vocab()
+    assert_same_columns(cold, direct)
+    assert_same_columns(warm, direct)
+    assert len(warm_train) == len(rows) and warm_train.digest == features.examples_digest(rows)
+    assert warm_task.state() == direct_task.state()  # NER's tag set, the predictions' width
+
+
+def test_the_fingerprint_follows_what_changes_the_features(cache, tmp_path):
+    paths = sentiment_files(tmp_path / "a")
+    task = get_task("sentiment")
+    tokenizer = preset_tokenizer(task.texts(task.load(str(paths["train"]), "train")))
+
+    def keys(spec, task=task, tokenizer=tokenizer, max_length=32):
+        source = features.examples_key(task, spec, "train")
+        return source, features.features_key(task, source, "train", tokenizer, max_length)
+
+    base = keys(str(paths["train"]))
+    copy = tmp_path / "elsewhere.tsv"
+    shutil.copy(paths["train"], copy)
+    os.utime(copy, (1, 1))
+    assert keys(str(copy)) == base  # the content counts, not its path or time
+    reloaded = preset_tokenizer(task.texts(task.load(str(copy), "train")))  # a new object, same files
+    reloaded("a long sentence to cut " * 20, truncation=True, max_length=8)  # a call that sets truncation
+    assert keys(str(copy), tokenizer=reloaded) == base
+    assert keys(str(paths["train"]), task=get_task("sentiment", {})) == base
+
+    edited = tmp_path / "edited.tsv"
+    edited.write_bytes(paths["train"].read_bytes().replace(b"train-7\t", b"train-7x\t"))
+    assert keys(str(edited))[0] != base[0] and keys(str(edited))[1] != base[1]
+    assert keys(str(paths["train"]), max_length=48) == (base[0], keys(str(paths["train"]), max_length=48)[1])
+    assert keys(str(paths["train"]), max_length=48)[1] != base[1]
+    other = preset_tokenizer(task.texts(task.load(str(paths["dev"]), "dev")))
+    assert keys(str(paths["train"]), tokenizer=other)[1] != base[1]
+
+    error_cls = str(samples.ensure_samples("error_cls", get_task("error_cls").write_samples)["train"])
+    five, binary = get_task("error_cls"), get_task("error_cls", {"binary": True})
+    assert features.examples_key(five, error_cls, "train") != features.examples_key(binary, error_cls, "train")
+    qa = get_task("qa")
+    qa_file = str(samples.ensure_samples("qa", qa.write_samples)["train"])
+    assert features.examples_key(qa, qa_file, "train") != features.examples_key(get_task("qa", {"stride": 4}),
+                                                                                 qa_file, "train")
+
+
+def stage_config(paths, tmp_path, *extra):
+    return load_config(None, ["model=preset:bangla-tiny", "train.max_length=32", f"output_dir={tmp_path / 'out'}",
+                              *(f"data.{split}={paths[split]}" for split in SPLITS), *extra])
+
+
+def counting(monkeypatch):
+    """Count the task's file reads (per path) and featurize calls (per split)."""
+    from pipeline.tasks.sentiment import SentimentTask
+
+    calls = {"read": [], "featurize": []}
+    read, featurize = SentimentTask.read_file, SentimentTask.featurize
+
+    def counted_read(self, path):
+        calls["read"].append(path.name)
+        return read(self, path)
+
+    def counted_featurize(self, examples, tokenizer, max_length, split):
+        calls["featurize"].append(split)
+        return featurize(self, examples, tokenizer, max_length, split)
+
+    monkeypatch.setattr(SentimentTask, "read_file", counted_read)
+    monkeypatch.setattr(SentimentTask, "featurize", counted_featurize)
+    return calls
+
+
+def test_a_warm_stage_neither_reads_the_training_file_nor_tokenizes(cache, tmp_path, monkeypatch):
+    """The second stage with the same fingerprint memory-maps every split's features; the training
+    rows are never read again (dev/test are: the metrics need their examples); another max_length
+    tokenizes again, without reading the training file again."""
+    from pipeline.train import build_stage
+
+    paths = sentiment_files(tmp_path / "data")
+    calls = counting(monkeypatch)
+    cold = build_stage(stage_config(paths, tmp_path), "train", SINGLE)
+    assert sorted(calls["featurize"]) == ["dev", "test", "train"] and "train.tsv" in calls["read"]
+
+    calls["read"].clear(), calls["featurize"].clear()
+    warm = build_stage(stage_config(paths, tmp_path), "train", SINGLE)
+    assert calls == {"read": ["dev.tsv", "test.tsv"], "featurize": []}
+    for split in SPLITS:
+        assert_same_columns(warm.features[split], cold.features[split])
+    assert len(warm.examples["train"]) == 120
+
+    calls["read"].clear()
+    build_stage(stage_config(paths, tmp_path, "train.max_length=24"), "train", SINGLE)
+    assert calls == {"read": ["dev.tsv", "test.tsv"], "featurize": ["train", "dev", "test"]}
+
+
+@pytest.mark.parametrize("damage", ["truncated arrow file", "no meta.json", "half-written meta.json",
+                                    "missing texts"])
+def test_an_unreadable_entry_is_built_again(cache, tmp_path, monkeypatch, damage):
+    paths = sentiment_files(tmp_path / "data")
+    spec = str(paths["train"])
+    _, tokenizer, good = prepare(get_task("sentiment"), spec)
+    (examples_entry,) = cache.glob("features/examples-*")
+    (features_entry,) = cache.glob("features/train-*")
+    if damage == "truncated arrow file":
+        (arrow,) = (features_entry / "data").glob("*.arrow")
+        head = arrow.read_bytes()[:100]
+        arrow.unlink()  # a new, short file (a copy cut off): `good` still maps the old one
+        arrow.write_bytes(head)
+    elif damage == "no meta.json":
+        (features_entry / "meta.json").unlink()
+    elif damage == "half-written meta.json":
+        (examples_entry / "meta.json").write_text('{"format": 1, "key": ')
+    else:
+        shutil.rmtree(examples_entry / "texts")
+
+    calls = counting(monkeypatch)
+    _, _, again = prepare(get_task("sentiment"), spec, tokenizer)
+    assert_same_columns(again, good)
+    rebuilt = {"examples": ["train.tsv"], "features": ["train"]}
+    if damage in ("half-written meta.json", "missing texts"):  # the examples again; the features still fit
+        assert calls == {"read": rebuilt["examples"], "featurize": []}
+    else:  # the features again, from the cached examples: the file is not read
+        assert calls == {"read": [], "featurize": rebuilt["features"]}
+    assert sorted(p.name.split("-")[0] for p in (cache / "features").iterdir()) == ["examples", "train"]
+
+
+def test_a_bad_training_file_is_one_line_naming_it(cache, tmp_path):
+    paths = sentiment_files(tmp_path / "data")
+    bad = tmp_path / "bad.tsv"
+    bad.write_text(paths["train"].read_text().replace("\tNegative\n", "\tAngry\n", 1))
+    with pytest.raises(Exception, match=r"bad.tsv: line \d+: unknown label 'Angry'"):
+        features.prepare_train(get_task("sentiment"), str(bad), SINGLE)
+    assert not any((cache / "features").iterdir())  # nothing half-written
+
+
+RANK_SCRIPT = """
+import json, os, sys
+from pipeline.config import load_config
+from pipeline.errors import UserError
+from pipeline.runtime import dist
+from pipeline.tasks.sentiment import SentimentTask
+from pipeline.train import build_stage
+
+calls = []
+featurize = SentimentTask.featurize
+SentimentTask.featurize = lambda self, *a: calls.append(a[-1]) or featurize(self, *a)
+data, out = sys.argv[1], sys.argv[2]
+cfg = load_config(None, ["model=preset:bangla-tiny", "train.max_length=32", "backend=ddp", f"output_dir={out}",
+                         *(f"data.{s}={data}/{s}.tsv" for s in ("train", "dev", "test"))])
+rt = dist.init("ddp")
+s = build_stage(cfg, "train", rt)
+report = {"rank": rt.rank, "featurize": calls, "rows": len(s.features["train"]),
+          "ids": sum(map(sum, s.features["train"]["input_ids"]))}
+try:  # a bad training file: local rank 0 reads it, every rank fails with its line
+    build_stage(load_config(None, [f"data.train={data}/bad.tsv", f"output_dir={out}"]), "train", rt)
+except UserError as e:
+    report["error"] = str(e)
+print("REPORT " + json.dumps(report), flush=True)
+dist.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_two_ranks_on_one_node_prepare_the_data_once(cache, tmp_path):
+    """torchrun, 2 processes: local rank 0 reads and tokenizes, rank 1 only memory-maps the same
+    features; a bad training file fails both ranks with the reader's line, neither waits out the
+    process-group timeout."""
+    paths = sentiment_files(tmp_path / "data")
+    (tmp_path / "data" / "bad.tsv").write_text(paths["train"].read_text().replace("\tNeutral\n", "\t\n", 1))
+    script = tmp_path / "rank.py"
+    script.write_text(textwrap.dedent(RANK_SCRIPT))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             str(script), str(tmp_path / "data"), str(tmp_path / "out")],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    reports = sorted((json.loads(line.split("REPORT ", 1)[1]) for line in result.stdout.splitlines()
+                      if "REPORT " in line), key=lambda r: r["rank"])
+    assert [r["featurize"] for r in reports] == [["train", "dev", "test"], []]
+    assert reports[0]["rows"] == reports[1]["rows"] == 120 and reports[0]["ids"] == reports[1]["ids"]
+    for r in reports:
+        assert "bad.tsv: line" in r["error"] and "unknown label" in r["error"], r
