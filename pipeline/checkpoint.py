@@ -48,6 +48,7 @@ class LoopState:
     train_seconds: float = 0.0
     samples: float = 0.0
     tokens: float = 0.0
+    flops: float = 0.0  # of the micro-batches trained, summed over ranks (telemetry.FlopModel)
     joules: float = 0.0
     epoch_times: list = field(default_factory=list)
     peak: dict = field(default_factory=dict)

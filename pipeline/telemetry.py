@@ -5,7 +5,6 @@ Clocks are read only after the device is synchronized, so queued GPU work is not
 """
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import platform
 import resource
@@ -120,6 +119,36 @@ def peak_tflops(device_name: str, precision_name: str) -> float | None:
     return PEAK_TFLOPS[max(found, key=len)].get(precision_name) if found else None
 
 
+class FlopModel:
+    """FLOPs of a training micro-batch from its shape, from counts made once outside the timer.
+
+    In a transformer encoder every counted op (matmuls, attention) costs, per row, a polynomial
+    of degree two in the padded length L: linear layers c1 L, attention c2 L^2, pooler and head
+    c0; and each is linear in the rows. So `per_row` (padded length -> FLOPs of one row, counted
+    with FlopCounterMode on real single-row steps at up to three lengths) fixes c0, c1, c2, and a
+    batch of B rows padded to L costs B (c0 + c1 L + c2 L^2): exact for every shape, whatever the
+    order of the batches (with length grouping the first one is the longest). With fewer distinct
+    lengths the fit is exact at those, the only lengths a batch can then have."""
+
+    def __init__(self, per_row: dict[int, float]):
+        lengths = sorted(per_row)[:3]
+        self.per_row = dict(per_row)
+        self.coefficients = np.polyfit(lengths, [per_row[n] for n in lengths], len(lengths) - 1)
+
+    def batch(self, rows: int, length: int) -> float:
+        if length in self.per_row:
+            return rows * self.per_row[length]
+        return rows * float(np.polyval(self.coefficients, length))
+
+
+def count_flops(step) -> float:
+    """FLOPs of `step()` (forward and backward of one micro-batch) as torch's FlopCounterMode
+    counts them (matmuls and attention, backward included)."""
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return float(counter.get_total_flops())
+
+
 # ---------------------------------------------------------------------- energy
 
 
@@ -222,7 +251,10 @@ class StageMeters:
         self.device, self.world_size = device, world_size
         self.energy = EnergyMeter(device)
         self.peak_tflops = peak_tflops(device_name(device), precision_name) if device.type == "cuda" else None
-        self.flops_per_sample: float | None = None
+        self.flop_model: FlopModel | None = None
+        """Set once by the loop (counted outside the timed steps); None: no FLOP figures."""
+        self.flops = 0.0
+        """FLOPs of this epoch's timed micro-batches on this rank."""
         self.throughput = ThroughputMeter(device)
 
     def energy_available_anywhere(self) -> bool:
@@ -234,6 +266,7 @@ class StageMeters:
     def start_epoch(self) -> None:
         reset_peak_memory(self.device)
         self.throughput = ThroughputMeter(self.device)
+        self.flops = 0.0
         self.throughput.start()
         self.energy.start()
 
@@ -246,25 +279,21 @@ class StageMeters:
         self.throughput.start()
         self.energy.resume()
 
-    def add_batch(self, samples: int, tokens: int) -> None:
+    def add_batch(self, samples: int, tokens: int, padded_length: int) -> None:
+        """A timed micro-batch: its rows, real tokens and padded length (host numbers: no sync)."""
         self.throughput.add(samples, tokens)
-
-    def flop_counter(self):
-        """FLOPs are counted once, on the first micro-batch (forward + backward)."""
-        return FlopCounterMode(display=False) if self.flops_per_sample is None else contextlib.nullcontext()
-
-    def record_flops(self, counter, samples: int) -> None:
-        if self.flops_per_sample is None:
-            self.flops_per_sample = counter.get_total_flops() / samples
+        if self.flop_model is not None:
+            self.flops += self.flop_model.batch(samples, padded_length)
 
     def end_epoch(self, state) -> dict:
         """Collective: the epoch's perf/ and energy/ figures; adds the epoch to state's totals."""
         elapsed = self.throughput.stop()  # every training segment of the epoch; evaluation comes after
         joules_here = self.energy.stop()
-        samples, tokens = dist.all_reduce([self.throughput.samples, self.throughput.tokens])
+        samples, tokens, flops = dist.all_reduce([self.throughput.samples, self.throughput.tokens, self.flops])
         (elapsed,) = dist.all_reduce([elapsed], op="max")
         state.samples += samples
         state.tokens += tokens
+        state.flops += flops
         state.train_seconds += elapsed
         state.epoch_times.append(elapsed)
         mem = peak_memory(self.device)
@@ -272,7 +301,7 @@ class StageMeters:
         state.peak = {k: max(v, state.peak.get(k, 0.0)) for k, v in mem.items()}
         figures = {names.EPOCH_TIME: elapsed, names.SAMPLES_PER_S: samples / elapsed,
                    names.TOKENS_PER_S: tokens / elapsed, **mem}
-        figures.update(self.compute_figures(samples, elapsed))
+        figures.update(self.compute_figures(flops, samples, elapsed))
         figures.update(self._energy_figures(joules_here, samples, elapsed))
         state.joules += figures.get(names.ENERGY_JOULES, 0.0)
         return figures
@@ -285,20 +314,20 @@ class StageMeters:
             names.EPOCH_TIME: float(np.mean(state.epoch_times)),
             names.SAMPLES_PER_S: state.samples / state.train_seconds,
             names.TOKENS_PER_S: state.tokens / state.train_seconds,
-            **state.peak, **self.compute_figures(state.samples, state.train_seconds),
+            **state.peak, **self.compute_figures(state.flops, state.samples, state.train_seconds),
         }
         if state.joules:
             figures.update({names.ENERGY_JOULES: state.joules, names.AVG_POWER: state.joules / state.train_seconds,
                             names.JOULES_PER_SAMPLE: state.joules / state.samples})
         return figures
 
-    def compute_figures(self, samples: float, seconds: float) -> dict:
-        """Achieved TFLOP/s of the job and, on a GPU in the peak table, MFU."""
-        if not self.flops_per_sample or not seconds:
+    def compute_figures(self, flops: float, samples: float, seconds: float) -> dict:
+        """Achieved TFLOP/s (FLOPs of the micro-batches trained, summed over ranks) and, on a GPU
+        in the peak table, MFU."""
+        if not flops or not seconds:
             return {}
-        (flops_per_sample,) = dist.all_reduce([self.flops_per_sample], op="max")
-        tflops = flops_per_sample * samples / seconds / 1e12
-        figures = {names.FLOPS_PER_SAMPLE: flops_per_sample, names.TFLOPS: tflops}
+        tflops = flops / seconds / 1e12
+        figures = {names.FLOPS_PER_SAMPLE: flops / samples, names.TFLOPS: tflops}
         if self.peak_tflops:
             figures[names.MFU] = tflops / (self.peak_tflops * self.world_size)
         return figures

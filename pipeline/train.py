@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -39,7 +40,7 @@ from pipeline.runtime.factory import make_backend
 from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.tasks import get_task
 from pipeline.tasks.base import SPLITS, Task
-from pipeline.telemetry import StageMeters
+from pipeline.telemetry import FlopModel, StageMeters, count_flops
 from pipeline.tracking import Tracker, resolve_uri, start_stage_run, what_ran
 
 log = logging.getLogger("pipeline")
@@ -178,15 +179,56 @@ def setup_optimization(s: Stage) -> None:
     s.total_steps = steps_per_epoch * s.epochs if t.max_steps < 0 else t.max_steps
 
     s.model.to(rt.device)  # parameters stay fp32: autocast casts per op (fp32 master weights)
-    optimizer, s.scheduler = build_optimizer(s.model, t, s.total_steps, fused=rt.backend != "deepspeed")
-    s.model = s.backend.prepare(s.model, optimizer)
     if s.distiller is not None:  # the teacher's logits for the whole training set, once (cached on disk)
         s.distiller.prepare(s.features["train"], collate, t.max_length, s.tokenizer)
         s.tracker.set_tags({names.TAG_KD_CACHE: {True: "hit", False: "miss", None: "off"}[s.distiller.cache_hit]})
+    s.meters.flop_model = count_step_flops(s, collate)  # before the wrapper: no collective, no timer
+    optimizer, s.scheduler = build_optimizer(s.model, t, s.total_steps, fused=rt.backend != "deepspeed")
+    s.model = s.backend.prepare(s.model, optimizer)
     for name, content in s.backend.extra_artifacts.items():  # e.g. the resolved DeepSpeed config
         if rt.is_main:
             write_json(s.out / name, content)
             s.tracker.log_artifact(s.out / name)
+
+
+def count_step_flops(s: Stage, collate) -> FlopModel:
+    """FLOPs of one training row at up to three padded lengths (the shortest, the longest and one
+    between), each counted on a real single-row forward and backward of the unwrapped model, the
+    loss included (KD: the live teacher or the cached logits), in eval mode; gradients and RNG are
+    left as they were. Runs before the timer and before the backend wraps the model."""
+    features = s.features["train"]
+    by_length = {}
+    for i, ids in enumerate(features["input_ids"]):
+        by_length.setdefault(len(ids), i)
+    lengths = sorted(by_length)
+    candidates = dict.fromkeys([lengths[0], lengths[-1], lengths[len(lengths) // 2], *lengths])  # spread first
+    per_row: dict[int, float] = {}
+    devices = [s.rt.device] if s.rt.device.type == "cuda" else []
+    training = s.model.training
+    s.model.eval()  # dropout costs no counted FLOPs; eval mode draws no random numbers
+    with torch.random.fork_rng(devices=devices):
+        for length in candidates:
+            batch = collate([features[by_length[length]]])
+            padded = batch["input_ids"].shape[1]
+            if padded in per_row:
+                continue
+            per_row[padded] = count_flops(functools.partial(plain_step, s, batch))
+            if len(per_row) == 3:
+                break
+    s.model.zero_grad(set_to_none=True)
+    s.model.train(training)
+    return FlopModel(per_row)
+
+
+def plain_step(s: Stage, batch: dict) -> None:
+    """Forward, loss and backward of the unwrapped model, as forward_backward computes them."""
+    idx = batch.pop("idx")
+    inputs = {k: v.to(s.rt.device) for k, v in batch.items()}
+    forward_kwargs = s.distiller.forward_kwargs if s.distiller is not None else {}
+    with s.policy.autocast():
+        outputs = s.model(**inputs, **forward_kwargs)
+    loss = outputs.loss if s.distiller is None else s.distiller.loss(outputs, inputs, idx, s.model)
+    loss.backward()
 
 
 def resume(s: Stage, ckpt, resume_state: dict) -> None:
@@ -242,17 +284,16 @@ def train_epoch(s: Stage, epoch: int, preempt) -> None:
 def forward_backward(s: Stage, batch: dict, group_len: int, last_micro: bool) -> torch.Tensor:
     """One micro-batch: forward under the precision policy, the (KD) loss, backward; returns the loss."""
     idx = batch.pop("idx")
-    s.meters.add_batch(len(batch["input_ids"]), int(batch["attention_mask"].sum()))  # host tensor: no sync
+    rows, padded = batch["input_ids"].shape
+    s.meters.add_batch(rows, int(batch["attention_mask"].sum()), padded)  # host tensors: no sync
     inputs = {k: v.to(s.rt.device, non_blocking=True) for k, v in batch.items()}
     forward_kwargs = s.distiller.forward_kwargs if s.distiller is not None else {}
-    counter = s.meters.flop_counter()
     # No gradient all-reduce on accumulation micro-steps: only the last one syncs.
-    with counter, contextlib.nullcontext() if last_micro else s.backend.no_sync():
+    with contextlib.nullcontext() if last_micro else s.backend.no_sync():
         with s.policy.autocast():
             outputs = s.model(**inputs, **forward_kwargs)
         loss = outputs.loss if s.distiller is None else s.distiller.loss(outputs, inputs, idx, s.backend.module)
         s.backend.backward(loss / group_len)
-    s.meters.record_flops(counter, len(inputs["input_ids"]))
     return loss.detach()
 
 

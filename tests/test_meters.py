@@ -40,14 +40,14 @@ def test_a_mid_epoch_pause_leaves_out_its_time_and_energy_and_keeps_the_rest():
     meters.energy = metered_energy(nvml)
     state = LoopState()
     meters.start_epoch()
-    meters.add_batch(32, 1000)
+    meters.add_batch(32, 1000, 40)
     time.sleep(0.2)
     nvml.mj += 2000  # 2 J of training
     meters.pause()  # a checkpoint save: 0.4 s and 7 J that are not training
     time.sleep(0.4)
     nvml.mj += 7000
     meters.resume()
-    meters.add_batch(32, 1000)
+    meters.add_batch(32, 1000, 40)
     time.sleep(0.2)
     nvml.mj += 1000  # 1 J more of training
     figures = meters.end_epoch(state)
@@ -101,3 +101,65 @@ def test_mfu_peak_is_the_most_specific_device_entry():
     assert peak_tflops("NVIDIA H100 NVL", "fp32") == 60.0
     assert peak_tflops("NVIDIA H100 80GB HBM3", "tf32") == 494.7
     assert peak_tflops("Tesla V100-SXM2-16GB", "fp16") is None  # not in the table: no MFU, never a guess
+
+
+def bert_training_flops(rows: int, length: int, hidden: int, layers: int, labels: int) -> int:
+    """The known count for a BERT classifier (intermediate size 4h): forward per token per layer
+    24 h^2 (QKV, output, feed-forward) + 4 L h (scores and weighted sum), the pooler 2 h^2 and the
+    head 2 h C per row; training (forward + backward) three times the forward."""
+    per_row = layers * (24 * hidden**2 * length + 4 * length**2 * hidden) + 2 * hidden**2 + 2 * hidden * labels
+    return 3 * rows * per_row
+
+
+def test_step_flops_match_the_analytic_bert_count_for_every_batch_shape():
+    import transformers
+
+    from pipeline.telemetry import FlopModel, count_flops
+
+    hidden, layers, labels = 64, 2, 3
+    model = transformers.BertForSequenceClassification(transformers.BertConfig(
+        vocab_size=100, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=2,
+        intermediate_size=4 * hidden, num_labels=labels))
+
+    def step(rows, length):
+        ids = torch.randint(0, 100, (rows, length))
+        labels = torch.zeros(rows, dtype=torch.long)
+        model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss.backward()
+
+    assert count_flops(lambda: step(3, 20)) == bert_training_flops(3, 20, hidden, layers, labels)
+    # three single-row counts fix the model for every other shape
+    flop_model = FlopModel({n: count_flops(lambda n=n: step(1, n)) for n in (7, 31, 64)})
+    for rows, length in ((5, 13), (2, 90), (16, 31)):
+        expected = bert_training_flops(rows, length, hidden, layers, labels)
+        assert flop_model.batch(rows, length) == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.slow
+def test_flop_figures_follow_the_batches_really_trained(tmp_path, monkeypatch):
+    """With length grouping the first batch is the longest: FLOPs extrapolated from it overstate the
+    job. The logged FLOPs must equal the analytic count of every micro-batch the job trained."""
+    from pipeline import models, train
+    from pipeline.config import load_config
+
+    shapes = []
+    real_forward_backward = train.forward_backward
+
+    def recording(s, batch, *args):
+        shapes.append(tuple(batch["input_ids"].shape))
+        return real_forward_backward(s, batch, *args)
+
+    monkeypatch.setattr(train, "forward_backward", recording)
+    out = tmp_path / "out"
+    figures = train.run(load_config(None, [*FAST, "train.max_steps=8", "train.batch_size=8",
+                                           "train.group_by_length=true", f"output_dir={out}",
+                                           f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
+
+    tiny = models.PRESETS["bangla-tiny"]
+    assert tiny["intermediate_size"] == 4 * tiny["hidden_size"]
+    expected = sum(bert_training_flops(rows, length, tiny["hidden_size"], tiny["num_hidden_layers"], 3)
+                   for rows, length in shapes)
+    assert len({length for _, length in shapes}) > 2  # mixed lengths, the first the longest
+    assert shapes[0][1] == max(length for _, length in shapes)
+    samples = sum(rows for rows, _ in shapes)
+    assert figures[names.FLOPS_PER_SAMPLE] * samples == pytest.approx(expected, rel=1e-6)
+    assert figures[names.TFLOPS] == pytest.approx(expected / figures[names.TRAIN_TIME] / 1e12, rel=1e-6)
