@@ -205,7 +205,20 @@ def prepare_features(task, split: str, spec: str | None, examples: list[dict] | 
 
     meta = _shared_entry(final, build, rt, f"{split} features (max_length {max_length})", ("data",))
     task.restore_state(meta["state"])
-    return datasets.load_from_disk(str(final / "data"))
+    prepared = datasets.load_from_disk(str(final / "data"))
+    prepared._fingerprint = key  # datasets' content id, here defined by the inputs (the teacher cache reads it)
+    return prepared
+
+
+def sequence_lengths(dataset) -> list[int]:
+    """Every row's number of input ids, read from the Arrow column: no Python list per row (a
+    length-grouped sampler or a FLOP count over a memory-mapped split needs only these)."""
+    import pyarrow.compute as pc
+
+    lengths = pc.list_value_length(dataset.data.column("input_ids"))
+    if dataset._indices is not None:  # a selection of rows (select, shuffle): in its order
+        lengths = pc.take(lengths, dataset._indices.column(0))
+    return lengths.to_pylist()
 
 
 # ---------------------------------------------------------------------- one builder per node

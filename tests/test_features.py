@@ -15,9 +15,10 @@ import torch
 from helpers import ROOT
 from pipeline import features
 from pipeline.config import load_config
+from pipeline.errors import UserError
 from pipeline.models import preset_tokenizer
 from pipeline.runtime.dist import Runtime
-from pipeline.tasks import get_task, samples
+from pipeline.tasks import base, get_task, samples
 from pipeline.tasks.base import SPLITS
 from pipeline.tasks.sentiment import LABELS
 
@@ -108,6 +109,37 @@ def test_the_fingerprint_follows_what_changes_the_features(cache, tmp_path):
     qa_file = str(samples.ensure_samples("qa", qa.write_samples)["train"])
     assert features.examples_key(qa, qa_file, "train") != features.examples_key(get_task("qa", {"stride": 4}),
                                                                                  qa_file, "train")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="worker processes need 2 cores")
+@pytest.mark.parametrize("task_name", ["ner", "qa"])  # normalized word by word; per example
+def test_worker_processes_read_and_tokenize_as_one_process_does(monkeypatch, task_name):
+    """Above PARALLEL_ROWS rows, normalization (a pool) and tokenization (datasets' num_proc) run
+    in worker processes: the same examples and features as in-process (lowered here to 100 rows)."""
+    task = get_task(task_name)
+    rows = task.load(None, "train")
+    tokenizer = preset_tokenizer(task.texts(rows))
+    serial = task.featurize(rows, tokenizer, 32, "train")
+    monkeypatch.setattr(base, "PARALLEL_ROWS", 100)
+    assert base.worker_count(len(rows)) > 1
+    parallel_task = get_task(task_name)
+    parallel_rows = parallel_task.load(None, "train")
+    assert parallel_rows == rows
+    assert_same_columns(parallel_task.featurize(parallel_rows, tokenizer, 32, "train"), serial)
+
+
+def test_a_bad_row_read_by_a_worker_is_the_same_one_line(monkeypatch, tmp_path):
+    monkeypatch.setattr(base, "PARALLEL_ROWS", 100)
+    task = get_task("qa")
+    lines = samples.ensure_samples("qa", task.write_samples)["train"].read_text().splitlines()
+    row = json.loads(lines[700])
+    row["answers"]["answer_start"] = [len(row["context"]) + 5]
+    row["answers"]["text"] = ["x"]
+    lines[700] = json.dumps(row, ensure_ascii=False)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=r"bad.jsonl: line 701: answer_start \d+ does not match the context"):
+        task.load(str(bad), "train")
 
 
 def stage_config(paths, tmp_path, *extra):
@@ -201,6 +233,7 @@ def test_a_bad_training_file_is_one_line_naming_it(cache, tmp_path):
 RANK_SCRIPT = """
 import json, os, sys
 from pipeline.config import load_config
+from pipeline.errors import UserError
 from pipeline.errors import UserError
 from pipeline.runtime import dist
 from pipeline.tasks.sentiment import SentimentTask

@@ -155,14 +155,20 @@ def worker_count(rows: int) -> int:
     return max(1, min(len(os.sched_getaffinity(0)), 8, rows // PARALLEL_ROWS))
 
 
-def normalize_texts(texts: list[str]) -> list[str]:
-    """normalizer.normalize of every text, in worker processes when they are many (see PARALLEL_ROWS)."""
-    workers = worker_count(len(texts))
+def in_workers(function: Callable, arguments: list[tuple]) -> list:
+    """[function(*a) for a in arguments], in worker processes when they are many (PARALLEL_ROWS).
+    An exception in a worker (a UserError naming a row) is raised here."""
+    workers = worker_count(len(arguments))
     if workers == 1:
-        return [normalize(t) for t in texts]
-    # fork: the workers need only the normalizer, already imported; nothing to pickle but the texts
+        return [function(*a) for a in arguments]
+    # fork: the workers have the normalizer and the task already; only the arguments travel
     with multiprocessing.get_context("fork").Pool(workers) as pool:
-        return pool.map(normalize, texts, chunksize=max(1000, len(texts) // (workers * 8)))
+        return pool.starmap(function, arguments, chunksize=max(1000, len(arguments) // (workers * 8)))
+
+
+def normalize_texts(texts: list[str]) -> list[str]:
+    """normalizer.normalize of every text, in worker processes when they are many."""
+    return in_workers(normalize, [(t,) for t in texts])
 
 
 def read_text(path: Path) -> str:

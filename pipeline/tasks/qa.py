@@ -27,7 +27,7 @@ from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding
 
 from pipeline.errors import UserError
 from pipeline.tasks import samples
-from pipeline.tasks.base import Task, logits_to_numpy, read_json_lines, read_text
+from pipeline.tasks.base import Task, in_workers, logits_to_numpy, read_json_lines, read_text
 
 SAMPLE_SIZES = {"train": 1200, "dev": 200, "test": 200}  # questions
 OPTIONS = {"stride": None, "n_best": 20, "max_answer_length": 30}  # stride None = max_length // 4
@@ -84,11 +84,11 @@ class QaTask(Task):
             if not _parses(first):  # not JSON Lines either: a broken JSON document
                 raise UserError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
         if isinstance(doc, dict) and "data" in doc:
-            return [self._example(row, f"{path}: {where}") for where, row in _nested_rows(doc, path)]
-        return [self._example(row, f"{path}: line {n}") for n, row in read_json_lines(path)]
+            return in_workers(self._example, [(row, f"{path}: {where}") for where, row in _nested_rows(doc, path)])
+        return in_workers(self._example, [(row, f"{path}: line {n}") for n, row in read_json_lines(path)])
 
     def from_hub_rows(self, rows, source: str) -> list[dict]:
-        return [self._example(dict(r), f"{source}: row {i + 1}") for i, r in enumerate(rows)]
+        return in_workers(self._example, [(dict(r), f"{source}: row {i + 1}") for i, r in enumerate(rows)])
 
     def _example(self, row, where: str) -> dict:
         """One validated, normalized example; every problem names `where` (file and row)."""
