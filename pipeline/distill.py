@@ -10,22 +10,21 @@ learned projection when the student is narrower than the teacher.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
+import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
-from pipeline import models
+from pipeline import models, teacher_cache
 from pipeline.config import Config, KDConfig
 from pipeline.errors import UserError
-from pipeline.fsutil import atomic_dir, cache_root
+from pipeline.fsutil import cache_root
 from pipeline.runtime import dist
 
 log = logging.getLogger("pipeline")
-MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -115,9 +114,9 @@ def build_distillation(cfg: Config, task, policy, rt, train_texts: list[str]):
 
 class Distiller:
     """Frozen teacher outside DDP/DeepSpeed; logits from its cache. With the cache the teacher
-    goes to the device only for rank 0's pass on a cache miss and is dropped once the cache is
-    loaded, so its memory is never charged to the student's peak; a live teacher (no cache, or
-    the hidden-state term) sits on this rank's device."""
+    goes to the device only for each rank's share of the pass on a cache miss and is dropped once
+    the cache is complete, so its memory is never charged to the student's peak; a live teacher
+    (no cache, or the hidden-state term) sits on this rank's device."""
 
     def __init__(self, kd: KDConfig, eval_batch_size: int, task, policy, rt, teacher):
         self.alpha, self.temperature, self.hidden_weight = kd.alpha, kd.temperature, kd.hidden_weight
@@ -137,57 +136,77 @@ class Distiller:
 
     # ------------------------------------------------------------------ cache
     def prepare(self, features, collate, max_length: int, tokenizer) -> None:
-        """Compute (or load) the teacher's outputs for every training feature, once."""
+        """The teacher's outputs for every training feature, from the cache or computed once, each
+        rank over its share. All ranks agree on hit or miss: one that misses makes all compute (a
+        node-local cache can hold the file on one node and not on another). The key reads the token
+        ids themselves, so `tokenizer` (where it was loaded from, its other settings) is not in it."""
         if not self.use_cache:
             return
-        key = self.fingerprint(features, tokenizer, max_length)
+        columns = teacher_cache.input_columns(features)
+        key = teacher_cache.cache_key(self.teacher, self.task, self.policy.name, max_length, columns)
         path = cache_root() / "teacher_logits" / key / "logits.safetensors"
-        self.cache_hit = path.is_file()
-        if not self.cache_hit and self.rt.is_main:
-            log.info("teacher-logit cache miss: running the teacher over %d training features", len(features))
-            self._teacher_to_device()
-            logits = self._teacher_pass(features, collate, max_length)
-            with atomic_dir(path.parent) as tmp:
-                save_file({k: v.to(torch.float16).contiguous() for k, v in logits.items()}, tmp / path.name)
-        dist.barrier()  # the other ranks wait for rank 0's file
-        self.cached = load_file(path)
+        missing_somewhere = dist.all_reduce([0.0 if path.is_file() else 1.0], "max")[0]
+        self.cache_hit = not missing_somewhere
+        if self.cache_hit:
+            self.cached = load_file(path)
+        else:
+            self.cached = self._split_pass(features, collate, max_length, columns["input_ids"][0])
+            if self.rt.local_rank == 0:  # one writer per node: the cache dir may be node-local
+                teacher_cache.write(path, self.cached)
         self.teacher = None  # the cache answers from here on: free the teacher's memory
         if self.rt.device.type == "cuda":
             torch.cuda.empty_cache()  # give its blocks back, out of the reserved-memory figure too
 
-    def _teacher_to_device(self) -> None:
-        self.teacher = self.teacher.to(self.rt.device, dtype=self.policy.compute_dtype)
-
-    def fingerprint(self, features, tokenizer, max_length: int) -> str:
-        h = hashlib.sha256()
-        # the policy: a bf16 teacher's logits differ from an fp32 teacher's
-        h.update(f"{self.task.name}|{max_length}|{sorted(self.task.options.items())}|{self.policy.name}".encode())
-        for name, tensor in sorted(self.teacher.state_dict().items()):
-            h.update(name.encode())
-            h.update(tensor.detach().float().cpu().numpy().tobytes())
-        h.update(str(sorted(tokenizer.get_vocab().items())).encode())
-        h.update(features._fingerprint.encode() if getattr(features, "_fingerprint", None) else b"")
-        for column in ("input_ids", "labels", "start_positions", "end_positions"):
-            if column in features.column_names:
-                h.update(str(features[column]).encode())
-        return h.hexdigest()[:32]
+    def _split_pass(self, features, collate, max_length: int, lengths) -> dict[str, torch.Tensor]:
+        """This rank's share of the teacher pass, then every rank's share gathered (fp16, CPU)."""
+        world = self.rt.world_size
+        shares = teacher_cache.deal_batches(lengths, self.eval_batch_size, world)
+        if self.rt.is_main:
+            log.info("teacher-logit cache miss: the teacher runs over %d training features, %s", len(features),
+                     f"split across {world} ranks" if world > 1 else "in this process")
+        start = time.perf_counter()
+        self._teacher_to_device()
+        local = self._teacher_pass(features, collate, max_length, shares[self.rt.rank])
+        seconds = time.perf_counter() - start
+        # a rank without rows (fewer batches than ranks) learns the outputs' shapes from the others
+        shapes = next(s for s in dist.all_gather_objects({k: tuple(v.shape[1:]) for k, v in local.items()}) if s)
+        cache = teacher_cache.gather_shares(local, shares, len(features), shapes)
+        if self.rt.is_main:
+            rows = [sum(len(b) for b in share) for share in shares]
+            log.info("teacher pass: %s features per rank, %.1f s on rank 0", " + ".join(map(str, rows)), seconds)
+        return cache
 
     @torch.inference_mode()
-    def _teacher_pass(self, features, collate, max_length: int) -> dict[str, torch.Tensor]:
+    def _teacher_pass(self, features, collate, max_length: int, batches) -> dict[str, torch.Tensor]:
+        """The teacher's outputs for `batches` (arrays of row numbers), their rows in that order, fp16."""
         out: dict[str, list] = {}
-        for start in range(0, len(features), self.eval_batch_size):
-            batch = collate([features[i] for i in range(start, min(start + self.eval_batch_size, len(features)))])
+        for rows in batches:
+            batch = collate([features[int(i)] for i in rows])
             batch.pop("idx")
             for name, value in self._teacher_logits(batch).items():
                 value = value.float().cpu()
                 if self.task.kd_outputs[name]:  # per-token: pad [B, L, ...] to max_length, masked out
                     pad = [0, 0] * (value.dim() - 2) + [0, max_length - value.shape[1]]
                     value = F.pad(value, pad, value=-1e4)
-                out.setdefault(name, []).append(value)
+                out.setdefault(name, []).append(value.to(torch.float16))
         return {name: torch.cat(parts) for name, parts in out.items()}
 
+    def _cached_rows(self, name: str, idx: torch.Tensor, length: int) -> torch.Tensor:
+        """The cached rows of this micro-batch (per-token outputs cut to its length) on the device.
+        On a GPU they are gathered into pinned memory and copied without blocking the host: the
+        caching host allocator keeps the block until the copy is done, so reuse is safe."""
+        table = self.cached[name][:, :length] if self.task.kd_outputs[name] else self.cached[name]
+        if self.rt.device.type != "cuda":
+            return table[idx]
+        staged = torch.empty((len(idx), *table.shape[1:]), dtype=table.dtype, pin_memory=True)
+        torch.index_select(table, 0, idx, out=staged)
+        return staged.to(self.rt.device, non_blocking=True)
+
+    def _teacher_to_device(self) -> None:
+        self.teacher = self.teacher.to(self.rt.device, dtype=self.policy.compute_dtype)
+
     def _teacher_logits(self, batch) -> dict[str, torch.Tensor]:
-        inputs = {k: v.to(self.rt.device) for k, v in batch.items() if k in MODEL_INPUTS}
+        inputs = {k: v.to(self.rt.device) for k, v in batch.items() if k in teacher_cache.MODEL_INPUTS}
         with torch.inference_mode(), self.policy.autocast():
             outputs = self.teacher(**inputs, **self.forward_kwargs)
         wanted = {name: outputs[name] for name in self.task.kd_outputs}
@@ -199,9 +218,7 @@ class Distiller:
     def loss(self, student_outputs, batch: dict, idx: torch.Tensor, student=None) -> torch.Tensor:
         """The KD loss of a micro-batch; `student` is the unwrapped student (its kd_projection)."""
         if self.cached is not None:
-            length = batch["input_ids"].shape[1]
-            teacher = {name: (rows[:, :length] if self.task.kd_outputs[name] else rows).to(self.rt.device)
-                       for name in self.task.kd_outputs for rows in [self.cached[name][idx]]}
+            teacher = {name: self._cached_rows(name, idx, batch["input_ids"].shape[1]) for name in self.task.kd_outputs}
         else:
             teacher = self._teacher_logits({k: v for k, v in batch.items()})
         pairs = self.task.kd_pairs(student_outputs, teacher, batch)

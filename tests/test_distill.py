@@ -1,16 +1,20 @@
 """Knowledge distillation: loss properties, the DistilBERT-style student, the teacher-logit
 cache, and distill stages under torchrun DDP and DeepSpeed."""
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from helpers import FAST, deepspeed, mlflow_runs, run_cli, torchrun
-from pipeline import distill, names
+from helpers import FAST, ROOT, deepspeed, free_port, mlflow_runs, run_cli, torchrun
+from pipeline import distill, names, teacher_cache
 from pipeline.config import load_config
 from pipeline.errors import UserError
+from pipeline.fsutil import cache_root
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.tasks import get_task
@@ -95,6 +99,64 @@ def test_teacher_logit_cache_hits_misses_and_invalidates():
     assert other_teacher.cache_hit is False
 
 
+def tiny_setup(rows=64):
+    from pipeline import models
+
+    task = get_task("sentiment")
+    tokenizer, teacher = models.build("preset:bangla-tiny", task, task.texts(task.load(None, "train")), {}, 48)
+    return task, task.load(None, "train")[:rows], tokenizer, teacher
+
+
+def test_a_tokenizer_loaded_from_another_path_hits_the_cache(tmp_path):
+    """The same vocabulary saved to two folders gives the same token ids, so the same teacher
+    outputs: the second job hits. Features in another row order miss (row i must stay row i)."""
+    from transformers import AutoTokenizer
+
+    task, examples, tokenizer, teacher = tiny_setup()
+    for folder in ("a", "b"):
+        tokenizer.save_pretrained(tmp_path / folder)
+    first, second = (AutoTokenizer.from_pretrained(tmp_path / folder) for folder in ("a", "b"))
+    d = make_distiller(teacher)
+    d.prepare(task.featurize(examples, first, 48, "train"), task.collator(first), 48, first)
+    again = make_distiller(teacher)
+    again.prepare(task.featurize(examples, second, 48, "train"), task.collator(second), 48, second)
+    assert (d.cache_hit, again.cache_hit) == (False, True)
+    assert torch.equal(again.cached["logits"], d.cached["logits"])
+    shuffled = make_distiller(teacher)
+    shuffled.prepare(task.featurize(examples[::-1], second, 48, "train"), task.collator(second), 48, second)
+    assert shuffled.cache_hit is False
+    assert torch.equal(shuffled.cached["logits"], d.cached["logits"].flip(0))
+
+
+def test_a_teacher_with_the_same_weights_but_another_architecture_misses():
+    """model_config overrides reach the teacher too: 4 attention heads instead of 2 over the same
+    weights is another function, so its logits must not come from the 2-head teacher's cache."""
+    task, examples, tokenizer, teacher = tiny_setup()
+    features, collate = task.featurize(examples, tokenizer, 48, "train"), task.collator(tokenizer)
+    config = teacher.config.__class__.from_dict({**teacher.config.to_dict(), "num_attention_heads": 4})
+    four_heads = task.model_class.from_config(config)
+    four_heads.load_state_dict(teacher.state_dict())
+    two, four = make_distiller(teacher), make_distiller(four_heads)
+    two.prepare(features, collate, 48, tokenizer)
+    four.prepare(features, collate, 48, tokenizer)
+    assert four.cache_hit is False
+    assert not torch.allclose(two.cached["logits"], four.cached["logits"])
+
+
+def test_the_teacher_pass_is_dealt_out_evenly_and_covers_every_row_once():
+    lengths = np.random.default_rng(0).integers(3, 200, size=1001)
+    single = teacher_cache.deal_batches(lengths, 16, 1)[0]
+    for world in (2, 3, 8):
+        shares = teacher_cache.deal_batches(lengths, 16, world)
+        rows = np.concatenate([np.concatenate(share) for share in shares])
+        assert sorted(rows.tolist()) == list(range(1001))
+        # the same batches as one process forms (identical padding, identical results), dealt round-robin
+        assert [b.tolist() for b in single] == [b.tolist() for i in range(len(single))
+                                                for b in [shares[i % world][i // world]]]
+        tokens = [sum(int(lengths[b].max()) * len(b) for b in share) for share in shares]  # padded cost
+        assert max(tokens) - min(tokens) <= 16 * lengths.max()  # at most one batch apart
+
+
 @pytest.fixture(scope="module")
 def teacher_dir(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("teacher")
@@ -115,6 +177,48 @@ def test_distill_under_two_process_ddp(tmp_path, teacher_dir):
     (mlrun,) = mlflow_runs(db, "kd")
     assert mlrun.data.tags["stage"] == "distill" and mlrun.data.tags["world_size"] == "2"
     assert mlrun.data.tags[names.TAG_KD_CACHE] in ("hit", "miss") and mlrun.data.params["kd.alpha"] == "0.5"
+
+
+def two_node_job(tmp_path, args, caches) -> list[subprocess.CompletedProcess]:
+    """A 2-node torchrun job on this machine (one worker per node, static rendezvous): each node
+    has its own PIPELINE_CACHE, as a node-local ~/.cache would be."""
+    port, procs = free_port(), []
+    for node, cache in enumerate(caches):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+               f"--node_rank={node}", "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "pipeline", *args]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PIPELINE_CACHE": str(cache)}
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    outputs = [p.communicate(timeout=600) for p in procs]
+    return [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(procs, outputs)]
+
+
+@pytest.mark.slow
+def test_a_split_teacher_pass_on_two_nodes_equals_one_process(tmp_path, teacher_dir, monkeypatch):
+    """One process fills node 0's cache; then a 2-node job whose node 1 has an empty cache: every
+    rank computes its share (one missing node makes all compute), node 1 writes its own copy, and
+    that copy holds what the single process computed (to fp16 rounding)."""
+    args = ["distill", *FAST, "model=from_teacher:2", f"kd.teacher={teacher_dir}", "train.max_steps=2"]
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    monkeypatch.setenv("PIPELINE_CACHE", str(node0))
+    run(load_config(None, [*args[1:], f"output_dir={tmp_path / 'one'}", f"tracking.uri=sqlite:///{tmp_path}/1.db"]),
+        stage="distill")
+    (single,) = (cache_root() / "teacher_logits").glob("*/logits.safetensors")
+
+    db = tmp_path / "2.db"
+    nodes = two_node_job(tmp_path, [*args, f"output_dir={tmp_path / 'two'}", f"tracking.uri=sqlite:///{db}",
+                                    "tracking.experiment=split"], [node0, node1])
+    assert [n.returncode for n in nodes] == [0, 0], nodes[0].stderr[-3000:] + nodes[1].stderr[-3000:]
+    assert "split across 2 ranks" in nodes[0].stderr
+    (mlrun,) = mlflow_runs(db, "split")
+    assert mlrun.data.tags[names.TAG_KD_CACHE] == "miss"  # node 0 alone would have hit
+    split = node1 / single.relative_to(node0)  # the same key: the same features and teacher
+    from safetensors.torch import load_file
+
+    a, b = load_file(single), load_file(split)
+    assert a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a)
+    for k in a:
+        torch.testing.assert_close(b[k].float(), a[k].float(), rtol=2**-10, atol=2**-14)
 
 
 @pytest.mark.slow
