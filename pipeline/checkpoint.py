@@ -54,8 +54,8 @@ class LoopState:
     peak: dict = field(default_factory=dict)
     last_loss: float = math.nan
     loss_window: list = field(default_factory=lambda: [0.0, 0])
-    """Sum and count of the finite step losses since train/loss was last logged (in a
-    checkpoint: summed over ranks, held by rank 0)."""
+    """Sum and count of the finite step losses since train/loss was last logged, summed over
+    ranks (the same on every rank; steps not yet read from the device are not in it)."""
     run_id: str | None = None
 
 

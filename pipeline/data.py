@@ -143,7 +143,7 @@ def build_loaders(features: dict, collate, train: TrainConfig, rt: Runtime, seed
                                   collate_fn=collate, num_workers=train.num_workers, pin_memory=pin,
                                   generator=torch.Generator().manual_seed(seed))
     dev, test = (DataLoader(Subset(features[split], eval_shard(len(features[split]), rt)),
-                            batch_size=train.eval_batch_size, collate_fn=collate,
+                            batch_size=train.eval_batch_size, collate_fn=collate, pin_memory=pin,
                             generator=torch.Generator().manual_seed(seed))
                  for split in ("dev", "test"))
     return Loaders(train_loader, sampler, dev, test)

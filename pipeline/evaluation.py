@@ -15,17 +15,17 @@ def evaluate(module, loader, task, policy, rt, examples, features, keep: bool = 
     no_grad, not inference_mode: tensors a module caches while evaluating (ZeRO-3's gathered
     parameters, lazily built buffers) must stay usable by the training step that follows."""
     module.eval()
-    indices, parts, loss_sum = [], [], 0.0
+    indices, parts, loss_sum = [], [], torch.zeros((), dtype=torch.float64, device=rt.device)
     for batch in loader:
         indices.append(batch.pop("idx").numpy())
         inputs = {k: v.to(rt.device, non_blocking=True) for k, v in batch.items()}
         with policy.autocast():
             outputs = module(**inputs)
         if outputs.get("loss") is not None:  # heads without targets in eval (QA windows) have none
-            loss_sum += float(outputs.loss) * len(indices[-1])
+            loss_sum += outputs.loss.detach().double() * len(indices[-1])  # summed on the device
         parts.append(task.predictions(outputs, batch))
     local = (np.concatenate(indices) if indices else np.zeros(0, dtype=np.int64),
-             {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}, loss_sum)
+             {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}, float(loss_sum))
     gathered = dist.all_gather_objects(local)
     # rows ordered by idx; a row two ranks both predicted (shard padding) is kept once
     _, first = np.unique(np.concatenate([g[0] for g in gathered]), return_index=True)

@@ -38,6 +38,7 @@ from pipeline.runtime.backend import Backend
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.factory import make_backend
 from pipeline.runtime.precision import PrecisionPolicy
+from pipeline.step_figures import AgreedFlag, PendingLosses
 from pipeline.tasks import get_task
 from pipeline.tasks.base import SPLITS, Task
 from pipeline.telemetry import FlopModel, StageMeters, count_flops
@@ -78,6 +79,9 @@ class Stage:
     loaders: Loaders | None = None
     scheduler: Any = None
     state: LoopState = field(default_factory=LoopState)
+    pending: PendingLosses = field(default_factory=PendingLosses)
+    """Step losses not yet read from the device (read at log boundaries, epoch ends, checkpoints)."""
+    sigterm: AgreedFlag | None = None
     best_state: dict | None = None
     """The best model's weights (CPU, fp32): the final test runs with them."""
     epochs: int = 0
@@ -185,6 +189,7 @@ def setup_optimization(s: Stage) -> None:
     s.meters.flop_model = count_step_flops(s, collate)  # before the wrapper: no collective, no timer
     optimizer, s.scheduler = build_optimizer(s.model, t, s.total_steps, fused=rt.backend != "deepspeed")
     s.model = s.backend.prepare(s.model, optimizer)
+    s.sigterm = AgreedFlag(rt.device)
     for name, content in s.backend.extra_artifacts.items():  # e.g. the resolved DeepSpeed config
         if rt.is_main:
             write_json(s.out / name, content)
@@ -235,9 +240,7 @@ def resume(s: Stage, ckpt, resume_state: dict) -> None:
     """Model, optimizer, schedule, loop position and RNG from a checkpoint; the best model so far."""
     s.backend.load(ckpt.path)
     s.scheduler.load_state_dict(resume_state["scheduler"])
-    s.state = LoopState(**{**resume_state["loop"], "run_id": s.state.run_id})
-    if not s.rt.is_main:  # rank 0 holds the saved window, summed over ranks
-        s.state.loss_window = [0.0, 0]
+    s.state = LoopState(**{**resume_state["loop"], "run_id": s.state.run_id})  # the window: summed over ranks
     ckpt.restore_rng(s.rt.rank)
     if (s.out / "best" / "model.safetensors").is_file():
         from safetensors.torch import load_file
@@ -279,6 +282,9 @@ def train_epoch(s: Stage, epoch: int, preempt) -> None:
         if state.step >= s.total_steps:
             break
     bar.close()
+    if s.sigterm.settle():  # a SIGTERM during the epoch's last step: the ranks agree only now
+        s.meters.pause()
+        raise Preempted(f"SIGTERM: checkpoint {save_checkpoint(s)} written at step {state.step}")
 
 
 def forward_backward(s: Stage, batch: dict, group_len: int, last_micro: bool) -> torch.Tensor:
@@ -298,30 +304,21 @@ def forward_backward(s: Stage, batch: dict, group_len: int, last_micro: bool) ->
 
 
 def optimizer_step(s: Stage, group_loss: torch.Tensor, epoch_progress: float, preempt, bar) -> bool:
-    """Step (the schedule only when the optimizer really stepped), agree across ranks on
-    preemption and non-finite losses, log every train.log_every steps; True = stop now."""
+    """Step (the schedule only when the optimizer really stepped); the loss stays on the device
+    until a log boundary, where the ranks' losses and non-finite flags are read in one collective;
+    ranks agree on preemption one step after a SIGTERM without waiting for the device. True = stop now."""
     t, state = s.cfg.train, s.state
     result = s.backend.step()
-    loss_value = float(group_loss)  # the device is already synced by step()
     state.step += 1
     if result.stepped:
         s.scheduler.step()  # a step the loss scaler skipped does not advance the schedule
     else:
         state.skipped += 1
-    # one small collective agrees on preemption and non-finite losses on every rank
-    stop, any_nonfinite = dist.all_reduce([float(preempt.is_set()), float(not math.isfinite(loss_value))], op="max")
-    if any_nonfinite:
-        state.nonfinite += 1
-        state.nonfinite_streak += 1
-        if state.nonfinite_streak >= t.max_nonfinite:
-            last = checkpoint.latest(s.out)
-            raise Diverged(f"{state.nonfinite_streak} consecutive non-finite losses at step {state.step}; "
-                           f"last good checkpoint: {last.path if last else 'none'}")
-    else:
-        state.loss_window = [state.loss_window[0] + loss_value, state.loss_window[1] + 1]
-        state.nonfinite_streak = 0
+    s.pending.add(group_loss)
+    stop = s.sigterm.poll(preempt.is_set())
     if state.step % t.log_every == 0 or state.step == s.total_steps:
-        mean_loss, n = dist.all_reduce(state.loss_window)
+        take_pending_losses(s)
+        mean_loss, n = state.loss_window
         state.last_loss = mean_loss / n if n else math.nan
         figures = {names.TRAIN_LOSS: state.last_loss, names.TRAIN_LR: s.scheduler.get_last_lr()[0],
                    names.TRAIN_GRAD_NORM: float(result.grad_norm), names.TRAIN_EPOCH: epoch_progress,
@@ -329,13 +326,32 @@ def optimizer_step(s: Stage, group_loss: torch.Tensor, epoch_progress: float, pr
         s.tracker.log_metrics(figures, state.step)
         bar.set_postfix(loss=f"{state.last_loss:.4f}")
         state.loss_window = [0.0, 0]
-    return bool(stop)
+    return stop
+
+
+def take_pending_losses(s: Stage) -> None:
+    """Collective: the steps' losses since the last read into the loss window (the finite steps'
+    losses summed over ranks) and the non-finite count; a streak of train.max_nonfinite steps on
+    which any rank's loss was non-finite stops the job, naming the step the streak reached it."""
+    state, first = s.state, s.state.step - len(s.pending) + 1
+    for k, (nonfinite, total) in enumerate(s.pending.take()):
+        if not nonfinite:
+            state.loss_window = [state.loss_window[0] + total, state.loss_window[1] + s.rt.world_size]
+            state.nonfinite_streak = 0
+            continue
+        state.nonfinite += 1
+        state.nonfinite_streak += 1
+        if state.nonfinite_streak >= s.cfg.train.max_nonfinite:
+            last = checkpoint.latest(s.out)
+            raise Diverged(f"{state.nonfinite_streak} consecutive non-finite losses at step {first + k}; "
+                           f"last good checkpoint: {last.path if last else 'none'}")
 
 
 def end_epoch(s: Stage, epoch: int) -> bool:
     """Epoch figures, dev evaluation, the best model so far, a checkpoint; True = training is over."""
     t, state, rt = s.cfg.train, s.state, s.rt
     figures = s.meters.end_epoch(state)  # reduced over ranks
+    take_pending_losses(s)  # the epoch's non-finite count is complete
     scores = evaluate(s.backend.module, s.loaders.dev, s.task, s.policy, rt, s.examples["dev"], s.features["dev"])
     figures.update({**amp_figures(s, scale=False), **{names.eval_metric(k): v for k, v in scores.items()}})
     s.tracker.log_metrics(figures, state.step)
@@ -402,8 +418,8 @@ def amp_figures(s: Stage, scale: bool = True) -> dict:
 
 def save_checkpoint(s: Stage) -> Path:
     """Collective: scheduler, loop state, the backend's state and every rank's RNG."""
+    take_pending_losses(s)  # the window holds every rank's losses since the last log
     loop = dataclasses.asdict(s.state)
-    loop["loss_window"] = dist.all_reduce(s.state.loss_window)  # every rank's losses since the last log
     bundle = {"scheduler": s.scheduler.state_dict(), "loop": loop}
     return checkpoint.save(s.out, s.state.step, bundle, s.rt.rank, keep=s.cfg.train.keep_checkpoints,
                            write_backend=s.backend.save)

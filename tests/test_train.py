@@ -135,3 +135,43 @@ def test_length_grouping_covers_the_epoch_once_and_cuts_padding():
     assert sum(map(padded_tokens, grouped)) < 0.7 * sum(map(padded_tokens, plain))
     assert epoch(True) == grouped and epoch(True, 1) != grouped  # seeded per epoch
     assert epoch(True, skip=16)[1] == grouped[1][16:]  # a resumed epoch continues the same order
+
+
+@pytest.mark.slow
+def test_step_losses_are_read_and_reduced_only_at_log_boundaries(tmp_path, monkeypatch):
+    """The loop reduces over ranks once per train.log_every steps, not once per step (each reduction
+    is a device sync on a GPU), and the logged train/loss is still the mean of the steps' losses."""
+    from pipeline import train
+    from pipeline.runtime import dist
+
+    losses, in_epoch, reductions = [], [False], []
+    real = {"all_reduce": dist.all_reduce, "forward_backward": train.forward_backward, "epoch": train.train_epoch}
+
+    def counted_all_reduce(values, op="sum"):
+        if in_epoch[0]:
+            reductions.append(len(values))
+        return real["all_reduce"](values, op)
+
+    def recorded_forward_backward(*args):
+        loss = real["forward_backward"](*args)
+        losses.append(float(loss))
+        return loss
+
+    def epoch(*args):
+        in_epoch[0] = True
+        try:
+            return real["epoch"](*args)
+        finally:
+            in_epoch[0] = False
+
+    monkeypatch.setattr(dist, "all_reduce", counted_all_reduce)
+    monkeypatch.setattr(train, "forward_backward", recorded_forward_backward)
+    monkeypatch.setattr(train, "train_epoch", epoch)
+    out = tmp_path / "out"
+    run(load_config(None, [*FAST, "train.max_steps=20", "train.log_every=5", f"output_dir={out}",
+                           f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
+
+    assert len(losses) == 20 and len(reductions) == 20 // 5  # was 20 + 4: one per step, one per log
+    records = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
+    logged = {r["step"]: r["value"] for r in records if r.get("key") == names.TRAIN_LOSS and r["step"] % 5 == 0}
+    assert logged == pytest.approx({step: sum(losses[step - 5:step]) / 5 for step in (5, 10, 15, 20)}, rel=1e-6)

@@ -51,10 +51,11 @@ class TorchBackend:
         else:
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         if self.scaler:
-            scale_before = self.scaler.get_scale()
-            self.scaler.step(self.optimizer)  # skips optimizer.step() when grads hold inf/nan
+            scale_before = self.scaler._get_scale_async().clone()  # on the device: no host wait
+            self.scaler.step(self.optimizer)  # skips the update when grads hold inf/nan (fused: on the device)
             self.scaler.update()
-            stepped = self.scaler.get_scale() >= scale_before  # a skip halves the scale
+            # a skip halves the scale; the one host read per step: the schedule must know
+            stepped = bool(self.scaler._get_scale_async() >= scale_before)
         else:
             # note: syncs the device once per optimizer step; a NaN update would ruin the weights
             stepped = bool(torch.isfinite(grad_norm))
