@@ -37,6 +37,7 @@ from pipeline.runtime import dist, precision
 from pipeline.runtime.backend import Backend
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.factory import make_backend
+from pipeline.runtime.fallback import fit_to_world
 from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.step_figures import AgreedFlag, PendingLosses
 from pipeline.tasks import get_task
@@ -94,8 +95,11 @@ class Stage:
 
 def run(cfg: Config, stage: str = "train") -> dict[str, float]:
     """Run one stage; returns the final figures (also in output_dir/metrics.json)."""
-    rt = dist.init(cfg.backend, timeout_s=cfg.dist_timeout)
+    rt = dist.init(cfg.backend, timeout_s=cfg.dist_timeout, fallback=cfg.fallback)
+    if rt is None:  # a surplus torchrun rank under fallback: the others do the work
+        return {}
     try:
+        cfg, rt = fit_to_world(cfg, rt)  # fewer processes than planned: same global batch
         out = Path(cfg.resolve().output_dir)
         lock.check_free(out, rt)  # a duplicate job fails before loading anything
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # elastic restart
