@@ -72,6 +72,7 @@ def test_surplus_torchrun_ranks_leave_and_fallback_false_refuses(monkeypatch):
         dist.init("auto", want_cuda=False)
 
 
+@pytest.mark.slow  # a CLI process
 def test_fallback_false_is_exit_2_before_any_run(tmp_path):
     db = tmp_path / "m.db"
     result = run_cli("train", *FAST, "requested_world_size=2", "fallback=false", f"output_dir={tmp_path / 'out'}",
