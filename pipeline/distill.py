@@ -120,7 +120,7 @@ class Distiller:
 
     def __init__(self, kd: KDConfig, eval_batch_size: int, task, policy, rt, teacher):
         self.alpha, self.temperature, self.hidden_weight = kd.alpha, kd.temperature, kd.hidden_weight
-        self.task, self.policy, self.rt = task, policy, rt
+        self.task, self.policy, self.rt, self.teacher_spec = task, policy, rt, kd.teacher
         self.use_cache = kd.cache and not self.hidden_weight  # the cache holds logits, not hidden states
         if kd.cache and self.hidden_weight and rt.is_main:
             log.info("kd.hidden_weight > 0: the teacher runs live every step (the cache holds logits only)")
@@ -145,8 +145,11 @@ class Distiller:
         columns = teacher_cache.input_columns(features)
         key = teacher_cache.cache_key(self.teacher, self.task, self.policy.name, max_length, columns)
         path = cache_root() / "teacher_logits" / key / "logits.safetensors"
-        missing_somewhere = dist.all_reduce([0.0 if path.is_file() else 1.0], "max")[0]
-        self.cache_hit = not missing_somewhere
+        seen = dist.all_gather_objects((key, path.is_file()))
+        if len({k for k, _ in seen}) > 1:  # their shares would mix two teachers or two datasets
+            raise UserError(f"kd.teacher={self.teacher_spec}: the ranks' training features or teacher weights differ "
+                            "(every node must read the same data.train and kd.teacher)")
+        self.cache_hit = all(hit for _, hit in seen)
         if self.cache_hit:
             self.cached = load_file(path)
         else:

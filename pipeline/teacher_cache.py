@@ -4,8 +4,8 @@ Every rank runs the teacher over its share of the training features, the shares 
 with collectives (so a cache directory local to each node works as well as a shared one), and
 local rank 0 of each node writes the one file (write-then-rename; on shared storage the nodes
 race harmlessly, the first rename wins). The shares are batches of similar length, longest
-first, dealt round-robin: they cost about the same, and a 1-rank pass forms the same batches,
-so its results are the same tensors.
+first, dealt so that they cost about the same; a 1-rank pass forms the same batches, so its
+results are the same tensors.
 """
 from __future__ import annotations
 
@@ -60,11 +60,18 @@ def cache_key(teacher, task, policy_name: str, max_length: int, columns: dict) -
 
 
 def deal_batches(lengths: np.ndarray, batch_size: int, world: int) -> list[list[np.ndarray]]:
-    """Each rank's batches (arrays of row numbers): rows sorted longest first (little padding),
-    cut into batches, dealt round-robin, so the shares differ by at most one batch."""
+    """Each rank's batches (arrays of row numbers): rows sorted longest first (little padding) and
+    cut into batches, each batch to the rank with the fewest padded tokens so far (longest
+    processing time first), so the shares differ by less than one batch."""
     order = np.argsort(-lengths, kind="stable")
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    return [batches[rank::world] for rank in range(world)]
+    shares: list[list[np.ndarray]] = [[] for _ in range(world)]
+    tokens = [0] * world
+    for start in range(0, len(order), batch_size):
+        batch = order[start:start + batch_size]
+        rank = min(range(world), key=lambda r: (tokens[r], r))
+        shares[rank].append(batch)
+        tokens[rank] += len(batch) * int(lengths[batch].max())
+    return shares
 
 
 def gather_shares(local: dict[str, torch.Tensor], shares: list[list[np.ndarray]], n_rows: int,
