@@ -35,6 +35,7 @@ FORMAT_VERSION = 1
 """Bump when a reader, a normalization or a featurize changes what it produces: old entries are
 then never matched again."""
 TEXT_BATCH = 10_000
+NORMALIZER_DISTRIBUTION = "csebuetnlp-normalizer"
 log = logging.getLogger("pipeline")
 
 
@@ -51,11 +52,21 @@ def _digest(parts: dict) -> str:
 
 @functools.cache
 def normalizer_version() -> str:
-    """The installed csebuetnlp normalizer's distribution and version (its module is `normalizer`)."""
+    """The csebuetnlp normalizer (module `normalizer`): its distribution's version and a hash of
+    its sources, so an upgrade or a local edit both count (asking importlib which distribution
+    owns the module costs ~0.7 s, so the name is the one pyproject.toml depends on)."""
     import importlib.metadata
 
-    names = importlib.metadata.packages_distributions().get("normalizer", [])
-    return ",".join(f"{name}=={importlib.metadata.version(name)}" for name in sorted(names)) or "unknown"
+    import normalizer
+
+    try:
+        version = importlib.metadata.version(NORMALIZER_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    h = hashlib.sha256()
+    for source in sorted(Path(normalizer.__file__).parent.glob("*.py")):
+        h.update(source.name.encode() + b"\0" + source.read_bytes())
+    return f"{NORMALIZER_DISTRIBUTION}=={version}+{h.hexdigest()[:12]}"
 
 
 def file_sha256(path: Path) -> str:
@@ -114,6 +125,13 @@ def examples_digest(examples: list[dict]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def texts_sha256(texts) -> str:
+    h = hashlib.sha256()
+    for text in texts:
+        h.update(text.encode("utf-8") + b"\0")
+    return h.hexdigest()
+
+
 # ---------------------------------------------------------------------- the training split
 
 
@@ -121,8 +139,11 @@ class TextColumn:
     """The training texts, read batch by batch from the memory-mapped entry: iterable any number
     of times (a preset's tokenizer hashes them, then trains on them) without a list of them all."""
 
-    def __init__(self, dataset):
+    def __init__(self, dataset, sha256: str | None = None):
         self.dataset = dataset
+        self.sha256 = sha256
+        """sha256 of the texts, each followed by a NUL byte (what preset_tokenizer hashes), as
+        computed when the entry was built; None for an entry without it."""
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -140,7 +161,7 @@ class TrainRows:
         import datasets
 
         self.directory, self.meta = directory, meta
-        self.texts = TextColumn(datasets.load_from_disk(str(directory / "texts")))
+        self.texts = TextColumn(datasets.load_from_disk(str(directory / "texts")), meta.get("texts_sha256"))
         self.digest: str = meta["digest"]
         self.key: str = meta["key"]
         self._rows = rows
@@ -178,8 +199,8 @@ def prepare_train(task, spec: str | None, rt: Runtime) -> TrainRows:
         texts = list(task.texts(rows))
         datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(tmp / "texts"))
         write_json(tmp / "meta.json", {"format": FORMAT_VERSION, "key": key, "rows": len(rows),
-                                       "digest": examples_digest(rows), "state": task.state(),
-                                       "datasets": {"examples": len(rows), "texts": len(texts)}})
+                                       "digest": examples_digest(rows), "texts_sha256": texts_sha256(texts),
+                                       "state": task.state(), "datasets": {"examples": len(rows), "texts": len(texts)}})
         built["rows"] = rows
 
     meta = _shared_entry(final, build, rt, f"train examples ({spec or 'sample set'})", ("examples", "texts"))

@@ -73,9 +73,11 @@ def test_cached_features_are_the_features_the_task_makes(cache, task_name):
     assert_same_columns(warm, direct)
     assert len(warm_train) == len(rows) and warm_train.digest == features.examples_digest(rows)
     assert warm_task.state() == direct_task.state()  # NER's tag set, the predictions' width
+    # the texts' hash is the one a preset tokenizer is cached under (so it can skip hashing them)
+    assert list((cache / "tokenizers").glob(f"{warm_train.texts.sha256[:16]}-*"))
 
 
-def test_the_fingerprint_follows_what_changes_the_features(cache, tmp_path):
+def test_the_fingerprint_follows_what_changes_the_features(cache, tmp_path, monkeypatch):
     paths = sentiment_files(tmp_path / "a")
     task = get_task("sentiment")
     tokenizer = preset_tokenizer(task.texts(task.load(str(paths["train"]), "train")))
@@ -93,6 +95,10 @@ def test_the_fingerprint_follows_what_changes_the_features(cache, tmp_path):
     reloaded("a long sentence to cut " * 20, truncation=True, max_length=8)  # a call that sets truncation
     assert keys(str(copy), tokenizer=reloaded) == base
     assert keys(str(paths["train"]), task=get_task("sentiment", {})) == base
+
+    with monkeypatch.context() as patch:
+        patch.setattr(features, "normalizer_version", lambda: "csebuetnlp-normalizer==1.0.1")
+        assert keys(str(paths["train"]))[0] != base[0]
 
     edited = tmp_path / "edited.tsv"
     edited.write_bytes(paths["train"].read_bytes().replace(b"train-7\t", b"train-7x\t"))
