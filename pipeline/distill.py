@@ -142,8 +142,8 @@ class Distiller:
         ids themselves, so `tokenizer` (where it was loaded from, its other settings) is not in it."""
         if not self.use_cache:
             return
-        columns = teacher_cache.input_columns(features)
-        key = teacher_cache.cache_key(self.teacher, self.task, self.policy.name, max_length, columns)
+        lengths, inputs_digest = teacher_cache.read_inputs(features)
+        key = teacher_cache.cache_key(self.teacher, self.task, self.policy.name, max_length, inputs_digest)
         path = cache_root() / "teacher_logits" / key / "logits.safetensors"
         seen = dist.all_gather_objects((key, path.is_file()))
         if len({k for k, _ in seen}) > 1:  # their shares would mix two teachers or two datasets
@@ -153,7 +153,7 @@ class Distiller:
         if self.cache_hit:
             self.cached = load_file(path)
         else:
-            self.cached = self._split_pass(features, collate, max_length, columns["input_ids"][0])
+            self.cached = self._split_pass(features, collate, max_length, lengths)
             if self.rt.local_rank == 0:  # one writer per node: the cache dir may be node-local
                 teacher_cache.write(path, self.cached)
         self.teacher = None  # the cache answers from here on: free the teacher's memory

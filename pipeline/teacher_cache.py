@@ -24,27 +24,33 @@ from pipeline.fsutil import atomic_dir
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 GATHER_CHUNK_BYTES = 64 * 2**20
 """Bytes per rank per all_gather: the gathered cache never sits on a GPU all at once."""
+DIGEST_CHUNK_ROWS = 65536
 CONFIG_BOOKKEEPING = ("_name_or_path", "transformers_version", "dtype", "torch_dtype", "architectures")
 """Teacher config fields that do not change its outputs: a teacher moved or re-saved still hits."""
 
 
-def input_columns(features) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The model-input columns as (row lengths, flat values), int64, read from Arrow in one go."""
+def read_inputs(features) -> tuple[np.ndarray, bytes]:
+    """(row lengths, a digest of every model-input column, row by row), read from Arrow a chunk at
+    a time: a memory-mapped set of a million rows is never copied whole."""
     table = features.with_format("arrow")[:]
-    columns = {}
-    for name in MODEL_INPUTS:
-        if name in table.column_names:
-            column = table.column(name)
-            lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
+    names = [name for name in MODEL_INPUTS if name in table.column_names]
+    digest, lengths = hashlib.sha256(), [np.zeros(0, np.int64)]
+    for chunk in table.select(names).to_batches(max_chunksize=DIGEST_CHUNK_ROWS):
+        for name in names:
+            column = chunk.column(name)
+            row_lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False).astype(np.int64)
             values = pc.list_flatten(column).to_numpy(zero_copy_only=False).astype(np.int64)
-            columns[name] = (lengths, values)
-    return columns
+            for part in (name.encode(), row_lengths.tobytes(), values.tobytes()):
+                digest.update(part)
+            if name == "input_ids":
+                lengths.append(row_lengths)
+    return np.concatenate(lengths), digest.digest()
 
 
-def cache_key(teacher, task, policy_name: str, max_length: int, columns: dict) -> str:
+def cache_key(teacher, task, policy_name: str, max_length: int, inputs_digest: bytes) -> str:
     """What the teacher's outputs depend on: its weights and architecture, the task (which outputs,
-    their width), the precision policy, and the token ids it reads, row by row. Not the tokenizer
-    object or where it was loaded from: the ids are what the teacher sees."""
+    their width), the precision policy, and the token ids it reads (read_inputs' digest). Not the
+    tokenizer object or where it was loaded from: the ids are what the teacher sees."""
     h = hashlib.sha256()
     h.update(f"{task.name}|{max_length}|{sorted(task.options.items())}|{policy_name}".encode())
     config = {k: v for k, v in teacher.config.to_dict().items() if k not in CONFIG_BOOKKEEPING}
@@ -52,10 +58,7 @@ def cache_key(teacher, task, policy_name: str, max_length: int, columns: dict) -
     for name, tensor in sorted(teacher.state_dict().items()):
         h.update(name.encode())
         h.update(tensor.detach().float().cpu().numpy().tobytes())
-    for name, (lengths, values) in columns.items():
-        h.update(name.encode())
-        h.update(lengths.tobytes())
-        h.update(values.tobytes())
+    h.update(inputs_digest)
     return h.hexdigest()[:32]
 
 
