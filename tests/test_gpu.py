@@ -125,3 +125,26 @@ def test_torchrun_beyond_the_visible_gpus_falls_back_on_nccl(tmp_path):
         ("true", str(GPUS), str(2 * GPUS))
     assert run.data.params["resolved.grad_accum"] == "2"
     assert run.data.params["resolved.global_batch"] == str(4 * 2 * GPUS)
+
+
+def test_cached_teacher_rows_reach_the_gpu_from_pinned_memory():
+    """The cached teacher rows of each micro-batch go host -> GPU from pinned memory without the
+    host waiting; 200 copies in flight, none of their pinned blocks reused before its copy ran."""
+    from types import SimpleNamespace
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from pipeline.distill import Distiller
+
+    distiller = Distiller.__new__(Distiller)  # only the cache lookup is under test
+    distiller.cached = {"logits": torch.randn(4096, 48, 9).half()}
+    distiller.task = SimpleNamespace(kd_outputs={"logits": True})  # per-token outputs, as NER
+    distiller.rt = SimpleNamespace(device=torch.device("cuda", 0))
+    picks = [torch.randint(0, 4096, (32,)) for _ in range(200)]
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        rows = [distiller._cached_rows("logits", idx, 40) for idx in picks]
+        torch.cuda.synchronize()
+    for idx, got in zip(picks, rows):
+        assert torch.equal(got.cpu(), distiller.cached["logits"][idx][:, :40])
+    copies = [e.name for e in prof.events() if "Memcpy HtoD" in e.name]
+    assert copies and all("Pinned" in name for name in copies), set(copies)
