@@ -1,0 +1,121 @@
+"""The pipeline vs the Hugging Face Trainer end to end on long-tailed real-length comments
+(common.long_sentiment_file), each with its own defaults and then each at its best settings:
+same model (the pipeline's factory, same seed), precision and epochs; full runs, one seed per
+repetition, dev macro-F1 of the best epoch compared against the spread between seeds.
+
+Contenders:
+- pipeline defaults: `train task=sentiment` as shipped (batch 16, lr 3e-4 for a preset, warm-up
+  0.1, weight decay 0.01, train.group_by_length as config.py sets it);
+- pipeline defaults + length grouping: the same with train.group_by_length=true (issue 17 item 3:
+  does grouping change the dev score beyond the seed spread?);
+- Trainer defaults: TrainingArguments as shipped (batch 8, lr 5e-5, no warm-up, no weight decay,
+  fused AdamW, random sampling);
+- best: both at batch 32, lr 3e-4, warm-up 0.1, weight decay 0.01, length grouping.
+Throughput: training steps only (the Trainer's evaluations subtracted, as the pipeline counts).
+Target: pipeline defaults >= 1.25x the Trainer's samples/s at an equal dev score.
+    python benchmarks/bench_vs_trainer.py [--seeds 3] [--epochs 2] [--precision bf16]
+"""
+import statistics
+import tempfile
+
+import transformers
+
+from bench_overhead import MODEL, TASK, _Clock, build
+from common import WORK, alternate, long_sentiment_file, parser, pipeline_run, quiet, save
+
+BEST = {"batch_size": 32, "lr": 3e-4, "warmup": 0.1, "weight_decay": 0.01, "grouped": True}
+
+
+def pipeline(args, seed: int, overrides: list[str]) -> dict:
+    figures = pipeline_run([f"task={TASK}", f"model={MODEL}", f"data.train={long_sentiment_file()}",
+                            f"precision={args.precision}", f"train.epochs={args.epochs}", f"seed={seed}",
+                            f"train.max_length={args.max_length}", "train.log_every=1000", *overrides])
+    return {"samples_per_s": figures["perf/train_samples_per_s"], "dev_macro_f1": figures["eval/macro_f1"]}
+
+
+def trainer(args, seed: int, best: bool) -> dict:
+    task, examples, tokenizer, model, features = build(args.max_length, seed)
+
+    def compute_metrics(prediction):
+        # the labels in the order the Trainer evaluated: with group_by_length it reorders the dev set too
+        return task.metrics({"logits": prediction.predictions}, [{"label": int(y)} for y in prediction.label_ids],
+                            None)
+
+    tuned = dict(per_device_train_batch_size=BEST["batch_size"], learning_rate=BEST["lr"],
+                 warmup_steps=BEST["warmup"], weight_decay=BEST["weight_decay"],
+                 train_sampling_strategy="group_by_length") if best else {}
+    clock = _Clock()
+    training = transformers.TrainingArguments(
+        output_dir=tempfile.mkdtemp(dir=WORK), bf16=args.precision == "bf16", use_cpu=True, seed=seed,
+        data_seed=seed, num_train_epochs=args.epochs, eval_strategy="epoch", save_strategy="no",
+        logging_strategy="no", report_to=[], disable_tqdm=True, **tuned)
+    train_set = features["train"].remove_columns("idx")
+    if best:  # the Trainer's grouping reads a length column, or measures every row itself
+        train_set = train_set.add_column("length", [len(ids) for ids in train_set["input_ids"]])
+    t = transformers.Trainer(model=model, args=training, train_dataset=train_set,
+                             eval_dataset=features["dev"].remove_columns("idx"),
+                             data_collator=transformers.DataCollatorWithPadding(tokenizer),
+                             compute_metrics=compute_metrics, callbacks=[clock])
+    t.train()
+    return {"samples_per_s": len(train_set) * args.epochs / clock.elapsed,
+            "dev_macro_f1": max(h["eval_macro_f1"] for h in t.state.log_history if "eval_macro_f1" in h)}
+
+
+def summary(runs: list[dict]) -> dict:
+    scores = [r["dev_macro_f1"] for r in runs]
+    return {"samples/s": statistics.median(r["samples_per_s"] for r in runs),
+            "samples/s spread": max(r["samples_per_s"] for r in runs) - min(r["samples_per_s"] for r in runs),
+            "dev macro-F1": statistics.mean(scores), "dev macro-F1 spread": max(scores) - min(scores)}
+
+
+def main():
+    options = parser(__doc__, batch_size=16)
+    options.add_argument("--seeds", type=int, default=3)
+    options.add_argument("--epochs", type=int, default=2)
+    options.add_argument("--only", nargs="*", help="run only these contenders (names as in the table)")
+    args = options.parse_args()
+    quiet()
+    best = [f"train.batch_size={BEST['batch_size']}", f"train.lr={BEST['lr']}", "train.group_by_length=true"]
+    contenders = {
+        "pipeline defaults": lambda seed: pipeline(args, seed, []),
+        "pipeline defaults + grouping": lambda seed: pipeline(args, seed, ["train.group_by_length=true"]),
+        "Trainer defaults": lambda seed: trainer(args, seed, best=False),
+        "pipeline best": lambda seed: pipeline(args, seed, best),
+        "Trainer best": lambda seed: trainer(args, seed, best=True),
+    }
+    if args.only:  # a part of the table, written to its own file
+        contenders = {name: fn for name, fn in contenders.items() if name in args.only}
+    # one seed per round, the same seed for every contender in it: the seed spread is the noise
+    seeds = {name: iter(range(args.seeds)) for name in contenders}
+    runs = alternate({name: (lambda name=name, fn=fn: fn(next(seeds[name]))) for name, fn in contenders.items()},
+                     args.seeds)
+    rows = [{"contender": name, **summary(r)} for name, r in runs.items()]
+    if args.only:
+        save(f"vs_trainer-{args.precision}-only", rows, list(rows[0]), vars(args), runs)
+        return
+    by_name = {row["contender"]: row for row in rows}
+
+    def paired(a, b):  # median of per-seed ratios (the two ran in the same round)
+        return statistics.median(x["samples_per_s"] / y["samples_per_s"] for x, y in zip(runs[a], runs[b]))
+
+    for row in rows:
+        if row["contender"].startswith("pipeline"):
+            other = "Trainer best" if "best" in row["contender"] else "Trainer defaults"
+            row["vs Trainer"] = f"{paired(row['contender'], other):.3g}x {other}"
+    mine, theirs = by_name["pipeline defaults"], by_name["Trainer defaults"]
+    equal = abs(mine["dev macro-F1"] - theirs["dev macro-F1"]) <= max(mine["dev macro-F1 spread"],
+                                                                        theirs["dev macro-F1 spread"])
+    speed = paired("pipeline defaults", "Trainer defaults")
+    verdict = "met" if speed >= 1.25 and equal else "missed"
+    mine["target"] = (f">= 1.25x Trainer defaults at an equal score: {verdict} ({speed:.2f}x; dev macro-F1 "
+                      f"{mine['dev macro-F1']:.3f} vs {theirs['dev macro-F1']:.3f}, "
+                      f"{'within' if equal else 'beyond'} the seed spread)")
+    plain, grouped = by_name["pipeline defaults"], by_name["pipeline defaults + grouping"]
+    grouped["target"] = (f"grouping moves dev macro-F1 by {grouped['dev macro-F1'] - plain['dev macro-F1']:+.3f} "
+                         f"(seed spread {max(plain['dev macro-F1 spread'], grouped['dev macro-F1 spread']):.3f})")
+    save(f"vs_trainer-{args.precision}", rows, ["contender", "samples/s", "samples/s spread", "dev macro-F1",
+                                                "dev macro-F1 spread", "vs Trainer", "target"], vars(args), runs)
+
+
+if __name__ == "__main__":
+    main()
