@@ -120,9 +120,14 @@ def features_key(task, source_key: str, split: str, tokenizer, max_length: int) 
 
 
 def examples_digest(examples: list[dict]) -> str:
-    """The 16-hex-digit digest describe_datasets records for a split (the same formula)."""
-    text = json.dumps(examples, sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    """The 16-hex-digit digest describe_datasets records for a split: sha256 of json.dumps of the
+    list, fed row by row (the same bytes, without one string of the whole split in memory)."""
+    h = hashlib.sha256(b"[")
+    for i, example in enumerate(examples):
+        h.update((", " if i else "").encode() + json.dumps(example, sort_keys=True, ensure_ascii=False,
+                                                           default=str).encode())
+    h.update(b"]")
+    return h.hexdigest()[:16]
 
 
 def texts_sha256(texts) -> str:
@@ -203,9 +208,11 @@ def prepare_train(task, spec: str | None, rt: Runtime) -> TrainRows:
                                        "state": task.state(), "datasets": {"examples": len(rows), "texts": len(texts)}})
         built["rows"] = rows
 
-    meta = _shared_entry(final, build, rt, f"train examples ({spec or 'sample set'})", ("examples", "texts"))
+    meta, outcome = _shared_entry(final, build, rt, f"train examples ({spec or 'sample set'})", ("examples", "texts"))
     task.restore_state(meta["state"])
-    return TrainRows(final, meta, built.get("rows"))
+    rows = TrainRows(final, meta, built.get("rows"))
+    rows.cache_outcome = outcome
+    return rows
 
 
 def prepare_features(task, split: str, spec: str | None, examples: list[dict] | TrainRows, tokenizer,
@@ -224,11 +231,18 @@ def prepare_features(task, split: str, spec: str | None, examples: list[dict] | 
         write_json(tmp / "meta.json", {"format": FORMAT_VERSION, "key": key, "state": task.state(),
                                        "datasets": {"data": len(features)}})
 
-    meta = _shared_entry(final, build, rt, f"{split} features (max_length {max_length})", ("data",))
+    meta, outcome = _shared_entry(final, build, rt, f"{split} features (max_length {max_length})", ("data",))
     task.restore_state(meta["state"])
     prepared = datasets.load_from_disk(str(final / "data"))
     prepared._fingerprint = key  # datasets' content id, here defined by the inputs (the teacher cache reads it)
+    prepared.cache_outcome = outcome
     return prepared
+
+
+def cache_outcome(train: TrainRows, prepared: dict) -> str:
+    """hit: every entry of the stage was found; miss: none was (a node built them); partial: some."""
+    outcomes = {train.cache_outcome, *(features.cache_outcome for features in prepared.values())}
+    return outcomes.pop() if len(outcomes) == 1 else "partial"
 
 
 def sequence_lengths(dataset) -> list[int]:
@@ -246,12 +260,13 @@ def sequence_lengths(dataset) -> list[int]:
 
 
 def _shared_entry(final: Path, build: Callable[[Path], None], rt: Runtime, what: str,
-                  datasets_in: tuple[str, ...]) -> dict:
+                  datasets_in: tuple[str, ...]) -> tuple[dict, str]:
     """Local rank 0 makes sure `final` is complete (builds it on a miss, rebuilds it if it is
     unreadable); every rank waits in one collective that also brings a builder's error to all
     of them, so a bad file fails every rank with the same line instead of leaving them waiting
-    until the process-group timeout. Returns the entry's meta.json."""
-    failure = None
+    until the process-group timeout. Returns the entry's meta.json, and "miss" if any node built
+    it, else "hit"."""
+    failure, outcome = None, None
     if rt.local_rank == 0:
         try:
             outcome = "hit" if _readable(final, datasets_in) else "miss"
@@ -262,10 +277,11 @@ def _shared_entry(final: Path, build: Callable[[Path], None], rt: Runtime, what:
             log.info("prepared data: %s: %s (%s)", outcome, what, final.name)
         except Exception as e:
             failure = e
-    reports = dist.all_gather_objects(None if failure is None else (isinstance(failure, UserError), str(failure)))
+    reports = dist.all_gather_objects((outcome, None if failure is None else (isinstance(failure, UserError),
+                                                                               str(failure))))
     if failure is not None:
         raise failure
-    failed = [r for r in reports if r is not None]
+    failed = [error for _, error in reports if error is not None]
     if failed:
         is_user, message = failed[0]
         raise UserError(message) if is_user else RuntimeError(f"data preparation failed on another node: {message}")
@@ -273,7 +289,7 @@ def _shared_entry(final: Path, build: Callable[[Path], None], rt: Runtime, what:
     if meta is None:
         raise RuntimeError(f"{final}: prepared by local rank 0 but not readable here (is {features_dir()} "
                            "the same directory for every rank of a node?)")
-    return meta
+    return meta, "miss" if any(built == "miss" for built, _ in reports) else "hit"
 
 
 def _read_meta(final: Path) -> dict | None:

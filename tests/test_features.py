@@ -1,6 +1,7 @@
 """Prepared data (pipeline/features.py): features cached on disk are the features the task makes,
 a warm start reads and tokenizes nothing again, the fingerprint follows exactly what changes the
 features, an unreadable entry is rebuilt, and under torchrun one rank per node does the work."""
+import hashlib
 import json
 import os
 import random
@@ -71,7 +72,8 @@ def test_cached_features_are_the_features_the_task_makes(cache, task_name):
     assert cold_tokenizer.get_vocab() == tokenizer.get_vocab()
     assert_same_columns(cold, direct)
     assert_same_columns(warm, direct)
-    assert len(warm_train) == len(rows) and warm_train.digest == features.examples_digest(rows)
+    as_read = json.dumps(rows, sort_keys=True, ensure_ascii=False, default=str)  # describe_datasets' digest
+    assert len(warm_train) == len(rows) and warm_train.digest == hashlib.sha256(as_read.encode()).hexdigest()[:16]
     assert warm_task.state() == direct_task.state()  # NER's tag set, the predictions' width
     # the texts' hash is the one a preset tokenizer is cached under (so it can skip hashing them)
     assert list((cache / "tokenizers").glob(f"{warm_train.texts.sha256[:16]}-*"))
@@ -183,6 +185,7 @@ def test_a_warm_stage_neither_reads_the_training_file_nor_tokenizes(cache, tmp_p
     calls = counting(monkeypatch)
     cold = build_stage(stage_config(paths, tmp_path), "train", SINGLE)
     assert sorted(calls["featurize"]) == ["dev", "test", "train"] and "train.tsv" in calls["read"]
+    assert features.cache_outcome(cold.examples["train"], cold.features) == "miss"
 
     calls["read"].clear(), calls["featurize"].clear()
     warm = build_stage(stage_config(paths, tmp_path), "train", SINGLE)
@@ -190,10 +193,12 @@ def test_a_warm_stage_neither_reads_the_training_file_nor_tokenizes(cache, tmp_p
     for split in SPLITS:
         assert_same_columns(warm.features[split], cold.features[split])
     assert len(warm.examples["train"]) == 120
+    assert features.cache_outcome(warm.examples["train"], warm.features) == "hit"
 
     calls["read"].clear()
-    build_stage(stage_config(paths, tmp_path, "train.max_length=24"), "train", SINGLE)
+    shorter = build_stage(stage_config(paths, tmp_path, "train.max_length=24"), "train", SINGLE)
     assert calls == {"read": ["dev.tsv", "test.tsv"], "featurize": ["train", "dev", "test"]}
+    assert features.cache_outcome(shorter.examples["train"], shorter.features) == "partial"
 
 
 @pytest.mark.parametrize("damage", ["truncated arrow file", "no meta.json", "half-written meta.json",
@@ -259,7 +264,8 @@ try:  # a bad training file: local rank 0 reads it, every rank fails with its li
     build_stage(load_config(None, [f"data.train={data}/bad.tsv", f"output_dir={out}"]), "train", rt)
 except UserError as e:
     report["error"] = str(e)
-print("REPORT " + json.dumps(report), flush=True)
+with open(f"{out}-rank{rt.rank}.json", "w") as f:
+    json.dump(report, f)
 dist.shutdown()
 """
 
@@ -278,8 +284,7 @@ def test_two_ranks_on_one_node_prepare_the_data_once(cache, tmp_path):
                              str(script), str(tmp_path / "data"), str(tmp_path / "out")],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    reports = sorted((json.loads(line.split("REPORT ", 1)[1]) for line in result.stdout.splitlines()
-                      if "REPORT " in line), key=lambda r: r["rank"])
+    reports = [json.loads((tmp_path / f"out-rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["featurize"] for r in reports] == [["train", "dev", "test"], []]
     assert reports[0]["rows"] == reports[1]["rows"] == 120 and reports[0]["ids"] == reports[1]["ids"]
     for r in reports:
