@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import transformers
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
 from pipeline import checkpoint, features, lock, models, names, outputs
@@ -203,8 +204,9 @@ def setup_optimization(s: Stage) -> None:
 def count_step_flops(s: Stage, collate) -> FlopModel:
     """FLOPs of one training row at up to three padded lengths (the shortest, the longest and one
     between), each counted on a real single-row forward and backward of the unwrapped model, the
-    loss included (KD: the live teacher or the cached logits), in eval mode; gradients and RNG are
-    left as they were. Runs before the timer and before the backend wraps the model."""
+    loss included (KD: the live teacher or the cached logits), in eval mode with the math attention
+    kernel (whose FLOPs equal the fused kernels' formulas); gradients and RNG are left as they were.
+    Runs before the timer and before the backend wraps the model."""
     features = s.features["train"]
     by_length = {}
     for i, ids in enumerate(features["input_ids"]):
@@ -215,7 +217,8 @@ def count_step_flops(s: Stage, collate) -> FlopModel:
     devices = [s.rt.device] if s.rt.device.type == "cuda" else []
     training = s.model.training
     s.model.eval()  # dropout costs no counted FLOPs; eval mode draws no random numbers
-    with torch.random.fork_rng(devices=devices):
+    # the math attention kernel: FlopCounterMode has no formula for CPU's fused one, which eval picks
+    with torch.random.fork_rng(devices=devices), sdpa_kernel(SDPBackend.MATH):
         for length in candidates:
             batch = collate([features[by_length[length]]])
             padded = batch["input_ids"].shape[1]
