@@ -18,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from pipeline.config import DataConfig, TrainConfig
+from pipeline.features import sequence_lengths
 from pipeline.runtime.dist import Runtime
 from pipeline.tasks import samples
 
@@ -129,7 +130,7 @@ class Loaders:
 def build_loaders(features: dict, collate, train: TrainConfig, rt: Runtime, seed: int) -> Loaders:
     """The training loader (shuffled, sharded, resumable) and this rank's dev/test shards."""
     grouped = train.group_by_length or train.batch_tokens
-    lengths = [len(ids) for ids in features["train"]["input_ids"]] if grouped else None
+    lengths = sequence_lengths(features["train"]) if grouped else None
     pin = rt.device.type == "cuda"
     if train.batch_tokens:
         sampler = TokenBatchSampler(lengths, train.batch_tokens, num_replicas=rt.world_size, rank=rt.rank, seed=seed)
@@ -138,7 +139,10 @@ def build_loaders(features: dict, collate, train: TrainConfig, rt: Runtime, seed
                                   generator=torch.Generator().manual_seed(seed))
     else:
         sampler = ResumableSampler(features["train"], num_replicas=rt.world_size, rank=rt.rank, shuffle=True,
-                                   seed=seed, lengths=lengths, batch_size=train.batch_size)
+                                   seed=seed, lengths=lengths,
+                                   # groups of global batches: the same order however the global
+                                   # batch is split into ranks and micro-batches (DDP/fallback parity)
+                                   batch_size=train.batch_size * train.grad_accum)
         train_loader = DataLoader(features["train"], batch_size=train.batch_size, sampler=sampler,
                                   collate_fn=collate, num_workers=train.num_workers, pin_memory=pin,
                                   generator=torch.Generator().manual_seed(seed))
