@@ -298,7 +298,9 @@ def _shared_entry(final: Path, build: Callable[[Path], None], rt: Runtime, what:
                 _set_aside(final)
                 with atomic_dir(final) as tmp:  # another node's copy renamed in first: theirs is kept
                     build(tmp)
-            log.info("prepared data: %s: %s (%s)", outcome, what, final.name)
+            # debug: a bad input later in build_stage must stay a one-line error; the run's tag
+            # data_cache says hit or miss
+            log.debug("prepared data: %s: %s (%s)", outcome, what, final.name)
         except Exception as e:
             failure = e
     reports = dist.all_gather_objects((outcome, None if failure is None else (isinstance(failure, UserError),

@@ -62,6 +62,7 @@ RUN_TAGS = ("task", "model", "precision", "precision_requested", "backend", "lau
 TAG_STUDY = "study"
 TAG_PROCEDURE = "procedure"
 TAG_KD_CACHE = "kd_cache"  # hit | miss | off
+TAG_DATA_CACHE = "data_cache"  # hit | miss | partial: the prepared-features cache (features.py)
 TAG_PRECISION_MODE = "precision_mode"  # autocast | pure16 | fp32: how 16-bit compute was done
 TAG_FALLBACK = "fallback"  # true when fewer processes ran than planned (grad_accum made up the rest)
 TAG_REQUESTED_WORLD_SIZE = "requested_world_size"  # the world size the global batch was planned for

@@ -126,6 +126,7 @@ def run_locked(s: Stage, resuming: bool) -> dict[str, float]:
         resumed=ckpt is not None, resume_run_id=resume_state["loop"]["run_id"] if resume_state else None,
         ran=what_ran(s.cfg, s.rt, s.policy, s.backend, s.model_spec, s.stage))
     s.tracker.log_datasets(describe_datasets(s.cfg.data, s.task, s.examples))
+    s.tracker.set_tags({names.TAG_DATA_CACHE: features.cache_outcome(s.examples["train"], s.features)})
     try:
         with dist.sigterm_flag() as preempt:
             figures = fit(s, preempt, ckpt, resume_state, run_id)

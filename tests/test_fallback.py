@@ -44,7 +44,8 @@ def test_grad_accum_makes_up_the_missing_ranks():
      "launch: requested_world_size=3 but 2 process(es) run: 3 is not a multiple of 2, so gradient accumulation "
      "cannot keep the global batch"),
     (["requested_world_size=1"], 2,
-     "launch: requested_world_size=1 but 2 process(es) run: launch at most 1 processes (or set requested_world_size=0)"),
+     "launch: requested_world_size=1 but 2 process(es) run: launch at most 1 processes "
+     "(or set requested_world_size=0)"),
 ])
 def test_a_batch_that_cannot_be_kept_is_refused(overrides, world, message):
     with pytest.raises(UserError) as e:

@@ -43,6 +43,7 @@ def test_sentiment_learns_and_lands_in_mlflow(tmp_path, prec):
     assert EXPECTED_METRICS <= set(mlrun.data.metrics)
     assert mlrun.data.tags["precision"] == prec and mlrun.data.tags["world_size"] == "1"
     assert mlrun.data.tags["energy_available"] == "false"
+    assert mlrun.data.tags[names.TAG_DATA_CACHE] in ("hit", "miss", "partial")  # the prepared-data cache
     assert mlrun.data.params["train.lr"] == "0.001"
     assert mlrun.data.metrics[names.TEST_MAIN] == pytest.approx(figures[names.TEST_MAIN])
 

@@ -172,7 +172,8 @@ def _fit_to_devices(study: Study, cell: Cell, fallback: bool, requested: int) ->
     if not fallback:
         own = cell.procedure in study.procedures and study.procedures[cell.procedure].launcher is not None
         raise study_error(study.path, f"procedures.{cell.procedure}.launcher" if own else "launcher",
-                          f"nproc={launcher.nproc} but {devices} device(s) visible and fallback=false (cell {cell.name})")
+                          f"nproc={launcher.nproc} but {devices} device(s) visible and fallback=false "
+                          f"(cell {cell.name})")
     asked = launcher.describe()
     cell.launcher = dataclasses.replace(launcher, nproc=devices)
     if not requested:
