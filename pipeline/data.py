@@ -8,7 +8,6 @@ continue exactly after a resume).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from pipeline.config import DataConfig, TrainConfig
-from pipeline.features import sequence_lengths
+from pipeline.features import examples_digest, sequence_lengths
 from pipeline.runtime.dist import Runtime
 from pipeline.tasks import samples
 
@@ -175,8 +174,8 @@ def describe_datasets(data: DataConfig, task, examples: dict) -> list[DatasetRec
     records = []
     for split in SPLITS:
         spec = getattr(data, split)
-        digest = hashlib.sha256(json.dumps(examples[split], sort_keys=True, ensure_ascii=False,
-                                           default=str).encode()).hexdigest()[:16]
+        rows = examples[split]  # the prepared training split carries its digest (the same formula)
+        digest = getattr(rows, "digest", None) or examples_digest(rows)
         if spec and spec.startswith("hub:"):
             ident, _, config = spec[len("hub:"):].partition(":")
             source = {"path": ident, "config_name": config or None, "split": HUB_SPLIT[split]}

@@ -151,15 +151,18 @@ def _apply_overrides(config, overrides: dict, spec: str) -> None:
         setattr(config, key, value)
 
 
-def preset_tokenizer(texts: list[str], vocab_size: int = PRESET_VOCAB) -> PreTrainedTokenizerFast:
+def preset_tokenizer(texts, vocab_size: int = PRESET_VOCAB) -> PreTrainedTokenizerFast:
     """A WordPiece tokenizer trained on `texts`, cached by their hash (ranks race safely)."""
     import tokenizers
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-    digest = hashlib.sha256()
-    for t in texts:
-        digest.update(t.encode("utf-8") + b"\0")
-    key = f"{digest.hexdigest()[:16]}-v{vocab_size}-tok{tokenizers.__version__}"
+    digest = getattr(texts, "sha256", None)  # prepared texts carry it: no pass over every text
+    if digest is None:
+        h = hashlib.sha256()
+        for t in texts:
+            h.update(t.encode("utf-8") + b"\0")
+        digest = h.hexdigest()
+    key = f"{digest[:16]}-v{vocab_size}-tok{tokenizers.__version__}"
     final = cache_root() / "tokenizers" / key
     if not (final / "tokenizer.json").is_file():
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))

@@ -208,10 +208,10 @@ def count_step_flops(s: Stage, collate) -> FlopModel:
     loss included (KD: the live teacher or the cached logits), in eval mode with the math attention
     kernel (whose FLOPs equal the fused kernels' formulas); gradients and RNG are left as they were.
     Runs before the timer and before the backend wraps the model."""
-    features = s.features["train"]
+    train_rows = s.features["train"]
     by_length = {}
-    for i, ids in enumerate(features["input_ids"]):
-        by_length.setdefault(len(ids), i)
+    for i, length in enumerate(features.sequence_lengths(train_rows)):  # from Arrow, no list of rows
+        by_length.setdefault(length, i)
     lengths = sorted(by_length)
     candidates = dict.fromkeys([lengths[0], lengths[-1], lengths[len(lengths) // 2], *lengths])  # spread first
     per_row: dict[int, float] = {}
@@ -221,7 +221,7 @@ def count_step_flops(s: Stage, collate) -> FlopModel:
     # the math attention kernel: FlopCounterMode has no formula for CPU's fused one, which eval picks
     with torch.random.fork_rng(devices=devices), sdpa_kernel(SDPBackend.MATH):
         for length in candidates:
-            batch = collate([features[by_length[length]]])
+            batch = collate([train_rows[by_length[length]]])
             padded = batch["input_ids"].shape[1]
             if padded in per_row:
                 continue

@@ -62,3 +62,22 @@ def test_a_16bit_trained_model_reloads_as_fp32_everywhere(tmp_path, fp32_save):
     cfg = load_config(None, [f"kd.teacher={tmp_path}", "model=from_teacher:1"])
     _, _, student, _ = distill.build_distillation(cfg, task, PrecisionPolicy("bf16", "cpu"), CPU, [])
     assert {p.dtype for p in student.parameters()} == {torch.float32}
+
+
+def test_prepared_texts_find_their_preset_tokenizer_without_reading_every_text():
+    """The prepared training texts carry the sha256 the preset tokenizer's cache is keyed by, so a
+    warm start finds the tokenizer without a pass over every text (pages of a memory-mapped split)."""
+    import hashlib
+
+    texts = [f"বাক্য {i} আমার সোনার বাংলা" for i in range(200)]
+    built = models.preset_tokenizer(texts, vocab_size=300)
+    digest = hashlib.sha256(b"".join(t.encode("utf-8") + b"\0" for t in texts)).hexdigest()
+
+    class PreparedTexts:
+        sha256 = digest
+
+        def __iter__(self):
+            raise AssertionError("read every text although the hash was given")
+
+    found = models.preset_tokenizer(PreparedTexts(), vocab_size=300)
+    assert found.get_vocab() == built.get_vocab()

@@ -50,7 +50,7 @@ def amp_pairs(cells: pd.DataFrame):
 def _pure16(rows: pd.DataFrame) -> pd.Series:
     """' pure16' for the rows DeepSpeed ran in pure 16 bit, '' for autocast (rows without the column: '')."""
     mode = rows["precision_mode"] if "precision_mode" in rows else pd.Series("", index=rows.index)
-    return mode.fillna("").map(lambda m: " pure16" if m == "pure16" else "")
+    return mode.map(lambda m: " pure16" if m == "pure16" else "")  # NaN (no tag) is autocast
 
 
 def comparisons(cells: pd.DataFrame) -> list[Comparison]:
