@@ -12,7 +12,6 @@ files load with torch.load(weights_only=True); DeepSpeed loads its engine/ folde
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -99,7 +98,7 @@ def save(output_dir: Path, step: int, state: dict, rank: int, keep: int, write_b
                 save_torch(state, tmp / "state.pt")
             dist.barrier()
             if rank == 0:
-                files = {str(p.relative_to(tmp)): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+                files = {str(p.relative_to(tmp)): fsutil.file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
                 (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
                 fsutil.fsync_tree(tmp)  # every rank's files are complete (barrier): make them durable
                 shutil.rmtree(final, ignore_errors=True)
@@ -134,7 +133,7 @@ def latest(output_dir: Path) -> Checkpoint | None:
         try:
             meta = json.loads((ckpt.path / MANIFEST).read_text())
             for name, digest in meta["files"].items():
-                if _sha256(ckpt.path / name) != digest:
+                if fsutil.file_sha256(ckpt.path / name) != digest:
                     raise ValueError(f"{name} does not match its checksum")
             return ckpt
         except (OSError, ValueError, KeyError) as e:
@@ -182,9 +181,3 @@ def _np_state(state):  # weights_only loading takes tensors and plain types, not
     return [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

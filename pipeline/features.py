@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pipeline.errors import UserError
-from pipeline.fsutil import atomic_dir, cache_root, write_json
+from pipeline.fsutil import atomic_dir, cache_root, file_sha256, write_json
 from pipeline.runtime import dist
 from pipeline.runtime.dist import Runtime
 
@@ -68,14 +68,6 @@ def normalizer_version() -> str:
     for source in sorted(Path(normalizer.__file__).parent.glob("*.py")):
         h.update(source.name.encode() + b"\0" + source.read_bytes())
     return f"{NORMALIZER_DISTRIBUTION}=={version}+{h.hexdigest()[:12]}"
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def content_sha256(path: Path) -> str:

@@ -8,6 +8,7 @@ DiskFull, one line naming the path.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -42,6 +43,15 @@ def cache_root() -> Path:
 
 
 # ---------------------------------------------------------------------- a full disk
+
+
+def file_sha256(path: Path) -> str:
+    """The file's sha256, read in 1 MiB blocks (checkpoint manifests, prepared-data keys)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def free_bytes(path: Path) -> int | None:

@@ -133,7 +133,7 @@ def test_checkpoints_refuse_pickled_code(tmp_path):
     ckpt = checkpoint.latest(tmp_path)
     torch.save({"evil": object()}, ckpt.path / "state.pt")  # not a weights-only payload
     manifest = json.loads((ckpt.path / "manifest.json").read_text())
-    manifest["files"]["state.pt"] = checkpoint._sha256(ckpt.path / "state.pt")
+    manifest["files"]["state.pt"] = fsutil.file_sha256(ckpt.path / "state.pt")
     (ckpt.path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(Exception, match="[Ww]eights only load failed"):
         ckpt.load_state()
