@@ -136,7 +136,8 @@ def init_process_group(device: torch.device, rank: int, world: int, timeout_s: i
         # After an elastic restart the agent's store still holds the previous attempt's
         # addresses (a killed rank's port among them): namespace this attempt's keys.
         store, _, _ = next(dist.rendezvous("env://"))
-        dist.init_process_group(kind, store=dist.PrefixStore(f"pipeline/{namespace}attempt_{restart}", store),
+        prefix = "/".join(part for part in ("pipeline", namespace, f"attempt_{restart}") if part)
+        dist.init_process_group(kind, store=dist.PrefixStore(prefix, store),
                                 rank=rank, world_size=world, device_id=device_id, timeout=timeout)
     else:
         dist.init_process_group(kind, device_id=device_id, timeout=timeout)
