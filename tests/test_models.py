@@ -5,6 +5,9 @@ its bf16 block does, the fp16 one needs a GPU) used to save best/ with its own d
 config.json, and transformers 5 loads in the config's dtype: reusing best/ as model=, kd.teacher=
 or from_teacher:N then trained 16-bit parameters with no fp32 master copy."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -81,3 +84,26 @@ def test_prepared_texts_find_their_preset_tokenizer_without_reading_every_text()
 
     found = models.preset_tokenizer(PreparedTexts(), vocab_size=300)
     assert found.get_vocab() == built.get_vocab()
+
+
+def test_preset_tokenizer_is_the_same_in_every_process(tmp_path):
+    """The tokenizers library's WordPiece trainer orders "##x" tokens by a hash map seeded per
+    process, so the same texts gave another vocabulary (and another trained model, for the same
+    seed) in every process: the error-classification test's macro-F1 went 0.30-0.66 by it."""
+    texts = get_task("error_cls").texts(get_task("error_cls").load(None, "train"))
+    (tmp_path / "texts.json").write_text(json.dumps(texts, ensure_ascii=False), encoding="utf-8")
+    code = ("import json, sys; from pipeline.models import preset_tokenizer; "
+            "print(json.dumps(preset_tokenizer(json.load(open(sys.argv[1], encoding='utf-8'))).get_vocab(), "
+            "sort_keys=True))")
+    vocabs = []
+    for n in range(3):  # fresh caches: every process trains its own
+        env = {**os.environ, "PIPELINE_CACHE": str(tmp_path / f"cache{n}")}
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "texts.json")], env=env,
+                             capture_output=True, text=True, check=True).stdout
+        vocabs.append(json.loads(out))
+    assert vocabs[0] == vocabs[1] == vocabs[2]
+    # "##x" are ordinary tokens: only the five specials are added (special) tokens
+    tokenizer = models.preset_tokenizer(texts)
+    assert sorted(tokenizer.all_special_tokens) == sorted(models.SPECIALS)
+    assert tokenizer.tokenize("আমি প্রতিদিন") == ["আমি", "প্রতিদিন"]
+    assert tokenizer.tokenize("মাছভাত")[:2] == ["মাছ", "##ভ"]  # an unseen word: pieces
