@@ -36,18 +36,48 @@ class ResumableSampler(DistributedSampler):
         if self.lengths is None:
             indices = list(super().__iter__())
         else:
-            # Trainer's grouping over global batches; rank r takes every world_size-th index, as
-            # DistributedSampler does, so each rank's micro-batch holds similar lengths too.
-            # (Imported here: it pulls in the Trainer's helpers, which no other run needs.)
-            from transformers.trainer_pt_utils import get_length_grouped_indices
-
+            # global batches of similar lengths; rank r takes every world_size-th index, as
+            # DistributedSampler does, so each rank's micro-batches hold similar lengths too
             generator = torch.Generator().manual_seed(self.seed + self.epoch)
-            order = get_length_grouped_indices(self.lengths, self.batch_size * self.num_replicas,
-                                               generator=generator)
+            order = [i for batch in length_grouped_batches(self.lengths, self.batch_size * self.num_replicas,
+                                                           generator) for i in batch]
             padding = self.total_size - len(order)
             order += (order * math.ceil(padding / len(order)))[:padding]
             indices = order[self.rank:self.total_size:self.num_replicas]
         return iter(indices[self.skip:])  # len() stays the whole epoch: the loop counts positions in it
+
+
+MEGA_BATCH = 50
+"""Length grouping sorts within chunks of this many batches: similar lengths meet in a batch,
+while which rows share an epoch's part stays random."""
+
+
+def sorted_mega_batches(lengths, rows: int, generator: torch.Generator):
+    """A seeded permutation of the rows, cut into chunks of `rows`, each sorted by length,
+    longest first."""
+    order = torch.randperm(len(lengths), generator=generator).tolist()
+    for start in range(0, len(order), rows):
+        yield sorted(order[start:start + rows], key=lambda i: lengths[i], reverse=True)
+
+
+def length_grouped_batches(lengths, batch_size: int, generator: torch.Generator) -> list[list[int]]:
+    """Batches of `batch_size` rows of similar length, in random order.
+
+    Not the Trainer's get_length_grouped_indices: it keeps each mega-batch's batches longest to
+    shortest, and when a mega-batch holds the whole epoch (the 1,500-row sample sets at batch 32)
+    every epoch becomes a pass from the longest texts to the shortest, a curriculum that
+    collapsed runs to one class. Here the batches are shuffled (as fairseq does), the longest
+    one first (an out-of-memory error shows at the first step, as in the Trainer) and a short
+    last batch last (every other batch stays whole for the ranks' and micro-batches' split)."""
+    batches = [chunk[i:i + batch_size] for chunk in sorted_mega_batches(lengths, MEGA_BATCH * batch_size, generator)
+               for i in range(0, len(chunk), batch_size)]
+    short = [b for b in batches if len(b) < batch_size]
+    full = [b for b in batches if len(b) == batch_size]
+    full = [full[i] for i in torch.randperm(len(full), generator=generator).tolist()]
+    if full:
+        longest = max(range(len(full)), key=lambda i: lengths[full[i][0]])
+        full.insert(0, full.pop(longest))
+    return full + short
 
 
 class TokenBatchSampler(torch.utils.data.Sampler):
@@ -77,12 +107,10 @@ class TokenBatchSampler(torch.utils.data.Sampler):
         if self._cached is not None and self._cached[0] == self.epoch:
             return self._cached[1]
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        order = torch.randperm(len(self.lengths), generator=generator).tolist()
         mean_length = max(1, sum(self.lengths) // max(1, len(self.lengths)))
-        mega = 50 * max(1, self.batch_tokens // mean_length)  # rows: about 50 batches' worth
+        mega = MEGA_BATCH * max(1, self.batch_tokens // mean_length)  # rows: about 50 batches' worth
         batches = []
-        for start in range(0, len(order), mega):
-            chunk = sorted(order[start:start + mega], key=lambda i: self.lengths[i], reverse=True)
+        for chunk in sorted_mega_batches(self.lengths, mega, generator):
             batch: list[int] = []
             for i in chunk:  # descending: the batch's first row is its longest
                 if batch and (len(batch) + 1) * self.lengths[batch[0]] > self.batch_tokens:

@@ -3,6 +3,7 @@ import json
 import math
 
 import pytest
+import torch
 from safetensors import safe_open
 
 from helpers import FAST, mlflow_runs, run_cli
@@ -136,6 +137,29 @@ def test_length_grouping_covers_the_epoch_once_and_cuts_padding():
     assert sum(map(padded_tokens, grouped)) < 0.7 * sum(map(padded_tokens, plain))
     assert epoch(True) == grouped and epoch(True, 1) != grouped  # seeded per epoch
     assert epoch(True, skip=16)[1] == grouped[1][16:]  # a resumed epoch continues the same order
+
+
+def test_length_grouped_batches_come_in_random_order_longest_first():
+    """403 rows at a global batch of 16 fit one mega-batch: the Trainer's grouping then walks the
+    whole epoch from the longest batch to the shortest, a curriculum that collapsed short-data
+    runs to one class; here only the first batch is chosen (the longest, so an out-of-memory
+    error shows at once) and the rest come in a seeded random order."""
+    import random
+
+    from pipeline.data import length_grouped_batches
+
+    rng = random.Random(0)
+    lengths = [rng.randint(4, 120) for _ in range(403)]
+    batches = length_grouped_batches(lengths, 16, torch.Generator().manual_seed(3))
+    assert sorted(i for b in batches for i in b) == list(range(403))
+    assert [len(b) for b in batches] == [16] * 25 + [3]  # the short batch last
+    longest = [max(lengths[i] for i in b) for b in batches]
+    assert longest[0] == max(lengths)
+    spread = [max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in batches]
+    assert max(spread) <= 12  # similar lengths together (random batches: ~100)
+    ups = sum(b > a for a, b in zip(longest[1:-1], longest[2:-1]))
+    assert 6 < ups < 18  # ~half the steps go up in a random order; longest-to-shortest has none
+    assert batches == length_grouped_batches(lengths, 16, torch.Generator().manual_seed(3))
 
 
 @pytest.mark.slow
