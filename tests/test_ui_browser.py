@@ -32,7 +32,7 @@ def finished_study(tmp_path_factory):
     db = tmp / "m.db"
     spec = {"name": STUDY, "output_root": str(tmp / "outputs"), "report_dir": str(tmp / "report"),
             "overrides": [*FAST, "train.max_steps=4", "train.epochs=1", f"tracking.uri=sqlite:///{db}"],
-            "matrix": {"tasks": ["sentiment"], "precisions": ["fp32", "bf16"]}}
+            "matrix": {"tasks": ["sentiment"], "precisions": ["fp32", "auto"]}}
     path = tmp / "study.yaml"
     path.write_text(yaml.safe_dump(spec))
     result = run_cli("study", path)
