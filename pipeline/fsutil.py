@@ -12,11 +12,14 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import tempfile
 from contextlib import contextmanager
+from glob import escape as glob_escape
 from pathlib import Path
 
 FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+_HOST = socket.gethostname().replace("-", "_")  # temporary names split on "-"
 LOW_SPACE = 16 * 2**20
 """Bytes free under which a failed write is blamed on the disk: torch's zip writer loses the
 errno of a write to a full disk (RuntimeError: ... unexpected pos), so the disk is asked."""
@@ -136,6 +139,26 @@ def publish(tmp: Path, final: Path) -> None:
     fsync_dir(Path(final).parent)
 
 
+def remove_abandoned(final: Path) -> None:
+    """Remove temporary siblings of `final` that a killed writer left behind: those of this host
+    whose process is gone (a live process, or another host's on shared storage, is left alone;
+    a reused pid only delays the removal)."""
+    for tmp in final.parent.glob(f".{glob_escape(final.name)}.tmp-{glob_escape(_HOST)}-*-*"):
+        pid = tmp.name[len(f".{final.name}.tmp-{_HOST}-"):].split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 @contextmanager
 def atomic_dir(final: Path, replace: bool = False):
     """Yield a temporary sibling directory; on success it becomes `final`.
@@ -146,7 +169,8 @@ def atomic_dir(final: Path, replace: bool = False):
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-"))
+    remove_abandoned(final)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.tmp-{_HOST}-{os.getpid()}-"))
     try:
         with writing(final):
             yield tmp

@@ -295,3 +295,31 @@ def test_two_ranks_on_one_node_prepare_the_data_once(cache, tmp_path):
     assert reports[0]["rows"] == reports[1]["rows"] == 120 and reports[0]["ids"] == reports[1]["ids"]
     for r in reports:
         assert "bad.tsv: line" in r["error"] and "unknown label" in r["error"], r
+
+
+def test_a_killed_builders_leftovers_go_at_the_next_build(tmp_path):
+    """A builder killed mid-write (SIGKILL: no cleanup runs) leaves its temporary folder; the next
+    write of the same entry on this host removes it, and leaves alone a live writer's."""
+    from pipeline import fsutil
+
+    final = tmp_path / "features" / "train-abc"
+    code = textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from pipeline.fsutil import atomic_dir
+        with atomic_dir(Path({str(final)!r})) as tmp:
+            (tmp / "part").write_text("half")
+            print(tmp, flush=True)
+            time.sleep(600)
+    """)
+    child = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    leftover = child.stdout.readline().strip()
+    child.kill()
+    child.wait()
+    live = final.parent / f".{final.name}.tmp-{fsutil._HOST}-{os.getpid()}-x"  # a writer still at work
+    live.mkdir()
+    assert os.path.isdir(leftover)
+    with fsutil.atomic_dir(final) as tmp:
+        (tmp / "part").write_text("whole")
+    assert not os.path.exists(leftover) and live.is_dir()
+    assert (final / "part").read_text() == "whole"
