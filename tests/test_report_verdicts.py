@@ -113,3 +113,19 @@ def test_a_fallback_run_says_so_in_its_row():
     r = _row(None, "cell", {}, run)
     assert r["launcher"] == "torchrun x1 (fallback: 1 of 8 processes)"
     assert r["precision"] == "fp16 (pure16)" and r["precision_mode"] == "pure16"
+
+
+def test_headline_says_when_amp_fell_back_to_fp32():
+    """precision=auto on a CPU without bf16 runs fp32: the demo's AMP column then measures noise,
+    and the headline must not call it an AMP speed-up."""
+    import pandas as pd
+
+    from pipeline.report.markdown import headline
+
+    amp = pd.DataFrame([{"speedup_pct": 13.1, "mem_reduction_pct": 1.5, "retention_pct": 100.0,
+                         "amp_precision": "fp32", "memory": "CPU peak RSS"}])
+    text = headline(amp)
+    assert text.startswith("AMP resolved to fp32 in every cell") and "+13.1% in samples/s" in text
+    assert "faster" not in text
+    bf16 = headline(amp.assign(amp_precision="bf16"))
+    assert bf16.startswith("Averaged over 1 task x model cell, AMP (bf16) trained 13.1% faster")

@@ -28,6 +28,10 @@ def headline(amp: pd.DataFrame) -> str:
     precisions = "/".join(sorted(set("/".join(ok.amp_precision).split("/"))))
     memory = "/".join(sorted(set(ok.memory) - {""})) or "peak memory"
     left_out = f" ({len(amp) - len(ok)} more failed or are missing)" if len(ok) < len(amp) else ""
+    if precisions == "fp32":  # precision=auto on a device with neither bf16 nor fp16: no AMP ran
+        return (f"AMP resolved to fp32 in every cell{left_out} (precision=auto on a device without bf16 or fp16): "
+                f"both sides ran FP32, so the {s:+.1f}% in samples/s and {m:+.1f}% in peak memory ({memory}) "
+                "are run-to-run noise, not an AMP effect.")
     return (f"Averaged over {len(ok)} task x model cell{'s' if len(ok) != 1 else ''}{left_out}, AMP ({precisions}) "
             f"trained {abs(s):.1f}% {'faster' if s >= 0 else 'slower'} than FP32 (samples/s), used {abs(m):.1f}% "
             f"{'less' if m >= 0 else 'more'} peak memory ({memory}); the scores, pair by pair, are below the table.")
