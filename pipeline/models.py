@@ -169,10 +169,10 @@ def preset_tokenizer(texts, vocab_size: int = PRESET_VOCAB) -> PreTrainedTokeniz
     if not (final / "tokenizer.json").is_file():
         # no lower-casing or accent stripping: that would delete Bangla vowel signs
         normalizer = normalizers.BertNormalizer(lowercase=False, strip_accents=False, clean_text=True)
-        vocab = _train_wordpiece_vocab(texts, vocab_size, normalizer, pre_tokenizers.BertPreTokenizer())
+        pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        vocab = _train_wordpiece_vocab(texts, vocab_size, normalizer, pre_tokenizer)
         tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
-        tok.normalizer = normalizer
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.normalizer, tok.pre_tokenizer = normalizer, pre_tokenizer
         tok.decoder = decoders.WordPiece()
         tok.post_processor = processors.TemplateProcessing(
             single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
