@@ -70,14 +70,13 @@ def ui_server(finished_study):
 
 
 def render(url: str, screenshot: str) -> str:
-    """The page's DOM after its scripts ran, and a screenshot of it (headless Chromium)."""
+    """The page's DOM after its scripts ran, and a screenshot of it: one headless Chromium, a
+    tall window so the page renders its tables below the fold too. The time limit is generous:
+    the MLflow server shares two cores with a second pytest worker."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=20000"]
-    subprocess.run([*flags, "--window-size=1600,1000", f"--screenshot={ARTIFACTS / screenshot}", url],
-                   capture_output=True, timeout=120)
-    # a tall window: the page renders its tables below the fold too
-    dom = subprocess.run([*flags, "--window-size=1600,8000", "--dump-dom", url], capture_output=True, text=True,
-                         timeout=120).stdout
+    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=20000",
+                          "--window-size=1600,4000", f"--screenshot={ARTIFACTS / screenshot}", "--dump-dom", url],
+                         capture_output=True, text=True, timeout=300).stdout
     assert (ARTIFACTS / screenshot).stat().st_size > 10_000
     (ARTIFACTS / screenshot).with_suffix(".html").write_text(dom, encoding="utf-8")
     return dom
