@@ -55,13 +55,13 @@ class TrainConfig:
     """Clip the global gradient norm to this; 0 disables clipping (the norm is still logged)."""
     max_length: int = 128
     """Truncate inputs to this many tokens; batches are padded to their longest sequence only."""
-    group_by_length: bool = False
+    group_by_length: bool | None = None
     """Batch sequences of similar length together (each mega-batch of 50 global batches sorted by
     length, cut into batches, the batches shuffled, the longest first): less padding computed,
-    same epoch contents; 2-2.5x the samples/s on long-tailed comments. Off by default: on
-    sentiment the dev score stayed within the seed spread (10 seeds), on WikiQA's question-answer
-    pairs it did not (test MAP 0.79 vs 0.86 over 4 seeds) - benchmarks/README.md. Turn it on for
-    long-tailed single-text classification."""
+    same epoch contents; 2-2.5x the samples/s on long-tailed comments. Unset: the task's default
+    (Task.group_by_length), on where grouping kept the dev score within the seed spread and off
+    where it did not (WikiQA's question-answer pairs: test MAP 0.79 vs 0.86) or was not measured
+    - benchmarks/README.md."""
     batch_tokens: int = 0
     """Batches by tokens instead of rows (fairseq's max_tokens): similar lengths together, each
     batch's padded size (longest x rows) within this budget; 0 = train.batch_size rows per batch.
@@ -190,12 +190,15 @@ class Config:
             raise UserError(f"config: deepspeed={self.deepspeed}: no such file")
         return self
 
-    def resolve(self, model_spec: str | None = None) -> Config:
-        """A copy with the derived defaults filled in: output_dir, and, once the model is known,
-        the learning rate (random-init presets need a larger step than fine-tuning does)."""
+    def resolve(self, model_spec: str | None = None, task=None) -> Config:
+        """A copy with the derived defaults filled in: output_dir; once the model is known, the
+        learning rate (random-init presets need a larger step than fine-tuning does); once the
+        task is, whether batches are grouped by length."""
         train = self.train
         if train.lr is None and model_spec is not None:
             train = dataclasses.replace(train, lr=3e-4 if model_spec.startswith("preset:") else 5e-5)
+        if train.group_by_length is None and task is not None:
+            train = dataclasses.replace(train, group_by_length=task.group_by_length)
         return dataclasses.replace(self, train=train,
                                    output_dir=self.output_dir or f"outputs/{self.task}-{self.precision}")
 

@@ -155,7 +155,7 @@ def build_stage(cfg: Config, stage: str, rt: Runtime) -> Stage:
     else:
         model_spec = cfg.model or task.default_model
         tokenizer, model = models.build(model_spec, task, train_texts, cfg.model_config, cfg.train.max_length)
-    cfg = cfg.resolve(model_spec)
+    cfg = cfg.resolve(model_spec, task)
     backend = make_backend(rt, policy, cfg.train, cfg.deepspeed)  # resolves and checks a DeepSpeed config
     prepared = {split: features.prepare_features(task, split, getattr(cfg.data, split), examples[split], tokenizer,
                                                  cfg.train.max_length, rt) for split in SPLITS}

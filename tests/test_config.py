@@ -4,6 +4,7 @@ import pytest
 from helpers import run_cli
 from pipeline.config import flatten, load_config
 from pipeline.errors import UserError
+from pipeline.tasks import get_task
 
 
 def test_defaults_and_overrides_are_typed(tmp_path):
@@ -17,6 +18,16 @@ def test_defaults_and_overrides_are_typed(tmp_path):
     assert cfg.model_config == {"hidden_dropout_prob": 0.0}
     assert cfg.output_dir == "outputs/sentiment-bf16"
     assert flatten(cfg.to_dict())["train.lr"] == pytest.approx(1e-4)
+
+
+@pytest.mark.parametrize("task, override, grouped", [
+    ("sentiment", [], True), ("error_cls", [], True),  # kept the dev score within the seed spread
+    ("ner", [], False), ("wikiqa", [], False), ("qa", [], False),  # lowered it, or not measured
+    ("sentiment", ["train.group_by_length=false"], False), ("ner", ["train.group_by_length=true"], True),
+])
+def test_length_grouping_defaults_to_the_tasks_choice_and_an_explicit_value_wins(task, override, grouped):
+    cfg = load_config(None, [f"task={task}", *override])
+    assert cfg.resolve("preset:bangla-tiny", get_task(task)).train.group_by_length is grouped
 
 
 @pytest.mark.parametrize("overrides, fragment", [

@@ -44,6 +44,9 @@ class Task(ABC):
     """The key of metrics() that early stopping and eval/main use."""
     default_model: ClassVar[str] = "preset:bangla-small"
     model_class: ClassVar[Any] = AutoModelForSequenceClassification
+    group_by_length: ClassVar[bool] = False
+    """train.group_by_length when the config leaves it unset: True only where grouped batches kept
+    the dev score within the seed spread (benchmarks/README.md has the runs)."""
 
     state_attributes: ClassVar[tuple[str, ...]] = ()
     """Attributes that load() or featurize() set and later steps read (NER's tag set, the

@@ -47,6 +47,8 @@ class NerTask(Task):
     name = "ner"
     main_metric = "f1"
     model_class = AutoModelForTokenClassification
+    group_by_length = False
+    """Grouped batches lowered the dev entity F1 beyond the seed spread (0.75 vs 0.86, 3 seeds)."""
 
     state_attributes = ("labels", "max_length", "_loaded")
 

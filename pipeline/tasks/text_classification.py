@@ -14,6 +14,9 @@ class TextClassificationTask(Task):
     labels: list[str]
     extra_average = "micro"
     """The F1 average reported beside macro-F1 (sentiment: micro, error_cls: weighted)."""
+    group_by_length = True
+    """Grouped batches kept the dev macro-F1 within the seed spread on both tasks (sentiment 10
+    seeds, error_cls 8) at 2-2.5x the samples/s on long-tailed comments."""
 
     def texts(self, examples):
         return [e["text"] for e in examples]
