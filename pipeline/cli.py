@@ -20,7 +20,7 @@ USAGE = """usage:
   python -m pipeline study STUDY.yaml [--dry-run] [k=v ...]  run a matrix of stages, then the report
   python -m pipeline report --experiment NAME [--out DIR]    tables and charts of a study's runs
   python -m pipeline ui [--experiment NAME] [--host H]       MLflow UI on the tracking store
-  python -m pipeline sync RUN_DIR [--uri URI]                upload a run's journal to MLflow
+  python -m pipeline sync RUN_DIR|FILE.jsonl [--uri URI]    upload a run's journal to MLflow
 """
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pipeline.runtime import dist
 from pipeline.runtime.dist import Runtime
-from pipeline.tracking import JOURNAL, end_abandoned_run
+from pipeline.tracking import JOURNAL, settle_abandoned_run
 
 log = logging.getLogger("pipeline")
 
@@ -28,7 +28,8 @@ def finished_figures(out: Path, rt: Runtime) -> dict | None:
 def start_over(out: Path, rt: Runtime, uri: str, resuming: bool) -> None:
     """Collective: a job that does not resume removes what a previous job left in output_dir
     (checkpoints, best model, final figures), so nothing of the two mixes and a later
-    resume=auto continues this job; the previous job's run, if it never ended, is marked FAILED."""
+    resume=auto continues this job; the previous job's run, if it never ended, is synced from its
+    journal and marked FAILED (its journal kept aside if the store cannot take it)."""
     if rt.is_main:
         leftovers = [name for name in ("checkpoints", "best", "metrics.json", "report.txt") if (out / name).exists()]
         removing = f" (removing {', '.join(leftovers)})" if leftovers else ""
@@ -41,7 +42,8 @@ def start_over(out: Path, rt: Runtime, uri: str, resuming: bool) -> None:
                 shutil.rmtree(out / name)
             else:
                 (out / name).unlink()
-        abandoned = end_abandoned_run(out, uri)
+        abandoned = settle_abandoned_run(out, uri)
         if abandoned:
-            log.warning("the previous job's MLflow run %s never ended: marked FAILED", abandoned)
+            log.warning("the previous job's MLflow run %s never ended: synced from its journal and marked FAILED",
+                        abandoned)
     dist.barrier()

@@ -159,7 +159,7 @@ class Tracker:
                                                  tracking_uri=uri)
             self._monitor.start()
         except Exception as e:  # noqa: BLE001 - optional: psutil missing, server down
-            log.warning("tracking: system metrics unavailable (%s)", str(e).splitlines()[0][:200] if str(e) else e)
+            log.warning("tracking: system metrics unavailable (%s)", _reason(e))
             self._monitor = None
 
     def stop_system_metrics(self) -> None:
@@ -229,9 +229,8 @@ class Tracker:
 
     def _degrade(self, error: Exception) -> None:
         if not self._warned:
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             log.warning("tracking: MLflow unavailable (%s); figures go to %s only; upload later with "
-                        "`python -m pipeline sync %s`", first[:200], self.journal_path, self.journal_path.parent)
+                        "`python -m pipeline sync %s`", _reason(error), self.journal_path, self.journal_path.parent)
             self._warned = True
         self.client = None
 
@@ -311,27 +310,35 @@ def _few_retries() -> None:
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")
 
 
-def end_abandoned_run(output_dir: Path, uri: str) -> str | None:
-    """The run of a previous job in output_dir that stopped without ending (killed, its
-    checkpoints unusable) is marked FAILED, as `sync` would; returns its id, if any."""
+def settle_abandoned_run(output_dir: Path, uri: str) -> str | None:
+    """A previous job in output_dir that stopped without ending (killed, its checkpoints
+    unusable) is synced as `pipeline sync` would: what its journal holds and MLflow lacks is
+    uploaded (a job that ran with the server down has its whole run created) and the run is
+    marked FAILED. Returns the run id. If the store cannot take it, the journal is kept beside
+    as journal.abandoned-STAMP.jsonl (`pipeline sync FILE` uploads it later) rather than lost
+    when the new job starts its own journal."""
     path = Path(output_dir) / JOURNAL
     try:
         records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     except (OSError, ValueError):
         return None
-    run_id = next((r.get("run_id") for r in reversed(records) if r.get("type") == "run"), None)
-    if run_id is None or any(r.get("type") == "end" for r in records):
+    if not any(r.get("type") == "start" for r in records) or any(r.get("type") == "end" for r in records):
         return None
     _few_retries()
     try:
-        client = open_client(uri)
-        if client.get_run(run_id).info.status == "RUNNING":
-            client.set_terminated(run_id, status="FAILED")
+        return sync(output_dir, uri)
     except Exception as e:  # noqa: BLE001 - a dead server must not stop the new job
-        log.warning("tracking: could not mark run %s of the previous job FAILED (%s)", run_id,
-                    str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__)
+        kept = path.with_name(f"journal.abandoned-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
+        os.replace(path, kept)
+        log.warning("tracking: could not upload the previous job's journal (%s); kept as %s: "
+                    "python -m pipeline sync %s --uri URI", _reason(e), kept, kept)
         return None
-    return run_id
+
+
+def _reason(e: Exception) -> str:
+    """The first line of an exception's message (MLflow's can be pages of HTML), or its type."""
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__
 
 
 def _tag(key: str, value: str):
@@ -396,9 +403,9 @@ def sync(run_dir: Path, uri: str | None = None) -> str:
     """
     from mlflow.entities import Metric, Param
 
-    path = Path(run_dir) / JOURNAL
+    path = Path(run_dir) if Path(run_dir).suffix == ".jsonl" else Path(run_dir) / JOURNAL
     if not path.is_file():
-        raise UserError(f"sync: {run_dir}: no {JOURNAL} (is it a stage's output_dir?)")
+        raise UserError(f"sync: {run_dir}: no {path.name} (is it a stage's output_dir?)")
     records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     start = next((r for r in records if r["type"] == "start"), None)
     if start is None:

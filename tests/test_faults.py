@@ -11,12 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from mlflow.tracking import MlflowClient
 
-from helpers import FAST, ROOT, assert_same_result, mlflow_runs, run_cli, wait_for
+from helpers import FAST, ROOT, assert_same_result, free_port, mlflow_runs, run_cli, wait_for
 from pipeline import checkpoint, cli, fsutil
 from pipeline.config import load_config
+from pipeline.outputs import start_over
+from pipeline.runtime.dist import Runtime
+from pipeline.tracking import Tracker
 from pipeline.train import Diverged, run
 
+SINGLE = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
 # dropout stays on: a resume must restore every rank's RNG to continue bit-exactly. train/loss is
 # logged only at the end, so its window spans every kill below: it must survive in the checkpoint
 JOB = [*FAST, "train.epochs=2", "train.save_every=10", "train.log_every=1000"]
@@ -242,10 +247,42 @@ def test_no_usable_checkpoint_starts_over_says_so_and_fails_the_lost_run(tmp_pat
                      "resume=auto")
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"resume=auto: no usable checkpoint in {out}; starting over (removing checkpoints)" in result.stderr
-    assert f"the previous job's MLflow run {lost.info.run_id} never ended: marked FAILED" in result.stderr
+    assert (f"the previous job's MLflow run {lost.info.run_id} never ended: synced from its journal and marked "
+            "FAILED") in result.stderr
     status = {r.info.run_id: r.info.status for r in mlflow_runs(db, "pipeline")}
     assert status.pop(lost.info.run_id) == "FAILED" and list(status.values()) == ["FINISHED"]
     assert not checkpoint.complete(out)  # no corrupted checkpoint of the lost job kept (10 steps: none saved)
+
+
+def test_a_lost_job_that_never_reached_mlflow_is_uploaded_when_the_next_starts_over(tmp_path, caplog, monkeypatch):
+    """The first job ran with its tracking server down (figures in the journal only) and died
+    with no usable checkpoint. The job that starts over in its output_dir uploads that journal as
+    a FAILED run before writing its own; with the store unreachable too, the journal is kept
+    aside for `pipeline sync FILE` rather than overwritten."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # the dead server: no retries to wait out
+    out, db = tmp_path / "out", tmp_path / "m.db"
+    dead = f"http://127.0.0.1:{free_port()}"
+    lost = Tracker(out, active=True)
+    lost.start(dead, "lost", "first-job", {"task": "sentiment"}, {"train.lr": 0.001})
+    lost.log_metrics({"train/loss": 1.1}, step=5)
+    lost.log_metrics({"train/loss": 0.7}, step=10)  # then killed: no end record
+
+    caplog.set_level(logging.WARNING, logger="pipeline")
+    start_over(out, SINGLE, f"sqlite:///{db}", resuming=True)
+    (run,) = mlflow_runs(db, "lost")
+    assert run.info.status == "FAILED" and run.data.params["train.lr"] == "0.001"
+    assert [m.value for m in MlflowClient(f"sqlite:///{db}").get_metric_history(run.info.run_id, "train/loss")] \
+        == [1.1, 0.7]
+    assert f"MLflow run {run.info.run_id} never ended: synced from its journal and marked FAILED" in caplog.text
+
+    again = tmp_path / "again"
+    Tracker(again, active=True).start(dead, "lost", "second-job", {}, {})
+    start_over(again, SINGLE, dead, resuming=True)
+    (kept,) = again.glob("journal.abandoned-*.jsonl")
+    assert not (again / "journal.jsonl").exists() and f"python -m pipeline sync {kept}" in caplog.text
+    assert run_cli("sync", kept, "--uri", f"sqlite:///{db}").returncode == 0
+    assert {r.info.run_name: r.info.status for r in mlflow_runs(db, "lost")} == {"first-job": "FAILED",
+                                                                                 "second-job": "FAILED"}
 
 
 # ---------------------------------------------------------------------- a full disk
