@@ -319,7 +319,7 @@ def settle_abandoned_run(output_dir: Path, uri: str) -> str | None:
     when the new job starts its own journal."""
     path = Path(output_dir) / JOURNAL
     try:
-        records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        records = read_journal(path)
     except (OSError, ValueError):
         return None
     if not any(r.get("type") == "start" for r in records) or any(r.get("type") == "end" for r in records):
@@ -333,6 +333,11 @@ def settle_abandoned_run(output_dir: Path, uri: str) -> str | None:
         log.warning("tracking: could not upload the previous job's journal (%s); kept as %s: "
                     "python -m pipeline sync %s --uri URI", _reason(e), kept, kept)
         return None
+
+
+def read_journal(path: Path) -> list[dict]:
+    """The journal's records, one JSON object per line."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def _reason(e: Exception) -> str:
@@ -406,7 +411,7 @@ def sync(run_dir: Path, uri: str | None = None) -> str:
     path = Path(run_dir) if Path(run_dir).suffix == ".jsonl" else Path(run_dir) / JOURNAL
     if not path.is_file():
         raise UserError(f"sync: {run_dir}: no {path.name} (is it a stage's output_dir?)")
-    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records = read_journal(path)
     start = next((r for r in records if r["type"] == "start"), None)
     if start is None:
         raise UserError(f"sync: {path}: the journal has no start record")
