@@ -408,9 +408,14 @@ def sync(run_dir: Path, uri: str | None = None) -> str:
     """
     from mlflow.entities import Metric, Param
 
-    path = Path(run_dir) if Path(run_dir).suffix == ".jsonl" else Path(run_dir) / JOURNAL
-    if not path.is_file():
-        raise UserError(f"sync: {run_dir}: no {path.name} (is it a stage's output_dir?)")
+    if Path(run_dir).suffix == ".jsonl":  # a journal kept aside: journal.abandoned-STAMP.jsonl
+        path = Path(run_dir)
+        if not path.is_file():
+            raise UserError(f"sync: {run_dir}: no such file")
+    else:
+        path = Path(run_dir) / JOURNAL
+        if not path.is_file():
+            raise UserError(f"sync: {run_dir}: no {JOURNAL} (is it a stage's output_dir?)")
     records = read_journal(path)
     start = next((r for r in records if r["type"] == "start"), None)
     if start is None:

@@ -16,9 +16,10 @@ from mlflow.tracking import MlflowClient
 from helpers import FAST, ROOT, assert_same_result, free_port, mlflow_runs, run_cli, wait_for
 from pipeline import checkpoint, cli, fsutil
 from pipeline.config import load_config
+from pipeline.errors import UserError
 from pipeline.outputs import start_over
 from pipeline.runtime.dist import Runtime
-from pipeline.tracking import Tracker
+from pipeline.tracking import Tracker, sync
 from pipeline.train import Diverged, run
 
 SINGLE = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
@@ -283,6 +284,13 @@ def test_a_lost_job_that_never_reached_mlflow_is_uploaded_when_the_next_starts_o
     assert run_cli("sync", kept, "--uri", f"sqlite:///{db}").returncode == 0
     assert {r.info.run_name: r.info.status for r in mlflow_runs(db, "lost")} == {"first-job": "FAILED",
                                                                                  "second-job": "FAILED"}
+
+
+def test_sync_of_a_missing_journal_names_it(tmp_path):
+    with pytest.raises(UserError, match=r"^sync: .*journal\.abandoned-x\.jsonl: no such file$"):
+        sync(tmp_path / "journal.abandoned-x.jsonl")
+    with pytest.raises(UserError, match=r"^sync: .*: no journal\.jsonl \(is it a stage's output_dir\?\)$"):
+        sync(tmp_path)
 
 
 # ---------------------------------------------------------------------- a full disk
