@@ -146,6 +146,23 @@ def deepspeed_process_group():
 
 
 @pytest.mark.slow
+def test_a_cpu_engine_starts_without_compiling_the_shm_all_reduce(deepspeed_process_group):
+    """DeepSpeed's CPU accelerator would JIT-compile its shared-memory all-reduce (minutes of C++ on
+    a first run) for inference only; the pipeline's engine trains without it, through gloo."""
+    from deepspeed.comm import comm as ds_comm
+
+    train = load_config(None, ["train.batch_size=4"]).train
+    backend = DeepSpeedBackend(deepspeed_process_group, precision.PrecisionPolicy("fp32", "cpu"), train,
+                               "ds_configs/zero2.json")
+    model = BertForSequenceClassification(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+                                                     num_attention_heads=2, intermediate_size=64, num_labels=2))
+    engine = backend.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    assert ds_comm.cdb.shm_comm_op is None
+    backend.backward(engine(input_ids=torch.randint(5, 100, (4, 8)), labels=torch.tensor([0, 1, 0, 1])).loss)
+    assert backend.step().stepped
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", [0, 1, 2, 3])
 def test_bf16_under_every_zero_stage_is_autocast_on_fp32_weights(deepspeed_process_group, stage):
     """The engine on DeepSpeed's CPU accelerator, through the pipeline's backend and its ds_configs:

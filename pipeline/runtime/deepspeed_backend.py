@@ -145,6 +145,19 @@ def precision_mode(policy: PrecisionPolicy) -> str:
     return PURE16 if policy.name == "fp16" else policy.mode
 
 
+def skip_the_shm_all_reduce_build() -> None:
+    """DeepSpeed's CPU accelerator compiles a C++ shared-memory all-reduce (`deepspeed_shm_comm`)
+    when its communication backend starts, once per environment: 1-2.5 minutes on a 2-core machine
+    before the first step. Only its inference_all_reduce (tensor-parallel inference) uses that op;
+    training's all-reduces and gathers go through torch.distributed (gloo) either way. Marking the
+    op incompatible in DeepSpeed's per-process table (deepspeed.ops.__compatible_ops__, which its
+    comm backend consults) skips the build and changes no result."""
+    import deepspeed
+    from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder
+
+    deepspeed.ops.__compatible_ops__[ShareMemCommBuilder.NAME] = False
+
+
 class DeepSpeedBackend:
     """Launched by the deepspeed launcher (or torchrun with backend=deepspeed): ZeRO stages 0-3."""
 
@@ -163,6 +176,8 @@ class DeepSpeedBackend:
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> torch.nn.Module:
         import deepspeed
 
+        if self.rt.device.type == "cpu":
+            skip_the_shm_all_reduce_build()
         fill_bucket_sizes(self.ds_config, getattr(model, "config", None))
         client_optimizer = None if "optimizer" in self.ds_config else optimizer
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
