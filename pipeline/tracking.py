@@ -235,8 +235,16 @@ class Tracker:
         self.client = None
 
     def _journal(self, record: dict) -> None:
-        with fsutil.writing(self.journal_path), self.journal_path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        with fsutil.writing(self.journal_path), self.journal_path.open("ab+") as f:
+            # a kill mid-append leaves a torn last line; a resumed job starts on a fresh line so
+            # that only the torn record is lost, not the next one glued onto it
+            end = f.seek(0, os.SEEK_END)
+            if end:
+                f.seek(end - 1)
+                if f.read(1) != b"\n":
+                    line = b"\n" + line
+            f.write(line)
 
 
 def what_ran(cfg: Config, rt: Runtime, policy, backend, model_spec: str, stage: str) -> dict:
@@ -336,8 +344,19 @@ def settle_abandoned_run(output_dir: Path, uri: str) -> str | None:
 
 
 def read_journal(path: Path) -> list[dict]:
-    """The journal's records, one JSON object per line."""
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The journal's records, one JSON object per line. A line that does not parse was torn by a
+    kill in the middle of an append: it is skipped (with a warning) and the whole lines are kept."""
+    records, torn = [], 0
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            torn += 1
+    if torn:
+        log.warning("tracking: %s: skipped %d torn line(s) (a kill during a write)", path, torn)
+    return records
 
 
 def _reason(e: Exception) -> str:

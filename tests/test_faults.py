@@ -286,6 +286,27 @@ def test_a_lost_job_that_never_reached_mlflow_is_uploaded_when_the_next_starts_o
                                                                                  "second-job": "FAILED"}
 
 
+def test_a_journal_torn_by_a_kill_mid_append_still_syncs_its_whole_lines(tmp_path, monkeypatch):
+    """SIGKILL during an append leaves half a JSON line at the end of the journal. The resumed
+    job's next record starts on a fresh line, and sync uploads every whole record."""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    out, db = tmp_path / "out", tmp_path / "m.db"
+    dead = f"http://127.0.0.1:{free_port()}"
+    first = Tracker(out, active=True)
+    first.start(dead, "torn", "job", {}, {"train.lr": 0.001})
+    first.log_metrics({"train/loss": 1.1}, step=5)
+    with (out / "journal.jsonl").open("a", encoding="utf-8") as f:
+        f.write('{"type": "metrics", "step": 10, "metrics": {"train/lo')  # the kill
+    resumed = Tracker(out, active=True, resume=True)
+    resumed.start(dead, "torn", "job", {}, {"train.lr": 0.001})
+    resumed.log_metrics({"train/loss": 0.5}, step=15)
+    resumed.end("FINISHED")
+    assert sync(out, f"sqlite:///{db}")
+    (run,) = mlflow_runs(db, "torn")
+    history = MlflowClient(f"sqlite:///{db}").get_metric_history(run.info.run_id, "train/loss")
+    assert [(m.step, m.value) for m in history] == [(5, 1.1), (15, 0.5)] and run.info.status == "FINISHED"
+
+
 def test_sync_of_a_missing_journal_names_it(tmp_path):
     with pytest.raises(UserError, match=r"^sync: .*journal\.abandoned-x\.jsonl: no such file$"):
         sync(tmp_path / "journal.abandoned-x.jsonl")
