@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -71,6 +72,14 @@ def command(uri: str | None = None, experiment: str | None = None, study: str | 
         f" --experiment {experiment}" if experiment else "") + (f" --study {study}" if study else "")
 
 
+def server_env() -> dict[str, str]:
+    """The server's environment without MLflow's job runner unless the user asks for it: the runner
+    (GenAI scorers, trace roll-ups) is eight more Python processes that this UI of training runs
+    never uses, and they double the server's start-up (on a busy 2-core machine: 27-44 s to
+    answer /health with them, 12-21 s without)."""
+    return {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", **os.environ}
+
+
 def main(args: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline ui")
     parser.add_argument("--experiment", help="open this experiment's runs table")
@@ -88,6 +97,6 @@ def main(args: list[str]) -> int:
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", opts.host,
            "--port", str(port), "--workers", "1"]
     try:
-        return subprocess.call(cmd)
+        return subprocess.call(cmd, env=server_env())
     except KeyboardInterrupt:
         return 0

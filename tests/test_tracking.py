@@ -12,6 +12,7 @@ import pytest
 
 from helpers import FAST, ROOT, free_port, run_cli, torchrun, wait_for
 from pipeline import names
+from pipeline.ui import server_env
 
 pytestmark = pytest.mark.slow  # every test starts an mlflow server or a pipeline process
 
@@ -26,7 +27,7 @@ class Server:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{self.db}",
              "--default-artifact-root", str(self.db.parent / "artifacts"), "--host", "127.0.0.1",
-             "--port", str(self.port), "--workers", "1"],
+             "--port", str(self.port), "--workers", "1"], env=server_env(),  # as `pipeline ui` runs it
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.time() + 120
         while time.time() < deadline:

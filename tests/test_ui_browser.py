@@ -61,6 +61,8 @@ def ui_server(finished_study):
             except OSError:
                 assert proc.poll() is None and time.time() < deadline, "the UI did not answer"
                 time.sleep(0.5)
+        session = subprocess.run(["ps", "-s", str(proc.pid), "-o", "args="], capture_output=True, text=True).stdout
+        assert "mlflow.server.jobs" not in session  # no job runner: the UI of training runs has no jobs to run
         return match.group(0)
 
     yield start
