@@ -142,6 +142,11 @@ def build_stage(cfg: Config, stage: str, rt: Runtime) -> Stage:
     """Everything that can be the user's fault, before a run or an output exists."""
     policy = precision.resolve(cfg.precision, rt.device)
     task = get_task(cfg.task, cfg.task_options)
+    # a DeepSpeed config is read and checked before data and models load (minutes on a real job);
+    # the distill stage's default student (from_teacher:N) needs the teacher, but only the kind of
+    # model matters to the defaults resolve() fills
+    planned_spec = cfg.model or (task.default_model if stage == "train" else "from_teacher:")
+    backend = make_backend(rt, policy, cfg.resolve(planned_spec, task).train, cfg.deepspeed)
     # the training split is prepared once per node and memory-mapped: its size, digest and texts
     # here, not its rows; dev/test keep their examples (the metrics read them)
     examples = {"train": features.prepare_train(task, cfg.data.train, rt),
@@ -156,7 +161,6 @@ def build_stage(cfg: Config, stage: str, rt: Runtime) -> Stage:
         model_spec = cfg.model or task.default_model
         tokenizer, model = models.build(model_spec, task, train_texts, cfg.model_config, cfg.train.max_length)
     cfg = cfg.resolve(model_spec, task)
-    backend = make_backend(rt, policy, cfg.train, cfg.deepspeed)  # resolves and checks a DeepSpeed config
     prepared = {split: features.prepare_features(task, split, getattr(cfg.data, split), examples[split], tokenizer,
                                                  cfg.train.max_length, rt) for split in SPLITS}
     examples["train"].release()  # the builder's rows: the features are on disk now
