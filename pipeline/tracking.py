@@ -425,8 +425,6 @@ def sync(run_dir: Path, uri: str | None = None) -> str:
     logged, so a sync after a partial upload does not duplicate history); otherwise a new run
     is created from the journal's params and tags.
     """
-    from mlflow.entities import Metric, Param
-
     if Path(run_dir).suffix == ".jsonl":  # a journal kept aside: journal.abandoned-STAMP.jsonl
         path = Path(run_dir)
         if not path.is_file():
@@ -435,6 +433,8 @@ def sync(run_dir: Path, uri: str | None = None) -> str:
         path = Path(run_dir) / JOURNAL
         if not path.is_file():
             raise UserError(f"sync: {run_dir}: no {JOURNAL} (is it a stage's output_dir?)")
+    from mlflow.entities import Metric, Param
+
     records = read_journal(path)
     start = next((r for r in records if r["type"] == "start"), None)
     if start is None:
