@@ -193,12 +193,16 @@ class TrainRows:
     def __repr__(self) -> str:  # what a JSON dump with default=str records: size and content digest
         return f"TrainRows(rows={len(self)}, digest={self.digest})"
 
+    def dataset(self):
+        """The normalized examples as the memory-mapped datasets.Dataset they were saved as."""
+        import datasets
+
+        return datasets.load_from_disk(str(self.directory / "examples"))
+
     def examples(self) -> list[dict]:
         """The normalized examples as Python objects (the builder's featurize only)."""
         if self._rows is None:
-            import datasets
-
-            self._rows = datasets.load_from_disk(str(self.directory / "examples")).to_list()
+            self._rows = self.dataset().to_list()
         return self._rows
 
     def release(self) -> None:
@@ -222,7 +226,8 @@ def prepare_train(task, spec: str | None, rt: Runtime) -> TrainRows:
         write_json(tmp / "meta.json", {"format": FORMAT_VERSION, "key": key, "rows": len(rows),
                                        "digest": examples_digest(rows), "texts_sha256": texts_sha256(texts),
                                        "state": task.state(), "datasets": {"examples": len(rows), "texts": len(texts)}})
-        built["rows"] = rows
+        if not task.featurize_reads_datasets:
+            built["rows"] = rows  # featurize reads them as Python objects: kept, not read back
 
     meta, outcome = _shared_entry(final, build, rt, f"train examples ({spec or 'sample set'})", ("examples", "texts"))
     task.restore_state(meta["state"])
@@ -241,9 +246,17 @@ def prepare_features(task, split: str, spec: str | None, examples: list[dict] | 
     final = features_dir() / f"{split}-{key}"
 
     def build(tmp: Path) -> None:
-        rows = examples.examples() if isinstance(examples, TrainRows) else examples
-        features = task.featurize(rows, tokenizer, max_length, split)
-        features.save_to_disk(str(tmp / "data"))
+        rows = examples
+        if isinstance(examples, TrainRows):
+            rows = examples.dataset() if task.featurize_reads_datasets else examples.examples()
+        caching = datasets.is_caching_enabled()
+        datasets.disable_caching()  # a map over memory-mapped examples writes a temporary file, not into their entry
+        try:
+            features = task.featurize(rows, tokenizer, max_length, split)
+            features.save_to_disk(str(tmp / "data"))
+        finally:
+            if caching:
+                datasets.enable_caching()
         write_json(tmp / "meta.json", {"format": FORMAT_VERSION, "key": key, "state": task.state(),
                                        "datasets": {"data": len(features)}})
 

@@ -75,6 +75,9 @@ def test_cached_features_are_the_features_the_task_makes(cache, task_name):
     as_read = json.dumps(rows, sort_keys=True, ensure_ascii=False, default=str)  # describe_datasets' digest
     assert len(warm_train) == len(rows) and warm_train.digest == hashlib.sha256(as_read.encode()).hexdigest()[:16]
     assert warm_task.state() == direct_task.state()  # NER's tag set, the predictions' width
+    # sentiment and error_cls tokenize the memory-mapped examples: datasets' map must not leave
+    # its cache file inside the published examples entry
+    assert not [p.name for p in (cache / "features").rglob("*") if p.name.startswith("cache-")]
     # the texts' hash is the one a preset tokenizer is cached under (so it can skip hashing them)
     assert list((cache / "tokenizers").glob(f"{warm_train.texts.sha256[:16]}-*"))
 

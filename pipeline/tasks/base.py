@@ -44,6 +44,9 @@ class Task(ABC):
     """The key of metrics() that early stopping and eval/main use."""
     default_model: ClassVar[str] = "preset:bangla-small"
     model_class: ClassVar[Any] = AutoModelForSequenceClassification
+    featurize_reads_datasets: ClassVar[bool] = False
+    """featurize() also takes the prepared training examples as the memory-mapped datasets.Dataset
+    they are saved as (and maps over it on disk), so the builder drops their Python rows first."""
     group_by_length: ClassVar[bool] = False
     """train.group_by_length when the config leaves it unset: True only where grouped batches kept
     the dev score within the seed spread (benchmarks/README.md has the runs)."""

@@ -25,14 +25,20 @@ class TextClassificationTask(Task):
         return {"num_labels": len(self.labels), "id2label": dict(enumerate(self.labels)),
                 "label2id": {l: i for i, l in enumerate(self.labels)}}
 
+    featurize_reads_datasets = True
+
     def featurize(self, examples, tokenizer, max_length, split):
         import datasets
 
-        ds = datasets.Dataset.from_dict({
-            "text": [e["text"] for e in examples],
-            "labels": [e["label"] for e in examples],
-            "idx": list(range(len(examples))),
-        })
+        if isinstance(examples, datasets.Dataset):  # the prepared training examples, memory-mapped
+            ds = examples.select_columns(["text", "label"]).rename_column("label", "labels")
+            ds = ds.add_column("idx", np.arange(len(ds), dtype=np.int64))
+        else:
+            ds = datasets.Dataset.from_dict({
+                "text": [e["text"] for e in examples],
+                "labels": [e["label"] for e in examples],
+                "idx": list(range(len(examples))),
+            })
         return self.map_batched(ds, lambda b: tokenizer(b["text"], truncation=True, max_length=max_length),
                                 remove_columns=["text"])
 
