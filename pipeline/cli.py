@@ -134,3 +134,10 @@ def _quiet_libraries() -> None:
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     for name in ("transformers", "datasets", "alembic", "mlflow", "mlflow.store.db.utils", "urllib3", "DeepSpeed"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # a library imported before main() ran (a notebook, a test calling main) has read its variables
+    # already: set it directly, as importing it costs nothing then
+    if "datasets" in sys.modules:
+        sys.modules["datasets"].disable_progress_bars()
+    if "transformers" in sys.modules:
+        sys.modules["transformers"].utils.logging.set_verbosity_error()
+        sys.modules["transformers"].utils.logging.disable_progress_bar()

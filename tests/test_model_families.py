@@ -234,6 +234,7 @@ def test_a_head_of_another_size_is_replaced_with_a_one_line_warning(hub, trained
 def test_a_teacher_whose_head_does_not_fit_the_task_is_refused(hub, trained, capsys, tmp_path):
     """A new head would make the teacher's logits noise: exit 2, one line, nothing written."""
     wikiqa, _ = trained(XLMR, "wikiqa")
+    capsys.readouterr()  # what the fixture's training printed: only the CLI's output is checked
     code = cli.main(["distill", *JOB, "task=sentiment", "model=from_teacher:1", f"kd.teacher={wikiqa}",
                      f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{tmp_path}/m.db"])
     assert code == 2
