@@ -328,7 +328,7 @@ def settle_abandoned_run(output_dir: Path, uri: str) -> str | None:
     path = Path(output_dir) / JOURNAL
     try:
         records = read_journal(path)
-    except (OSError, ValueError):
+    except OSError:  # no journal (read_journal skips torn lines rather than raise)
         return None
     if not any(r.get("type") == "start" for r in records) or any(r.get("type") == "end" for r in records):
         return None
