@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint browser bench install clean-outputs
+.PHONY: demo test test-gpu test-fast lint browser bench install clean-outputs
 
 install: $(STAMP)
 
@@ -30,6 +30,10 @@ demo: $(STAMP)
 PYTEST_WORKERS ?= 2
 test: lint browser
 	$(PY) -m pytest -q $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+
+# On a CUDA machine: the tests that need a GPU (tests/test_gpu.py; the CPU suite above hides GPUs)
+test-gpu: $(STAMP)
+	$(PY) -m pytest -q -m gpu
 
 # The tests that neither train nor start a process, in one process (10-30 s here):
 # the `slow` marker (pyproject.toml) marks the rest

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One node under the deepspeed launcher: one process per visible GPU, or NPROC CPU processes
-# (DeepSpeed's CPU accelerator with gloo). The launcher appends --local_rank=N; the CLI accepts it.
+# (DeepSpeed's CPU accelerator, DS_ACCELERATOR=cpu, with gloo). The launcher appends --local_rank=N; the CLI accepts it.
 # "Visible" is what torch sees (CUDA_VISIBLE_DEVICES honoured). The launcher itself drops
 # CUDA_VISIBLE_DEVICES when given --num_gpus and would use GPUs 0..N-1, so with a visible set the
 # GPUs are named with --include localhost:IDS (the first NPROC of them). NPROC above the visible
@@ -27,6 +27,9 @@ if [ "$DEVICES" -gt 0 ]; then
 else
   fit_nproc "${NPROC:-2}" 1 "$@"
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+  # the launcher sets CUDA_VISIBLE_DEVICES=0..N-1 for its workers even on its CPU accelerator: on a
+  # GPU machine whose GPUs are hidden (CUDA_VISIBLE_DEVICES=) they would see them again
+  export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
   resources=(--num_gpus "$NPROC")
 fi
 cmd=("$DEEPSPEED" "${resources[@]}" --module pipeline train "$@" "${FALLBACK[@]}" "deepspeed=${DS_CONFIG:-ds_configs/zero2.json}")

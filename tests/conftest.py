@@ -1,5 +1,6 @@
-"""Fixtures and the xdist thread settings; the shared helpers are in helpers.py."""
+"""Fixtures, the xdist thread settings and the CPU suite's hidden GPUs; the shared helpers are in helpers.py."""
 import os
+import re
 
 import pytest
 
@@ -10,6 +11,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     import torch
 
     torch.set_num_threads(1)
+
+
+def pytest_configure(config):
+    """The suite states CPU behaviour: gloo groups of two CPU ranks, RSS, fp16 refused on CPU. On a
+    GPU machine its jobs would take the GPU paths instead (two ranks falling back to one visible GPU,
+    CUDA memory metrics), so the GPUs are hidden, before anything initializes CUDA, unless the run
+    selects the `gpu` tests (`pytest -m gpu`, `make test-gpu`): those, and only those, need them."""
+    selects_gpu = re.search(r"(?<!not )\bgpu\b", config.getoption("markexpr") or "")
+    if not selects_gpu:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 @pytest.fixture(scope="session", autouse=True)

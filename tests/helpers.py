@@ -68,9 +68,12 @@ def torchrun(nproc, *args, env=None, timeout=600):
 
 
 def deepspeed(*args, log=None, wait=True):
-    """The pipeline under the real deepspeed launcher, two CPU workers, in its own session (so a
-    kill reaches all of it). wait=True: (exit code, output); wait=False: the Popen (output to log)."""
+    """The pipeline under the real deepspeed launcher, two workers (on the CPU in the CPU suite), in
+    its own session (so a kill reaches all of it). wait=True: (exit code, output); wait=False: the
+    Popen (output to log)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":  # the CPU suite (conftest) on a GPU machine:
+        env["DS_ACCELERATOR"] = "cpu"  # the launcher would make the GPUs visible to its workers again
     cmd = [DEEPSPEED, "--num_gpus", "2", "--master_port", str(free_port()), "--module", "pipeline", *map(str, args)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "w") if log else subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)

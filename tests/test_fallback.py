@@ -7,6 +7,7 @@ the GPU count, so the real launchers and the real CPU processes run the GPU-shap
 processes asked of 1 device, 4 of 2.
 """
 import os
+import sys
 
 import pytest
 import yaml
@@ -96,7 +97,7 @@ def test_launch_script_asked_for_8_on_1_device_trains_1_process(tmp_path):
     import subprocess
 
     db = tmp_path / "m.db"
-    env = {**os.environ, "PYTHON": str(ROOT / ".venv" / "bin" / "python"), "NPROC": "8", dist.DEVICES_ENV: "1"}
+    env = {**os.environ, "PYTHON": sys.executable, "NPROC": "8", dist.DEVICES_ENV: "1"}
     result = subprocess.run(["bash", "launch/torchrun_single_node.sh", *FAST, "train.batch_size=4",
                              "train.max_steps=2", f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{db}",
                              "tracking.experiment=fb"], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -14,7 +14,7 @@ from pipeline import names
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = [pytest.mark.gpu, pytest.mark.slow,
-              pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU: not verified on a GPU here")]
+              pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU, and `pytest -m gpu` (the CPU suite hides GPUs)")]
 two_gpus = pytest.mark.skipif(GPUS < 2, reason=f"needs 2 CUDA GPUs, {GPUS} visible")
 # a model big enough that memory and energy are not noise: bangla-base widened to BERT-base's layer
 WIDE = ["model=preset:bangla-base", "model_config.hidden_size=768", "model_config.intermediate_size=3072",

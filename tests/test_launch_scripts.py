@@ -32,6 +32,7 @@ echo "OMP_NUM_THREADS=${{OMP_NUM_THREADS:-}}"
 FAKE_ARGV = """#!/usr/bin/env bash
 echo "RUN $(basename "$0") $*"
 echo "OMP_NUM_THREADS=${OMP_NUM_THREADS:-}"
+echo "DS_ACCELERATOR=${DS_ACCELERATOR:-}"
 """
 FAKE_SCONTROL = """#!/usr/bin/env bash
 printf 'gpu-node-1\\ngpu-node-2\\n'
@@ -92,6 +93,7 @@ def test_deepspeed_launcher_is_given_the_visible_gpus(fake_bin):
     assert ran(fewer) == "--include localhost:2 --module pipeline train deepspeed=ds_configs/zero3.json"
     whole_node = launch("deepspeed_single_node.sh", fake_bin)
     assert ran(whole_node) == "--num_gpus 8 --module pipeline train deepspeed=ds_configs/zero2.json"
+    assert "DS_ACCELERATOR=\n" in whole_node.stdout  # DeepSpeed picks CUDA itself
 
 
 def test_more_processes_than_visible_gpus_fall_back_with_the_same_global_batch(fake_bin):
@@ -131,12 +133,16 @@ def test_no_visible_gpu_means_cpu_processes(fake_bin):
     result = launch("deepspeed_single_node.sh", fake_bin, CUDA_VISIBLE_DEVICES="")
     assert ran(result) == "--num_gpus 2 --module pipeline train deepspeed=ds_configs/zero2.json"
     assert "OMP_NUM_THREADS=1\n" in result.stdout
+    # the launcher re-exposes GPUs 0..N-1 to its workers whatever its accelerator: CPU is said outright
+    assert "DS_ACCELERATOR=cpu\n" in result.stdout
 
 
 @pytest.mark.slow  # imports the real torch (seconds)
-def test_gpu_count_comes_from_torch_on_this_cpu_machine(fake_bin):
-    """The real torch of this machine sees no GPU even though the fake nvidia-smi lists 8."""
-    result = launch("deepspeed_single_node.sh", fake_bin, real_python=True)
+def test_gpu_count_comes_from_torch_not_nvidia_smi(fake_bin):
+    """The real torch of the CPU suite sees no GPU (none here, or hidden by conftest on a GPU
+    machine) even though the fake nvidia-smi lists 8."""
+    result = launch("deepspeed_single_node.sh", fake_bin, real_python=True,
+                    CUDA_VISIBLE_DEVICES=os.environ["CUDA_VISIBLE_DEVICES"])
     assert ran(result) == "--num_gpus 2 --module pipeline train deepspeed=ds_configs/zero2.json"
 
 

@@ -8,6 +8,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from pipeline import models
+from pipeline.errors import UserError
 from pipeline.evaluation import evaluate
 from pipeline.runtime import dist
 from pipeline.runtime.dist import Runtime
@@ -43,6 +44,27 @@ def test_dist_timeout_reaches_the_process_group(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
     dist.init_process_group(torch.device("cpu"), rank=0, world=2, timeout_s=7200)
     assert calls[0]["timeout"].total_seconds() == 7200
+
+
+def test_ds_accelerator_cpu_keeps_deepspeed_workers_off_the_gpus_their_launcher_exposed(monkeypatch):
+    """The deepspeed launcher sets CUDA_VISIBLE_DEVICES=0..N-1 for its workers whatever DeepSpeed's
+    accelerator, so two CPU workers on a one-GPU machine see the GPU. DS_ACCELERATOR=cpu (DeepSpeed's
+    switch) keeps the job on the CPU; without it the two ranks ask for one GPU and are refused (as on
+    an H100). No GPU here: torch.cuda's answers and the process group's start are stand-ins."""
+    started = []
+    monkeypatch.setattr(dist, "init_process_group", lambda device, *args, **kw: started.append(device))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    monkeypatch.delenv(dist.DEVICES_ENV, raising=False)
+    for key, value in {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_SIZE": "2"}.items():
+        monkeypatch.setenv(key, value)  # the deepspeed launcher's second worker
+    monkeypatch.delenv("DS_ACCELERATOR", raising=False)
+    with pytest.raises(UserError, match="2 processes per node but 1 device"):
+        dist.init("deepspeed")
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    rt = dist.init("deepspeed")
+    assert (rt.device, rt.rank, rt.world_size, started) == (torch.device("cpu"), 1, 2, [torch.device("cpu")])
 
 
 class LazyScale(torch.nn.Module):

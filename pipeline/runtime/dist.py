@@ -75,6 +75,11 @@ def init(backend: str, want_cuda: bool = True, timeout_s: int = 1800, fallback: 
     devices, fallback keeps one process per device and returns None in the others (they have
     nothing to do and exit 0); without fallback that is a UserError."""
     launcher = detect_launcher()
+    if os.environ.get("DS_ACCELERATOR") == "cpu" and "deepspeed" in (launcher, backend):
+        # DeepSpeed's own switch for its CPU accelerator: the job's device must be DeepSpeed's, and
+        # the deepspeed launcher sets CUDA_VISIBLE_DEVICES=0..N-1 for its workers whatever the
+        # accelerator, so on a GPU machine the workers would otherwise see (and take) the GPUs
+        want_cuda = False
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
