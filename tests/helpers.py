@@ -4,11 +4,14 @@ processes (the CLI, torchrun, the deepspeed launcher), MLflow look-ups and resul
 Test files import them as `from helpers import ...` (tests/ is on pytest's pythonpath);
 fixtures stay in conftest.py.
 """
+import atexit
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -97,6 +100,32 @@ def wait_for(predicate, timeout=300, what="condition"):
             return
         time.sleep(0.2)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+_store_template: Path | None = None  # per test process, made on first use
+
+
+def tracking_db(directory: Path, name: str = "m.db") -> Path:
+    """A SQLite tracking store at directory/name that already holds MLflow's tables: a copy of a
+    store MLflow created and migrated once in this test process. A brand-new store runs MLflow's
+    schema migrations in the first process that opens it (~6 s of CPU, in most training tests);
+    the copy is what a user's store is after its first run. Tests of a brand-new store, and of bad
+    input (which must leave no store behind), use a plain path."""
+    global _store_template
+    if _store_template is None:
+        folder = tempfile.mkdtemp(prefix="mlflow-store-")
+        atexit.register(shutil.rmtree, folder, True)
+        _store_template = Path(folder) / "template.db"
+    template = _store_template
+    if not template.exists():
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking_uri=f"sqlite:///{template}").search_experiments()  # creates and migrates
+    path = Path(directory) / name
+    if not path.exists():  # a second call for the same store returns it as it is
+        path.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(template, path)
+    return path
 
 
 def mlflow_runs(db: Path, experiment: str):

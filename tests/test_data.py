@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from helpers import FAST
+from helpers import FAST, tracking_db
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.data import TokenBatchSampler
@@ -65,7 +65,7 @@ def test_a_job_with_token_batches_counts_its_real_rows(tmp_path):
     from pipeline.train import run
 
     figures = run(load_config(None, [*FAST, "train.batch_tokens=1024", "train.epochs=1", f"output_dir={tmp_path}",
-                                     f"tracking.uri=sqlite:///{tmp_path / 'm.db'}"]))
+                                     f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))
     from pipeline.tasks import get_task
 
     rows = len(get_task("sentiment").load(None, "train"))

@@ -5,7 +5,7 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from helpers import mlflow_runs, run_cli, torchrun
+from helpers import mlflow_runs, run_cli, torchrun, tracking_db
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.train import run
@@ -28,18 +28,18 @@ def max_weight_diff(a_dir, b_dir):
 def single_reference(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("single")
     run(load_config(None, [*PARITY, "train.batch_size=8", f"output_dir={tmp / 'out'}",
-                           f"tracking.uri=sqlite:///{tmp}/m.db"]))
+                           f"tracking.uri=sqlite:///{tracking_db(tmp)}"]))
     return tmp / "out"
 
 
 def test_gradient_accumulation_matches_the_full_batch(tmp_path, single_reference):
     run(load_config(None, [*PARITY, "train.batch_size=4", "train.grad_accum=2", f"output_dir={tmp_path / 'out'}",
-                           f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
+                           f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))
     assert max_weight_diff(single_reference, tmp_path / "out") < 1e-5
 
 
 def test_two_process_ddp_matches_single_process_and_logs_one_run(tmp_path, single_reference):
-    db = tmp_path / "m.db"
+    db = tracking_db(tmp_path)
     result = torchrun(2, "train", *PARITY, "train.batch_size=4", f"output_dir={tmp_path / 'out'}",
                       f"tracking.uri=sqlite:///{db}", "tracking.experiment=ddp")
     assert result.returncode == 0, result.stderr[-3000:]

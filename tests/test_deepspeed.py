@@ -13,7 +13,18 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from helpers import FAST, ROOT, assert_same_result, deepspeed, free_port, mlflow_runs, run_cli, torchrun, wait_for
+from helpers import (
+    FAST,
+    ROOT,
+    assert_same_result,
+    deepspeed,
+    free_port,
+    mlflow_runs,
+    run_cli,
+    torchrun,
+    tracking_db,
+    wait_for,
+)
 from pipeline import checkpoint, names
 from pipeline.config import load_config
 from pipeline.errors import UserError
@@ -34,7 +45,7 @@ def ddp_bf16(tmp_path_factory):
     if not precision.cpu_supports_bf16():
         pytest.skip("this CPU has no bf16 (DeepSpeed's fp16 on CPU is not supported either)")
     tmp = tmp_path_factory.mktemp("ddp")
-    result = torchrun(2, "train", *JOB, "precision=bf16", f"output_dir={tmp}", f"tracking.uri=sqlite:///{tmp}/m.db")
+    result = torchrun(2, "train", *JOB, "precision=bf16", f"output_dir={tmp}", f"tracking.uri=sqlite:///{tracking_db(tmp)}")
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads((tmp / "metrics.json").read_text())
 
@@ -43,7 +54,7 @@ def ddp_bf16(tmp_path_factory):
 def test_zero3_in_bf16_lands_close_to_ddp(tmp_path, ddp_bf16):
     # ZeRO-3, the stage that shards the parameters too; ZeRO-2 runs in the resume and KD tests
     stage = 3
-    db = tmp_path / "m.db"
+    db = tracking_db(tmp_path)
     code, out = deepspeed("train", *JOB, "precision=bf16", f"deepspeed=ds_configs/zero{stage}.json",
                           f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{db}", "tracking.experiment=ds")
     assert code == 0, out[-3000:]
@@ -65,16 +76,17 @@ def test_zero3_in_bf16_lands_close_to_ddp(tmp_path, ddp_bf16):
 def test_deepspeed_kill_and_resume_through_engine_checkpoints(tmp_path):
     job = [*FAST, "train.batch_size=16", "train.max_steps=40", "train.save_every=10", "deepspeed=ds_configs/zero2.json"]
     ref, out = tmp_path / "ref", tmp_path / "out"
-    code, log = deepspeed("train", *job, f"output_dir={ref}", f"tracking.uri=sqlite:///{tmp_path}/r.db")
+    code, log = deepspeed("train", *job, f"output_dir={ref}", f"tracking.uri=sqlite:///{tracking_db(tmp_path, 'r.db')}")
     assert code == 0, log[-3000:]
-    proc = deepspeed("train", *job, f"output_dir={out}", f"tracking.uri=sqlite:///{tmp_path}/m.db",
+    proc = deepspeed("train", *job, f"output_dir={out}", f"tracking.uri=sqlite:///{tracking_db(tmp_path)}",
                      log=tmp_path / "log", wait=False)
     wait_for(lambda: (checkpoint.latest(out) or checkpoint.Checkpoint(None, 0)).step >= 20 or proc.poll() is not None,
              what="a checkpoint at step 20")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     assert (checkpoint.latest(out).path / "engine").is_dir()  # DeepSpeed's own checkpoint inside ours
-    code, log = deepspeed("train", *job, f"output_dir={out}", f"tracking.uri=sqlite:///{tmp_path}/m.db", "resume=auto")
+    code, log = deepspeed("train", *job, f"output_dir={out}", f"tracking.uri=sqlite:///{tracking_db(tmp_path)}",
+                          "resume=auto")
     assert code == 0, log[-3000:]
     assert "resumed from" in log
     assert_same_result(ref, out)
@@ -239,7 +251,7 @@ def test_fp16_under_deepspeed_on_cpu_is_refused(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_two_node_torchrun_on_loopback_is_one_run_with_two_nodes(tmp_path):
-    db = tmp_path / "m.db"
+    db = tracking_db(tmp_path)
     port = free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     agents = [subprocess.Popen(

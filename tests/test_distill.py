@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from helpers import FAST, ROOT, deepspeed, free_port, mlflow_runs, run_cli, torchrun
+from helpers import FAST, ROOT, deepspeed, free_port, mlflow_runs, run_cli, torchrun, tracking_db
 from pipeline import distill, names, teacher_cache
 from pipeline.config import load_config
 from pipeline.errors import UserError
@@ -159,13 +159,13 @@ def test_the_teacher_pass_is_dealt_out_evenly_and_covers_every_row_once():
 def teacher_dir(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("teacher")
     run(load_config(None, [*FAST, "model=preset:bangla-small", "train.epochs=2", f"output_dir={tmp}",
-                           f"tracking.uri=sqlite:///{tmp}/m.db"]))
+                           f"tracking.uri=sqlite:///{tracking_db(tmp)}"]))
     return tmp
 
 
 @pytest.mark.slow
 def test_distill_under_two_process_ddp(tmp_path, teacher_dir):
-    db = tmp_path / "m.db"
+    db = tracking_db(tmp_path)
     result = torchrun(2, "distill", *FAST, "model=from_teacher:2", f"kd.teacher={teacher_dir}", "train.epochs=2",
                       "precision=auto", f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{db}",
                       "tracking.experiment=kd")  # auto: bf16 where the CPU has it, else fp32
@@ -199,11 +199,12 @@ def test_a_split_teacher_pass_on_two_nodes_equals_one_process(tmp_path, teacher_
     args = ["distill", *FAST, "model=from_teacher:2", f"kd.teacher={teacher_dir}", "train.max_steps=2"]
     node0, node1 = tmp_path / "node0", tmp_path / "node1"
     monkeypatch.setenv("PIPELINE_CACHE", str(node0))
-    run(load_config(None, [*args[1:], f"output_dir={tmp_path / 'one'}", f"tracking.uri=sqlite:///{tmp_path}/1.db"]),
+    one_db = tracking_db(tmp_path, "1.db")
+    run(load_config(None, [*args[1:], f"output_dir={tmp_path / 'one'}", f"tracking.uri=sqlite:///{one_db}"]),
         stage="distill")
     (single,) = (cache_root() / "teacher_logits").glob("*/logits.safetensors")
 
-    db = tmp_path / "2.db"
+    db = tracking_db(tmp_path, "2.db")
     nodes = two_node_job(tmp_path, [*args, f"output_dir={tmp_path / 'two'}", f"tracking.uri=sqlite:///{db}",
                                     "tracking.experiment=split"], [node0, node1])
     assert [n.returncode for n in nodes] == [0, 0], nodes[0].stderr[-3000:] + nodes[1].stderr[-3000:]
@@ -223,7 +224,7 @@ def test_a_split_teacher_pass_on_two_nodes_equals_one_process(tmp_path, teacher_
 def test_distill_under_deepspeed(tmp_path, teacher_dir):
     code, log = deepspeed("distill", *FAST, "model=from_teacher:2", f"kd.teacher={teacher_dir}", "train.max_steps=12",
                           "deepspeed=ds_configs/zero2.json", f"output_dir={tmp_path / 'out'}",
-                          f"tracking.uri=sqlite:///{tmp_path}/m.db")
+                          f"tracking.uri=sqlite:///{tracking_db(tmp_path)}")
     assert code == 0, log[-3000:]
     assert json.loads((tmp_path / "out" / "metrics.json").read_text())[names.TRAIN_STEPS] == 12
 
@@ -284,7 +285,7 @@ def test_hidden_term_adds_to_the_loss_and_trains_the_projection():
 def test_distill_with_the_hidden_term_saves_a_plain_student(tmp_path, teacher_dir):
     figures = run(load_config(None, [*FAST, "model=preset:bangla-tiny", f"kd.teacher={teacher_dir}",
                                      "kd.hidden_weight=1.0", "train.max_steps=6", f"output_dir={tmp_path / 'out'}",
-                                     f"tracking.uri=sqlite:///{tmp_path}/m.db"]), stage="distill")
+                                     f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]), stage="distill")
     assert np.isfinite(figures[names.TRAIN_LOSS])
     from safetensors.torch import load_file
 

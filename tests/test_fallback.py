@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from helpers import FAST, ROOT, mlflow_runs, run_cli, torchrun
+from helpers import FAST, ROOT, mlflow_runs, run_cli, torchrun, tracking_db
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
@@ -76,7 +76,7 @@ def test_surplus_torchrun_ranks_leave_and_fallback_false_refuses(monkeypatch):
 
 @pytest.mark.slow  # a CLI process
 def test_fallback_false_is_exit_2_before_any_run(tmp_path):
-    db = tmp_path / "m.db"
+    db = tracking_db(tmp_path)
     result = run_cli("train", *FAST, "requested_world_size=2", "fallback=false", f"output_dir={tmp_path / 'out'}",
                      f"tracking.uri=sqlite:///{db}")
     assert result.returncode == 2
@@ -96,7 +96,7 @@ def tags_and_params(db, experiment):
 def test_launch_script_asked_for_8_on_1_device_trains_1_process(tmp_path):
     import subprocess
 
-    db = tmp_path / "m.db"
+    db = tracking_db(tmp_path)
     env = {**os.environ, "PYTHON": sys.executable, "NPROC": "8", dist.DEVICES_ENV: "1"}
     result = subprocess.run(["bash", "launch/torchrun_single_node.sh", *FAST, "train.batch_size=4",
                              "train.max_steps=2", f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{db}",
@@ -115,7 +115,7 @@ def test_launch_script_asked_for_8_on_1_device_trains_1_process(tmp_path):
 def test_torchrun_beyond_the_devices_reforms_a_smaller_group(tmp_path):
     """4 torchrun processes, 2 devices: ranks 2 and 3 exit 0, ranks 0 and 1 form a new gloo group
     on the agent's store and train with grad_accum 2: one MLflow run saying what happened."""
-    db = tmp_path / "m.db"
+    db = tracking_db(tmp_path)
     result = torchrun(4, "train", *FAST, "train.batch_size=4", "train.max_steps=2", f"output_dir={tmp_path / 'out'}",
                       f"tracking.uri=sqlite:///{db}", "tracking.experiment=fb", env={dist.DEVICES_ENV: "2"})
     assert result.returncode == 0, result.stderr[-3000:]
@@ -127,7 +127,7 @@ def test_torchrun_beyond_the_devices_reforms_a_smaller_group(tmp_path):
 
 @pytest.mark.slow
 def test_study_cell_asking_2_processes_runs_1_and_its_row_says_so(tmp_path):
-    db = tmp_path / "m.db"
+    db = tracking_db(tmp_path)
     spec = {"name": "fb", "output_root": str(tmp_path / "outputs"), "report_dir": str(tmp_path / "report"),
             "overrides": [*FAST, "train.batch_size=4", "train.max_steps=2", f"tracking.uri=sqlite:///{db}"],
             "launcher": {"type": "torchrun", "nproc": 2}, "matrix": [{"tasks": ["sentiment"]}]}

@@ -13,7 +13,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from helpers import FAST, ROOT, assert_same_result, free_port, mlflow_runs, run_cli, wait_for
+from helpers import FAST, ROOT, assert_same_result, free_port, mlflow_runs, run_cli, tracking_db, wait_for
 from pipeline import checkpoint, cli, fsutil
 from pipeline.config import load_config
 from pipeline.errors import UserError
@@ -42,7 +42,7 @@ def newest_step(out):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("uninterrupted")
-    proc = start_cli("train", *JOB, f"output_dir={tmp / 'out'}", f"tracking.uri=sqlite:///{tmp}/m.db",
+    proc = start_cli("train", *JOB, f"output_dir={tmp / 'out'}", f"tracking.uri=sqlite:///{tracking_db(tmp)}",
                      log=tmp / "log")
     assert proc.wait(timeout=600) == 0, (tmp / "log").read_text()[-2000:]
     return tmp / "out"
@@ -50,7 +50,7 @@ def uninterrupted(tmp_path_factory):
 
 @pytest.mark.slow
 def test_sigkill_after_a_checkpoint_then_resume_gives_identical_results(tmp_path, uninterrupted):
-    out, db = tmp_path / "out", tmp_path / "m.db"
+    out, db = tmp_path / "out", tracking_db(tmp_path)
     proc = start_cli("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log")
     wait_for(lambda: newest_step(out) > STEPS_PER_EPOCH or proc.poll() is not None,
              what="a checkpoint in the second epoch")
@@ -69,7 +69,7 @@ def test_sigkill_after_a_checkpoint_then_resume_gives_identical_results(tmp_path
 
 @pytest.mark.slow
 def test_sigterm_saves_marks_the_run_killed_and_resume_finishes(tmp_path, uninterrupted):
-    out, db = tmp_path / "out", tmp_path / "m.db"
+    out, db = tmp_path / "out", tracking_db(tmp_path)
     proc = start_cli("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log")
     wait_for(lambda: newest_step(out) > STEPS_PER_EPOCH or proc.poll() is not None,
              what="a checkpoint in the second epoch")
@@ -105,7 +105,7 @@ def test_consecutive_nonfinite_losses_stop_with_a_clear_error(tmp_path, monkeypa
         return out
 
     monkeypatch.setattr(transformers.BertForSequenceClassification, "forward", poisoned)
-    out, db = tmp_path / "out", tmp_path / "m.db"
+    out, db = tmp_path / "out", tracking_db(tmp_path)
     cfg = load_config(None, [*FAST, "train.save_every=10", "train.max_nonfinite=3", f"output_dir={out}",
                              f"tracking.uri=sqlite:///{db}"])
     with pytest.raises(Diverged,
@@ -168,7 +168,7 @@ def kill_all(agent):
 @pytest.fixture(scope="module")
 def uninterrupted_ddp(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("uninterrupted_ddp")
-    proc = start_torchrun("train", *JOB, f"output_dir={tmp / 'out'}", f"tracking.uri=sqlite:///{tmp}/m.db",
+    proc = start_torchrun("train", *JOB, f"output_dir={tmp / 'out'}", f"tracking.uri=sqlite:///{tracking_db(tmp)}",
                           log=tmp / "log")
     assert proc.wait(timeout=600) == 0, (tmp / "log").read_text()[-3000:]
     return tmp / "out"
@@ -176,7 +176,7 @@ def uninterrupted_ddp(tmp_path_factory):
 
 @pytest.mark.slow
 def test_ddp_sigkill_then_resume_gives_identical_results(tmp_path, uninterrupted_ddp):
-    out, db = tmp_path / "out", tmp_path / "m.db"
+    out, db = tmp_path / "out", tracking_db(tmp_path)
     proc = start_torchrun("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log")
     wait_for(lambda: newest_step(out) > 38 or proc.poll() is not None, what="a checkpoint in the second epoch")
     kill_all(proc)
@@ -194,7 +194,7 @@ def test_ddp_sigkill_then_resume_gives_identical_results(tmp_path, uninterrupted
 def test_elastic_restart_after_a_worker_is_killed_completes_in_the_same_run(tmp_path, uninterrupted_ddp):
     import psutil
 
-    out, db = tmp_path / "out", tmp_path / "m.db"
+    out, db = tmp_path / "out", tracking_db(tmp_path)
     agent = start_torchrun("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log",
                            max_restarts=1)
     wait_for(lambda: newest_step(out) > 38 or agent.poll() is not None, what="a checkpoint in the second epoch")
@@ -214,7 +214,7 @@ def test_elastic_restart_after_a_worker_is_killed_completes_in_the_same_run(tmp_
 @pytest.mark.slow
 def test_resume_auto_on_a_finished_job_does_nothing(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="pipeline")
-    out, db = tmp_path / "out", tmp_path / "m.db"
+    out, db = tmp_path / "out", tracking_db(tmp_path)
     job = [*FAST, "train.max_steps=10", "train.save_every=5", f"output_dir={out}", f"tracking.uri=sqlite:///{db}"]
     figures = run(load_config(None, job))
     (done,) = mlflow_runs(db, "pipeline")
@@ -233,7 +233,7 @@ def test_resume_auto_on_a_finished_job_does_nothing(tmp_path, caplog):
 
 @pytest.mark.slow
 def test_no_usable_checkpoint_starts_over_says_so_and_fails_the_lost_run(tmp_path):
-    out, db = tmp_path / "out", tmp_path / "m.db"
+    out, db = tmp_path / "out", tracking_db(tmp_path)
     proc = start_cli("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log")
     wait_for(lambda: len(checkpoint.complete(out)) == 2 or proc.poll() is not None, what="two checkpoints")
     os.killpg(proc.pid, signal.SIGKILL)
@@ -261,7 +261,7 @@ def test_a_lost_job_that_never_reached_mlflow_is_uploaded_when_the_next_starts_o
     a FAILED run before writing its own; with the store unreachable too, the journal is kept
     aside for `pipeline sync FILE` rather than overwritten."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # the dead server: no retries to wait out
-    out, db = tmp_path / "out", tmp_path / "m.db"
+    out, db = tmp_path / "out", tracking_db(tmp_path)
     dead = f"http://127.0.0.1:{free_port()}"
     lost = Tracker(out, active=True)
     lost.start(dead, "lost", "first-job", {"task": "sentiment"}, {"train.lr": 0.001})
@@ -290,7 +290,7 @@ def test_a_journal_torn_by_a_kill_mid_append_still_syncs_its_whole_lines(tmp_pat
     """SIGKILL during an append leaves half a JSON line at the end of the journal. The resumed
     job's next record starts on a fresh line, and sync uploads every whole record."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-    out, db = tmp_path / "out", tmp_path / "m.db"
+    out, db = tmp_path / "out", tracking_db(tmp_path)
     dead = f"http://127.0.0.1:{free_port()}"
     first = Tracker(out, active=True)
     first.start(dead, "torn", "job", {}, {"train.lr": 0.001})
@@ -355,7 +355,7 @@ def test_torchs_errno_less_write_error_on_a_full_disk_is_still_named(tmp_path, m
 def test_a_disk_that_fills_mid_run_is_one_line_and_the_run_ends_failed(tmp_path, monkeypatch, capsys):
     """The disk fills from outside during training: from then on the journal's writes go to
     /dev/full, which fails them with a real ENOSPC (no root mount for a small disk in a test)."""
-    out, db = tmp_path / "out", tmp_path / "m.db"
+    out, db = tmp_path / "out", tracking_db(tmp_path)
     real_open, opened = Path.open, []
 
     def journal_on_a_full_disk(self, *args, **kwargs):

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from helpers import FAST, deepspeed, mlflow_runs, run_cli, torchrun
+from helpers import FAST, deepspeed, mlflow_runs, run_cli, torchrun, tracking_db
 from pipeline import names
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -24,7 +24,7 @@ JOB = [*FAST, "train.batch_size=16", "train.max_steps=40"]
 
 def finished(tmp_path, *args, launcher="cli", nproc=2):
     """Run one stage; its metrics.json and MLflow run."""
-    out, db = tmp_path / "out", tmp_path / "m.db"
+    out, db = tmp_path / "out", tracking_db(tmp_path)
     common = [*args, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", "tracking.experiment=gpu"]
     if launcher == "deepspeed":
         code, log = deepspeed("train", *common)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from helpers import FAST, ROOT, mlflow_runs, run_cli, wait_for
+from helpers import FAST, ROOT, mlflow_runs, run_cli, tracking_db, wait_for
 
 pytestmark = pytest.mark.slow  # every test starts a process
 
@@ -50,7 +50,7 @@ def test_a_held_lock_refuses_a_second_holder_and_a_dead_holders_lock_is_taken_ov
 
 
 def test_a_second_job_into_a_busy_output_dir_fails_in_one_line_and_touches_nothing(tmp_path):
-    out, db = tmp_path / "out", tmp_path / "m.db"
+    out, db = tmp_path / "out", tracking_db(tmp_path)
     first = subprocess.Popen([sys.executable, "-m", "pipeline", "train", *FAST, "train.epochs=50", "seed=1",
                               f"output_dir={out}", f"tracking.uri=sqlite:///{db}"], cwd=ROOT,
                              env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=open(tmp_path / "log", "w"),

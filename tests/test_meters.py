@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from helpers import FAST
+from helpers import FAST, tracking_db
 from pipeline import names
 from pipeline.checkpoint import LoopState
 from pipeline.telemetry import EnergyMeter, StageMeters
@@ -82,7 +82,7 @@ def test_throughput_is_the_same_with_and_without_mid_epoch_saves(tmp_path, monke
         wall.clear()
         out = tmp_path / f"save{every}"
         train.run(load_config(None, [*FAST, "train.max_steps=30", f"train.save_every={every}", f"output_dir={out}",
-                                     f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
+                                     f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))
         figures[every] = json.loads((out / "metrics.json").read_text())
     plain, saving = figures[0], figures[3]
     shown = {k: (plain[k], saving[k]) for k in (names.SAMPLES_PER_S, names.TRAIN_TIME)} | wall
@@ -152,7 +152,7 @@ def test_flop_figures_follow_the_batches_really_trained(tmp_path, monkeypatch):
     out = tmp_path / "out"
     figures = train.run(load_config(None, [*FAST, "train.max_steps=8", "train.batch_size=8",
                                            "train.group_by_length=true", f"output_dir={out}",
-                                           f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
+                                           f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))
 
     tiny = models.PRESETS["bangla-tiny"]
     assert tiny["intermediate_size"] == 4 * tiny["hidden_size"]

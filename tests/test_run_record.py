@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from helpers import FAST
+from helpers import FAST, tracking_db
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.runtime import precision
@@ -21,7 +21,7 @@ def finished(tmp_path_factory):
     from pipeline.train import run
 
     tmp = tmp_path_factory.mktemp("record")
-    uri = f"sqlite:///{tmp / 'm.db'}"
+    uri = f"sqlite:///{tracking_db(tmp)}"
     run(load_config(None, [*FAST, "precision=auto", "train.max_steps=3", "train.grad_accum=2",
                            f"output_dir={tmp / 'out'}", f"tracking.uri={uri}", "tracking.experiment=rec"]))
     client = MlflowClient(tracking_uri=uri)

@@ -3,7 +3,7 @@ the sample set's structure, and that it leaves room between seeds."""
 import numpy as np
 import pytest
 
-from helpers import FAST, write_file, written_twice
+from helpers import FAST, tracking_db, write_file, written_twice
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
@@ -96,7 +96,7 @@ def test_two_seeds_score_differently_below_the_ceiling(tmp_path):
     scores = []
     for seed in (1, 3):
         figures = run(load_config(None, [*FAST, "train.epochs=3", f"seed={seed}", f"output_dir={tmp_path / str(seed)}",
-                                         f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
+                                         f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))
         scores.append(figures[names.test_metric("macro_f1")])
     assert all(0.6 < s < 0.93 for s in scores), scores
     assert scores[0] != scores[1]

@@ -20,7 +20,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from helpers import FAST, ROOT, mlflow_runs, run_cli
+from helpers import FAST, ROOT, mlflow_runs, run_cli, tracking_db
 from pipeline import names
 
 STUDY = "tiny"
@@ -49,7 +49,7 @@ def child_runs(db, experiment):
 def study(tmp_path_factory):
     """The small study, run twice (the second time resumes it)."""
     tmp = tmp_path_factory.mktemp("study")
-    db = tmp / "m.db"
+    db = tracking_db(tmp)
     spec = {
         "name": STUDY,
         "output_root": str(tmp / "outputs"),

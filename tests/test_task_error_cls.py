@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from helpers import FAST, write_file, written_twice
+from helpers import FAST, tracking_db, write_file, written_twice
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
@@ -153,7 +153,7 @@ def test_error_cls_learns(tmp_path, prec):
     # five epochs: at three, one seed in six (fp32, seeds 1-5 and 42) had not left the majority
     # class yet (macro-F1 0.25); at five, seeds 4, 5 and 42 score eval 0.52-0.70
     figures = run(load_config(None, [*ERR, "train.epochs=5", f"precision={prec}", f"output_dir={out}",
-                                     f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
+                                     f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))
     # chance is ~0.2 macro-F1 on five classes (agreement errors are the hard part)
     assert figures[names.EVAL_MAIN] == figures[names.eval_metric("macro_f1")] > 0.45
     assert figures[names.test_metric("macro_f1")] > 0.45 and figures[names.test_metric("accuracy")] > 0.55
@@ -164,6 +164,6 @@ def test_error_cls_learns(tmp_path, prec):
 def test_binary_error_cls_learns(tmp_path):
     out = tmp_path / "out"
     figures = run(load_config(None, [*ERR, "task_options.binary=true", f"output_dir={out}",
-                                     f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
+                                     f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))
     assert figures[names.test_metric("macro_f1")] > 0.7  # chance ~0.5
     assert json.loads((out / "best" / "config.json").read_text())["id2label"] == {"0": "Correct", "1": "Error"}

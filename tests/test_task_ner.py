@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import FAST, torchrun, written_twice
+from helpers import FAST, torchrun, tracking_db, written_twice
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
@@ -266,7 +266,7 @@ def test_ner_learns(tmp_path, prec):
         pytest.skip("this CPU has no bf16")
     out = tmp_path / "out"
     figures = run(load_config(None, [*NER, f"precision={prec}", f"output_dir={out}",
-                                     f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
+                                     f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))
     # chance (random tags) is near 0 entity F1; observed 0.85-0.86 (the default model: 0.91)
     assert figures[names.EVAL_MAIN] == figures[names.eval_metric("f1")] > 0.75
     assert 0.75 < figures[names.test_metric("f1")] < 0.95
@@ -280,7 +280,7 @@ def test_ner_learns(tmp_path, prec):
 def test_ner_under_two_process_ddp(tmp_path):
     out = tmp_path / "out"
     result = torchrun(2, "train", *NER, "train.batch_size=16", f"output_dir={out}",
-                      f"tracking.uri=sqlite:///{tmp_path}/m.db")
+                      f"tracking.uri=sqlite:///{tracking_db(tmp_path)}")
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads((out / "metrics.json").read_text())
     assert figures[names.test_metric("f1")] > 0.75 and figures[names.EVAL_MAIN] > 0.75
@@ -299,6 +299,6 @@ def test_misaligned_labels_collapse_the_score(tmp_path):
     scores = {}
     for name, data in (("aligned", []), ("shifted", [f"data.train={shifted}"])):
         figures = run(load_config(None, [*NER, *data, f"output_dir={tmp_path / name}",
-                                         f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
+                                         f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))
         scores[name] = figures[names.test_metric("f1")]
     assert scores["aligned"] > 0.75 and scores["shifted"] < 0.3 * scores["aligned"], scores

@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from helpers import FAST, torchrun, written_twice
+from helpers import FAST, torchrun, tracking_db, written_twice
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
@@ -294,7 +294,7 @@ def assert_learned(figures):
 @pytest.mark.slow
 def test_qa_learns_on_the_sample_set(tmp_path):
     out = tmp_path / "out"
-    figures = run(load_config(None, [*QA_FAST, f"output_dir={out}", f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
+    figures = run(load_config(None, [*QA_FAST, f"output_dir={out}", f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))
     assert_learned(figures)
     assert {names.eval_metric("exact"), names.eval_metric("NoAns_f1"), names.test_metric("HasAns_exact"),
             names.test_metric("NoAns_exact")} <= set(figures)
@@ -308,6 +308,6 @@ def test_qa_under_two_process_ddp_in_bf16(tmp_path):
     prec = "bf16" if precision.cpu_supports_bf16() else "fp32"
     out = tmp_path / "out"
     result = torchrun(2, "train", *QA_FAST, "train.batch_size=16", f"precision={prec}", f"output_dir={out}",
-                      f"tracking.uri=sqlite:///{tmp_path}/m.db")
+                      f"tracking.uri=sqlite:///{tracking_db(tmp_path)}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert_learned(json.loads((out / "metrics.json").read_text()))

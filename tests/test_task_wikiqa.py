@@ -9,7 +9,7 @@ import datasets
 import numpy as np
 import pytest
 
-from helpers import FAST, mlflow_runs, torchrun, write_file, written_twice
+from helpers import FAST, mlflow_runs, torchrun, tracking_db, write_file, written_twice
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
@@ -227,7 +227,7 @@ def test_word_overlap_is_a_weak_cue():
 def test_wikiqa_learns_above_chance(tmp_path, prec):
     if prec == "bf16" and not precision.cpu_supports_bf16():
         pytest.skip("this CPU has no bf16")
-    out, db = tmp_path / "out", tmp_path / "m.db"
+    out, db = tmp_path / "out", tracking_db(tmp_path)
     cfg = load_config(None, ["task=wikiqa", *FAST, "train.epochs=3", f"precision={prec}", f"output_dir={out}",
                              f"tracking.uri=sqlite:///{db}", "tracking.experiment=t"])
     figures = run(cfg)
@@ -251,7 +251,7 @@ def test_default_model_ranks_above_chance_after_a_few_steps(tmp_path):
     16% positive prior."""
     cfg = load_config(None, ["task=wikiqa", "train.max_steps=50", "train.batch_size=32", "train.max_length=64",
                              "train.lr=2e-4", f"output_dir={tmp_path / 'out'}",
-                             f"tracking.uri=sqlite:///{tmp_path}/m.db"])
+                             f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"])
     figures = run(cfg)
     assert figures[names.eval_metric("map")] > 0.6 and figures[names.test_metric("map")] > 0.6
 
@@ -260,7 +260,7 @@ def test_default_model_ranks_above_chance_after_a_few_steps(tmp_path):
 def test_ddp_two_processes(tmp_path):
     out = tmp_path / "out"
     result = torchrun(2, "train", "task=wikiqa", *FAST, "train.batch_size=16", "train.epochs=3",
-                      f"output_dir={out}", f"tracking.uri=sqlite:///{tmp_path}/m.db")
+                      f"output_dir={out}", f"tracking.uri=sqlite:///{tracking_db(tmp_path)}")
     assert result.returncode == 0, result.stderr[-3000:]
     figures = json.loads((out / "metrics.json").read_text())
     assert figures[names.test_metric("f1")] > 0.5 and figures[names.test_metric("map")] > 0.75

@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from helpers import FAST, ROOT, free_port, run_cli, torchrun, wait_for
+from helpers import FAST, ROOT, free_port, run_cli, torchrun, tracking_db, wait_for
 from pipeline import names
 from pipeline.ui import server_env
 
@@ -46,7 +46,7 @@ class Server:
 
 @pytest.fixture
 def server(tmp_path):
-    s = Server(tmp_path / "server.db").start()
+    s = Server(tracking_db(tmp_path, "server.db")).start()
     yield s
     s.stop()
 
@@ -80,7 +80,7 @@ def test_two_process_job_against_an_http_server(tmp_path, server):
 
 
 def test_server_dies_mid_run_training_finishes_and_sync_uploads_everything(tmp_path):
-    server = Server(tmp_path / "server.db").start()
+    server = Server(tracking_db(tmp_path, "server.db")).start()
     out = tmp_path / "out"
     job = subprocess.Popen([sys.executable, "-m", "pipeline", "train", *FAST, "train.epochs=3", "train.log_every=5",
                             f"output_dir={out}", f"tracking.uri={server.uri}", "tracking.experiment=dies"],
@@ -122,7 +122,7 @@ def test_unreachable_server_at_start_then_sync_creates_the_run(tmp_path):
     result = run_cli("train", *FAST, "train.max_steps=10", f"output_dir={out}", f"tracking.uri={dead}",
                      "tracking.experiment=late")
     assert result.returncode == 0, result.stderr[-2000:]
-    server = Server(tmp_path / "late.db").start()
+    server = Server(tracking_db(tmp_path, "late.db")).start()
     try:
         assert run_cli("sync", out, "--uri", server.uri).returncode == 0
         run = only_run(server.uri, "late")

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from helpers import FAST, mlflow_runs, run_cli
+from helpers import FAST, mlflow_runs, run_cli, tracking_db
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
@@ -25,7 +25,7 @@ EXPECTED_METRICS = {names.TRAIN_LOSS, names.TRAIN_LR, names.TRAIN_GRAD_NORM, nam
 def test_sentiment_learns_and_lands_in_mlflow(tmp_path, prec):
     if prec == "bf16" and not precision.cpu_supports_bf16():
         pytest.skip("this CPU has no bf16")
-    out, db = tmp_path / "out", tmp_path / "mlflow.db"
+    out, db = tmp_path / "out", tracking_db(tmp_path, "mlflow.db")
     cfg = load_config(None, [*FAST, "train.epochs=3", f"precision={prec}", f"output_dir={out}",
                              f"tracking.uri=sqlite:///{db}", "tracking.experiment=t"])
     figures = run(cfg)
@@ -63,7 +63,7 @@ def test_fp16_overflow_in_the_loop_skips_one_step_and_keeps_the_schedule(tmp_pat
     monkeypatch.setattr(backend_mod.TorchBackend, "backward", backward_with_overflow)
     out = tmp_path / "out"
     cfg = load_config(None, [*FAST, "precision=fp16", "train.max_steps=6", "train.log_every=1",
-                             "train.warmup_ratio=0", f"output_dir={out}", f"tracking.uri=sqlite:///{tmp_path}/m.db"])
+                             "train.warmup_ratio=0", f"output_dir={out}", f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"])
     figures = run(cfg)
 
     assert figures[names.SKIPPED_STEPS] == 1 and figures[names.TRAIN_STEPS] == 6
@@ -194,7 +194,7 @@ def test_step_losses_are_read_and_reduced_only_at_log_boundaries(tmp_path, monke
     monkeypatch.setattr(train, "train_epoch", epoch)
     out = tmp_path / "out"
     run(load_config(None, [*FAST, "train.max_steps=20", "train.log_every=5", f"output_dir={out}",
-                           f"tracking.uri=sqlite:///{tmp_path}/m.db"]))
+                           f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))
 
     assert len(losses) == 20 and len(reductions) == 20 // 5  # was 20 + 4: one per step, one per log
     records = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]

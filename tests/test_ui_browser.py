@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 import yaml
 
-from helpers import FAST, ROOT, mlflow_runs, run_cli
+from helpers import FAST, ROOT, mlflow_runs, run_cli, tracking_db
 from pipeline import names
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ def finished_study(tmp_path_factory):
     if CHROMIUM is None:
         pytest.skip("headless Chromium is not installed (Debian package `chromium`); the browser check needs it")
     tmp = tmp_path_factory.mktemp("uistudy")
-    db = tmp / "m.db"
+    db = tracking_db(tmp)
     spec = {"name": STUDY, "output_root": str(tmp / "outputs"), "report_dir": str(tmp / "report"),
             "overrides": [*FAST, "train.max_steps=4", "train.epochs=1", f"tracking.uri=sqlite:///{db}"],
             "matrix": {"tasks": ["sentiment"], "precisions": ["fp32", "auto"]}}
