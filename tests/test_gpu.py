@@ -5,6 +5,7 @@ measured. Marked `gpu`: skipped without CUDA (the reason is printed by -ra), run
 with `pytest -m gpu`.
 """
 import json
+import os
 
 import pytest
 import torch
@@ -13,8 +14,9 @@ from helpers import FAST, deepspeed, mlflow_runs, run_cli, torchrun, tracking_db
 from pipeline import names
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
-pytestmark = [pytest.mark.gpu, pytest.mark.slow,
-              pytest.mark.skipif(GPUS == 0, reason="needs a CUDA GPU, and `pytest -m gpu` (the CPU suite hides GPUs)")]
+WHY_NONE = ("needs a CUDA GPU; the CPU suite hides them: run `pytest -m gpu`"
+            if os.environ.get("CUDA_VISIBLE_DEVICES") == "" else "needs a CUDA GPU, none is visible")
+pytestmark = [pytest.mark.gpu, pytest.mark.slow, pytest.mark.skipif(GPUS == 0, reason=WHY_NONE)]
 two_gpus = pytest.mark.skipif(GPUS < 2, reason=f"needs 2 CUDA GPUs, {GPUS} visible")
 # a model big enough that memory and energy are not noise: bangla-base widened to BERT-base's layer
 WIDE = ["model=preset:bangla-base", "model_config.hidden_size=768", "model_config.intermediate_size=3072",
