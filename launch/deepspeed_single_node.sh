@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One node under the deepspeed launcher: one process per visible GPU, or NPROC CPU processes
-# (DeepSpeed's CPU accelerator, DS_ACCELERATOR=cpu, with gloo). The launcher appends --local_rank=N; the CLI accepts it.
+# (DeepSpeed's CPU accelerator, DS_ACCELERATOR=cpu, with gloo). The launcher appends
+# --local_rank=N; the CLI accepts it.
 # "Visible" is what torch sees (CUDA_VISIBLE_DEVICES honoured). The launcher itself drops
 # CUDA_VISIBLE_DEVICES when given --num_gpus and would use GPUs 0..N-1, so with a visible set the
 # GPUs are named with --include localhost:IDS (the first NPROC of them). NPROC above the visible

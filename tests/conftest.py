@@ -17,10 +17,13 @@ def pytest_configure(config):
     """The suite states CPU behaviour: gloo groups of two CPU ranks, RSS, fp16 refused on CPU. On a
     GPU machine its jobs would take the GPU paths instead (two ranks falling back to one visible GPU,
     CUDA memory metrics), so the GPUs are hidden, before anything initializes CUDA, unless the run
-    selects the `gpu` tests (`pytest -m gpu`, `make test-gpu`): those, and only those, need them."""
+    selects the `gpu` tests (`pytest -m gpu`, `make test-gpu`): those, and only those, need them.
+    DeepSpeed is told too: its launcher sets CUDA_VISIBLE_DEVICES=0..N-1 for its workers whatever
+    its accelerator, which would make the GPUs visible to them again."""
     selects_gpu = re.search(r"(?<!not )\bgpu\b", config.getoption("markexpr") or "")
     if not selects_gpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        os.environ["DS_ACCELERATOR"] = "cpu"
 
 
 @pytest.fixture(scope="session", autouse=True)

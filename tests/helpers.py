@@ -5,6 +5,7 @@ Test files import them as `from helpers import ...` (tests/ is on pytest's pytho
 fixtures stay in conftest.py.
 """
 import atexit
+import functools
 import json
 import os
 import shutil
@@ -75,8 +76,6 @@ def deepspeed(*args, log=None, wait=True):
     its own session (so a kill reaches all of it). wait=True: (exit code, output); wait=False: the
     Popen (output to log)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":  # the CPU suite (conftest) on a GPU machine:
-        env["DS_ACCELERATOR"] = "cpu"  # the launcher would make the GPUs visible to its workers again
     cmd = [DEEPSPEED, "--num_gpus", "2", "--master_port", str(free_port()), "--module", "pipeline", *map(str, args)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "w") if log else subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -102,7 +101,16 @@ def wait_for(predicate, timeout=300, what="condition"):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-_store_template: Path | None = None  # per test process, made on first use
+@functools.cache
+def _migrated_store() -> Path:
+    """A store MLflow created and migrated, once per test process (removed at its exit)."""
+    from mlflow.tracking import MlflowClient
+
+    folder = tempfile.mkdtemp(prefix="mlflow-store-")
+    atexit.register(shutil.rmtree, folder, True)
+    template = Path(folder) / "template.db"
+    MlflowClient(tracking_uri=f"sqlite:///{template}").search_experiments()  # creates and migrates
+    return template
 
 
 def tracking_db(directory: Path, name: str = "m.db") -> Path:
@@ -111,20 +119,10 @@ def tracking_db(directory: Path, name: str = "m.db") -> Path:
     schema migrations in the first process that opens it (~6 s of CPU, in most training tests);
     the copy is what a user's store is after its first run. Tests of a brand-new store, and of bad
     input (which must leave no store behind), use a plain path."""
-    global _store_template
-    if _store_template is None:
-        folder = tempfile.mkdtemp(prefix="mlflow-store-")
-        atexit.register(shutil.rmtree, folder, True)
-        _store_template = Path(folder) / "template.db"
-    template = _store_template
-    if not template.exists():
-        from mlflow.tracking import MlflowClient
-
-        MlflowClient(tracking_uri=f"sqlite:///{template}").search_experiments()  # creates and migrates
     path = Path(directory) / name
     if not path.exists():  # a second call for the same store returns it as it is
         path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(template, path)
+        shutil.copyfile(_migrated_store(), path)
     return path
 
 

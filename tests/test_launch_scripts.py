@@ -53,7 +53,8 @@ def fake_bin(tmp_path):
 
 def launch(script, fake_bin, *args, real_python=False, **env):
     """Run launch/SCRIPT with the fakes first on PATH; returns the CompletedProcess."""
-    base = {k: v for k, v in os.environ.items() if k not in ("CUDA_VISIBLE_DEVICES", "NPROC", "OMP_NUM_THREADS")}
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("CUDA_VISIBLE_DEVICES", "DS_ACCELERATOR", "NPROC", "OMP_NUM_THREADS")}
     full = {**base, "PATH": f"{fake_bin}:{os.environ['PATH']}", "DEEPSPEED": str(fake_bin / "deepspeed"),
             "PYTHON": sys.executable if real_python else str(fake_bin / "python"), **env}
     return subprocess.run(["bash", str(ROOT / "launch" / script), *args], cwd=ROOT, env=full,
