@@ -44,7 +44,7 @@ test-fast: $(STAMP)
 # apt) that test is skipped with its reason and everything else runs.
 browser:
 	@command -v chromium >/dev/null 2>&1 || { (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 \
-	  || echo "chromium not installed: tests/test_ui_browser.py will be skipped"; }
+	  || echo "chromium not installed: the browser tests in tests/test_study.py will be skipped"; }
 
 lint: $(STAMP)
 	$(PY) -m ruff check pipeline tests benchmarks

@@ -3,13 +3,15 @@
 A small study (sentiment, FP32 vs AMP, two seeds, plus a cell that crashes and one that needs
 it) runs end to end: its report's numbers are the runs' own, the crash is reported as failed
 and the rest completes, a second invocation skips what finished, the parent run holds the
-children, and `pipeline ui` serves the experiment. The report is also checked on hand-built
-runs with known figures, and bad study files fail with one line naming file and key.
+children, and `pipeline ui` serves the experiment (to headless Chromium too). The report is also
+checked on hand-built runs with known figures, and bad study files fail with one line naming
+file and key.
 """
 import json
 import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -202,6 +204,101 @@ def test_ui_serves_the_study_experiment(study):
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+# ------------------------------------------------------------------ the study in a browser
+# `pipeline ui` as a user meets it: headless Chromium loads the printed URL and the rendered page
+# shows the training runs, their metrics and the compare view of the study's cells. Skipped, with
+# the reason, where Chromium is not installed (`make test` installs Debian's `chromium` when it
+# can). Screenshots are kept under outputs/test-artifacts/ for a person to open.
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARTIFACTS = ROOT / "outputs" / "test-artifacts"
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (Debian "
+                                    "package `chromium`); the browser check needs it")
+
+
+@pytest.fixture
+def ui_server(study):
+    """Start `pipeline ui ARGS` on the study's store; yields a function returning the printed URL
+    once the server answers."""
+    procs = []
+
+    def start(*args):
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline", "ui", *args, "--uri", f"sqlite:///{study['db']}"],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        procs.append(proc)
+        line = proc.stdout.readline()
+        match = re.search(r"(http://[\d.]+:\d+)/(\S*)", line)
+        assert match, line
+        deadline = time.time() + 120
+        while True:
+            try:
+                urllib.request.urlopen(match.group(1) + "/health", timeout=5)
+                break
+            except OSError:
+                assert proc.poll() is None and time.time() < deadline, "the UI did not answer"
+                time.sleep(0.5)
+        session = subprocess.run(["ps", "-s", str(proc.pid), "-o", "args="], capture_output=True, text=True).stdout
+        assert "mlflow.server.jobs" not in session  # no job runner: the UI of training runs has no jobs to run
+        return match.group(0)
+
+    yield start
+    for proc in procs:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def render(url: str, screenshot: str) -> str:
+    """The page's DOM after its scripts ran, and a screenshot of it: one headless Chromium, a
+    tall window so the page renders its tables below the fold too. The time limit is generous:
+    the MLflow server shares two cores with a second pytest worker."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    dom = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--virtual-time-budget=20000",
+                          "--window-size=1600,4000", f"--screenshot={ARTIFACTS / screenshot}", "--dump-dom", url],
+                         capture_output=True, text=True, timeout=300).stdout
+    assert (ARTIFACTS / screenshot).stat().st_size > 10_000
+    (ARTIFACTS / screenshot).with_suffix(".html").write_text(dom, encoding="utf-8")
+    return dom
+
+
+@pytest.mark.slow
+def test_study_ends_with_the_command_that_opens_its_comparison(study):
+    log = study["first"].stdout + study["first"].stderr
+    assert f"python -m pipeline ui --uri sqlite:///{study['db']} --study {STUDY}" in log
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_experiment_opens_on_the_training_runs_not_the_genai_overview(ui_server):
+    url = ui_server("--experiment", STUDY)
+    assert "/runs?workflowType=machine_learning" in url
+    dom = render(url, "ui-experiment-runs.png")
+    assert "matching runs" in dom and ">Runs<" in dom  # the runs table of the Model training view
+    assert STUDY in dom  # the study's parent run, its cells nested under it
+    assert "No data available for the selected time range" not in dom  # the GenAI overview's empty traces
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_study_opens_the_compare_view_of_its_finished_cells(ui_server, study):
+    url = ui_server("--study", STUDY)
+    children = {r.info.run_id for r in child_runs(study["db"], STUDY)}
+    assert "#/compare-runs?runs=" in url and all(run_id in url for run_id in children)
+    dom = render(url, "ui-study-compare.png")
+    assert f"Comparing {len(FINISHED)} Runs" in dom
+    for metric in (names.EVAL_MAIN, names.SAMPLES_PER_S, names.PEAK_RSS):
+        assert metric in dom
+    for run_id in children:
+        assert run_id in dom
+
+
+@pytest.mark.slow
+def test_ui_of_an_unknown_study_is_one_line_exit_2(study, capsys):
+    code, out = _cli(["ui", "--study", "nosuch", "--uri", f"sqlite:///{study['db']}"], capsys)
+    assert code == 2
+    assert out.err.strip() == f"error: ui: --study nosuch: no experiment 'nosuch' in sqlite:///{study['db']}"
 
 
 # ------------------------------------------------------------------ study files
