@@ -226,7 +226,7 @@ class Distiller:
             teacher = self._teacher_logits({k: v for k, v in batch.items()})
         pairs = self.task.kd_pairs(student_outputs, teacher, batch)
         distill = sum(kd_loss(s, t, self.temperature) for s, t in pairs) / len(pairs)
-        loss = self.alpha * distill + (1 - self.alpha) * student_outputs.loss.float()
+        loss = self.alpha * distill + (1 - self.alpha) * self.task.loss(student_outputs, batch).float()
         if self.hidden_weight:
             hidden = student_outputs.hidden_states[-1]
             projection = getattr(student, "kd_projection", None)

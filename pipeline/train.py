@@ -244,7 +244,7 @@ def plain_step(s: Stage, batch: dict) -> None:
     forward_kwargs = s.distiller.forward_kwargs if s.distiller is not None else {}
     with s.policy.autocast():
         outputs = s.model(**inputs, **forward_kwargs)
-    loss = outputs.loss if s.distiller is None else s.distiller.loss(outputs, inputs, idx, s.model)
+    loss = s.task.loss(outputs, inputs) if s.distiller is None else s.distiller.loss(outputs, inputs, idx, s.model)
     loss.backward()
 
 
@@ -310,7 +310,8 @@ def forward_backward(s: Stage, batch: dict, group_len: int, last_micro: bool) ->
     with contextlib.nullcontext() if last_micro else s.backend.no_sync():
         with s.policy.autocast():
             outputs = s.model(**inputs, **forward_kwargs)
-        loss = outputs.loss if s.distiller is None else s.distiller.loss(outputs, inputs, idx, s.backend.module)
+        loss = (s.task.loss(outputs, inputs) if s.distiller is None
+                else s.distiller.loss(outputs, inputs, idx, s.backend.module))
         s.backend.backward(loss / group_len)
     return loss.detach()
 

@@ -126,6 +126,11 @@ class Task(ABC):
         the longest sequence in the batch. Anything else must be dropped here."""
         return DataCollatorWithPadding(tokenizer)
 
+    def loss(self, outputs, batch: dict) -> torch.Tensor:
+        """The training loss of a batch; the model's own (from the targets in the batch) unless
+        a task needs another."""
+        return outputs.loss
+
     @abstractmethod
     def predictions(self, outputs, batch: dict) -> dict[str, np.ndarray]:
         """Numpy arrays with one row per feature of an eval batch. Shapes beyond the first

@@ -22,6 +22,7 @@ import unicodedata
 from pathlib import Path
 
 import numpy as np
+import torch
 from normalizer import normalize
 from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding
 
@@ -168,6 +169,16 @@ class QaTask(Task):
         keep = {*tokenizer.model_input_names, *TARGETS, "idx"}
         # eval features carry offset_mapping/example_index for post-processing: not model inputs
         return lambda features: pad([{k: v for k, v in f.items() if k in keep} for f in features])
+
+    def loss(self, outputs, batch):
+        """Cross-entropy of the start and of the end position over the window's real tokens. The
+        model's own loss also spreads probability over the padding, so its value and gradients
+        would change with how far a batch is padded: with its longest window, with how a batch is
+        split across ranks or grouped by length, which must not change what is learned."""
+        padding = ~batch["attention_mask"].bool()
+        cross_entropy = torch.nn.functional.cross_entropy
+        return sum(cross_entropy(getattr(outputs, name).float().masked_fill(padding, NEG), batch[target])
+                   for name, target in (("start_logits", "start_positions"), ("end_logits", "end_positions"))) / 2
 
     kd_outputs = {"start_logits": True, "end_logits": True}  # per position
 
