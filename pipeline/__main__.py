@@ -1,3 +1,9 @@
-from pipeline.cli import main
+from pipeline.runtime import collector
 
-raise SystemExit(main())
+collector.pause_for_setup()  # before the imports: see pipeline/runtime/collector.py
+
+from pipeline.cli import main  # noqa: E402
+
+code = main()
+collector.skip_final_collection()
+raise SystemExit(code)

@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, end="")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
+    if command not in ("train", "distill"):  # a stage turns it on once set up; the others now
+        from pipeline.runtime import collector
+
+        collector.resume_after_setup()
     try:
         if command in ("train", "distill"):
             return _stage(command, rest)

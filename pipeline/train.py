@@ -34,7 +34,7 @@ from pipeline.distill import Distiller, build_distillation
 from pipeline.evaluation import evaluate
 from pipeline.fsutil import atomic_dir, write_json, write_text
 from pipeline.optim import build_optimizer
-from pipeline.runtime import dist, precision
+from pipeline.runtime import collector, dist, precision
 from pipeline.runtime.backend import Backend
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.factory import make_backend
@@ -127,6 +127,7 @@ def run_locked(s: Stage, resuming: bool) -> dict[str, float]:
         ran=what_ran(s.cfg, s.rt, s.policy, s.backend, s.model_spec, s.stage))
     s.tracker.log_datasets(describe_datasets(s.cfg.data, s.task, s.examples))
     s.tracker.set_tags({names.TAG_DATA_CACHE: features.cache_outcome(s.examples["train"], s.features)})
+    collector.resume_after_setup()  # the CLI paused it through set-up (runtime/collector.py)
     try:
         with dist.sigterm_flag() as preempt:
             figures = fit(s, preempt, ckpt, resume_state, run_id)

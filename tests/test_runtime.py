@@ -1,6 +1,7 @@
 """Runtime paths that a GPU job takes, checked as far as a CPU can: the process group is bound to
 the rank's GPU on an elastic restart too, and evaluation leaves nothing behind that the next
-training step cannot use."""
+training step cannot use; the CLI's collector policy around set-up."""
+import gc
 import os
 
 import pytest
@@ -10,7 +11,7 @@ from torch.utils.data import DataLoader
 from pipeline import models
 from pipeline.errors import UserError
 from pipeline.evaluation import evaluate
-from pipeline.runtime import dist
+from pipeline.runtime import collector, dist
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.tasks import get_task
@@ -113,3 +114,30 @@ def test_a_deepspeed_job_without_launcher_leaves_no_launcher_variables(monkeypat
     dist.shutdown()
     assert dist.detect_launcher() == "none" and "RANK" not in os.environ
     assert os.environ["MASTER_PORT"] == "29555"  # the user's own value stays
+
+
+@pytest.fixture
+def collector_restored():
+    gc.unfreeze()
+    yield
+    gc.unfreeze()
+    gc.enable()
+
+
+def test_set_up_runs_without_the_collector_and_the_loop_with_set_ups_objects_frozen(collector_restored):
+    collector.pause_for_setup()  # as `python -m pipeline` does before importing anything
+    assert not gc.isenabled()
+    made = [[] for _ in range(1000)]  # what set-up leaves alive
+    collector.resume_after_setup()
+    assert gc.isenabled() and gc.get_freeze_count() >= len(made)  # walked by no collection
+    frozen = gc.get_freeze_count()
+    collector.resume_after_setup()  # a second call (the next stage's) changes nothing
+    assert gc.get_freeze_count() == frozen
+
+
+def test_a_caller_that_did_not_pause_the_collector_keeps_its_own_setting(collector_restored):
+    collector.resume_after_setup()  # run() called from a notebook or a test: collector on
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    gc.disable()  # a caller that turned it off itself
+    collector.resume_after_setup()
+    assert not gc.isenabled() and gc.get_freeze_count() == 0
