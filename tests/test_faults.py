@@ -39,21 +39,17 @@ def newest_step(out):
     return (checkpoint.latest(out) or checkpoint.Checkpoint(None, 0)).step
 
 
-def train_here(*overrides):
-    """A stage in this process: the jobs that are not killed (a reference, a resume) need no
-    process of their own, and both run on one thread as the killed one does (conftest)."""
-    return run(load_config(None, [*JOB, *overrides]))
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("uninterrupted")
-    train_here(f"output_dir={tmp / 'out'}", f"tracking.uri=sqlite:///{tracking_db(tmp)}")
+    proc = start_cli("train", *JOB, f"output_dir={tmp / 'out'}", f"tracking.uri=sqlite:///{tracking_db(tmp)}",
+                     log=tmp / "log")
+    assert proc.wait(timeout=600) == 0, (tmp / "log").read_text()[-2000:]
     return tmp / "out"
 
 
 @pytest.mark.slow
-def test_sigkill_after_a_checkpoint_then_resume_gives_identical_results(tmp_path, uninterrupted, caplog):
+def test_sigkill_after_a_checkpoint_then_resume_gives_identical_results(tmp_path, uninterrupted):
     out, db = tmp_path / "out", tracking_db(tmp_path)
     proc = start_cli("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log")
     wait_for(lambda: newest_step(out) > STEPS_PER_EPOCH or proc.poll() is not None,
@@ -62,10 +58,10 @@ def test_sigkill_after_a_checkpoint_then_resume_gives_identical_results(tmp_path
     proc.wait()
     assert not (out / "metrics.json").exists()  # it really died mid-run
 
-    caplog.set_level(logging.INFO, logger="pipeline")
-    train_here(f"output_dir={out}", f"tracking.uri=sqlite:///{db}", "resume=auto")
-    assert "resumed from" in caplog.text
-    assert "taking over the lock of a job that ended without releasing it" in caplog.text
+    result = run_cli("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", "resume=auto")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "resumed from" in result.stderr
+    assert "taking over the lock of a job that ended without releasing it" in result.stderr
     assert_same_result(uninterrupted, out)
     (mlrun,) = mlflow_runs(db, "pipeline")  # the resumed job continued its own run
     assert mlrun.info.status == "FINISHED"
@@ -86,7 +82,8 @@ def test_sigterm_saves_marks_the_run_killed_and_resume_finishes(tmp_path, uninte
     (mlrun,) = mlflow_runs(db, "pipeline")
     assert mlrun.info.status == "KILLED"
 
-    train_here(f"output_dir={out}", f"tracking.uri=sqlite:///{db}", "resume=auto")
+    result = run_cli("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", "resume=auto")
+    assert result.returncode == 0, result.stderr[-2000:]
     (mlrun,) = mlflow_runs(db, "pipeline")
     assert mlrun.info.status == "FINISHED"
     assert_same_result(uninterrupted, out)
@@ -235,7 +232,7 @@ def test_resume_auto_on_a_finished_job_does_nothing(tmp_path, caplog):
 
 
 @pytest.mark.slow
-def test_no_usable_checkpoint_starts_over_says_so_and_fails_the_lost_run(tmp_path, caplog):
+def test_no_usable_checkpoint_starts_over_says_so_and_fails_the_lost_run(tmp_path):
     out, db = tmp_path / "out", tracking_db(tmp_path)
     proc = start_cli("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log")
     wait_for(lambda: len(checkpoint.complete(out)) == 2 or proc.poll() is not None, what="two checkpoints")
@@ -247,11 +244,12 @@ def test_no_usable_checkpoint_starts_over_says_so_and_fails_the_lost_run(tmp_pat
     (lost,) = mlflow_runs(db, "pipeline")
     assert lost.info.status == "RUNNING"
 
-    run(load_config(None, [*FAST, "train.max_steps=10", f"output_dir={out}", f"tracking.uri=sqlite:///{db}",
-                           "resume=auto"]))
-    assert f"resume=auto: no usable checkpoint in {out}; starting over (removing checkpoints)" in caplog.text
+    result = run_cli("train", *FAST, "train.max_steps=10", f"output_dir={out}", f"tracking.uri=sqlite:///{db}",
+                     "resume=auto")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"resume=auto: no usable checkpoint in {out}; starting over (removing checkpoints)" in result.stderr
     assert (f"the previous job's MLflow run {lost.info.run_id} never ended: synced from its journal and marked "
-            "FAILED") in caplog.text
+            "FAILED") in result.stderr
     status = {r.info.run_id: r.info.status for r in mlflow_runs(db, "pipeline")}
     assert status.pop(lost.info.run_id) == "FAILED" and list(status.values()) == ["FINISHED"]
     assert not checkpoint.complete(out)  # no corrupted checkpoint of the lost job kept (10 steps: none saved)
