@@ -178,46 +178,6 @@ def test_report_numbers_are_the_runs_figures(study):
         assert (report / png).stat().st_size > 1000
 
 
-@pytest.mark.slow
-def test_ui_serves_the_study_experiment(study):
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline", "ui", "--experiment", STUDY, "--uri",
-                             f"sqlite:///{study['db']}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
-        line = proc.stdout.readline()
-        match = re.search(r"(http://[\d.]+:\d+)/#/experiments/(\w+)", line)
-        assert match, line
-        base, experiment_id = match.groups()
-        body = json.dumps({"experiment_ids": [experiment_id], "max_results": 100}).encode()
-        deadline, answer = time.time() + 120, None
-        while answer is None and time.time() < deadline:
-            try:
-                request = urllib.request.Request(f"{base}/api/2.0/mlflow/runs/search", data=body,
-                                                 headers={"Content-Type": "application/json"})
-                answer = json.load(urllib.request.urlopen(request, timeout=5))
-            except OSError:
-                assert proc.poll() is None, "the UI exited"
-                time.sleep(0.5)
-        assert answer is not None, "the UI did not answer"
-        served = {r["info"]["run_id"] for r in answer["runs"]}
-        assert served == {r.info.run_id for r in mlflow_runs(study["db"], STUDY)}
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-
-
-# ------------------------------------------------------------------ the study in a browser
-# `pipeline ui` as a user meets it: headless Chromium loads the printed URL and the rendered page
-# shows the training runs, their metrics and the compare view of the study's cells. Skipped, with
-# the reason, where Chromium is not installed (`make test` installs Debian's `chromium` when it
-# can). Screenshots are kept under outputs/test-artifacts/ for a person to open.
-
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-ARTIFACTS = ROOT / "outputs" / "test-artifacts"
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (Debian "
-                                    "package `chromium`); the browser check needs it")
-
-
 @pytest.fixture
 def ui_server(study):
     """Start `pipeline ui ARGS` on the study's store; yields a function returning the printed URL
@@ -248,6 +208,32 @@ def ui_server(study):
     for proc in procs:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+@pytest.mark.slow
+def test_ui_serves_the_study_experiment(ui_server, study):
+    url = ui_server("--experiment", STUDY)
+    match = re.search(r"(http://[\d.]+:\d+)/#/experiments/(\w+)", url)
+    assert match, url
+    base, experiment_id = match.groups()
+    body = json.dumps({"experiment_ids": [experiment_id], "max_results": 100}).encode()
+    request = urllib.request.Request(f"{base}/api/2.0/mlflow/runs/search", data=body,
+                                     headers={"Content-Type": "application/json"})
+    answer = json.load(urllib.request.urlopen(request, timeout=30))
+    served = {r["info"]["run_id"] for r in answer["runs"]}
+    assert served == {r.info.run_id for r in mlflow_runs(study["db"], STUDY)}
+
+
+# ------------------------------------------------------------------ the study in a browser
+# `pipeline ui` as a user meets it: headless Chromium loads the printed URL and the rendered page
+# shows the training runs, their metrics and the compare view of the study's cells. Skipped, with
+# the reason, where Chromium is not installed (`make test` installs Debian's `chromium` when it
+# can). Screenshots are kept under outputs/test-artifacts/ for a person to open.
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARTIFACTS = ROOT / "outputs" / "test-artifacts"
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="headless Chromium is not installed (Debian "
+                                    "package `chromium`); the browser check needs it")
 
 
 def render(url: str, screenshot: str) -> str:
