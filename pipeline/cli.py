@@ -13,6 +13,7 @@ import sys
 import warnings
 
 from pipeline.errors import UserError
+from pipeline.runtime import collector
 
 USAGE = """usage:
   python -m pipeline train   [CONFIG.yaml] [key=value ...]   one training stage
@@ -36,8 +37,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command not in ("train", "distill"):  # a stage turns it on once set up; the others now
-        from pipeline.runtime import collector
-
         collector.resume_after_setup()
     try:
         if command in ("train", "distill"):

@@ -238,6 +238,14 @@ def count_step_flops(s: Stage, collate) -> FlopModel:
     return FlopModel(per_row)
 
 
+def batch_loss(s: Stage, outputs, inputs: dict, idx: torch.Tensor, module) -> torch.Tensor:
+    """The task's loss of a batch, or under distillation the KD loss (`module`: the unwrapped
+    student, whose kd_projection it uses)."""
+    if s.distiller is None:
+        return s.task.loss(outputs, inputs)
+    return s.distiller.loss(outputs, inputs, idx, module)
+
+
 def plain_step(s: Stage, batch: dict) -> None:
     """Forward, loss and backward of the unwrapped model, as forward_backward computes them."""
     idx = batch.pop("idx")
@@ -245,7 +253,7 @@ def plain_step(s: Stage, batch: dict) -> None:
     forward_kwargs = s.distiller.forward_kwargs if s.distiller is not None else {}
     with s.policy.autocast():
         outputs = s.model(**inputs, **forward_kwargs)
-    loss = s.task.loss(outputs, inputs) if s.distiller is None else s.distiller.loss(outputs, inputs, idx, s.model)
+    loss = batch_loss(s, outputs, inputs, idx, s.model)
     loss.backward()
 
 
@@ -311,8 +319,7 @@ def forward_backward(s: Stage, batch: dict, group_len: int, last_micro: bool) ->
     with contextlib.nullcontext() if last_micro else s.backend.no_sync():
         with s.policy.autocast():
             outputs = s.model(**inputs, **forward_kwargs)
-        loss = (s.task.loss(outputs, inputs) if s.distiller is None
-                else s.distiller.loss(outputs, inputs, idx, s.backend.module))
+        loss = batch_loss(s, outputs, inputs, idx, s.backend.module)
         s.backend.backward(loss / group_len)
     return loss.detach()
 
