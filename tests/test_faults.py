@@ -49,44 +49,38 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_sigkill_after_a_checkpoint_then_resume_gives_identical_results(tmp_path, uninterrupted):
+def test_preempted_then_killed_then_resumed_gives_identical_results(tmp_path, uninterrupted):
+    """A preemptible job's life: SIGTERM saves at the next step boundary and marks the run KILLED;
+    the resumed job is SIGKILLed after a checkpoint in the second epoch (no save, its lock left
+    behind); the next resume takes the lock over and finishes the same MLflow run with the
+    uninterrupted job's figures, bit for bit."""
     out, db = tmp_path / "out", tracking_db(tmp_path)
-    proc = start_cli("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log")
-    wait_for(lambda: newest_step(out) > STEPS_PER_EPOCH or proc.poll() is not None,
-             what="a checkpoint in the second epoch")
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not (out / "metrics.json").exists()  # it really died mid-run
-
-    result = run_cli("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", "resume=auto")
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "resumed from" in result.stderr
-    assert "taking over the lock of a job that ended without releasing it" in result.stderr
-    assert_same_result(uninterrupted, out)
-    (mlrun,) = mlflow_runs(db, "pipeline")  # the resumed job continued its own run
-    assert mlrun.info.status == "FINISHED"
-
-
-@pytest.mark.slow
-def test_sigterm_saves_marks_the_run_killed_and_resume_finishes(tmp_path, uninterrupted):
-    out, db = tmp_path / "out", tracking_db(tmp_path)
-    proc = start_cli("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log")
-    wait_for(lambda: newest_step(out) > STEPS_PER_EPOCH or proc.poll() is not None,
-             what="a checkpoint in the second epoch")
+    job = [*JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}"]
+    proc = start_cli("train", *job, log=tmp_path / "log")
+    wait_for(lambda: newest_step(out) >= 10 or proc.poll() is not None, what="a first checkpoint")
     before = newest_step(out)
     os.kill(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=120) == 143, (tmp_path / "log").read_text()[-2000:]
     assert "preempted: SIGTERM: checkpoint" in (tmp_path / "log").read_text()
-    saved = checkpoint.latest(out)
-    assert saved.step > before  # a fresh checkpoint at the step boundary after the signal
+    assert newest_step(out) > before  # a fresh checkpoint at the step boundary after the signal
     (mlrun,) = mlflow_runs(db, "pipeline")
     assert mlrun.info.status == "KILLED"
 
-    result = run_cli("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", "resume=auto")
+    proc = start_cli("train", *job, "resume=auto", log=tmp_path / "log2")
+    wait_for(lambda: newest_step(out) > STEPS_PER_EPOCH or proc.poll() is not None,
+             what="a checkpoint in the second epoch")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert "resumed from" in (tmp_path / "log2").read_text()
+    assert not (out / "metrics.json").exists()  # it really died mid-run
+
+    result = run_cli("train", *job, "resume=auto")
     assert result.returncode == 0, result.stderr[-2000:]
-    (mlrun,) = mlflow_runs(db, "pipeline")
-    assert mlrun.info.status == "FINISHED"
+    assert "resumed from" in result.stderr
+    assert "taking over the lock of a job that ended without releasing it" in result.stderr
     assert_same_result(uninterrupted, out)
+    (mlrun,) = mlflow_runs(db, "pipeline")  # every resume continued the job's own run
+    assert mlrun.info.status == "FINISHED"
 
 
 @pytest.mark.slow
@@ -175,37 +169,31 @@ def uninterrupted_ddp(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_ddp_sigkill_then_resume_gives_identical_results(tmp_path, uninterrupted_ddp):
-    out, db = tmp_path / "out", tracking_db(tmp_path)
-    proc = start_torchrun("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log")
-    wait_for(lambda: newest_step(out) > 38 or proc.poll() is not None, what="a checkpoint in the second epoch")
-    kill_all(proc)
-    assert not (out / "metrics.json").exists()
-    resumed = start_torchrun("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", "resume=auto",
-                             log=tmp_path / "log2")
-    assert resumed.wait(timeout=600) == 0, (tmp_path / "log2").read_text()[-3000:]
-    assert "resumed from" in (tmp_path / "log2").read_text()
-    assert_same_result(uninterrupted_ddp, out)
-    (mlrun,) = mlflow_runs(db, "pipeline")
-    assert mlrun.info.status == "FINISHED" and mlrun.data.tags["world_size"] == "2"
-
-
-@pytest.mark.slow
-def test_elastic_restart_after_a_worker_is_killed_completes_in_the_same_run(tmp_path, uninterrupted_ddp):
+def test_a_worker_killed_then_the_whole_job_killed_resumes_to_identical_results(tmp_path, uninterrupted_ddp):
+    """Two-process DDP under torchrun, two faults: one worker dies in the first epoch and the elastic
+    agent (--max-restarts=1) restarts the group, which resumes within the same MLflow run; then the
+    agent and both workers are SIGKILLed in the second epoch, and a new torchrun with resume=auto
+    finishes with the uninterrupted job's figures."""
     import psutil
 
     out, db = tmp_path / "out", tracking_db(tmp_path)
-    agent = start_torchrun("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log",
-                           max_restarts=1)
-    wait_for(lambda: newest_step(out) > 38 or agent.poll() is not None, what="a checkpoint in the second epoch")
+    job = [*JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}"]
+    agent = start_torchrun("train", *job, log=tmp_path / "log", max_restarts=1)
+    wait_for(lambda: newest_step(out) >= 10 or agent.poll() is not None, what="a first checkpoint")
     workers = [p for p in psutil.Process(agent.pid).children(recursive=True) if "pipeline" in " ".join(p.cmdline())]
     assert len(workers) == 2
     workers[1].kill()  # one worker dies; the agent restarts the group, which resumes
-    assert agent.wait(timeout=600) == 0, (tmp_path / "log").read_text()[-3000:]
+    wait_for(lambda: newest_step(out) > 38 or agent.poll() is not None, what="a checkpoint in the second epoch")
+    kill_all(agent)
     assert "resumed from" in (tmp_path / "log").read_text()
+    assert not (out / "metrics.json").exists()
+
+    resumed = start_torchrun("train", *job, "resume=auto", log=tmp_path / "log2")
+    assert resumed.wait(timeout=600) == 0, (tmp_path / "log2").read_text()[-3000:]
+    assert "resumed from" in (tmp_path / "log2").read_text()
     assert_same_result(uninterrupted_ddp, out)
-    (mlrun,) = mlflow_runs(db, "pipeline")  # the restarted workers continued the same run
-    assert mlrun.info.status == "FINISHED"
+    (mlrun,) = mlflow_runs(db, "pipeline")  # the restarted group and the new job continued one run
+    assert mlrun.info.status == "FINISHED" and mlrun.data.tags["world_size"] == "2"
 
 
 # ---------------------------------------------------------------------- a finished job, a lost one
