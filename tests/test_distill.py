@@ -158,7 +158,7 @@ def test_the_teacher_pass_is_dealt_out_evenly_and_covers_every_row_once():
 @pytest.fixture(scope="module")
 def teacher_dir(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("teacher")
-    run(load_config(None, [*FAST, "model=preset:bangla-small", "train.epochs=2", f"output_dir={tmp}",
+    run(load_config(None, [*FAST, "model=preset:bangla-small", "train.epochs=1", f"output_dir={tmp}",
                            f"tracking.uri=sqlite:///{tracking_db(tmp)}"]))
     return tmp
 

@@ -301,15 +301,18 @@ def test_squad_v2_scores_against_hand_computed_values():
 
 # ---------------------------------------------------------------------- the job end to end
 
-QA_FAST = ["task=qa", *FAST, "train.max_length=64", "train.epochs=12"]  # QaTask.recommended_overrides
+QA_FAST = ["task=qa", *FAST, "train.max_length=64"]
+# QaTask.recommended_overrides train 12 epochs of 32 (test F1 0.51); 6 epochs of 16 take the same
+# 450 steps on half the rows seen (0.43). 3 of 8, or 5-6 of 32 at lr 2-3e-3, stay on the null answer.
+QA_LEARNS = [*QA_FAST, "train.batch_size=16", "train.epochs=6"]
 
 
 def assert_learned(figures):
     """Clearly above the trivial answers: "" everywhere scores exactly the unanswerable share of
-    F1 and 0 on HasAns; a random span scores about 0. Three epochs sit on that null answer; 12
-    learn to point at the span next to the question's words (see QaTask)."""
+    F1 and 0 on HasAns; a random span scores about 0. The first ~200 steps sit on that null answer;
+    by 450 the model points at the span next to the question's words (see QaTask)."""
     noans_share = np.mean([not e["answers"]["text"] for e in TASK.load(None, "test")])
-    # observed: f1 0.34-0.51 (12 epochs: 0.51, 10 epochs: 0.34-0.40), HasAns_f1 0.34-0.57
+    # observed: f1 0.43 (QA_LEARNS), HasAns_f1 0.47-0.49; 12 epochs of 32: 0.51, 0.34-0.57
     assert figures[names.EVAL_MAIN] == figures[names.eval_metric("f1")] > noans_share + 0.1
     assert figures[names.test_metric("f1")] > noans_share + 0.1
     assert figures[names.test_metric("HasAns_f1")] > 0.25 and figures[names.eval_metric("HasAns_f1")] > 0.25
@@ -318,7 +321,7 @@ def assert_learned(figures):
 @pytest.mark.slow
 def test_qa_learns_on_the_sample_set(tmp_path):
     out = tmp_path / "out"
-    figures = run(load_config(None, [*QA_FAST, f"output_dir={out}", f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))
+    figures = run(load_config(None, [*QA_LEARNS, f"output_dir={out}", f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))
     assert_learned(figures)
     assert {names.eval_metric("exact"), names.eval_metric("NoAns_f1"), names.test_metric("HasAns_exact"),
             names.test_metric("NoAns_exact")} <= set(figures)
