@@ -178,13 +178,15 @@ def test_report_numbers_are_the_runs_figures(study):
         assert (report / png).stat().st_size > 1000
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ui_server(study):
     """Start `pipeline ui ARGS` on the study's store; yields a function returning the printed URL
-    once the server answers."""
-    procs = []
+    once the server answers. The tests of this module share a server per ARGS (the UI is read-only)."""
+    procs, urls = [], {}
 
     def start(*args):
+        if args in urls:
+            return urls[args]
         proc = subprocess.Popen([sys.executable, "-m", "pipeline", "ui", *args, "--uri", f"sqlite:///{study['db']}"],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
@@ -202,7 +204,8 @@ def ui_server(study):
                 time.sleep(0.5)
         session = subprocess.run(["ps", "-s", str(proc.pid), "-o", "args="], capture_output=True, text=True).stdout
         assert "mlflow.server.jobs" not in session  # no job runner: the UI of training runs has no jobs to run
-        return match.group(0)
+        urls[args] = match.group(0)
+        return urls[args]
 
     yield start
     for proc in procs:

@@ -45,9 +45,11 @@ class Server:
             self.proc.wait()
 
 
-@pytest.fixture
-def server(tmp_path):
-    s = Server(tracking_db(tmp_path, "server.db")).start()
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One server for the tests that only talk to it (each in its own experiment); the test that
+    kills a server starts its own."""
+    s = Server(tracking_db(tmp_path_factory.mktemp("server"), "server.db")).start()
     yield s
     s.stop()
 
@@ -117,22 +119,18 @@ def test_server_dies_mid_run_training_finishes_and_sync_uploads_everything(tmp_p
         restarted.stop()
 
 
-def test_unreachable_server_at_start_then_sync_creates_the_run(tmp_path):
+def test_unreachable_server_at_start_then_sync_creates_the_run(tmp_path, server):
     out = tmp_path / "out"
     dead = f"http://127.0.0.1:{free_port()}"
     result = run_cli("train", *FAST, "train.max_steps=10", f"output_dir={out}", f"tracking.uri={dead}",
                      "tracking.experiment=late")
     assert result.returncode == 0, result.stderr[-2000:]
-    server = Server(tracking_db(tmp_path, "late.db")).start()
-    try:
-        assert run_cli("sync", out, "--uri", server.uri).returncode == 0
-        run = only_run(server.uri, "late")
-        final = json.loads((out / "metrics.json").read_text())
-        assert run.info.status == "FINISHED"
-        assert run.data.metrics[names.TEST_MAIN] == pytest.approx(final[names.TEST_MAIN])
-        assert run.data.params["train.lr"] == "0.001" and run.data.tags["task"] == "sentiment"
-    finally:
-        server.stop()
+    assert run_cli("sync", out, "--uri", server.uri).returncode == 0  # the server the job could not reach, now up
+    run = only_run(server.uri, "late")
+    final = json.loads((out / "metrics.json").read_text())
+    assert run.info.status == "FINISHED"
+    assert run.data.metrics[names.TEST_MAIN] == pytest.approx(final[names.TEST_MAIN])
+    assert run.data.params["train.lr"] == "0.001" and run.data.tags["task"] == "sentiment"
 
 
 def test_no_secrets_in_params_tags_or_artifacts(tmp_path, server):
