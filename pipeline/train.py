@@ -238,9 +238,12 @@ def count_step_flops(s: Stage, collate) -> FlopModel:
     return FlopModel(per_row)
 
 
-def batch_loss(s: Stage, outputs, inputs: dict, idx: torch.Tensor, module) -> torch.Tensor:
-    """The task's loss of a batch, or under distillation the KD loss (`module`: the unwrapped
-    student, whose kd_projection it uses)."""
+def forward_loss(s: Stage, inputs: dict, idx: torch.Tensor, module) -> torch.Tensor:
+    """Forward under the precision policy, then the task's loss of the batch, or under distillation
+    the KD loss (`module`: the unwrapped student, whose kd_projection it uses)."""
+    forward_kwargs = s.distiller.forward_kwargs if s.distiller is not None else {}
+    with s.policy.autocast():
+        outputs = s.model(**inputs, **forward_kwargs)
     if s.distiller is None:
         return s.task.loss(outputs, inputs)
     return s.distiller.loss(outputs, inputs, idx, module)
@@ -250,11 +253,7 @@ def plain_step(s: Stage, batch: dict) -> None:
     """Forward, loss and backward of the unwrapped model, as forward_backward computes them."""
     idx = batch.pop("idx")
     inputs = {k: v.to(s.rt.device) for k, v in batch.items()}
-    forward_kwargs = s.distiller.forward_kwargs if s.distiller is not None else {}
-    with s.policy.autocast():
-        outputs = s.model(**inputs, **forward_kwargs)
-    loss = batch_loss(s, outputs, inputs, idx, s.model)
-    loss.backward()
+    forward_loss(s, inputs, idx, s.model).backward()
 
 
 def resume(s: Stage, ckpt, resume_state: dict) -> None:
@@ -314,12 +313,9 @@ def forward_backward(s: Stage, batch: dict, group_len: int, last_micro: bool) ->
     rows, padded = batch["input_ids"].shape
     s.meters.add_batch(rows, int(batch["attention_mask"].sum()), padded)  # host tensors: no sync
     inputs = {k: v.to(s.rt.device, non_blocking=True) for k, v in batch.items()}
-    forward_kwargs = s.distiller.forward_kwargs if s.distiller is not None else {}
     # No gradient all-reduce on accumulation micro-steps: only the last one syncs.
     with contextlib.nullcontext() if last_micro else s.backend.no_sync():
-        with s.policy.autocast():
-            outputs = s.model(**inputs, **forward_kwargs)
-        loss = batch_loss(s, outputs, inputs, idx, s.backend.module)
+        loss = forward_loss(s, inputs, idx, s.backend.module)
         s.backend.backward(loss / group_len)
     return loss.detach()
 
