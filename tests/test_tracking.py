@@ -125,7 +125,7 @@ def test_unreachable_server_at_start_then_sync_creates_the_run(tmp_path, server)
     result = run_cli("train", *FAST, "train.max_steps=10", f"output_dir={out}", f"tracking.uri={dead}",
                      "tracking.experiment=late")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert run_cli("sync", out, "--uri", server.uri).returncode == 0  # the server the job could not reach, now up
+    assert run_cli("sync", out, "--uri", server.uri).returncode == 0  # to a server that is up
     run = only_run(server.uri, "late")
     final = json.loads((out / "metrics.json").read_text())
     assert run.info.status == "FINISHED"
