@@ -135,22 +135,36 @@ def features_key(task, source_key: str, split: str, tokenizer, max_length: int) 
                     "max_length": max_length, "libraries": [tokenizers.__version__, transformers.__version__]})
 
 
-def examples_digest(examples: list[dict]) -> str:
+class ExamplesDigest:
     """The 16-hex-digit digest describe_datasets records for a split: sha256 of json.dumps of the
-    list, fed row by row (the same bytes, without one string of the whole split in memory)."""
-    h = hashlib.sha256(b"[")
-    for i, example in enumerate(examples):
-        h.update((", " if i else "").encode() + json.dumps(example, sort_keys=True, ensure_ascii=False,
-                                                           default=str).encode())
-    h.update(b"]")
-    return h.hexdigest()[:16]
+    list of examples, fed piece by piece (the same bytes, without one string of the whole split,
+    or the whole list, in memory)."""
+
+    def __init__(self):
+        self._hash, self.count = hashlib.sha256(b"["), 0
+
+    def update(self, examples) -> None:
+        for example in examples:
+            self._hash.update((", " if self.count else "").encode()
+                              + json.dumps(example, sort_keys=True, ensure_ascii=False, default=str).encode())
+            self.count += 1
+
+    def hexdigest(self) -> str:
+        final = self._hash.copy()
+        final.update(b"]")
+        return final.hexdigest()[:16]
 
 
-def texts_sha256(texts) -> str:
-    h = hashlib.sha256()
+def examples_digest(examples: list[dict]) -> str:
+    digest = ExamplesDigest()
+    digest.update(examples)
+    return digest.hexdigest()
+
+
+def update_texts_hash(h, texts) -> None:
+    """Feed texts to a sha256, each followed by a NUL byte: the key of a preset's tokenizer."""
     for text in texts:
         h.update(text.encode("utf-8") + b"\0")
-    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------- the training split
@@ -219,21 +233,49 @@ def prepare_train(task, spec: str | None, rt: Runtime) -> TrainRows:
     def build(tmp: Path) -> None:
         import datasets
 
-        rows = task.load(spec, "train")
-        datasets.Dataset.from_list(rows).save_to_disk(str(tmp / "examples"))
-        texts = list(task.texts(rows))
-        datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(tmp / "texts"))
-        write_json(tmp / "meta.json", {"format": FORMAT_VERSION, "key": key, "rows": len(rows),
-                                       "digest": examples_digest(rows), "texts_sha256": texts_sha256(texts),
-                                       "state": task.state(), "datasets": {"examples": len(rows), "texts": len(texts)}})
+        # piece by piece (Task.load_chunks): each piece is written to disk before the next is
+        # read, and the pieces are joined as memory-mapped Arrow, so a large file's rows are
+        # never all in memory as Python objects
+        digest, text_hash, kept, pieces, schema = ExamplesDigest(), hashlib.sha256(), [], [], None
+        for chunk in task.load_chunks(spec, "train"):
+            piece = tmp / "pieces" / str(len(pieces))
+            examples = datasets.Dataset.from_list(chunk, features=schema)
+            schema = examples.features
+            examples.save_to_disk(str(piece / "examples"))
+            texts = list(task.texts(chunk))
+            datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(piece / "texts"))
+            digest.update(chunk)
+            update_texts_hash(text_hash, texts)
+            pieces.append(piece)
+            if not task.featurize_reads_datasets:
+                kept.extend(chunk)  # featurize reads them as Python objects: kept, not read back
+            del chunk, examples, texts
+        for name in ("examples", "texts"):
+            _join_saved([piece / name for piece in pieces], tmp / name)
+        shutil.rmtree(tmp / "pieces")
+        write_json(tmp / "meta.json", {"format": FORMAT_VERSION, "key": key, "rows": digest.count,
+                                       "digest": digest.hexdigest(), "texts_sha256": text_hash.hexdigest(),
+                                       "state": task.state(), "datasets": {"examples": digest.count,
+                                                                           "texts": digest.count}})
         if not task.featurize_reads_datasets:
-            built["rows"] = rows  # featurize reads them as Python objects: kept, not read back
+            built["rows"] = kept
 
     meta, outcome = _shared_entry(final, build, rt, f"train examples ({spec or 'sample set'})", ("examples", "texts"))
     task.restore_state(meta["state"])
     rows = TrainRows(final, meta, built.get("rows"))
     rows.cache_outcome = outcome
     return rows
+
+
+def _join_saved(parts: list[Path], final: Path) -> None:
+    """Saved datasets -> one saved dataset at `final`: one part is moved (a saved dataset's files
+    are relative to its folder); more are concatenated memory-mapped and written out in shards."""
+    import datasets
+
+    if len(parts) == 1:
+        parts[0].rename(final)
+        return
+    datasets.concatenate_datasets([datasets.load_from_disk(str(part)) for part in parts]).save_to_disk(str(final))
 
 
 def prepare_features(task, split: str, spec: str | None, examples: list[dict] | TrainRows, tokenizer,

@@ -21,6 +21,7 @@ import torch
 from transformers import AutoConfig, AutoTokenizer, BertConfig, PreTrainedTokenizerFast
 
 from pipeline.errors import UserError
+from pipeline.features import update_texts_hash
 from pipeline.fsutil import atomic_dir, cache_root
 from pipeline.tasks.base import Task
 
@@ -161,8 +162,7 @@ def preset_tokenizer(texts, vocab_size: int = PRESET_VOCAB) -> PreTrainedTokeniz
     digest = getattr(texts, "sha256", None)  # prepared texts carry it: no pass over every text
     if digest is None:
         h = hashlib.sha256()
-        for t in texts:
-            h.update(t.encode("utf-8") + b"\0")
+        update_texts_hash(h, texts)
         digest = h.hexdigest()
     key = f"{digest[:16]}-v{vocab_size}-tok{tokenizers.__version__}-d{TOKENIZER_FORMAT}"
     final = cache_root() / "tokenizers" / key

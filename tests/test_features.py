@@ -127,6 +127,50 @@ def test_the_fingerprint_follows_what_changes_the_features(cache, tmp_path, monk
                                                                                  qa_file, "train")
 
 
+def test_a_large_training_file_is_read_and_written_piece_by_piece(cache, tmp_path, monkeypatch):
+    """The builder reads, validates and normalizes a text-classification file CHUNK_ROWS rows at a
+    time and writes each piece before reading the next (a 1M-row file is never all Python objects);
+    the entry is the one a whole read gives: same examples, digest, texts' hash and features. A
+    bad row in a later piece is the usual one-line error and leaves no entry behind."""
+    from pipeline.tasks.sentiment import SentimentTask
+    from pipeline.tasks.text_classification import TextClassificationTask
+
+    paths = sentiment_files(tmp_path / "data")
+    whole_task = get_task("sentiment")
+    rows = whole_task.load(str(paths["train"]), "train")
+    whole_train, tokenizer, whole = prepare(whole_task, str(paths["train"]))
+    shutil.rmtree(cache)
+
+    monkeypatch.setattr(TextClassificationTask, "CHUNK_ROWS", 7)
+    written_before, validate = [], SentimentTask._validate
+
+    def counted_validate(self, chunk, where):
+        written_before.append(len(list(cache.rglob("pieces/*/examples/dataset_info.json"))))
+        return validate(self, chunk, where)
+
+    monkeypatch.setattr(SentimentTask, "_validate", counted_validate)
+    task = get_task("sentiment")
+    assert [len(chunk) for chunk in task.load_chunks(str(paths["train"]), "train")] == [7] * 17 + [1]
+    written_before.clear()
+    train, _, pieces = prepare(task, str(paths["train"]), tokenizer)
+    assert written_before == list(range(18))  # piece i is on disk before piece i + 1 is read
+    assert train.dataset().to_list() == rows and list(train.texts) == task.texts(rows)
+    assert (len(train), train.digest, train.texts.sha256) == (len(whole_train), whole_train.digest,
+                                                             whole_train.texts.sha256)
+    assert_same_columns(pieces, whole)
+    assert not list(cache.rglob("pieces"))
+
+    shutil.rmtree(cache)
+    bad = tmp_path / "bad.tsv"
+    lines = paths["train"].read_text(encoding="utf-8").splitlines()
+    lines[100] = lines[100].rsplit("\t", 1)[0] + "\tMixed"
+    bad.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"^\S*bad.tsv: line 101: unknown label 'Mixed'"):
+        features.prepare_train(get_task("sentiment"), str(bad), SINGLE)
+    assert written_before[-1] == 14  # it failed in the 15th piece, with 14 written
+    assert [p.name for p in (cache / "features").iterdir()] == ["sources"]  # nothing half-written
+
+
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="worker processes need 2 cores")
 @pytest.mark.parametrize("task_name", ["ner", "qa"])  # normalized word by word; per example
 def test_worker_processes_read_and_tokenize_as_one_process_does(monkeypatch, task_name):
@@ -168,7 +212,7 @@ def counting(monkeypatch):
     from pipeline.tasks.sentiment import SentimentTask
 
     calls = {"read": [], "featurize": []}
-    read, featurize = SentimentTask.read_file, SentimentTask.featurize
+    read, featurize = SentimentTask.table_rows, SentimentTask.featurize
 
     def counted_read(self, path):
         calls["read"].append(path.name)
@@ -178,7 +222,7 @@ def counting(monkeypatch):
         calls["featurize"].append(split)
         return featurize(self, examples, tokenizer, max_length, split)
 
-    monkeypatch.setattr(SentimentTask, "read_file", counted_read)
+    monkeypatch.setattr(SentimentTask, "table_rows", counted_read)
     monkeypatch.setattr(SentimentTask, "featurize", counted_featurize)
     return calls
 

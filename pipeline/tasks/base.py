@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import io
 import json
 import multiprocessing
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -79,12 +78,23 @@ class Task(ABC):
     def from_hub_rows(self, rows, source: str) -> list[dict]:
         """Validate rows of a hub dataset (same checks as files)."""
 
-    def load(self, source: str | None, split: str) -> list[dict]:
-        """Examples of one split; `source` None means the built-in sample set."""
+    def read_chunks(self, path: Path) -> Iterator[list[dict]]:
+        """read_file in consecutive pieces: one piece here; a task whose rows are independent
+        reads, validates and normalizes a large file piece by piece instead (text classification),
+        so the training split's builder never holds it whole."""
+        yield self.read_file(path)
+
+    def load_chunks(self, source: str | None, split: str) -> Iterator[list[dict]]:
+        """Examples of one split in consecutive pieces; `source` None means the built-in sample set."""
         source = self.resolve_source(source, split)
         if source.startswith("hub:"):
-            return self.from_hub_rows(load_hub_split(source, split), source)
-        return self.read_file(Path(source))
+            yield self.from_hub_rows(load_hub_split(source, split), source)
+        else:
+            yield from self.read_chunks(Path(source))
+
+    def load(self, source: str | None, split: str) -> list[dict]:
+        """Examples of one split, all of them."""
+        return [example for chunk in self.load_chunks(source, split) for example in chunk]
 
     def resolve_source(self, source: str | None, split: str) -> str:
         """`hub:ID[:CONFIG]`, or the path of a data file that exists (the sample set's for None)."""
@@ -183,26 +193,48 @@ def normalize_texts(texts: list[str]) -> list[str]:
 
 
 def read_text(path: Path) -> str:
-    """UTF-8 text, or a UserError naming the line with the first invalid byte."""
+    """UTF-8 text, or a UserError naming the line with the first invalid byte (a document read
+    whole: a JSON file; tables and JSON Lines are read line by line with read_lines)."""
+    return "".join(read_lines(path))
+
+
+def read_lines(path: Path) -> Iterator[str]:
+    """The file's lines with their endings, decoded one by one (a large file is never in memory
+    whole), or a UserError: the file is empty or unreadable, or a line has an invalid UTF-8
+    byte (splitting at newline bytes is safe: no multi-byte UTF-8 sequence contains one)."""
     try:
-        data = path.read_bytes()
+        f = path.open("rb")
     except IsADirectoryError:
         raise UserError(f"{path}: is a directory, expected a data file") from None
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror})") from None
-    if not data.strip():
-        raise UserError(f"{path}: empty file")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise UserError(f"{path}: line {line}: not UTF-8 text (byte {data[e.start]:#04x})") from None
+    with f:
+        try:
+            if _blank(f):
+                raise UserError(f"{path}: empty file")
+            f.seek(0)
+            for number, raw in enumerate(f, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise UserError(f"{path}: line {number}: not UTF-8 text (byte {raw[e.start]:#04x})") from None
+                yield line.removeprefix("\ufeff") if number == 1 else line
+        except OSError as e:
+            raise UserError(f"{path}: cannot read ({e.strerror})") from None
+
+
+def _blank(f) -> bool:
+    """Nothing but whitespace in the file (read up to its first other byte)."""
+    while block := f.read(1 << 16):
+        if block.strip():
+            return False
+    return True
 
 
 def read_json_lines(path: Path):
     """(line number, object) of each non-blank line of a JSON Lines file; every line must be an
     object whose text fields fit MAX_FIELD_CHARS."""
-    for number, line in enumerate(read_text(path).split("\n"), start=1):
+    for number, line in enumerate(read_lines(path), start=1):
         if not line.strip():
             continue
         try:
@@ -217,14 +249,14 @@ def read_json_lines(path: Path):
 
 
 def read_table(path: Path, required: tuple[str, ...], delimiter: str,
-               quoting: int = csv.QUOTE_MINIMAL) -> list[tuple[int, dict]]:
-    """Rows of a CSV/TSV file with a header, as (line number, row); checks the columns, that
-    every row has as many fields as the header (a row with more or fewer is refused, never
-    cut or padded) and that no field is longer than MAX_FIELD_CHARS."""
-    text = read_text(path)
-    reader = csv.reader(io.StringIO(text), delimiter=delimiter, quoting=quoting)
-    rows = []
-    with _csv_field_limit(len(text) + 1), _csv_errors(path, reader):  # the limit is ours, with line and column
+               quoting: int = csv.QUOTE_MINIMAL) -> Iterator[tuple[int, dict]]:
+    """Rows of a CSV/TSV file with a header, as (line number, row), parsed as they are read;
+    checks the columns, that every row has as many fields as the header (a row with more or
+    fewer is refused, never cut or padded) and that no field is longer than MAX_FIELD_CHARS."""
+    reader = csv.reader(read_lines(path), delimiter=delimiter, quoting=quoting)
+    rows = 0
+    # the limit is ours, with line and column (no field is longer than the file)
+    with _csv_field_limit(path.stat().st_size + 1), _csv_errors(path, reader):
         columns = [c.strip() for c in next(reader, [])]
         missing = [c for c in required if c not in columns]
         if missing:
@@ -238,10 +270,10 @@ def read_table(path: Path, required: tuple[str, ...], delimiter: str,
                                 f"({delimiter_name(delimiter)}-separated: {', '.join(columns)})")
             for column, value in zip(columns, fields):
                 _check_field(path, reader.line_num, column, value)
-            rows.append((reader.line_num, dict(zip(columns, fields))))
+            rows += 1
+            yield reader.line_num, dict(zip(columns, fields))
     if not rows:
         raise UserError(f"{path}: no data rows")
-    return rows
 
 
 def delimiter_name(delimiter: str) -> str:

@@ -45,8 +45,8 @@ class ErrorClsTask(TextClassificationTask):
                                            _sample_rows(random.Random(3000 + offset), n))
                 for offset, (split, n) in enumerate(SAMPLE_SIZES.items())}
 
-    def read_file(self, path: Path) -> list[dict]:
-        return self._validate(read_table(path, COLUMNS, delimiter=","), f"{path}: line")
+    def table_rows(self, path: Path):
+        return read_table(path, COLUMNS, delimiter=",")
 
     def from_hub_rows(self, rows, source: str) -> list[dict]:
         missing = [c for c in COLUMNS if c not in rows.features]
@@ -56,7 +56,6 @@ class ErrorClsTask(TextClassificationTask):
         return self._validate(numbered, f"{source}: row")
 
     def _validate(self, rows, where: str) -> list[dict]:
-        """`where` names the source and its unit: "FILE: line" or "hub:ID: row"."""
         categories = {c.lower(): c for c in LABELS[1:]}
         examples, line = [], 0
 

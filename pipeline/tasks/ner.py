@@ -71,11 +71,11 @@ class NerTask(Task):
             out[split] = path
         return out
 
-    def load(self, source: str | None, split: str) -> list[dict]:
+    def resolve_source(self, source: str | None, split: str) -> str:
         if source is None and self.labels != LABELS:  # the sample set's tags cannot mix with a hub tag set
             raise UserError(f"data.{split}: unset, so the built-in sample set, whose tags differ from the other "
                             f"splits' ({', '.join(self.labels)}): set data.{split} too")
-        return super().load(source, split)
+        return super().resolve_source(source, split)
 
     def read_file(self, path: Path) -> list[dict]:
         try:

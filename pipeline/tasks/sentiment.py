@@ -24,8 +24,8 @@ class SentimentTask(TextClassificationTask):
                                            _sample_rows(random.Random(1000 + offset), split, n), **samples.TSV)
                 for offset, (split, n) in enumerate(SAMPLE_SIZES.items())}
 
-    def read_file(self, path: Path) -> list[dict]:
-        return self._validate(read_table(path, ("id", "text", "label"), delimiter="\t"), f"{path}: line")
+    def table_rows(self, path: Path):
+        return read_table(path, ("id", "text", "label"), delimiter="\t")
 
     def from_hub_rows(self, rows, source: str) -> list[dict]:
         names = rows.features["label"].names if hasattr(rows.features.get("label"), "names") else None
@@ -36,7 +36,6 @@ class SentimentTask(TextClassificationTask):
         return self._validate(numbered, f"{source}: row")
 
     def _validate(self, rows: list[tuple[int, dict]], where: str) -> list[dict]:
-        """`where` names the source and its unit: "FILE: line" or "hub:ID: row"."""
         lookup = {l.lower(): l for l in LABELS}
         examples = []
         for line, r in rows:

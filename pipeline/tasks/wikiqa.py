@@ -17,7 +17,6 @@ answers often paraphrased and wrong candidates that share the question's words (
 from __future__ import annotations
 
 import csv
-import io
 import math
 import random
 from pathlib import Path
@@ -27,7 +26,7 @@ from sklearn.metrics import accuracy_score, classification_report, precision_rec
 
 from pipeline.errors import UserError
 from pipeline.tasks import samples
-from pipeline.tasks.base import Task, logits_to_numpy, read_json_lines, read_table, read_text
+from pipeline.tasks.base import Task, logits_to_numpy, read_json_lines, read_lines, read_table
 
 LABELS = ["incorrect", "correct"]
 # our name -> column name, per file schema
@@ -63,7 +62,7 @@ class WikiQaTask(Task):
         if suffix not in DELIMITERS:
             raise UserError(f"{path}: unsupported file type {suffix or '(none)'} (expected .jsonl, .csv or .tsv)")
         delimiter = DELIMITERS[suffix]
-        header = [c.strip() for c in read_text(path).splitlines()[0].split(delimiter)]
+        header = [c.strip() for c in next(read_lines(path)).split(delimiter)]
         if {"QuestionID", "Sentence"} & set(header):
             return self._validate(_release_rows(path), f"{path}: line", RELEASE_COLUMNS)
         rows = read_table(path, tuple(HUB_COLUMNS.values()), delimiter=delimiter)
@@ -145,7 +144,7 @@ def _release_rows(path: Path) -> list[tuple[int, dict]]:
     """Rows of the original release: TSV without quoting whose sentences hold bare quote marks, so
     it is read with quoting off (as the hub's wiki_qa loader read it); base.read_table's csv
     quoting would merge lines at an unbalanced quote."""
-    reader = csv.DictReader(io.StringIO(read_text(path)), delimiter="\t", quoting=csv.QUOTE_NONE)
+    reader = csv.DictReader(read_lines(path), delimiter="\t", quoting=csv.QUOTE_NONE)
     columns = [c.strip() for c in reader.fieldnames or []]
     missing = [c for c in RELEASE_COLUMNS.values() if c not in columns]
     if missing:
