@@ -21,6 +21,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -71,6 +72,27 @@ def memory() -> dict:
     return {key: int(status[key].split()[0]) / 1024 for key in ("VmRSS", "VmHWM", "RssAnon", "RssFile")}
 
 
+class HeapPeak:
+    """The highest anonymous RSS (heap: what cannot be dropped under memory pressure, unlike the
+    pages of memory-mapped files that VmHWM also counts), sampled every 20 ms in a thread."""
+
+    def __init__(self):
+        self.peak = memory()["RssAnon"]
+        self.running = True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self) -> None:
+        while self.running:
+            self.peak = max(self.peak, memory()["RssAnon"])
+            time.sleep(0.02)
+
+    def stop(self) -> float:
+        self.running = False
+        self.thread.join()
+        return max(self.peak, memory()["RssAnon"])
+
+
 def probe(args) -> None:
     """Prepare the data as build_stage does (`prepared`) or as every rank did before (`in-memory`);
     this rank's figures to OUT/rank-R.json."""
@@ -89,6 +111,7 @@ def probe(args) -> None:
     SentimentTask.featurize = lambda self, *a: calls.append(a[-1]) or featurize(self, *a)
     specs = {"train": args.train, "dev": args.dev, "test": args.test}
     before = memory()
+    heap = HeapPeak()
     dist.barrier()
     start = time.perf_counter()
     if args.mode == "prepared":
@@ -104,10 +127,12 @@ def probe(args) -> None:
         tokenizer = preset_tokenizer(task.texts(examples["train"]))
         prepared = {split: task.featurize(examples[split], tokenizer, MAX_LENGTH, split) for split in specs}
     seconds = time.perf_counter() - start
+    heap_peak = heap.stop()
     after = memory()
     figures = {"rank": rt.rank, "seconds": seconds, "built": calls, "rows": len(prepared["train"]),
                "rss_before_mib": before["VmRSS"], "peak_added_mib": after["VmHWM"] - before["VmRSS"],
                "anon_added_mib": after["RssAnon"] - before["RssAnon"], "file_rss_mib": after["RssFile"],
+               "heap_peak_added_mib": heap_peak - before["RssAnon"],
                "workers_peak_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}
     Path(args.probe, f"rank-{rt.rank}.json").write_text(json.dumps(figures))
     if torch_dist.is_initialized():
@@ -130,7 +155,8 @@ def measure(ranks: int, mode: str, train: Path, cache: Path) -> dict:
     return {"seconds": max(r["seconds"] for r in per_rank), "ranks": per_rank,
             "builders": sum(bool(r["built"]) for r in per_rank),
             "peak_added_mib": [r["peak_added_mib"] for r in per_rank],
-            "anon_added_mib": [r["anon_added_mib"] for r in per_rank]}
+            "anon_added_mib": [r["anon_added_mib"] for r in per_rank],
+            "heap_peak_added_mib": [r["heap_peak_added_mib"] for r in per_rank]}
 
 
 def cold_and_warm(ranks: int, train: Path) -> dict:
@@ -158,6 +184,8 @@ def rows_of(rows: int, ranks: int, runs: list[dict]) -> dict:
             "ranks that tokenized (warm)": max(w["builders"] for w in warm),
             "cold peak added MiB (per rank)": [round(statistics.median(c["peak_added_mib"][i] for c in cold))
                                                for i in range(ranks)],
+            "cold heap peak added MiB (per rank)": [round(statistics.median(c["heap_peak_added_mib"][i] for c in cold))
+                                                    for i in range(ranks)],
             "warm peak added MiB (per rank)": [round(statistics.median(w["peak_added_mib"][i] for w in warm))
                                                for i in range(ranks)],
             "warm heap added MiB (per rank)": [round(statistics.median(w["anon_added_mib"][i] for w in warm))
@@ -178,10 +206,12 @@ def measure_size(rows: int, args, table: list[dict]) -> dict:
     if rows <= args.in_memory_max:
         old = alternate({f"in-memory {n}": functools.partial(in_memory, n, train) for n in (1, 2)}, reps)
         for n, name in enumerate(old, start=1):
-            peaks = [round(statistics.median(r["run"]["peak_added_mib"][i] for r in old[name])) for i in range(n)]
+            def per_rank(key):
+                return [round(statistics.median(r["run"][key][i] for r in old[name])) for i in range(n)]  # noqa: B023
             table.append({"rows": rows, "ranks": n, "path": "in-memory (before)", "cold s": median(old[name], "cold_s"),
                           "cold rows/s": rows / median(old[name], "cold_s"), "ranks that tokenized (cold)": n,
-                          "cold peak added MiB (per rank)": peaks})
+                          "cold peak added MiB (per rank)": per_rank("peak_added_mib"),
+                          "cold heap peak added MiB (per rank)": per_rank("heap_peak_added_mib")})
         result.update(old)
     return result
 
@@ -206,11 +236,11 @@ def main():
     for row in table:
         row.setdefault("path", "prepared (cached)")
     columns = ["rows", "ranks", "path", "cold s", "warm s", "warm / cold", "cold rows/s", "ranks that tokenized (cold)",
-               "ranks that tokenized (warm)", "cold peak added MiB (per rank)", "warm peak added MiB (per rank)",
-               "warm heap added MiB (per rank)"]
+               "ranks that tokenized (warm)", "cold peak added MiB (per rank)", "cold heap peak added MiB (per rank)",
+               "warm peak added MiB (per rank)", "warm heap added MiB (per rank)"]
     save("data_prep", table, columns, {**vars(args), "task": TASK, "max_length": MAX_LENGTH,
-                                       "note": "shared, busy 2-core machine: other sessions' jobs ran at the same "
-                                               "time; times are medians of alternated repetitions"}, runs)
+                                       "note": "2-core machine whose speed drifts from run to run; times are "
+                                               "medians of alternated repetitions (1 at 1M rows)"}, runs)
 
 
 if __name__ == "__main__":

@@ -255,8 +255,11 @@ def read_table(path: Path, required: tuple[str, ...], delimiter: str,
     fewer is refused, never cut or padded) and that no field is longer than MAX_FIELD_CHARS."""
     reader = csv.reader(read_lines(path), delimiter=delimiter, quoting=quoting)
     rows = 0
-    # the limit is ours, with line and column (no field is longer than the file)
-    with _csv_field_limit(path.stat().st_size + 1), _csv_errors(path, reader):
+    try:
+        longest = path.stat().st_size + 1  # no field is longer than the file
+    except OSError:
+        longest = 0  # read_lines names what is wrong with the path
+    with _csv_field_limit(longest), _csv_errors(path, reader):  # the limit is ours, with line and column
         columns = [c.strip() for c in next(reader, [])]
         missing = [c for c in required if c not in columns]
         if missing:
