@@ -26,10 +26,12 @@ demo: $(STAMP)
 
 # Two pytest workers, one test file each at a time (module fixtures such as the shared teacher
 # run once): many tests wait on launchers, servers and sockets, so a second worker fills the
-# idle CPU. PYTEST_WORKERS=0 runs everything in one process. Lint first: it takes a second.
+# idle CPU. Files are handed out in collection order, which tests/conftest.py sets slowest first
+# (xdist would reorder them by test count). PYTEST_WORKERS=0 runs everything in one process.
+# Lint first: it takes a second.
 PYTEST_WORKERS ?= 2
 test: lint browser
-	$(PY) -m pytest -q $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+	$(PY) -m pytest -q $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # On a CUDA machine: the tests that need a GPU (tests/test_gpu.py; the CPU suite above hides GPUs)
 test-gpu: $(STAMP)
