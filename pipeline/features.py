@@ -236,7 +236,7 @@ def prepare_train(task, spec: str | None, rt: Runtime) -> TrainRows:
         # piece by piece (Task.load_chunks): each piece is written to disk before the next is
         # read, and the pieces are joined as memory-mapped Arrow, so a large file's rows are
         # never all in memory as Python objects
-        digest, text_hash, kept, pieces, schema = ExamplesDigest(), hashlib.sha256(), [], [], None
+        digest, text_hash, kept, pieces, schema, text_count = ExamplesDigest(), hashlib.sha256(), [], [], None, 0
         for chunk in task.load_chunks(spec, "train"):
             piece = tmp / "pieces" / str(len(pieces))
             examples = datasets.Dataset.from_list(chunk, features=schema)
@@ -246,6 +246,7 @@ def prepare_train(task, spec: str | None, rt: Runtime) -> TrainRows:
             datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(piece / "texts"))
             digest.update(chunk)
             update_texts_hash(text_hash, texts)
+            text_count += len(texts)
             pieces.append(piece)
             if not task.featurize_reads_datasets:
                 kept.extend(chunk)  # featurize reads them as Python objects: kept, not read back
@@ -256,7 +257,7 @@ def prepare_train(task, spec: str | None, rt: Runtime) -> TrainRows:
         write_json(tmp / "meta.json", {"format": FORMAT_VERSION, "key": key, "rows": digest.count,
                                        "digest": digest.hexdigest(), "texts_sha256": text_hash.hexdigest(),
                                        "state": task.state(), "datasets": {"examples": digest.count,
-                                                                           "texts": digest.count}})
+                                                                           "texts": text_count}})
         if not task.featurize_reads_datasets:
             built["rows"] = kept
 

@@ -75,6 +75,8 @@ def test_cached_features_are_the_features_the_task_makes(cache, task_name):
     as_read = json.dumps(rows, sort_keys=True, ensure_ascii=False, default=str)  # describe_datasets' digest
     assert len(warm_train) == len(rows) and warm_train.digest == hashlib.sha256(as_read.encode()).hexdigest()[:16]
     assert warm_task.state() == direct_task.state()  # NER's tag set, the predictions' width
+    assert (cold_train.cache_outcome, cold.cache_outcome, warm_train.cache_outcome, warm.cache_outcome) == (
+        "miss", "miss", "hit", "hit")  # the entries read back whole: nothing was built twice
     # sentiment and error_cls tokenize the memory-mapped examples: datasets' map must not leave
     # its cache file inside the published examples entry
     assert not [p.name for p in (cache / "features").rglob("*") if p.name.startswith("cache-")]
