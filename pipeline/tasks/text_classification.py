@@ -24,8 +24,9 @@ class TextClassificationTask(Task):
     seeds, error_cls 8) at 2-2.5x the samples/s on long-tailed comments."""
 
     CHUNK_ROWS = 50_000
-    """Rows a file is read, validated and normalized in at a time: ~20-50 MiB of Python objects
-    for long comments, enough for the normalizer's worker processes (PARALLEL_ROWS) to pay."""
+    """Rows a file is read, validated and normalized in at a time: enough for the normalizer's
+    worker processes (PARALLEL_ROWS) to pay; it sets the builder's heap peak (239 MiB at 100k rows
+    of long comments, 285 MiB at 1M: benchmarks/README.md, data preparation)."""
 
     @abstractmethod
     def table_rows(self, path: Path) -> Iterator[tuple[int, dict]]:
