@@ -45,6 +45,7 @@ class LoopState:
     best_figures: dict = field(default_factory=dict)
     time_to_best: float | None = None
     train_seconds: float = 0.0
+    compile_seconds: float = 0.0  # inside training, left out of train_seconds
     samples: float = 0.0
     tokens: float = 0.0
     flops: float = 0.0  # of the micro-batches trained, summed over ranks (telemetry.FlopModel)

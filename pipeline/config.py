@@ -20,6 +20,7 @@ from pipeline.tasks import REGISTRY
 TASKS = tuple(REGISTRY)  # the task registry is the one list of task names
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "auto")
 BACKENDS = ("auto", "single", "ddp", "deepspeed")
+COMPILE_MODES = ("auto", "off", "default", "reduce-overhead", "max-autotune")
 
 
 @dataclass
@@ -54,7 +55,17 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     """Clip the global gradient norm to this; 0 disables clipping (the norm is still logged)."""
     max_length: int = 128
-    """Truncate inputs to this many tokens; batches are padded to their longest sequence only."""
+    """Truncate inputs to this many tokens; batches are padded to their longest sequence, rounded
+    up to a multiple of train.pad_to_multiple_of."""
+    pad_to_multiple_of: int | None = None
+    """Pad each batch's length up to a multiple of this (capped at max_length), so a job meets a
+    few shapes: what compiled graphs and CUDA graphs need, and tensor-core friendly sizes. Unset:
+    max_length / 8 (at least 8) when compiling, 8 on a GPU, 1 (no extra padding) on a CPU."""
+    compile: str = "auto"
+    """torch.compile the trained module, the frozen teacher and evaluation: off | default |
+    reduce-overhead (CUDA graphs) | max-autotune | auto (reduce-overhead on a GPU, off on a CPU,
+    as measured in benchmarks/README.md). Compile time is logged as perf/compile_s and left out of
+    the throughput; checkpoints are the same compiled or not."""
     group_by_length: bool | None = None
     """Batch sequences of similar length together (each mega-batch of 50 global batches sorted by
     length, cut into batches, the batches shuffled, the longest first): less padding computed,
@@ -70,8 +81,9 @@ class TrainConfig:
     """Stop after this many evaluations without a better main metric; 0 = never stop early."""
     log_every: int = 10
     """Log train/loss, train/lr and train/grad_norm every this many optimizer steps."""
-    num_workers: int = 0
-    """DataLoader worker processes per rank."""
+    num_workers: int | None = None
+    """DataLoader worker processes per rank (persistent, pinned memory on a GPU). Unset: 2 on a
+    GPU, where collating beside the device's work keeps it fed; 0 on a CPU, whose cores compute."""
     save_every: int = 0
     """Also checkpoint every this many optimizer steps (0 = only at each epoch end)."""
     keep_checkpoints: int = 2
@@ -173,7 +185,10 @@ class Config:
                f"must be 0 (off) or >= train.max_length ({t.max_length}), so that the longest sequence fits")
         _check("train.patience", t.patience, t.patience >= 0, "must be >= 0 (0 = off)")
         _check("train.log_every", t.log_every, t.log_every >= 1, "must be >= 1")
-        _check("train.num_workers", t.num_workers, t.num_workers >= 0, "must be >= 0")
+        _check("train.num_workers", t.num_workers, t.num_workers is None or t.num_workers >= 0, "must be >= 0")
+        _check("train.pad_to_multiple_of", t.pad_to_multiple_of, t.pad_to_multiple_of is None
+               or t.pad_to_multiple_of >= 1, "must be >= 1 (1 = no extra padding)")
+        _one_of("train.compile", t.compile, COMPILE_MODES)
         _check("train.save_every", t.save_every, t.save_every >= 0, "must be >= 0 (0 = epoch ends only)")
         _check("train.keep_checkpoints", t.keep_checkpoints, t.keep_checkpoints >= 1, "must be >= 1")
         _check("train.max_nonfinite", t.max_nonfinite, t.max_nonfinite >= 1, "must be >= 1")
@@ -190,20 +205,37 @@ class Config:
             raise UserError(f"config: deepspeed={self.deepspeed}: no such file")
         return self
 
-    def resolve(self, model_spec: str | None = None, task=None) -> Config:
+    def resolve(self, model_spec: str | None = None, task=None, device_type: str | None = None) -> Config:
         """A copy with the derived defaults filled in: output_dir; once the model is known, the
         learning rate (random-init presets need a larger step than fine-tuning does); once the
-        task is, whether batches are grouped by length."""
+        task is, whether batches are grouped by length; once the device is (cuda | cpu), what
+        compiles and how batches are shaped and loaded."""
         train = self.train
         if train.lr is None and model_spec is not None:
             train = dataclasses.replace(train, lr=3e-4 if model_spec.startswith("preset:") else 5e-5)
         if train.group_by_length is None and task is not None:
             train = dataclasses.replace(train, group_by_length=task.group_by_length)
+        if device_type is not None:
+            train = resolve_device_defaults(train, device_type == "cuda")
         return dataclasses.replace(self, train=train,
                                    output_dir=self.output_dir or f"outputs/{self.task}-{self.precision}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+def resolve_device_defaults(train: TrainConfig, gpu: bool) -> TrainConfig:
+    """The device-dependent defaults (benchmarks/README.md, "Compile and batch shapes"): on a GPU
+    CUDA graphs (reduce-overhead) and 2 loader workers, as a small or medium step there is bound
+    by the host's kernel launches and collation; on a CPU no compilation (inductor's warm-up costs
+    minutes there and its steps were no faster) and no workers. A compiled job pads lengths to
+    at most 8 buckets, an eager one on a GPU to multiples of 8 (tensor-core tiles)."""
+    mode = train.compile if train.compile != "auto" else ("reduce-overhead" if gpu else "off")
+    multiple = train.pad_to_multiple_of
+    if multiple is None:
+        multiple = max(8, train.max_length // 64 * 8) if mode != "off" else (8 if gpu else 1)
+    workers = train.num_workers if train.num_workers is not None else (2 if gpu else 0)
+    return dataclasses.replace(train, compile=mode, pad_to_multiple_of=multiple, num_workers=workers)
 
 
 def load_config(path: str | None = None, overrides: list[str] = ()) -> Config:

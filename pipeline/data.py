@@ -132,6 +132,60 @@ class TokenBatchSampler(torch.utils.data.Sampler):
         return len(self.epoch_batches()) // self.num_replicas
 
 
+IGNORED = -100
+"""The target value a loss ignores (the Hugging Face heads' and torch's cross-entropy default)."""
+TARGETS = ("labels", "start_positions", "end_positions")
+"""The batch keys that hold training targets: a filler row's are IGNORED."""
+
+
+class ShapedCollate:
+    """The task's collate, then the batch brought to one of a few shapes, so that compiled graphs
+    (one per shape) and CUDA graphs (which replay one shape) are reused rather than rebuilt:
+
+    - its length padded up to a multiple of `multiple`, at most max_length (the longest rows'
+      bucket is max_length itself): input_ids with the pad token, per-token labels with IGNORED,
+      masks and type ids with 0;
+    - with `rows`, a short batch (the epoch's last) filled up to `rows` rows with copies of its
+      first rows whose targets are IGNORED and whose idx is -1, so they carry no loss and no
+      prediction. The losses are means over the targets that are not ignored (the models' own
+      and the tasks'), so a filled batch's loss and gradients are the short batch's.
+
+    Real rows come first; a batch's real rows are those with idx >= 0 (the meters count only them)."""
+
+    def __init__(self, collate, multiple: int, max_length: int, pad_id: int, rows: int | None = None):
+        self.collate, self.multiple, self.max_length = collate, multiple, max_length
+        self.pad_id, self.rows = pad_id, rows
+
+    def __call__(self, features: list[dict]) -> dict:
+        batch = self.collate(features)
+        length = batch["input_ids"].shape[1]
+        bucket = min(-(-length // self.multiple) * self.multiple, max(length, self.max_length))
+        if bucket > length:
+            pad_values = {"input_ids": self.pad_id, "labels": IGNORED}
+            batch = {k: torch.nn.functional.pad(v, (0, bucket - length), value=pad_values.get(k, 0))
+                     if v.dim() == 2 and v.shape[1] == length else v for k, v in batch.items()}
+        n = len(batch["idx"])
+        if self.rows and n < self.rows:
+            take = torch.arange(self.rows) % n
+            batch = {k: v[take] for k, v in batch.items()}
+            for key in (*TARGETS, "idx"):
+                if key in batch:
+                    batch[key][n:] = -1 if key == "idx" else IGNORED
+        return batch
+
+
+def real_rows(idx: torch.Tensor) -> int:
+    """The rows of a batch that are data, from its idx on the host (ShapedCollate's filler rows,
+    which come last, have idx -1)."""
+    return int((idx >= 0).sum()) if len(idx) and idx[-1] < 0 else len(idx)
+
+
+def shaped_collate(collate, train: TrainConfig, pad_id: int, rows: int | None = None):
+    """`collate`, its batches shaped by ShapedCollate where train.pad_to_multiple_of or `rows` ask for it."""
+    multiple = train.pad_to_multiple_of or 1
+    return ShapedCollate(collate, multiple, train.max_length, pad_id, rows) if multiple > 1 or rows else collate
+
+
 def eval_shard(n: int, rt: Runtime) -> list[int]:
     """This rank's rows of an eval split: every rank gets the same number of rows (ZeRO-3 runs
     its forward passes in lockstep), the last ranks wrap around to rows already covered."""
@@ -154,15 +208,24 @@ class Loaders:
         self.sampler.skip = batches_done * per_batch
 
 
-def build_loaders(features: dict, collate, train: TrainConfig, rt: Runtime, seed: int) -> Loaders:
-    """The training loader (shuffled, sharded, resumable) and this rank's dev/test shards."""
+def build_loaders(features: dict, collate, train: TrainConfig, rt: Runtime, seed: int, pad_id: int,
+                  fill: bool) -> Loaders:
+    """The training loader (shuffled, sharded, resumable) and this rank's dev/test shards, their
+    batches shaped by ShapedCollate (lengths to train.pad_to_multiple_of; with `fill`, short
+    batches filled to full rows: a compiled job). Workers (train.num_workers) stay between epochs."""
     grouped = train.group_by_length or train.batch_tokens
     lengths = sequence_lengths(features["train"]) if grouped else None
     pin = rt.device.type == "cuda"
+    workers = {"num_workers": train.num_workers, "persistent_workers": train.num_workers > 0}
+
+    def shape(rows: int | None):
+        return shaped_collate(collate, train, pad_id, rows if fill else None)
+
     if train.batch_tokens:
         sampler = TokenBatchSampler(lengths, train.batch_tokens, num_replicas=rt.world_size, rank=rt.rank, seed=seed)
-        train_loader = DataLoader(features["train"], batch_sampler=sampler, collate_fn=collate,
-                                  num_workers=train.num_workers, pin_memory=pin,
+        # a token budget varies the rows per batch: no filling
+        train_loader = DataLoader(features["train"], batch_sampler=sampler, collate_fn=shape(None), **workers,
+                                  pin_memory=pin,
                                   generator=torch.Generator().manual_seed(seed))
     else:
         sampler = ResumableSampler(features["train"], num_replicas=rt.world_size, rank=rt.rank, shuffle=True,
@@ -171,10 +234,11 @@ def build_loaders(features: dict, collate, train: TrainConfig, rt: Runtime, seed
                                    # batch is split into ranks and micro-batches (DDP/fallback parity)
                                    batch_size=train.batch_size * train.grad_accum)
         train_loader = DataLoader(features["train"], batch_size=train.batch_size, sampler=sampler,
-                                  collate_fn=collate, num_workers=train.num_workers, pin_memory=pin,
+                                  collate_fn=shape(train.batch_size), **workers, pin_memory=pin,
                                   generator=torch.Generator().manual_seed(seed))
     dev, test = (DataLoader(Subset(features[split], eval_shard(len(features[split]), rt)),
-                            batch_size=train.eval_batch_size, collate_fn=collate, pin_memory=pin,
+                            batch_size=train.eval_batch_size, collate_fn=shape(train.eval_batch_size),
+                            pin_memory=pin,
                             generator=torch.Generator().manual_seed(seed))
                  for split in ("dev", "test"))
     return Loaders(train_loader, sampler, dev, test)

@@ -23,6 +23,7 @@ from pipeline.config import Config, KDConfig
 from pipeline.errors import UserError
 from pipeline.fsutil import cache_root
 from pipeline.runtime import dist
+from pipeline.runtime.compiler import compile_module
 
 log = logging.getLogger("pipeline")
 
@@ -105,7 +106,7 @@ def build_distillation(cfg: Config, task, policy, rt, train_texts: list[str]):
     if teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
         raise UserError(f"config: kd.teacher={cfg.kd.teacher}: its tokenizer differs from the student's "
                         f"(model={cfg.model}); per-token distillation needs one tokenizer for both")
-    distiller = Distiller(cfg.kd, cfg.train.eval_batch_size, task, policy, rt, teacher)
+    distiller = Distiller(cfg.kd, cfg.train.eval_batch_size, task, policy, rt, teacher, cfg.train.compile)
     if cfg.kd.hidden_weight and attach_projection(student, teacher) and rt.is_main:
         log.info("hidden-state term: a learned projection %d -> %d", student.config.hidden_size,
                  teacher.config.hidden_size)
@@ -118,7 +119,9 @@ class Distiller:
     the cache is complete, so its memory is never charged to the student's peak; a live teacher
     (no cache, or the hidden-state term) sits on this rank's device."""
 
-    def __init__(self, kd: KDConfig, eval_batch_size: int, task, policy, rt, teacher):
+    def __init__(self, kd: KDConfig, eval_batch_size: int, task, policy, rt, teacher, compile_mode: str = "off"):
+        self.compile_mode = compile_mode
+        """train.compile, for the teacher's forward (compiled when it moves to the device)."""
         self.alpha, self.temperature, self.hidden_weight = kd.alpha, kd.temperature, kd.hidden_weight
         self.task, self.policy, self.rt, self.teacher_spec = task, policy, rt, kd.teacher
         self.use_cache = kd.cache and not self.hidden_weight  # the cache holds logits, not hidden states
@@ -206,7 +209,8 @@ class Distiller:
         return staged.to(self.rt.device, non_blocking=True)
 
     def _teacher_to_device(self) -> None:
-        self.teacher = self.teacher.to(self.rt.device, dtype=self.policy.compute_dtype)
+        self.teacher = compile_module(self.teacher.to(self.rt.device, dtype=self.policy.compute_dtype),
+                                      self.compile_mode)
 
     def _teacher_logits(self, batch) -> dict[str, torch.Tensor]:
         inputs = {k: v.to(self.rt.device) for k, v in batch.items() if k in teacher_cache.MODEL_INPUTS}

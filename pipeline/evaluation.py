@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from pipeline.data import real_rows
 from pipeline.runtime import dist
 
 
@@ -17,13 +18,15 @@ def evaluate(module, loader, task, policy, rt, examples, features, keep: bool = 
     module.eval()
     indices, parts, loss_sum = [], [], torch.zeros((), dtype=torch.float64, device=rt.device)
     for batch in loader:
-        indices.append(batch.pop("idx").numpy())
+        idx = batch.pop("idx")
+        rows = real_rows(idx)  # a compiled job's last batch is filled with rows that are not data
+        indices.append(idx[:rows].numpy())
         inputs = {k: v.to(rt.device, non_blocking=True) for k, v in batch.items()}
         with policy.autocast():
             outputs = module(**inputs)
         if outputs.get("loss") is not None:  # heads without targets in eval (QA windows) have none
-            loss_sum += outputs.loss.detach().double() * len(indices[-1])  # summed on the device
-        parts.append(task.predictions(outputs, batch))
+            loss_sum += outputs.loss.detach().double() * rows  # a mean over the real rows; summed on the device
+        parts.append({k: v[:rows] for k, v in task.predictions(outputs, batch).items()})
     local = (np.concatenate(indices) if indices else np.zeros(0, dtype=np.int64),
              {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}, float(loss_sum))
     gathered = dist.all_gather_objects(local)

@@ -42,6 +42,8 @@ PEAK_RSS = "perf/peak_rss_mb"  # CPU: the process's resident set
 FLOPS_PER_SAMPLE = "perf/flops_per_sample"
 TFLOPS = "perf/tflops"
 MFU = "perf/mfu"
+COMPILE_TIME = "perf/compile_s"  # torch.compile's time inside training, left out of every rate
+COMPILES = "perf/compiles"  # graphs compiled in this process
 
 # ---------------------------------------------------------------- energy (NVML; absent where not measured)
 ENERGY_JOULES = "energy/joules"

@@ -16,29 +16,36 @@ from pipeline.runtime import dist
 
 
 class PendingLosses:
-    """The step losses since the last read, on the device (0-d tensors, one per optimizer step)."""
+    """The steps since the last read, on the device: each step's loss (a 0-d tensor) and whether
+    its update was applied (the backend's decision, also left on the device)."""
 
     def __init__(self):
         self.losses: list[torch.Tensor] = []
+        self.stepped: list[torch.Tensor] = []
 
-    def add(self, loss: torch.Tensor) -> None:
-        self.losses.append(loss.detach().float().reshape(()))
+    def add(self, loss: torch.Tensor, stepped: torch.Tensor | bool) -> None:
+        # a copy: under CUDA graphs the loss lives in a buffer that the next replay overwrites
+        self.losses.append(loss.detach().float().reshape(()).clone())
+        self.stepped.append(torch.as_tensor(stepped, device=loss.device).reshape(()))
 
     def __len__(self) -> int:
         return len(self.losses)
 
-    def take(self) -> list[tuple[bool, float]]:
+    def take(self) -> list[tuple[bool, float, bool]]:
         """Collective: per pending step, (did any rank have a non-finite loss, the sum over ranks of
-        the finite losses); then none pend. One host read and one all-reduce for all of them."""
+        the finite losses, was the update skipped); then none pend. One host read and one
+        all-reduce for all of them (every rank makes the same skip decision: its gradients are
+        the all-reduced ones)."""
         if not self.losses:  # ranks step in lockstep: all of them have none
             return []
         losses = torch.stack(self.losses)
         finite = torch.isfinite(losses)
-        values = torch.cat([torch.where(finite, losses, 0.0).double(), (~finite).double()]).tolist()
-        reduced = dist.all_reduce(values)
+        skipped = ~torch.stack(self.stepped).to(losses.device)
+        values = torch.cat([torch.where(finite, losses, 0.0).double(), (~finite).double(), skipped.double()]).tolist()
         n = len(self.losses)
-        self.losses = []
-        return [(flag > 0, total) for total, flag in zip(reduced[:n], reduced[n:])]
+        reduced = dist.all_reduce(values[:2 * n])
+        self.losses, self.stepped = [], []
+        return [(flag > 0, total, skip > 0) for total, flag, skip in zip(reduced[:n], reduced[n:], values[2 * n:])]
 
 
 class AgreedFlag:

@@ -18,7 +18,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline import names
-from pipeline.runtime import dist
+from pipeline.runtime import compiler, dist
 
 
 def synchronize(device: torch.device) -> None:
@@ -30,24 +30,35 @@ class ThroughputMeter:
     """Samples, non-padding tokens and seconds of training steps (eval and saving excluded).
 
     The clock runs in segments: start() and stop() bracket each stretch of training, and
-    `seconds` is their sum, so a pause for a mid-epoch checkpoint loses no training time."""
+    `seconds` is their sum, so a pause for a mid-epoch checkpoint loses no training time.
+    With `compiled`, the time torch.compile spent compiling inside a segment is left out of
+    `seconds` and counted in `compile_seconds` (compilation runs on the host, in the first steps
+    of each new shape, while the device waits)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, compiled: bool = False):
         self.device = device
+        self.compiled = compiled
         self.samples = 0
         self.tokens = 0
         self.seconds = 0.0
+        self.compile_seconds = 0.0
         self._t0: float | None = None
+        self._compile_t0 = 0.0
 
     def start(self) -> None:
         synchronize(self.device)
         self._t0 = time.perf_counter()
+        if self.compiled:
+            self._compile_t0 = compiler.compile_seconds()
 
     def stop(self) -> float:
         """Ends the running segment (if any); returns the seconds of all segments so far."""
         if self._t0 is not None:
             synchronize(self.device)
-            self.seconds += time.perf_counter() - self._t0
+            elapsed = time.perf_counter() - self._t0
+            compiling = compiler.compile_seconds() - self._compile_t0 if self.compiled else 0.0
+            self.seconds += elapsed - compiling
+            self.compile_seconds += compiling
             self._t0 = None
         return self.seconds
 
@@ -247,15 +258,16 @@ class StageMeters:
     joules, epoch_times, peak), so a resumed job reports the whole job's figures.
     """
 
-    def __init__(self, device: torch.device, precision_name: str, world_size: int):
-        self.device, self.world_size = device, world_size
+    def __init__(self, device: torch.device, precision_name: str, world_size: int, compiled: bool = False):
+        self.device, self.world_size, self.compiled = device, world_size, compiled
+        self.recompile_warning = compiler.RecompileWarning()
         self.energy = EnergyMeter(device)
         self.peak_tflops = peak_tflops(device_name(device), precision_name) if device.type == "cuda" else None
         self.flop_model: FlopModel | None = None
         """Set once by the loop (counted outside the timed steps); None: no FLOP figures."""
         self.flops = 0.0
         """FLOPs of this epoch's timed micro-batches on this rank."""
-        self.throughput = ThroughputMeter(device)
+        self.throughput = ThroughputMeter(device, compiled)
 
     def energy_available_anywhere(self) -> bool:
         """Collective: does any rank measure energy (the run's energy_available tag)?"""
@@ -265,7 +277,7 @@ class StageMeters:
     # -------------------------------------------------------------- an epoch
     def start_epoch(self) -> None:
         reset_peak_memory(self.device)
-        self.throughput = ThroughputMeter(self.device)
+        self.throughput = ThroughputMeter(self.device, self.compiled)
         self.flops = 0.0
         self.throughput.start()
         self.energy.start()
@@ -290,7 +302,8 @@ class StageMeters:
         elapsed = self.throughput.stop()  # every training segment of the epoch; evaluation comes after
         joules_here = self.energy.stop()
         samples, tokens, flops = dist.all_reduce([self.throughput.samples, self.throughput.tokens, self.flops])
-        (elapsed,) = dist.all_reduce([elapsed], op="max")
+        elapsed, compiling = dist.all_reduce([elapsed, self.throughput.compile_seconds], op="max")
+        state.compile_seconds += compiling
         state.samples += samples
         state.tokens += tokens
         state.flops += flops
@@ -302,6 +315,7 @@ class StageMeters:
         figures = {names.EPOCH_TIME: elapsed, names.SAMPLES_PER_S: samples / elapsed,
                    names.TOKENS_PER_S: tokens / elapsed, **mem}
         figures.update(self.compute_figures(flops, samples, elapsed))
+        figures.update(self.compile_figures(compiling))
         figures.update(self._energy_figures(joules_here, samples, elapsed))
         state.joules += figures.get(names.ENERGY_JOULES, 0.0)
         return figures
@@ -315,11 +329,26 @@ class StageMeters:
             names.SAMPLES_PER_S: state.samples / state.train_seconds,
             names.TOKENS_PER_S: state.tokens / state.train_seconds,
             **state.peak, **self.compute_figures(state.flops, state.samples, state.train_seconds),
+            **self.compile_figures(state.compile_seconds),
         }
         if state.joules:
             figures.update({names.ENERGY_JOULES: state.joules, names.AVG_POWER: state.joules / state.train_seconds,
                             names.JOULES_PER_SAMPLE: state.joules / state.samples})
         return figures
+
+    def compile_figures(self, seconds: float) -> dict:
+        """Compiled jobs: the seconds spent compiling inside training (left out of every rate) and
+        the graphs this process has compiled so far."""
+        if not self.compiled:
+            return {}
+        self.check_compiles()
+        return {names.COMPILE_TIME: seconds, names.COMPILES: compiler.compiles()}
+
+    def check_compiles(self) -> None:
+        """One warning line once this process has compiled more graphs than expected."""
+        if self.compiled:
+            self.recompile_warning.check(compiler.compiles(), "batch shapes vary more than train.pad_to_multiple_of "
+                                         "buckets them (train.batch_tokens?); each new shape compiles again")
 
     def compute_figures(self, flops: float, samples: float, seconds: float) -> dict:
         """Achieved TFLOP/s (FLOPs of the micro-batches trained, summed over ranks) and, on a GPU

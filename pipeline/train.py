@@ -29,7 +29,7 @@ from tqdm.auto import tqdm
 from pipeline import checkpoint, features, lock, models, names, outputs
 from pipeline.checkpoint import LoopState
 from pipeline.config import Config
-from pipeline.data import Loaders, build_loaders, describe_datasets
+from pipeline.data import Loaders, build_loaders, describe_datasets, real_rows, shaped_collate
 from pipeline.distill import Distiller, build_distillation
 from pipeline.evaluation import evaluate
 from pipeline.fsutil import atomic_dir, write_json, write_text
@@ -142,6 +142,7 @@ def run_locked(s: Stage, resuming: bool) -> dict[str, float]:
 def build_stage(cfg: Config, stage: str, rt: Runtime) -> Stage:
     """Everything that can be the user's fault, before a run or an output exists."""
     policy = precision.resolve(cfg.precision, rt.device)
+    cfg = cfg.resolve(device_type=rt.device.type)  # compile, batch shapes, loader workers for this device
     task = get_task(cfg.task, cfg.task_options)
     # a DeepSpeed config is read and checked before data and models load (minutes on a real job);
     # the distill stage's default student (from_teacher:N) needs the teacher, but only the kind of
@@ -166,7 +167,7 @@ def build_stage(cfg: Config, stage: str, rt: Runtime) -> Stage:
                                                  cfg.train.max_length, rt) for split in SPLITS}
     examples["train"].release()  # the builder's rows: the features are on disk now
     return Stage(cfg, rt, stage, policy, task, examples, prepared, tokenizer, model, model_spec, backend,
-                 distiller, StageMeters(rt.device, policy.name, rt.world_size), uri)
+                 distiller, StageMeters(rt.device, policy.name, rt.world_size, cfg.train.compile != "off"), uri)
 
 
 def fit(s: Stage, preempt, ckpt, resume_state, run_id) -> dict:
@@ -188,14 +189,17 @@ def setup_optimization(s: Stage) -> None:
     """Loaders, AdamW, the LR schedule, the backend's wrapper and the teacher's cache."""
     t, rt = s.cfg.train, s.rt
     collate = s.task.collator(s.tokenizer)
-    s.loaders = build_loaders(s.features, collate, t, rt, s.cfg.seed)
+    # compiled: short batches filled to full rows, so graphs replay (not under KD: its loss would count them)
+    s.loaders = build_loaders(s.features, collate, t, rt, s.cfg.seed, s.tokenizer.pad_token_id,
+                              fill=t.compile != "off" and s.distiller is None)
     steps_per_epoch = math.ceil(len(s.loaders.train) / t.grad_accum)
     s.epochs = t.epochs if t.max_steps < 0 else math.ceil(t.max_steps / steps_per_epoch)  # max_steps wins, as in HF
     s.total_steps = steps_per_epoch * s.epochs if t.max_steps < 0 else t.max_steps
 
     s.model.to(rt.device)  # parameters stay fp32: autocast casts per op (fp32 master weights)
     if s.distiller is not None:  # the teacher's logits for the whole training set, once (cached on disk)
-        s.distiller.prepare(s.features["train"], collate, t.max_length, s.tokenizer)
+        s.distiller.prepare(s.features["train"], shaped_collate(collate, t, s.tokenizer.pad_token_id), t.max_length,
+                            s.tokenizer)
         s.tracker.set_tags({names.TAG_KD_CACHE: {True: "hit", False: "miss", None: "off"}[s.distiller.cache_hit]})
     s.meters.flop_model = count_step_flops(s, collate)  # before the wrapper: no collective, no timer
     optimizer, s.scheduler = build_optimizer(s.model, t, s.total_steps, fused=rt.backend != "deepspeed")
@@ -238,12 +242,15 @@ def count_step_flops(s: Stage, collate) -> FlopModel:
     return FlopModel(per_row)
 
 
-def forward_loss(s: Stage, inputs: dict, idx: torch.Tensor, module) -> torch.Tensor:
+def forward_loss(s: Stage, inputs: dict, idx: torch.Tensor, module, unpadded: bool = False) -> torch.Tensor:
     """Forward under the precision policy, then the task's loss of the batch, or under distillation
-    the KD loss (`module`: the unwrapped student, whose kd_projection it uses)."""
+    the KD loss (`module`: the unwrapped student, whose kd_projection it uses). `unpadded`: the
+    batch has no padding, so the model gets no attention mask (the losses still read it): with a
+    mask, transformers' SDPA path asks the device whether it is all ones, a host sync per step."""
     forward_kwargs = s.distiller.forward_kwargs if s.distiller is not None else {}
+    model_inputs = {k: v for k, v in inputs.items() if k != "attention_mask"} if unpadded else inputs
     with s.policy.autocast():
-        outputs = s.model(**inputs, **forward_kwargs)
+        outputs = s.model(**model_inputs, **forward_kwargs)
     if s.distiller is None:
         return s.task.loss(outputs, inputs)
     return s.distiller.loss(outputs, inputs, idx, module)
@@ -310,12 +317,17 @@ def train_epoch(s: Stage, epoch: int, preempt) -> None:
 def forward_backward(s: Stage, batch: dict, group_len: int, last_micro: bool) -> torch.Tensor:
     """One micro-batch: forward under the precision policy, the (KD) loss, backward; returns the loss."""
     idx = batch.pop("idx")
-    rows, padded = batch["input_ids"].shape
-    s.meters.add_batch(rows, int(batch["attention_mask"].sum()), padded)  # host tensors: no sync
+    rows, padded = real_rows(idx), batch["input_ids"].shape[1]  # filler rows (compiled jobs) are not counted
+    mask = batch["attention_mask"]
+    s.meters.add_batch(rows, int(mask[:rows].sum()), padded)  # host tensors: no sync
+    # compiled: one graph whether or not a batch has padding (the mask check is traced, no sync)
+    unpadded = s.cfg.train.compile == "off" and bool(mask.all())
     inputs = {k: v.to(s.rt.device, non_blocking=True) for k, v in batch.items()}
+    if s.cfg.train.compile == "reduce-overhead":
+        torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs may be overwritten now
     # No gradient all-reduce on accumulation micro-steps: only the last one syncs.
     with contextlib.nullcontext() if last_micro else s.backend.no_sync():
-        loss = forward_loss(s, inputs, idx, s.backend.module)
+        loss = forward_loss(s, inputs, idx, s.backend.module, unpadded)
         s.backend.backward(loss / group_len)
     return loss.detach()
 
@@ -327,14 +339,12 @@ def optimizer_step(s: Stage, group_loss: torch.Tensor, epoch_progress: float, pr
     t, state = s.cfg.train, s.state
     result = s.backend.step()
     state.step += 1
-    if result.stepped:
-        s.scheduler.step()  # a step the loss scaler skipped does not advance the schedule
-    else:
-        state.skipped += 1
-    s.pending.add(group_loss)
+    s.scheduler.step()  # provisional: a step the backend skipped is taken back when its flag is read
+    s.pending.add(group_loss, result.stepped)
     stop = s.sigterm.poll(preempt.is_set())
     if state.step % t.log_every == 0 or state.step == s.total_steps:
         take_pending_losses(s)
+        s.meters.check_compiles()
         mean_loss, n = state.loss_window
         state.last_loss = mean_loss / n if n else math.nan
         figures = {names.TRAIN_LOSS: state.last_loss, names.TRAIN_LR: s.scheduler.get_last_lr()[0],
@@ -348,10 +358,18 @@ def optimizer_step(s: Stage, group_loss: torch.Tensor, epoch_progress: float, pr
 
 def take_pending_losses(s: Stage) -> None:
     """Collective: the steps' losses since the last read into the loss window (the finite steps'
-    losses summed over ranks) and the non-finite count; a streak of train.max_nonfinite steps on
+    losses summed over ranks), the non-finite count and the skipped steps, which the LR schedule
+    gives back (it advanced provisionally on each: between a skipped step and this read it runs
+    ahead by the steps skipped, at most log_every); a streak of train.max_nonfinite steps on
     which any rank's loss was non-finite stops the job, naming the step the streak reached it."""
     state, first = s.state, s.state.step - len(s.pending) + 1
-    for k, (nonfinite, total) in enumerate(s.pending.take()):
+    pending = s.pending.take()
+    skipped = sum(skip for _, _, skip in pending)
+    if skipped:
+        state.skipped += skipped
+        s.scheduler.last_epoch -= skipped + 1
+        s.scheduler.step()  # the closed-form schedule at the steps really taken
+    for k, (nonfinite, total, _) in enumerate(pending):
         if not nonfinite:
             state.loss_window = [state.loss_window[0] + total, state.loss_window[1] + s.rt.world_size]
             state.nonfinite_streak = 0

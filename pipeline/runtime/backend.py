@@ -19,8 +19,9 @@ import torch
 
 @dataclass
 class StepResult:
-    stepped: bool
-    """False when the update was skipped (fp16 overflow, or a non-finite gradient)."""
+    stepped: torch.Tensor | bool
+    """False when the update was skipped (fp16 overflow, or a non-finite gradient): a device
+    tensor where the backend decides on the device, read at the loop's next log boundary."""
     grad_norm: torch.Tensor
     """Global gradient norm before clipping (unscaled), still on the device."""
 
@@ -49,8 +50,8 @@ class Backend(Protocol):
 
     def step(self) -> StepResult:
         """Clip, step the optimizer unless the gradients are non-finite, zero the gradients.
-        `stepped` says whether the update was really applied: the caller advances the LR schedule
-        only then."""
+        `stepped` says whether the update was really applied: the caller's LR schedule counts
+        only the steps that were (it takes back a skipped one when it reads the flag)."""
         ...
 
     @property

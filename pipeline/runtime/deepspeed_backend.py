@@ -41,6 +41,7 @@ from pipeline import names
 from pipeline.config import TrainConfig
 from pipeline.errors import UserError
 from pipeline.runtime.backend import StepResult
+from pipeline.runtime.compiler import allow_shapes, compile_kwargs
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PURE16, PrecisionPolicy
 
@@ -172,6 +173,7 @@ class DeepSpeedBackend:
         self.stage = self.ds_config.get("zero_optimization", {}).get("stage", 0)
         self.engine = None
         self.precision_mode = precision_mode(policy)
+        self.compile_mode = train.compile
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> torch.nn.Module:
         import deepspeed
@@ -185,6 +187,9 @@ class DeepSpeedBackend:
             [p for p in model.parameters() if p.requires_grad], config=self.ds_config)
         self.module = self.engine.module
         self.model = self.engine
+        if self.compile_mode != "off":  # the engine compiles its module in place (keys unchanged)
+            allow_shapes()
+            self.engine.compile(compile_kwargs=compile_kwargs(self.compile_mode))
         return self.engine
 
     def no_sync(self):
@@ -198,8 +203,8 @@ class DeepSpeedBackend:
         if self.stage == 0 and not self.engine.fp16_enabled():
             return self._plain_optimizer_step()
         self.engine.step()
-        norm = self.engine.get_global_grad_norm()
-        norm = torch.as_tensor(float("nan") if norm is None else float(norm))
+        norm = self.engine.get_global_grad_norm()  # a tensor or a float, depending on the ZeRO stage
+        norm = torch.as_tensor(float("nan") if norm is None else norm)  # no host read: logged at boundaries
         return StepResult(bool(self.engine.was_step_applied()), norm)
 
     def _plain_optimizer_step(self) -> StepResult:

@@ -15,4 +15,4 @@ def make_backend(rt: Runtime, policy: PrecisionPolicy, train: TrainConfig, deeps
     itself is imported only when DeepSpeedBackend.prepare runs (importing it costs seconds)."""
     if rt.backend == "deepspeed":
         return DeepSpeedBackend(rt, policy, train, deepspeed_path)
-    return TorchBackend(rt, policy, train.max_grad_norm)
+    return TorchBackend(rt, policy, train.max_grad_norm, train.compile)

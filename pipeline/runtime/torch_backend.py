@@ -10,6 +10,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from pipeline import names
 from pipeline.runtime.backend import StepResult
+from pipeline.runtime.compiler import compile_module
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
 
@@ -17,14 +18,19 @@ from pipeline.runtime.precision import PrecisionPolicy
 class TorchBackend:
     """One process, or torchrun DDP (gloo on CPU, NCCL on GPU)."""
 
-    def __init__(self, rt: Runtime, policy: PrecisionPolicy, max_grad_norm: float):
+    def __init__(self, rt: Runtime, policy: PrecisionPolicy, max_grad_norm: float, compile_mode: str = "off"):
         self.rt = rt
         self.policy = policy
         self.max_grad_norm = max_grad_norm
+        self.compile_mode = compile_mode
         self.scaler = policy.make_scaler()
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
-        self.module = model.to(self.rt.device)
+        """Compiled in place before DDP wraps it: DDP's hooks fire on the gradients the compiled
+        backward produces, and the state_dict keeps its keys."""
+        if not optimizer.defaults.get("fused"):
+            raise ValueError("TorchBackend needs a fused optimizer: it skips non-finite updates on the device")
+        self.module = compile_module(model.to(self.rt.device), self.compile_mode)
         self.optimizer = optimizer
         if self.rt.backend == "ddp":
             ids = [self.rt.device.index] if self.rt.device.type == "cuda" else None
@@ -43,6 +49,9 @@ class TorchBackend:
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
     def step(self) -> StepResult:
+        """No host sync: whether the update was applied stays a device tensor, read with the losses
+        at the next log boundary. A non-finite gradient norm skips the update inside the fused
+        AdamW kernel (its found_inf input, as GradScaler uses it), the step count included."""
         params = [p for p in self.module.parameters() if p.grad is not None]
         if self.scaler:
             self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
@@ -51,16 +60,15 @@ class TorchBackend:
         else:
             grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
         if self.scaler:
-            scale_before = self.scaler._get_scale_async().clone()  # on the device: no host wait
+            scale_before = self.scaler._get_scale_async().clone()
             self.scaler.step(self.optimizer)  # skips the update when grads hold inf/nan (fused: on the device)
             self.scaler.update()
-            # a skip halves the scale; the one host read per step: the schedule must know
-            stepped = bool(self.scaler._get_scale_async() >= scale_before)
+            stepped = self.scaler._get_scale_async() >= scale_before  # a skip halves the scale
         else:
-            # note: syncs the device once per optimizer step; a NaN update would ruin the weights
-            stepped = bool(torch.isfinite(grad_norm))
-            if stepped:
-                self.optimizer.step()
+            stepped = torch.isfinite(grad_norm)
+            self.optimizer.found_inf = (~stepped).float()
+            self.optimizer.step()
+            del self.optimizer.found_inf
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(stepped, grad_norm)
 
