@@ -214,6 +214,7 @@ class Distiller:
 
     def _teacher_logits(self, batch) -> dict[str, torch.Tensor]:
         inputs = {k: v.to(self.rt.device) for k, v in batch.items() if k in teacher_cache.MODEL_INPUTS}
+        torch.compiler.cudagraph_mark_step_begin()  # compiled with CUDA graphs: a new replay per batch
         with torch.inference_mode(), self.policy.autocast():
             outputs = self.teacher(**inputs, **self.forward_kwargs)
         wanted = {name: outputs[name] for name in self.task.kd_outputs}

@@ -22,6 +22,7 @@ def evaluate(module, loader, task, policy, rt, examples, features, keep: bool = 
         rows = real_rows(idx)  # a compiled job's last batch is filled with rows that are not data
         indices.append(idx[:rows].numpy())
         inputs = {k: v.to(rt.device, non_blocking=True) for k, v in batch.items()}
+        torch.compiler.cudagraph_mark_step_begin()  # compiled with CUDA graphs: a new replay per batch
         with policy.autocast():
             outputs = module(**inputs)
         if outputs.get("loss") is not None:  # heads without targets in eval (QA windows) have none

@@ -33,7 +33,7 @@ from pipeline.data import Loaders, build_loaders, describe_datasets, real_rows, 
 from pipeline.distill import Distiller, build_distillation
 from pipeline.evaluation import evaluate
 from pipeline.fsutil import atomic_dir, write_json, write_text
-from pipeline.optim import build_optimizer
+from pipeline.optim import build_optimizer, give_back
 from pipeline.runtime import collector, dist, precision
 from pipeline.runtime.backend import Backend
 from pipeline.runtime.dist import Runtime
@@ -365,10 +365,8 @@ def take_pending_losses(s: Stage) -> None:
     state, first = s.state, s.state.step - len(s.pending) + 1
     pending = s.pending.take()
     skipped = sum(skip for _, _, skip in pending)
-    if skipped:
-        state.skipped += skipped
-        s.scheduler.last_epoch -= skipped + 1
-        s.scheduler.step()  # the closed-form schedule at the steps really taken
+    state.skipped += skipped
+    give_back(s.scheduler, skipped)
     for k, (nonfinite, total, _) in enumerate(pending):
         if not nonfinite:
             state.loss_window = [state.loss_window[0] + total, state.loss_window[1] + s.rt.world_size]

@@ -7,6 +7,7 @@ import torch
 import transformers
 
 from pipeline.errors import UserError
+from pipeline.optim import give_back
 from pipeline.runtime import precision
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.torch_backend import TorchBackend
@@ -17,7 +18,7 @@ CPU = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
 def tiny_setup(policy_name, lr=1e-2):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)  # the torch backend's: it skips on the device
     sched = transformers.get_linear_schedule_with_warmup(opt, num_warmup_steps=2, num_training_steps=10)
     backend = TorchBackend(CPU, precision.PrecisionPolicy(policy_name, "cpu"), max_grad_norm=1.0)
     backend.prepare(model, opt)
@@ -62,6 +63,30 @@ def test_nonfinite_gradient_is_skipped_without_scaler():
     result = train_step(backend, sched, scale_loss=math.nan)
     assert not result.stepped
     assert all(torch.equal(b, a) for b, a in zip(before, backend.module.parameters()))
+
+
+def test_a_skipped_step_given_back_leaves_the_schedule_where_it_would_be():
+    """The loop steps the schedule on every step and reads the skip flags later (no host sync per
+    step): giving the skipped steps back must land on the LR of the steps really taken."""
+    _, opt, sched = tiny_setup("fp32")
+    _, ref_opt, ref_sched = tiny_setup("fp32")
+    for _ in range(5):
+        sched.step()
+    for _ in range(3):
+        ref_sched.step()
+    give_back(sched, 2)
+    assert sched.last_epoch == ref_sched.last_epoch == 3
+    assert sched.get_last_lr() == ref_sched.get_last_lr()
+    assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in ref_opt.param_groups]
+    sched.step(), ref_sched.step()
+    assert sched.get_last_lr() == ref_sched.get_last_lr()
+
+
+def test_the_skip_decision_stays_on_the_device():
+    backend, opt, sched = tiny_setup("fp32")
+    result = train_step(backend, sched, scale_loss=math.nan)
+    assert isinstance(result.stepped, torch.Tensor) and not result.stepped  # read only when asked
+    assert all(state["step"].item() == 0 for state in opt.state.values())  # fused AdamW undid its count
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp16"])
