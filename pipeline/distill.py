@@ -189,6 +189,8 @@ class Distiller:
         for rows in batches:
             batch = collate([features[int(i)] for i in rows])
             batch.pop("idx")
+            # compiled with CUDA graphs: each batch a new replay (no student step is in flight here)
+            torch.compiler.cudagraph_mark_step_begin()
             for name, value in self._teacher_logits(batch).items():
                 value = value.float().cpu()
                 if self.task.kd_outputs[name]:  # per-token: pad [B, L, ...] to max_length, masked out
@@ -214,7 +216,6 @@ class Distiller:
 
     def _teacher_logits(self, batch) -> dict[str, torch.Tensor]:
         inputs = {k: v.to(self.rt.device) for k, v in batch.items() if k in teacher_cache.MODEL_INPUTS}
-        torch.compiler.cudagraph_mark_step_begin()  # compiled with CUDA graphs: a new replay per batch
         with torch.inference_mode(), self.policy.autocast():
             outputs = self.teacher(**inputs, **self.forward_kwargs)
         wanted = {name: outputs[name] for name in self.task.kd_outputs}
