@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from pipeline import names
-from pipeline.config import TrainConfig
+from pipeline.config import TrainConfig, resolve_device_defaults
 from pipeline.errors import UserError
 from pipeline.runtime.backend import StepResult
 from pipeline.runtime.compiler import allow_shapes, compile_kwargs
@@ -166,6 +166,7 @@ class DeepSpeedBackend:
         """config_path: the DeepSpeed JSON (the `deepspeed` key); None uses ds_configs/zero2.json."""
         self.rt = rt
         self.policy = policy
+        train = resolve_device_defaults(train, rt.device.type == "cuda")  # train.compile=auto -> this device's
         self.source = config_path or str(DEFAULT_CONFIG)
         self.ds_config = resolve_ds_config(load_ds_config(config_path), train, policy.name, rt.world_size,
                                            self.source)
