@@ -223,6 +223,7 @@ def parse_args():
                         help="comma-separated: eager, default, reduce-overhead, max-autotune (train.compile's modes)")
     parser.add_argument("--profile", action="store_true", help="profile each cell: GPU-busy vs wall, kernel kinds")
     parser.add_argument("--profile-steps", type=int, default=10)
+    parser.add_argument("--name", default="gpu", help="results/NAME-DEVICE.json")
     parser.add_argument("--quick", action="store_true", help="tiny model on this machine's device, as a smoke run")
     args = parser.parse_args()
     if args.quick:
@@ -269,7 +270,7 @@ def main():
     summary = amp_summary(rows)
     columns = ["model", "precision", "compile", "batch", "seq", "samples/s", "peak MB", "TFLOP/s", "MFU",
                "J/sample", "W", "steps", "s", "skipped", "compile s", *(PROFILE_COLUMNS if args.profile else [])]
-    save("gpu" if not args.quick else "gpu-quick", rows, columns, vars(args), {"amp_vs_fp32": summary})
+    save(args.name if not args.quick else "gpu-quick", rows, columns, vars(args), {"amp_vs_fp32": summary})
     if summary:
         print(markdown_table(summary, list(summary[0])))
 
