@@ -190,7 +190,7 @@ def test_device_defaults_follow_the_measurements():
     assert (gpu.compile, gpu.pad_to_multiple_of, gpu.num_workers) == ("reduce-overhead", 16, 2)
     assert (cpu.compile, cpu.pad_to_multiple_of, cpu.num_workers) == ("off", 1, 0)
     eager_gpu = resolve_device_defaults(load_config(None, ["train.compile=off"]).train, True)
-    assert eager_gpu.pad_to_multiple_of == 8
+    assert eager_gpu.pad_to_multiple_of == 1
     mine = resolve_device_defaults(load_config(None, ["train.pad_to_multiple_of=32", "train.num_workers=0"]).train,
                                    True)
     assert (mine.pad_to_multiple_of, mine.num_workers) == (32, 0)
