@@ -54,7 +54,7 @@ WARMUP_STEPS = 3  # cuBLAS heuristics, the allocator, the fused AdamW's first st
 COMPILE_WARMUP_STEPS = 5  # compile, then CUDA graphs' warm-up and recording runs (reduce-overhead)
 KERNEL_KINDS = (  # (kind, substrings of a CUDA kernel's name), first match wins
     ("attention", ("flash", "fmha", "attention", "sdpa", "_efficient_attention")),
-    ("matmul", ("gemm", "cutlass", "cublas", "xmma", "matmul", "sm90_", "sm80_", "mm_")),
+    ("matmul", ("gemm", "cutlass", "cublas", "xmma", "nvjet", "matmul", "sm90_", "sm80_", "mm_")),
 )
 MAX_STEPS = 100_000
 
@@ -102,16 +102,20 @@ def profile_steps(step, steps: int, device) -> dict:
         telemetry.synchronize(device)
         wall = time.perf_counter() - start
     kinds: dict[str, float] = {}
+    kernels: dict[str, float] = {}
     for event in prof.events():
         if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time > 0:
             kind = kernel_kind(event.name)
             kinds[kind] = kinds.get(kind, 0.0) + event.device_time / 1000  # us -> ms
+            kernels[event.name] = kernels.get(event.name, 0.0) + event.device_time / 1000
     busy = sum(kinds.values())
     wall_ms = wall * 1000
     out = {"wall_ms": wall_ms / steps, "gpu_busy_ms": busy / steps, "busy_share": busy / wall_ms if wall_ms else None}
     for kind in ("matmul", "attention", "element-wise/other"):
         out[f"{kind}_ms"] = kinds.get(kind, 0.0) / steps
     out["idle_ms"] = max(0.0, wall_ms - busy) / steps
+    top = sorted(kernels.items(), key=lambda kv: -kv[1])[:12]  # in the JSON: what "other" is made of
+    out["top_kernels_ms"] = {name[:120]: ms / steps for name, ms in top}
     return out
 
 
@@ -187,7 +191,8 @@ PROFILE_COLUMNS = ["wall_ms", "gpu_busy_ms", "busy_share", "matmul_ms", "attenti
 
 
 def median_row(runs: list[dict]) -> dict:
-    return {k: statistics.median(r[k] for r in runs) if runs[0].get(k) is not None else None for k in runs[0]}
+    return {k: statistics.median(r[k] for r in runs) if isinstance(runs[0].get(k), (int, float)) else runs[0].get(k)
+            for k in runs[0]}
 
 
 def amp_summary(rows: list[dict]) -> list[dict]:
@@ -265,7 +270,7 @@ def main():
                                  "TFLOP/s": med["tflops"], "MFU": med["mfu"], "J/sample": med["joules_per_sample"],
                                  "W": med["watts"], "steps": med["steps"], "s": med["seconds"],
                                  "skipped": med["skipped_steps"], "compile s": med["compile_s"],
-                                 **{k: med.get(k) for k in PROFILE_COLUMNS if k in med}})
+                                 **{k: med.get(k) for k in [*PROFILE_COLUMNS, "top_kernels_ms"] if k in med}})
                     print(rows[-1], flush=True)
     summary = amp_summary(rows)
     columns = ["model", "precision", "compile", "batch", "seq", "samples/s", "peak MB", "TFLOP/s", "MFU",
