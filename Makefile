@@ -56,10 +56,16 @@ bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'
 	for b in amp overhead batching kd ddp; do $(PY) benchmarks/bench_$$b.py || exit 1; done
 
-# On a CUDA machine: the paper's table (fp32/tf32/fp16/bf16 x BanglaBERT/XLM-R/mBERT x batch x
-# length; samples/s, peak memory, MFU, energy), about 40 minutes on one H100: results/gpu-DEVICE.json
+# On a CUDA machine (benchmarks/README.md): the paper's AMP table eager and compiled (BanglaBERT and
+# XLM-R sizes, fp32/bf16, batch 32/64 x 128/256, with the profile), whole default-config jobs eager vs
+# CUDA graphs, and the pipeline vs the compiled Trainer; about 25 minutes of one H100 (from the
+# measured per-cell times); results/*-DEVICE.json
 bench-gpu: $(STAMP)
-	$(PY) benchmarks/bench_gpu.py
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) benchmarks/bench_gpu.py --models banglabert,xlmr --precisions fp32,bf16 --batches 32,64 --lengths 128,256 \
+	  --compile eager,reduce-overhead --reps 1 --seconds 3 --profile
+	$(PY) benchmarks/bench_train.py
+	$(PY) benchmarks/bench_vs_trainer.py --precision bf16 --only "pipeline defaults" "Trainer compiled"
 
 clean-outputs:
 	rm -rf outputs reports mlruns/*.db mlruns/*/

@@ -5,8 +5,8 @@ overrides, e.g. eager vs CUDA graphs. Each job is its own process; figures are t
 score) plus the process's wall time, which includes start-up, data preparation and compilation.
 A contender `before=PATH` runs the pipeline package found under PATH (an older checkout's
 `pipeline/`, e.g. from `git archive`), so today's code can be measured against yesterday's.
-    python benchmarks/bench_train_gpu.py --contenders eager:train.compile=off graphs:train.compile=reduce-overhead
-    python benchmarks/bench_train_gpu.py --quick   # CPU smoke run: 1 epoch of a tiny model
+    python benchmarks/bench_train.py --contenders eager:train.compile=off graphs:train.compile=reduce-overhead
+    python benchmarks/bench_train.py --quick   # CPU smoke run: 1 epoch of a tiny model
 """
 import argparse
 import json
@@ -52,12 +52,12 @@ def main():
                                                              "graphs:train.compile=reduce-overhead"])
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--reps", type=int, default=1)
-    parser.add_argument("--name", default="train_gpu")
+    parser.add_argument("--name", default="train", help="results/NAME-DEVICE.json")
     parser.add_argument("--quick", action="store_true", help="CPU smoke run: 1 epoch of preset:bangla-tiny")
     args = parser.parse_args()
     if args.quick:
         args.overrides += ["model=preset:bangla-tiny", "train.epochs=1"]
-        args.precisions, args.name = "fp32", "train_gpu-quick"
+        args.precisions, args.name = "fp32", "train-quick"
     jobs = [(c, p) for c in map(contender, args.contenders) for p in args.precisions.split(",")]
     runs: dict[str, list[dict]] = {f"{c[0]} {p}": [] for c, p in jobs}
     for rep in range(args.reps):  # contenders alternate, the first one rotates
