@@ -104,7 +104,9 @@ def profile_steps(step, steps: int, device) -> dict:
     kinds: dict[str, float] = {}
     kernels: dict[str, float] = {}
     for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA and event.device_time > 0:
+        # kernels only: a user annotation's range (e.g. Optimizer.step#AdamW.step) spans kernels counted already
+        if (event.device_type == torch.autograd.DeviceType.CUDA and event.device_time > 0
+                and not getattr(event, "is_user_annotation", False) and "#" not in event.name):
             kind = kernel_kind(event.name)
             kinds[kind] = kinds.get(kind, 0.0) + event.device_time / 1000  # us -> ms
             kernels[event.name] = kernels.get(event.name, 0.0) + event.device_time / 1000

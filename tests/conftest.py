@@ -15,7 +15,8 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 SLOWEST_FIRST = ("test_faults.py", "test_deepspeed.py", "test_study.py", "test_tracking.py", "test_task_wikiqa.py",
                  "test_distill.py", "test_model_families.py", "test_fallback.py", "test_task_qa.py",
-                 "test_task_ner.py", "test_train.py", "test_features.py", "test_ddp.py", "test_lock.py")
+                 "test_task_ner.py", "test_train.py", "test_compile.py", "test_features.py", "test_ddp.py",
+                 "test_lock.py")
 """Test files by their time in a 2-worker run (session 10, 2-core machine: 237 s down to 27 s);
 the rest take seconds. `make test` hands whole files to the two workers in collection order:
 longest first. xdist's own order, by test count, leaves the few-test, slow files last: one worker
