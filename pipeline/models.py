@@ -30,6 +30,8 @@ PRESETS: dict[str, dict] = {
     "bangla-tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=512),
     "bangla-small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024),
     "bangla-base": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=6, intermediate_size=1536),
+    # BERT-base sizes (BanglaBERT's, 110M parameters with its vocabulary): the GPU demo's encoder
+    "bert-base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
 }
 PRESET_VOCAB = 4000
 TOKENIZER_FORMAT = 2  # bump when the trained vocabulary changes for the same texts
