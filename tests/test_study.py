@@ -358,7 +358,7 @@ def test_dry_run_orders_dependencies_and_builds_launcher_commands(tmp_path, caps
 
 
 def test_shipped_study_files_plan(capsys):
-    sizes = {"demo.yaml": 12, "wikiqa_kd.yaml": 12, "bangla_amp.yaml": 96}
+    sizes = {"demo.yaml": 12, "demo-gpu.yaml": 4, "wikiqa_kd.yaml": 12, "bangla_amp.yaml": 96}
     for name, n in sizes.items():
         code, out = _cli(["study", ROOT / "launch" / "studies" / name, "--dry-run"], capsys)
         assert code == 0, out.err
