@@ -54,6 +54,21 @@ def test_fp16_with_grad_scaler_end_to_end(tmp_path):
     assert json.loads((out / "best" / "config.json").read_text())["dtype"] == "float32"
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_cuda_graphs_train_like_eager_and_keep_compilation_out_of_the_rate(tmp_path, precision):
+    """train.compile=reduce-overhead (the GPU default) against eager on the same job, without dropout
+    (compiled dropout draws inductor's random numbers): the same loss and dev score within 5%, a
+    handful of graphs (length buckets and the filled last batch), compile time logged apart."""
+    no_dropout = ["model_config.hidden_dropout_prob=0", "model_config.attention_probs_dropout_prob=0"]
+    eager, _, _ = finished(tmp_path / "eager", *JOB, *no_dropout, f"precision={precision}", "train.compile=off")
+    graphs, run, _ = finished(tmp_path / "graphs", *JOB, *no_dropout, f"precision={precision}",
+                              "train.compile=reduce-overhead")
+    assert graphs[names.TRAIN_LOSS] == pytest.approx(eager[names.TRAIN_LOSS], rel=0.05)
+    assert abs(graphs[names.EVAL_MAIN] - eager[names.EVAL_MAIN]) < 0.05
+    assert graphs[names.COMPILE_TIME] > 0 and 1 <= graphs[names.COMPILES] <= 16
+    assert names.COMPILE_TIME not in eager and run.data.params["train.compile"] == "reduce-overhead"
+
+
 @two_gpus
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_deepspeed_fp16_logs_its_loss_scale_under_every_zero_stage(tmp_path, stage):
