@@ -10,6 +10,7 @@ import torch
 import transformers
 from transformers import BertConfig, BertForSequenceClassification, BertForTokenClassification
 
+from helpers import free_port
 from pipeline import names
 from pipeline.config import load_config, resolve_device_defaults
 from pipeline.data import IGNORED, ShapedCollate, real_rows
@@ -39,8 +40,8 @@ def batches(n=4, rows=4, length=8):
              "labels": torch.randint(0, 3, (rows,), generator=generator)} for _ in range(n)]
 
 
-def backend_for(model, mode):
-    backend = TorchBackend(CPU, precision.PrecisionPolicy("fp32", "cpu"), max_grad_norm=1.0, compile_mode=mode)
+def backend_for(model, mode, rt=CPU):
+    backend = TorchBackend(rt, precision.PrecisionPolicy("fp32", "cpu"), max_grad_norm=1.0, compile_mode=mode)
     backend.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True))
     return backend
 
@@ -55,17 +56,30 @@ def losses(backend, data):
     return out
 
 
+@pytest.fixture
+def gloo_group():
+    """A one-process gloo group: DDP's wrapper and hooks around a compiled module, in this process."""
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                                         world_size=1)
+    yield Runtime("torchrun", "ddp", 0, 0, 1, 1, torch.device("cpu"))
+    torch.distributed.destroy_process_group()
+
+
 @pytest.mark.slow
-def test_compiled_steps_agree_with_eager_and_checkpoints_move_between_them(tmp_path):
+def test_compiled_steps_agree_with_eager_and_checkpoints_move_between_them(tmp_path, gloo_group):
     """4 steps of a tiny BERT (no dropout), fp32, compiled (inductor) and eager from the same weights
-    and batches: losses within 1e-4 relative (fused kernels reorder float sums); a compiled job's
-    checkpoint loads into an eager one and the reverse, keys without `_orig_mod.`."""
+    and batches, alone and inside DDP (its gradient hooks on what the compiled backward produces):
+    losses within 1e-4 relative (fused kernels reorder float sums); a compiled job's checkpoint
+    loads into an eager one and the reverse, keys without `_orig_mod.`."""
     torch._dynamo.reset()
     data = batches()
     eager, compiled = backend_for(tiny_classifier(), "off"), backend_for(tiny_classifier(), "default")
     expected, got = losses(eager, data), losses(compiled, data)
     assert got == pytest.approx(expected, rel=1e-4)
     assert compiler.compiles() >= 1  # it really compiled
+    under_ddp = backend_for(tiny_classifier(), "default", gloo_group)
+    assert isinstance(under_ddp.model, torch.nn.parallel.DistributedDataParallel)
+    assert losses(under_ddp, data) == pytest.approx(expected, rel=1e-4)
 
     keys = set(tiny_classifier().state_dict())
     assert set(compiled.full_state_dict()) == keys
