@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -339,7 +340,9 @@ def optimizer_step(s: Stage, group_loss: torch.Tensor, epoch_progress: float, pr
     t, state = s.cfg.train, s.state
     result = s.backend.step()
     state.step += 1
-    s.scheduler.step()  # provisional: a step the backend skipped is taken back when its flag is read
+    with warnings.catch_warnings():  # a skipped first step (fp16's first scale) is not a misordered call
+        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler", UserWarning)
+        s.scheduler.step()  # provisional: a step the backend skipped is taken back when its flag is read
     s.pending.add(group_loss, result.stepped)
     stop = s.sigterm.poll(preempt.is_set())
     if state.step % t.log_every == 0 or state.step == s.total_steps:
