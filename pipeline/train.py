@@ -48,6 +48,9 @@ from pipeline.telemetry import FlopModel, StageMeters, count_flops
 from pipeline.tracking import Tracker, resolve_uri, start_stage_run, what_ran
 
 log = logging.getLogger("pipeline")
+# The schedule steps on every optimizer step and gives skipped ones back later (take_pending_losses);
+# when the first step is skipped (fp16's first loss scale), torch would call that a misordered call.
+warnings.filterwarnings("ignore", "Detected call of `lr_scheduler", UserWarning)
 
 
 class Preempted(Exception):
@@ -340,9 +343,7 @@ def optimizer_step(s: Stage, group_loss: torch.Tensor, epoch_progress: float, pr
     t, state = s.cfg.train, s.state
     result = s.backend.step()
     state.step += 1
-    with warnings.catch_warnings():  # a skipped first step (fp16's first scale) is not a misordered call
-        warnings.filterwarnings("ignore", "Detected call of `lr_scheduler", UserWarning)
-        s.scheduler.step()  # provisional: a step the backend skipped is taken back when its flag is read
+    s.scheduler.step()  # provisional: a step the backend skipped is taken back when its flag is read
     s.pending.add(group_loss, result.stepped)
     stop = s.sigterm.poll(preempt.is_set())
     if state.step % t.log_every == 0 or state.step == s.total_steps:
