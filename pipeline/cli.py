@@ -15,6 +15,7 @@ import warnings
 from pipeline.errors import UserError
 from pipeline.runtime import collector
 
+HELP = {"-h", "--help"}
 USAGE = """usage:
   python -m pipeline train   [CONFIG.yaml] [key=value ...]   one training stage
   python -m pipeline distill [CONFIG.yaml] [key=value ...]   one knowledge-distillation stage
@@ -22,6 +23,9 @@ USAGE = """usage:
   python -m pipeline report --experiment NAME [--out DIR]    tables and charts of a study's runs
   python -m pipeline ui [--experiment NAME] [--host H]       MLflow UI on the tracking store
   python -m pipeline sync RUN_DIR|FILE.jsonl [--uri URI]    upload a run's journal to MLflow
+  python -m pipeline config-reference                        every config key as Markdown (docs/configuration.md)
+  python -m pipeline COMMAND --help                          a command's arguments; train's and distill's
+                                                             list every config key, its default and meaning
 """
 
 
@@ -32,10 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     _quiet_libraries()
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv or argv[0] in HELP:
         print(USAGE, end="")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
+    if command in ("train", "distill") and HELP.intersection(rest):
+        return _stage_help(command)
     if command not in ("train", "distill"):  # a stage turns it on once set up; the others now
         collector.resume_after_setup()
     try:
@@ -43,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             return _stage(command, rest)
         if command == "sync":
             return _sync(rest)
+        if command == "config-reference":
+            return _config_reference(rest)
         if command == "ui":
             from pipeline import ui
 
@@ -86,6 +94,27 @@ def _stage(command: str, args: list[str]) -> int:
     from pipeline.train import run
 
     run(cfg, stage=command)
+    return 0
+
+
+def _stage_help(command: str) -> int:
+    """Usage and every config key; before the collector and the config, as asking must not fail."""
+    from pipeline import config_reference
+
+    print(config_reference.help_text(command), end="")
+    return 0
+
+
+def _config_reference(args: list[str]) -> int:
+    from pipeline import config_reference
+
+    if HELP.intersection(args):
+        print(f"usage: python -m pipeline config-reference\n\nPrints {config_reference.PAGE} (Markdown); "
+              f"regenerate the page with: {config_reference.REGENERATE}")
+        return 0
+    if args:
+        raise UserError(f"config-reference: takes no arguments (got {' '.join(args)})")
+    print(config_reference.markdown(), end="")
     return 0
 
 

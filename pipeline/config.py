@@ -6,6 +6,7 @@ Every problem is a `UserError` naming the key and the reason (exit code 2).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from pipeline.config_reference import did_you_mean, dotted_keys
 from pipeline.errors import UserError
 from pipeline.tasks import REGISTRY
 
@@ -21,6 +23,8 @@ TASKS = tuple(REGISTRY)  # the task registry is the one list of task names
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "auto")
 BACKENDS = ("auto", "single", "ddp", "deepspeed")
 COMPILE_MODES = ("auto", "off", "default", "reduce-overhead", "max-autotune")
+CHOICES = {"task": TASKS, "precision": PRECISIONS, "backend": BACKENDS, "train.compile": COMPILE_MODES,
+           "resume": ("never", "auto")}  # the keys with a fixed set of values: validate() and the reference
 
 
 @dataclass
@@ -161,15 +165,19 @@ class Config:
     """Where config.yaml, metrics.json, best/ and the journal go; unset = outputs/TASK-PRECISION
     (filled in by resolve())."""
     data: DataConfig = field(default_factory=DataConfig)
+    """The data files: one per split, each a file in the dataset's format or a hub dataset."""
     train: TrainConfig = field(default_factory=TrainConfig)
+    """The loop: batches, optimizer and schedule, compilation, evaluation, checkpoints."""
     kd: KDConfig = field(default_factory=KDConfig)
+    """Knowledge distillation (the distill stage): the teacher and the loss terms."""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    """MLflow: where runs are logged, their names and tags, system metrics."""
 
     def validate(self) -> Config:
         """Check every key (a UserError naming the first bad one); changes nothing."""
-        _one_of("task", self.task, TASKS)
-        _one_of("precision", self.precision, PRECISIONS)
-        _one_of("backend", self.backend, BACKENDS)
+        _one_of("task", self.task)
+        _one_of("precision", self.precision)
+        _one_of("backend", self.backend)
         t = self.train
         _check("train.epochs", t.epochs, t.epochs >= 1, "must be >= 1")
         _check("train.max_steps", t.max_steps, t.max_steps == -1 or t.max_steps >= 1, "must be -1 or >= 1")
@@ -188,11 +196,11 @@ class Config:
         _check("train.num_workers", t.num_workers, t.num_workers is None or t.num_workers >= 0, "must be >= 0")
         _check("train.pad_to_multiple_of", t.pad_to_multiple_of, t.pad_to_multiple_of is None
                or t.pad_to_multiple_of >= 1, "must be >= 1 (1 = no extra padding)")
-        _one_of("train.compile", t.compile, COMPILE_MODES)
+        _one_of("train.compile", t.compile)
         _check("train.save_every", t.save_every, t.save_every >= 0, "must be >= 0 (0 = epoch ends only)")
         _check("train.keep_checkpoints", t.keep_checkpoints, t.keep_checkpoints >= 1, "must be >= 1")
         _check("train.max_nonfinite", t.max_nonfinite, t.max_nonfinite >= 1, "must be >= 1")
-        _one_of("resume", self.resume, ("never", "auto"))
+        _one_of("resume", self.resume)
         _check("requested_world_size", self.requested_world_size, self.requested_world_size >= 0,
                "must be >= 0 (0 = as many processes as run)")
         _check("dist_timeout", self.dist_timeout, self.dist_timeout >= 1, "must be >= 1 (seconds)")
@@ -277,9 +285,10 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 # ---------------------------------------------------------------- internals
 
 
-def _one_of(key: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise UserError(f"config: {key}={value}: must be one of {' | '.join(allowed)}")
+def _one_of(key: str, value: str) -> None:
+    if value not in CHOICES[key]:
+        near = did_you_mean(value, CHOICES[key], default=functools.reduce(getattr, key.split("."), Config()))
+        raise UserError(f"config: {key}={value}: must be one of {' | '.join(CHOICES[key])}{near}")
 
 
 def _check(key: str, value: Any, ok: bool, reason: str) -> None:
@@ -292,7 +301,7 @@ def _build(cls, raw: dict, prefix: str):
     known = {f.name for f in dataclasses.fields(cls)}
     for key in raw:
         if key not in known:
-            raise UserError(f"config: unknown key '{prefix}{key}'")
+            raise UserError(f"config: unknown key '{prefix}{key}'{did_you_mean(f'{prefix}{key}', dotted_keys(Config))}")
     kwargs = {}
     for name in known:
         if name not in raw:
@@ -320,7 +329,7 @@ def _set_dotted(cfg: Config, key: str, text: str) -> None:
                 obj = obj.setdefault(part, {})
             continue
         if not dataclasses.is_dataclass(obj) or part not in {f.name for f in dataclasses.fields(obj)}:
-            raise UserError(f"config: unknown key '{path}'")
+            raise UserError(f"config: unknown key '{path}'{did_you_mean(path, dotted_keys(Config))}")
         if i == len(parts) - 1:
             kind = typing.get_type_hints(type(obj))[part]
             if dataclasses.is_dataclass(kind):

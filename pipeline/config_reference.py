@@ -1,0 +1,198 @@
+"""The configuration's reference, read from the config dataclasses themselves: every dotted key
+with its type, default and meaning, the meaning being the attribute docstring under the field in
+pipeline/config.py, so that text is written once. It is what `train --help` and `distill --help`
+print, and what docs/configuration.md holds; it also names the nearest valid key or choice when
+one is misspelt.
+
+Regenerate the page after changing a field: python -m pipeline config-reference > docs/configuration.md
+
+The module imports nothing of the pipeline at load time: config.py imports it for the near miss.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import functools
+import inspect
+import textwrap
+import types
+import typing
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+PAGE = "docs/configuration.md"
+REGENERATE = f"python -m pipeline config-reference > {PAGE}"
+UNSET = "unset"  # the word the docstrings use for a None default
+NEAR = 0.6  # difflib's own default cutoff: below it, suggestions are mostly unrelated words
+
+INTRO = """\
+A stage's configuration is these keys' defaults, then the YAML file CONFIG.yaml if one is given (a
+mapping of the same keys, sections nested: `train: {lr: 1.0e-4}`), then each `key=value` override
+in the order given (dotted keys: `train.lr=1e-4`); a later value wins. The config file, if any, is
+the first argument; every other argument is `key=value`. A value is read as its key's type: a
+number, a string, a boolean (true/false, yes/no, on/off, 1/0); `null`, `none`, `~` or nothing
+after the `=` unsets a key whose default is unset. Mapping keys (model_config, task_options,
+tracking.tags) take any sub-key, its value read as YAML: `model_config.hidden_dropout_prob=0`.
+Every key is checked before anything runs; a mistake (an unknown key, a wrong type, a value out of
+range) is one line naming the key, exit code 2. A default shown as "unset" means what the key's
+meaning says (often a value derived when the stage starts)."""
+
+
+class Key(NamedTuple):
+    """One configuration key as the reference shows it."""
+
+    key: str  # dotted: train.lr
+    kind: str  # the annotation as written, the choices, or a mapping's KEY=VALUE form
+    default: str
+    meaning: str
+
+
+class Section(NamedTuple):
+    """The top-level keys (name ""), or one nested dataclass's keys."""
+
+    name: str
+    meaning: str
+    keys: list[Key]
+
+
+def dotted_keys(cls: type, prefix: str = "") -> list[str]:
+    """Every dotted key of a config dataclass, sections included: train, train.lr, ..."""
+    out: list[str] = []
+    for f, kind in _fields(cls):
+        out.append(prefix + f.name)
+        if dataclasses.is_dataclass(kind):
+            out += dotted_keys(kind, f"{prefix}{f.name}.")
+    return out
+
+
+def did_you_mean(word: str, candidates: Iterable[str], default: str | None = None) -> str:
+    """' (did you mean X?)' naming the candidate(s) nearest to word, else ''. Dotted names are
+    compared by their last part, first among word's siblings (train.batch_sise: train.batch_size),
+    then among all candidates (lr: train.lr); an empty word gets the default, if one is given."""
+    if not word.strip():
+        return f" (leave the key out for its default, {default})" if default is not None else ""
+    candidates = list(candidates)
+    parent, _, leaf = word.rpartition(".")
+    siblings = [c for c in candidates if c.rpartition(".")[0] == parent]
+    near = _nearest(leaf, siblings) or _nearest(leaf, [c for c in candidates if c != word])
+    return f" (did you mean {' or '.join(near)}?)" if near else ""
+
+
+def sections() -> list[Section]:
+    """The configuration's keys, grouped: top-level keys first, then one section per dataclass."""
+    from pipeline.config import CHOICES, Config  # here, not at the top: config.py imports this module
+
+    top = Section("", "Keys at the top level of the configuration.", [])
+    out = [top]
+    for f, kind in _fields(Config):
+        if dataclasses.is_dataclass(kind):
+            out.append(Section(f.name, _meaning(Config, f.name), list(_keys(kind, f"{f.name}.", CHOICES))))
+        else:
+            top.keys.append(_key(Config, f, kind, "", CHOICES))
+    return out
+
+
+def help_text(command: str) -> str:
+    """`python -m pipeline train|distill --help`: the usage, how a configuration is put together,
+    then every key with its default and meaning."""
+    lines = [f"usage: python -m pipeline {command} [CONFIG.yaml] [key=value ...]", ""]
+    if command == "distill":
+        lines += ["One knowledge-distillation stage: kd.teacher is required; the student (model) is by default",
+                  "from_teacher:N, the teacher with half of its layers (evenly spaced).", ""]
+    else:
+        lines += ["One training stage.", ""]
+    lines += [INTRO, "", f"Every key, also in {PAGE} (KEY = DEFAULT  [TYPE], then its meaning):"]
+    for section in sections():
+        lines += ["", f"{section.name or 'top level'}: {section.meaning}"]
+        for key in section.keys:
+            lines.append(f"  {key.key} = {key.default}  [{key.kind}]")
+            lines += textwrap.wrap(key.meaning, 100, initial_indent=" " * 6, subsequent_indent=" " * 6,
+                                   break_on_hyphens=False, break_long_words=False)  # keep names whole
+    return "\n".join(lines) + "\n"
+
+
+def markdown() -> str:
+    """docs/configuration.md: the same keys, a table per section."""
+    lines = [f"<!-- Generated from the docstrings in pipeline/config.py by `{REGENERATE}`;",
+             "     edit those and regenerate (tests/test_cli_help.py fails while this page is stale). -->",
+             "", "# Configuration", "", f"Regenerate this page with `{REGENERATE}`.",
+             "Every key is also listed by `python -m pipeline train --help`.", "", INTRO]
+    for section in sections():
+        lines += ["", f"## {f'`{section.name}`' if section.name else 'Top level'}", "", section.meaning, "",
+                  "| key | type | default | meaning |", "|---|---|---|---|"]
+        lines += [f"| `{k.key}` | {_cell(k.kind)} | {'*unset*' if k.default == UNSET else _cell(k.default)} "
+                  f"| {_cell(k.meaning, code=False)} |" for k in section.keys]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- internals
+
+
+def _nearest(word: str, candidates: list[str]) -> list[str]:
+    """The candidates whose last dotted part is nearest to word (ties all kept), if near enough."""
+    scores = {c: difflib.SequenceMatcher(None, word.lower(), c.rpartition(".")[2].lower()).ratio()
+              for c in candidates}
+    best = max(scores.values(), default=0.0)
+    return [c for c, score in scores.items() if score == best] if best >= NEAR else []
+
+
+def _fields(cls: type) -> list[tuple[dataclasses.Field, Any]]:
+    hints = typing.get_type_hints(cls)
+    return [(f, hints[f.name]) for f in dataclasses.fields(cls)]
+
+
+def _keys(cls: type, prefix: str, choices: Mapping[str, tuple[str, ...]]) -> Iterator[Key]:
+    for f, kind in _fields(cls):
+        yield _key(cls, f, kind, prefix, choices)
+
+
+def _key(cls: type, f: dataclasses.Field, kind: Any, prefix: str, choices: Mapping[str, tuple[str, ...]]) -> Key:
+    key = prefix + f.name
+    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    if key in choices:
+        kind_text = " | ".join(choices[key])
+    elif kind is dict:
+        kind_text = f"mapping: {key}.KEY=VALUE"
+    else:
+        kind_text = _type_name(kind)
+    return Key(key, kind_text, _show(default), _meaning(cls, f.name))
+
+
+def _type_name(kind: Any) -> str:
+    if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
+        return " | ".join(_type_name(a) for a in typing.get_args(kind))
+    return "None" if kind is type(None) else kind.__name__
+
+
+def _show(value: Any) -> str:
+    """A default as it is written in an override (true, not True), an unset one as "unset"."""
+    if value is None:
+        return UNSET
+    if isinstance(value, bool):
+        return str(value).lower()
+    return str(value)
+
+
+def _meaning(cls: type, name: str) -> str:
+    """The field's docstring on one line; "" if it has none (tests/test_cli_help.py fails then)."""
+    return " ".join(_field_docs(cls).get(name, "").split())
+
+
+@functools.cache
+def _field_docs(cls: type) -> dict[str, str]:
+    """Each field's attribute docstring: the string literal right below the annotated assignment
+    (Python keeps no such docstring at run time, so it is read from the class's source)."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    docs = {}
+    for node, after in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)):
+            docs[node.target.id] = inspect.cleandoc(after.value.value)
+    return docs
+
+
+def _cell(text: str, code: bool = True) -> str:
+    """A Markdown table cell: a pipe would end the cell, so it is escaped (also inside code)."""
+    text = text.replace("|", "\\|")
+    return f"`{text}`" if code else text
