@@ -1,8 +1,8 @@
 """Data preparation (pipeline/features.py): a sentiment training file of generated rows prepared
 cold (empty cache: read, validate, normalize, train the preset tokenizer, tokenize, save) and warm
 (the same fingerprint: memory-map), by 1 and by 2 ranks (torchrun, gloo), at 10k, 100k and 1M
-rows; beside it the in-memory path every rank took before (read + normalize + tokenize per rank,
-one process). Each measurement is its own process (its own peak RSS); the time is what
+rows; beside it the in-memory path without the prepared cache (read + normalize + tokenize in
+every rank, one process). Each measurement is its own process (its own peak RSS); the time is what
 build_stage spends on data (training examples, the preset tokenizer, features of train/dev/test),
 measured from a barrier to the slowest rank's end, imports and process start excluded.
 
@@ -94,8 +94,8 @@ class HeapPeak:
 
 
 def probe(args) -> None:
-    """Prepare the data as build_stage does (`prepared`) or as every rank did before (`in-memory`);
-    this rank's figures to OUT/rank-R.json."""
+    """Prepare the data as build_stage does (`prepared`) or in every rank's own memory, without the
+    cache (`in-memory`); this rank's figures to OUT/rank-R.json."""
     import torch.distributed as torch_dist
 
     from pipeline import features
@@ -122,7 +122,7 @@ def probe(args) -> None:
                     for split in specs}
         train.release()
     else:
-        base.PARALLEL_ROWS = 10**12  # as before: normalization and tokenization in this process
+        base.PARALLEL_ROWS = 10**12  # the in-memory path: normalization and tokenization in this process
         examples = {split: task.load(specs[split], split) for split in specs}
         tokenizer = preset_tokenizer(task.texts(examples["train"]))
         prepared = {split: task.featurize(examples[split], tokenizer, MAX_LENGTH, split) for split in specs}

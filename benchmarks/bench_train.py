@@ -3,8 +3,8 @@
 overrides, e.g. eager vs CUDA graphs. Each job is its own process; figures are the job's own
 (metrics.json: training samples/s with compile time left out, compile seconds, MFU, dev and test
 score) plus the process's wall time, which includes start-up, data preparation and compilation.
-A contender `before=PATH` runs the pipeline package found under PATH (an older checkout's
-`pipeline/`, e.g. from `git archive`), so today's code can be measured against yesterday's.
+A contender `before=PATH` runs the pipeline package found under PATH (another checkout's
+`pipeline/`, e.g. from `git archive`), so two versions of the code can be measured side by side.
     python benchmarks/bench_train.py --contenders eager:train.compile=off graphs:train.compile=reduce-overhead
     python benchmarks/bench_train.py --quick   # CPU smoke run: 1 epoch of a tiny model
 """
@@ -31,7 +31,7 @@ def contender(spec: str) -> tuple[str, list[str], str | None]:
 
 def run_job(config: str, overrides: list[str], pythonpath: str | None, tag: str) -> dict:
     out = WORK / tag
-    # `python -m` puts its working directory first on sys.path: the older code runs from its folder
+    # `python -m` puts its working directory first on sys.path: that contender's code runs from its folder
     cwd = Path(pythonpath).resolve() if pythonpath else ROOT
     command = [sys.executable, "-m", "pipeline", "train", str((ROOT / config).resolve()), *overrides,
                f"output_dir={out}", f"tracking.uri=sqlite:///{WORK / 'mlflow.db'}", "tracking.system_metrics=false"]

@@ -17,10 +17,11 @@ SLOWEST_FIRST = ("test_faults.py", "test_deepspeed.py", "test_study.py", "test_t
                  "test_distill.py", "test_model_families.py", "test_fallback.py", "test_task_qa.py",
                  "test_task_ner.py", "test_train.py", "test_compile.py", "test_features.py", "test_ddp.py",
                  "test_lock.py")
-"""Test files by their time in a 2-worker run (session 10, 2-core machine: 237 s down to 27 s);
-the rest take seconds. `make test` hands whole files to the two workers in collection order:
-longest first. xdist's own order, by test count, leaves the few-test, slow files last: one worker
-then sat idle for 53 s at the end of session 10's run; in session 11's, the two ended 14 s apart."""
+"""Test files, slowest first, by their time in a 2-worker run on a 2-core machine (237 s down to
+27 s); the rest take seconds. `make test` hands whole files to the two workers in collection order,
+so each worker takes the next-longest file when it frees up and the two end close together (greedy
+list scheduling). xdist's own order, by test count, would leave the files with few but slow tests
+(faults, DeepSpeed, study) for last, and one worker would sit idle while the other finished them."""
 
 
 def pytest_collection_modifyitems(items):

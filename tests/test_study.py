@@ -130,7 +130,7 @@ def test_second_invocation_skips_finished_cells(study):
 
 
 @pytest.mark.slow
-def test_report_numbers_are_the_runs_figures(study):
+def test_report_numbers_are_the_runs_metrics(study):
     report = study["report"]
     metrics = {c: json.loads((study["outputs"] / c / "metrics.json").read_text()) for c in FINISHED}
     cells = pd.read_csv(report / "cells.csv").set_index("cell")
@@ -384,7 +384,7 @@ def plan_entry(task, model, precision, procedure="train", seed=1, tables=("amp",
                        "status": "finished", **outcome})
 
 
-def cpu_figures(main, sps, rss, epoch=10.0, accuracy=None):
+def cpu_metrics(main, sps, rss, epoch=10.0, accuracy=None):
     """A classification run's figures on a CPU; its test scores are the main metric (macro-F1)
     and the accuracy (default: main + 0.01)."""
     return {names.TEST_MAIN: main, names.test_metric("macro_f1"): main,
@@ -407,31 +407,31 @@ def hand_report(tmp_path_factory):
     cpu = {"device_type": "cpu", "energy_available": "false"}
     plan = {}
 
-    def cell(name, task, model, precision, resolved, figures, seed=1, status="FINISHED", **extra):
+    def cell(name, task, model, precision, resolved, metrics, seed=1, status="FINISHED", **extra):
         plan[name] = plan_entry(task, model, precision, seed=seed, **extra)
-        if figures is not None:
+        if metrics is not None:
             log_run(client, exp, parent, name, {**cpu, "precision": resolved, "precision_requested": precision,
-                                                "seed": str(seed)}, figures, status)
+                                                "seed": str(seed)}, metrics, status)
 
     # sentiment x m1: two seeds per side, known means
-    cell("a-fp32-s1", "sentiment", "m1", "fp32", "fp32", cpu_figures(0.80, 100, 1000), seed=1)
-    cell("a-fp32-s2", "sentiment", "m1", "fp32", "fp32", cpu_figures(0.82, 110, 1000), seed=2)
-    cell("a-bf16-s1", "sentiment", "m1", "bf16", "bf16", cpu_figures(0.79, 150, 800), seed=1)
-    cell("a-bf16-s2", "sentiment", "m1", "bf16", "bf16", cpu_figures(0.81, 160, 820), seed=2)
+    cell("a-fp32-s1", "sentiment", "m1", "fp32", "fp32", cpu_metrics(0.80, 100, 1000), seed=1)
+    cell("a-fp32-s2", "sentiment", "m1", "fp32", "fp32", cpu_metrics(0.82, 110, 1000), seed=2)
+    cell("a-bf16-s1", "sentiment", "m1", "bf16", "bf16", cpu_metrics(0.79, 150, 800), seed=1)
+    cell("a-bf16-s2", "sentiment", "m1", "bf16", "bf16", cpu_metrics(0.81, 160, 820), seed=2)
     # ner x m1: the AMP run crashed mid-training (its partial figures must not show)
-    cell("b-fp32", "ner", "m1", "fp32", "fp32", cpu_figures(0.60, 50, 500))
+    cell("b-fp32", "ner", "m1", "fp32", "fp32", cpu_metrics(0.60, 50, 500))
     cell("b-bf16", "ner", "m1", "bf16", "bf16", {names.SAMPLES_PER_S: 999.0}, status="FAILED")
     plan["b-bf16"] = plan_entry("ner", "m1", "bf16", status="failed", exit_code=1, reason="RuntimeError: boom")
     # qa x m1: the FP32 cell never ran
     cell("c-fp32", "qa", "m1", "fp32", "fp32", None)
     plan["c-fp32"] = plan_entry("qa", "m1", "fp32", status="planned")
-    cell("c-bf16", "qa", "m1", "bf16", "bf16", cpu_figures(0.5, 80, 700))
+    cell("c-bf16", "qa", "m1", "bf16", "bf16", cpu_metrics(0.5, 80, 700))
     # error_cls x m1: a saturated task, FP32 and AMP give the same test scores for each seed
     # (only the loss differs): "identical", never a bare "kept 100.0%"
     for seed in (1, 2):
-        cell(f"e-fp32-s{seed}", "error_cls", "m1", "fp32", "fp32", cpu_figures(0.91, 100, 1000), seed=seed)
+        cell(f"e-fp32-s{seed}", "error_cls", "m1", "fp32", "fp32", cpu_metrics(0.91, 100, 1000), seed=seed)
         cell(f"e-bf16-s{seed}", "error_cls", "m1", "bf16", "bf16",
-             {**cpu_figures(0.91, 150, 800), names.test_metric("loss"): 0.4}, seed=seed)
+             {**cpu_metrics(0.91, 150, 800), names.test_metric("loss"): 0.4}, seed=seed)
 
     def kd(f1, sec, j, mem):  # KD procedures on a GPU: energy measured, allocated memory
         return {names.TEST_MAIN: f1, names.test_metric("f1"): f1, names.test_metric("precision"): f1 + 0.1,
@@ -440,7 +440,7 @@ def hand_report(tmp_path_factory):
                 names.PEAK_MEM_RESERVED: mem + 100, names.ENERGY_JOULES: j}
 
     gpu = {"device_type": "cuda", "energy_available": "true"}
-    for name, proc, precision, seed, figures in (
+    for name, proc, precision, seed, metrics in (
             ("teacher", "teacher", "fp32", 1, kd(0.60, 40, 4000, 2000)),
             ("baseline", "baseline", "fp32", 1, kd(0.40, 20, 2000, 900)),
             ("baseline-s2", "baseline", "fp32", 2, kd(0.42, 20, 2000, 900)),
@@ -452,7 +452,7 @@ def hand_report(tmp_path_factory):
         plan[name] = plan_entry("wikiqa", "mini", precision, procedure=proc, seed=seed, tables=("kd",),
                                 command=command, needs=["teacher"] if command == "distill" else [])
         log_run(client, exp, parent, name, {**gpu, "precision": precision, names.TAG_PROCEDURE: proc,
-                                            "stage": command}, figures)
+                                            "stage": command}, metrics)
     for name, entry in plan.items():
         client.set_tag(parent, names.CELL_TAG_PREFIX + name, entry)
     client.set_terminated(parent, status="FAILED")

@@ -1,17 +1,17 @@
 """`python -m pipeline report --experiment NAME [--uri URI] [--out DIR]`: compare a study's runs.
 
 Reads the runs back from MLflow (the study's parent run says which cells were planned and how
-each ended; the child runs hold the figures) and writes to reports/NAME/:
+each ended; the child runs hold the metrics) and writes to reports/NAME/:
 - report.md: the AMP table (FP32 vs AMP per task x model, with speed-up, memory reduction and
   metric retention ± the seed spread, speed and memory averaged in one sentence), the KD table
   (per procedure), each finding in words with its uncertainty (compare, verdicts), the seed
   statistics, the cells and their outcomes, the charts;
-- amp_table.csv, kd_table.csv, seed_stats.csv, cells.csv (one row per cell, raw figures);
+- amp_table.csv, kd_table.csv, seed_stats.csv, cells.csv (one row per cell, raw metrics);
 - speedup.png, memory_reduction.png, retention.png, kd.png (matplotlib, Agg).
 It also logs them as artifacts (report/) of the study's parent run.
 
 A failed or missing run shows as "failed" or "missing" in every table, never as a number;
-a figure a run could not measure (energy on a CPU) shows as "n/a".
+a metric a run could not measure (energy on a CPU) shows as "n/a".
 """
 from __future__ import annotations
 

@@ -21,11 +21,11 @@ from pipeline.names import (
     TEST,
     TEST_MAIN,
 )
-from pipeline.report.figures import AMP_PRECISIONS, FIGURES, FP32_PRECISIONS, MEMORY, METRICS
+from pipeline.report.columns import AMP_PRECISIONS, COLUMNS, FP32_PRECISIONS, MEMORY, METRICS
 
 ROW_COLUMNS = ["cell", "task", "model", "procedure", "stage", "seed", "precision_requested", "precision",
                "precision_mode", "role", "tables", "needs", "launcher", "status", "exit_code", "reason", "run_id",
-               "device_type", "energy_available", "main_source", "memory", "test_scores", *FIGURES]
+               "device_type", "energy_available", "main_source", "memory", "test_scores", *COLUMNS]
 """The columns of a cell row (cells.csv)."""
 
 
@@ -99,10 +99,10 @@ def _row(client, name: str, plan: dict | None, run) -> dict:
         "reason": plan.get("reason", "") if status == "failed" else "",
         "run_id": run.info.run_id if run else plan.get("run_id"),
         "device_type": tags.get("device_type"), "energy_available": tags.get("energy_available"),
-        "main_source": None, "memory": None, "test_scores": "", **{f: math.nan for f in FIGURES},
+        "main_source": None, "memory": None, "test_scores": "", **{f: math.nan for f in COLUMNS},
     }
-    if status == "finished":  # figures of failed runs are partial: never reported
-        row.update(_figures(client, run))
+    if status == "finished":  # metrics of failed runs are partial: never reported
+        row.update(_metrics(client, run))
     return row
 
 
@@ -116,21 +116,21 @@ def _status(plan: dict, run) -> str:
     return "missing"  # planned and never run, or finished elsewhere (outputs without a run here)
 
 
-def _figures(client, run) -> dict:
+def _metrics(client, run) -> dict:
     m = run.data.metrics
-    figures = {k: m.get(metric, math.nan) for k, metric in METRICS.items()}
+    values = {k: m.get(metric, math.nan) for k, metric in METRICS.items()}
     if TEST_MAIN in m:
-        figures.update(main=m[TEST_MAIN], main_source=TEST_MAIN)
+        values.update(main=m[TEST_MAIN], main_source=TEST_MAIN)
     elif EVAL_MAIN in m:  # the latest value is the last epoch's; the best epoch is what counts
         history = client.get_metric_history(run.info.run_id, EVAL_MAIN)
-        figures.update(main=max(h.value for h in history), main_source=EVAL_MAIN)
+        values.update(main=max(h.value for h in history), main_source=EVAL_MAIN)
     for metric, kind in MEMORY.items():
         if metric in m:
-            figures.update(peak_mem_mb=m[metric], memory=kind)
+            values.update(peak_mem_mb=m[metric], memory=kind)
             break
     if run.data.tags.get("energy_available") == "false":
-        figures["energy_j"] = math.nan
+        values["energy_j"] = math.nan
     # every test score but the loss, to tell two runs that predicted the same from two that differ
     scores = {k: v for k, v in sorted(m.items()) if k.startswith(TEST) and k not in (TEST_MAIN, f"{TEST}loss")}
-    figures["test_scores"] = json.dumps(scores) if scores else ""
-    return figures
+    values["test_scores"] = json.dumps(scores) if scores else ""
+    return values

@@ -92,18 +92,18 @@ def _needed(rows: pd.DataFrame, procedure_of: dict) -> set[str]:
     return {procedure_of.get(name) for needs in rows.needs.dropna() for name in str(needs).split(",") if name}
 
 
-def stats(rows: pd.DataFrame, figure: str) -> tuple[int, float, float]:
-    """(finished runs with the figure, mean, sample std; std NaN below 2 runs)."""
-    values = rows[rows.status == "finished"][figure].astype(float).dropna()
+def stats(rows: pd.DataFrame, column: str) -> tuple[int, float, float]:
+    """(finished runs with a value in the column, mean, sample std; std NaN below 2 runs)."""
+    values = rows[rows.status == "finished"][column].astype(float).dropna()
     return (len(values), values.mean() if len(values) else math.nan,
             values.std(ddof=1) if len(values) >= 2 else math.nan)
 
 
-def difference(c: Comparison, figure: str) -> dict:
+def difference(c: Comparison, column: str) -> dict:
     """Both sides' n, mean and std, compared - reference, the pooled std and the verdict
     (exceeds_spread: yes / no, or "" where a side has fewer than 2 seeds)."""
-    rn, rm, rs = stats(c.ref, figure)
-    cn, cm, cs = stats(c.cmp, figure)
+    rn, rm, rs = stats(c.ref, column)
+    cn, cm, cs = stats(c.cmp, column)
     pooled = math.sqrt((rs ** 2 + cs ** 2) / 2) if rn >= 2 and cn >= 2 else math.nan
     verdict = "" if math.isnan(pooled) or math.isnan(cm - rm) else (
         "yes" if abs(cm - rm) > SPREAD_FACTOR * pooled else "no")

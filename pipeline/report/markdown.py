@@ -7,13 +7,13 @@ from datetime import datetime, timezone
 import pandas as pd
 
 from pipeline.names import ENERGY_JOULES, EVAL_MAIN, PEAK_MEM_ALLOCATED, PEAK_RSS, TEST_MAIN, TRAIN_TIME, test_metric
+from pipeline.report.columns import AMP_DELTAS, TEST_COLUMNS
 from pipeline.report.compare import SPREAD_FACTOR, comparisons
-from pipeline.report.figures import AMP_DELTAS, TEST_FIGURES
 from pipeline.report.tables import amp_display, kd_display
 from pipeline.report.verdicts import amp_sentence, kd_sentences
 
 TEST_LABELS = ("P", "R", "F1", "MAP", "MRR")
-"""The KD table's column headers of TEST_FIGURES, in their order."""
+"""The KD table's column headers of TEST_COLUMNS, in their order."""
 
 
 def headline(amp: pd.DataFrame) -> str:
@@ -122,7 +122,7 @@ def _amp_section(amp: pd.DataFrame, charts: list[str], findings: list[str]) -> l
     lines = ["## AMP vs FP32", "", f"**{headline(amp)}**", "", md_table(table), "",
              *[f"- {line}" for line in findings], "",
              f"- main: the task's main metric on the test split with the best dev checkpoint (`{TEST_MAIN}`; "
-             f"`{EVAL_MAIN}`, the best dev epoch, where a run has no test figures).",
+             f"`{EVAL_MAIN}`, the best dev epoch, where a run has no test metrics).",
              f"- peak memory: `{PEAK_MEM_ALLOCATED}` on CUDA, `{PEAK_RSS}` (process peak RSS) on CPU; "
              "the memory column says which.",
              "- speed-up = AMP samples/s / FP32 samples/s - 1; memory reduction = 1 - AMP peak / FP32 peak; "
@@ -145,7 +145,7 @@ def _kd_section(kd: pd.DataFrame, charts: list[str], findings: list[str]) -> lis
         "memory": shown.memory,
         "energy J": [_fmt(v, s, 1) for v, s in zip(shown.energy_j, shown.energy_j_std)],
         **{label: [_fmt(v, s, 4) for v, s in zip(shown[f"test_{k}"], shown[f"test_{k}_std"])]
-           for label, k in zip(TEST_LABELS, TEST_FIGURES)},
+           for label, k in zip(TEST_LABELS, TEST_COLUMNS)},
         "runs": shown.seeds,
     })
     lines = ["## Knowledge distillation procedures", "", md_table(table), "",

@@ -1,6 +1,6 @@
 """The report's tables: AMP (FP32 vs AMP per task x model), KD (per procedure) and the seed
 statistics, aggregated over seeds from the cell rows; and the tables as written, where a
-failed, missing or unmeasured figure is a mark (failed, missing, n/a) instead of a number.
+failed, missing or unmeasured metric is a mark (failed, missing, n/a) instead of a number.
 """
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import math
 
 import pandas as pd
 
+from pipeline.report.columns import AMP_COLUMNS, AMP_DELTAS, COLUMNS, KD_COLUMNS, KD_SHOWN, SPREAD_COLUMNS
 from pipeline.report.compare import Comparison, amp_pairs, comparisons, difference, identical_scores
-from pipeline.report.figures import AMP_DELTAS, AMP_FIGURES, FIGURES, KD_FIGURES, KD_SHOWN, SEED_FIGURES
 
 
 def _aggregate(rows: pd.DataFrame) -> dict:
@@ -21,7 +21,7 @@ def _aggregate(rows: pd.DataFrame) -> dict:
            "precision": "/".join(sorted(set(ok.precision.dropna()))) or "/".join(sorted(set(rows.precision_requested))),
            "memory": "/".join(sorted(set(ok.memory.dropna()))),
            "energy_na": bool(len(ok)) and (ok.energy_available == "false").all()}
-    for f in FIGURES:
+    for f in COLUMNS:
         values = ok[f].astype(float).dropna()
         agg[f] = values.mean() if len(values) else math.nan
         agg[f"{f}_std"] = values.std(ddof=1) if len(values) >= 2 else math.nan
@@ -29,7 +29,7 @@ def _aggregate(rows: pd.DataFrame) -> dict:
 
 
 def amp_table(cells: pd.DataFrame) -> pd.DataFrame:
-    """One row per task x model (x procedure): FP32 and AMP figures (means over seeds) and deltas;
+    """One row per task x model (x procedure): FP32 and AMP columns (means over seeds) and deltas;
     retention_spread_pct is the pooled std of the main metric in % of the FP32 mean (2+ seeds a
     side), identical_seeds "k/n": n seeds run on both sides, k of them with equal test scores."""
     rows = []
@@ -39,9 +39,9 @@ def amp_table(cells: pd.DataFrame) -> pd.DataFrame:
         for prefix, agg in (("fp32", f), ("amp", a)):
             row.update({f"{prefix}_status": agg["status"], f"{prefix}_precision": agg["precision"],
                         f"{prefix}_seeds": f"{agg['n']}/{agg['of']}", f"{prefix}_energy_na": agg["energy_na"]})
-            for fig in AMP_FIGURES:
-                row[f"{prefix}_{fig}"] = agg[fig]
-                row[f"{prefix}_{fig}_std"] = agg[f"{fig}_std"]
+            for col in AMP_COLUMNS:
+                row[f"{prefix}_{col}"] = agg[col]
+                row[f"{prefix}_{col}_std"] = agg[f"{col}_std"]
         row["speedup_pct"] = (_ratio(a["samples_per_s"], f["samples_per_s"]) - 1) * 100
         row["mem_reduction_pct"] = (1 - _ratio(a["peak_mem_mb"], f["peak_mem_mb"])) * 100
         row["retention_pct"] = _ratio(a["main"], f["main"]) * 100
@@ -68,23 +68,23 @@ def kd_table(cells: pd.DataFrame) -> pd.DataFrame:
                "role": "/".join(sorted(set(g.role) - {""})), "launcher": "/".join(dict.fromkeys(g.launcher.dropna())),
                "memory": agg["memory"], "status": agg["status"], "seeds": f"{agg['n']}/{agg['of']}",
                "energy_na": agg["energy_na"]}
-        for fig in KD_FIGURES:
-            row[fig], row[f"{fig}_std"] = agg[fig], agg[f"{fig}_std"]
+        for col in KD_COLUMNS:
+            row[col], row[f"{col}_std"] = agg[col], agg[f"{col}_std"]
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def seed_stats(cells: pd.DataFrame) -> pd.DataFrame:
-    """Every comparison (compare.comparisons) with 2+ finished seeds on each side: per figure,
+    """Every comparison (compare.comparisons) with 2+ finished seeds on each side: per column,
     both sides' mean and std, compared - reference, the pooled std, and whether the difference
     exceeds the seed spread; identical_seeds as in amp_table (FP32/AMP pairs only)."""
     rows = []
     for c in comparisons(cells):
         pairs, same = identical_scores(c)
-        for fig in SEED_FIGURES:
-            d = difference(c, fig)
+        for col in SPREAD_COLUMNS:
+            d = difference(c, col)
             if d["exceeds_spread"]:
-                rows.append({"comparison": c.label, "metric": fig, **d,
+                rows.append({"comparison": c.label, "metric": col, **d,
                              "identical_seeds": f"{same}/{pairs}" if pairs else ""})
     return pd.DataFrame(rows, columns=SEED_COLUMNS)
 
@@ -111,11 +111,11 @@ def amp_display(amp: pd.DataFrame) -> pd.DataFrame:
         return amp
     out = amp[["task", "model", "procedure", "memory", "fp32_precision", "amp_precision", "fp32_seeds",
                "amp_seeds"]].copy()
-    for fig in AMP_FIGURES:
+    for col in AMP_COLUMNS:
         for p in ("fp32", "amp"):
-            out[f"{p}_{fig}"] = [_value(r[f"{p}_status"], r[f"{p}_{fig}"], r[f"{p}_energy_na"], fig == "energy_j")
+            out[f"{p}_{col}"] = [_value(r[f"{p}_status"], r[f"{p}_{col}"], r[f"{p}_energy_na"], col == "energy_j")
                                  for _, r in amp.iterrows()]
-            out[f"{p}_{fig}_std"] = [r[f"{p}_{fig}_std"] if r[f"{p}_status"] == "ok" else None
+            out[f"{p}_{col}_std"] = [r[f"{p}_{col}_std"] if r[f"{p}_status"] == "ok" else None
                                      for _, r in amp.iterrows()]
     for d in AMP_DELTAS:
         out[d] = [r[d] if not math.isnan(r[d]) else _pair_mark(r) for _, r in amp.iterrows()]
@@ -133,8 +133,8 @@ def kd_display(kd: pd.DataFrame) -> pd.DataFrame:
     if kd.empty:
         return kd
     out = kd[["task", "procedure", "stage", "model", "precision", "launcher", "memory", "status", "seeds"]].copy()
-    for fig in KD_SHOWN:
-        out[fig] = [_value(r.status, r[fig], r.energy_na, fig == "energy_j") for _, r in kd.iterrows()]
-        out[f"{fig}_std"] = [r[f"{fig}_std"] if r.status == "ok" else None for _, r in kd.iterrows()]
+    for col in KD_SHOWN:
+        out[col] = [_value(r.status, r[col], r.energy_na, col == "energy_j") for _, r in kd.iterrows()]
+        out[f"{col}_std"] = [r[f"{col}_std"] if r.status == "ok" else None for _, r in kd.iterrows()]
     return out
 

@@ -141,7 +141,7 @@ def _run_cell(client, experiment_id: str, study: Study, cell: Cell, parent: str,
 
 
 def _finished_before(cell: Cell) -> bool:
-    """A stage writes metrics.json (its final figures) only once it has finished."""
+    """A stage writes metrics.json (its final metrics) only once it has finished."""
     return (cell.output_dir / "metrics.json").is_file()
 
 
