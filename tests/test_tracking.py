@@ -201,3 +201,81 @@ def test_a_journal_that_cannot_be_written_still_ends_the_run(tmp_path, monkeypat
         Path("/dev/full") if self == tracker.journal_path else self, *a, **k))
     tracker.end("FAILED")
     assert client(uri).get_run(tracker.run_id).info.status == "FAILED"
+
+
+# a journal as jobs write it: the file format every version must replay
+JOURNAL_LINES = [
+    '{"type": "start", "uri": "http://***@127.0.0.1:9", "experiment": "replay", "run_name": "job", '
+    '"tags": {"task": "sentiment", "world_size": "1"}, "params": {"train.lr": "0.001", "seed": "7"}, '
+    '"resume_run_id": null}',
+    '{"type": "run", "run_id": null}',
+    '{"type": "datasets", "datasets": [{"split": "train", "name": "train.tsv", "source_type": "local", '
+    '"source": "{\\"uri\\": \\"/data/train.tsv\\"}", "digest": "0123456789abcdef", "rows": 12}]}',
+    '{"type": "tags", "tags": {"data_cache": "miss"}}',
+    '{"type": "metric", "key": "train/loss", "value": 1.5, "step": 5, "ts": 1700000000000}',
+    '{"type": "metric", "key": "train/loss", "value": 0.75, "step": 10, "ts": 1700000001000}',
+    '{"type": "metric", "key": "test/ü", "value": 0.5, "step": 10, "ts": 1700000002000}',
+    '{"type": "artifact", "path": "/nowhere/report.txt", "artifact_path": null}',
+    '{"type": "end", "status": "FINISHED"}',
+]
+
+
+def test_journal_records_read_back_as_written(tmp_path):
+    from pipeline.tracking.journal import read_journal, to_json
+
+    path = tmp_path / "journal.jsonl"
+    path.write_text("\n".join(JOURNAL_LINES) + "\n", encoding="utf-8")
+    assert [to_json(r) for r in read_journal(path)] == JOURNAL_LINES
+
+
+def test_a_journal_replays_into_a_new_run(tmp_path):
+    out, db = tmp_path / "out", tracking_db(tmp_path)
+    out.mkdir()
+    (out / "journal.jsonl").write_text("\n".join(JOURNAL_LINES) + "\n", encoding="utf-8")
+    run_id = sync(out, f"sqlite:///{db}")
+    c = client(f"sqlite:///{db}")
+    run = c.get_run(run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "job"
+    assert run.data.params == {"train.lr": "0.001", "seed": "7"}
+    assert {k: run.data.tags[k] for k in ("task", "world_size", "data_cache")} == \
+        {"task": "sentiment", "world_size": "1", "data_cache": "miss"}
+    assert [(m.step, m.value, m.timestamp) for m in c.get_metric_history(run_id, "train/loss")] == \
+        [(5, 1.5, 1700000000000), (10, 0.75, 1700000001000)]
+    (dataset,) = run.inputs.dataset_inputs
+    assert dataset.dataset.digest == "0123456789abcdef" and dataset.tags[0].value == "train"
+    assert json.loads((out / "journal.jsonl").read_text().splitlines()[-1]) == \
+        {"type": "synced", "run_id": run_id, "uri": f"sqlite:///{db}"}
+
+
+def test_a_live_run_and_its_journal_replayed_elsewhere_are_the_same_run(tmp_path):
+    """The Tracker applies each record it journals the way sync replays them: the run it logs
+    live and the run sync makes of its journal on another store hold the same record."""
+    from pipeline.data import DatasetRecord
+    from pipeline.tracking import Tracker
+
+    live, replayed = f"sqlite:///{tracking_db(tmp_path, 'live.db')}", f"sqlite:///{tracking_db(tmp_path, 're.db')}"
+    out = tmp_path / "out"
+    tracker = Tracker(out, active=True)
+    tracker.start(live, "same", "job", {"task": "sentiment", "api_token": "tok"},
+                  {f"p{i:03d}": i for i in range(150)})  # more params than one MLflow batch takes
+    tracker.log_datasets([DatasetRecord("dev", "dev.tsv", "local", '{"uri": "/d/dev.tsv"}', "fedcba9876543210", 3)])
+    tracker.set_tags({"data_cache": "hit"})
+    tracker.log_metrics({"train/loss": 2.0, "lr": 1e-3}, step=1)
+    tracker.log_metrics({"train/loss": 1.0}, step=2)
+    (out / "report.txt").write_text("figures\n")
+    tracker.log_artifact(out / "report.txt")
+    tracker.end("FINISHED")
+
+    def record(uri, run_id):
+        c = client(uri)
+        run = c.get_run(run_id)
+        return {"status": run.info.status, "name": run.info.run_name, "params": run.data.params,
+                "tags": {k: v for k, v in run.data.tags.items() if not k.startswith("mlflow.")},
+                "metrics": {k: [(m.step, m.timestamp, m.value) for m in c.get_metric_history(run_id, k)]
+                            for k in run.data.metrics},
+                "inputs": [(d.dataset.name, d.dataset.digest, d.tags[0].value) for d in run.inputs.dataset_inputs],
+                "artifacts": [a.path for a in c.list_artifacts(run_id)]}
+
+    expected = record(live, tracker.run_id)
+    assert len(expected["params"]) == 150 and expected["tags"]["api_token"] == "***"
+    assert record(replayed, sync(out, replayed)) == expected

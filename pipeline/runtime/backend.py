@@ -32,6 +32,18 @@ class Backend(Protocol):
     module: torch.nn.Module
     """The unwrapped model (set by prepare): evaluate it, save it, read its parameters."""
 
+    @property
+    def fused_optimizer(self) -> bool:
+        """Whether the optimizer handed to prepare() must be a fused one (one kernel pass over all
+        parameters, whose `found_inf` input skips a non-finite update on the device); False where
+        the backend wraps it in its own (DeepSpeed's partitioned optimizer)."""
+        ...
+
+    def describe(self) -> dict[str, object]:
+        """What only the backend knows about how it runs, for the run's `resolved.*` params
+        (e.g. deepspeed_stage); empty when there is nothing beyond the launch mode."""
+        ...
+
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
         """Move and wrap model and optimizer; return the module to call forward on (it may be a
         wrapper such as DDP or a DeepSpeed engine). Called once, before any other method but the

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -44,6 +45,10 @@ from pipeline.runtime.backend import StepResult
 from pipeline.runtime.compiler import allow_shapes, compile_kwargs
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PURE16, PrecisionPolicy
+
+if TYPE_CHECKING:
+    from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer
+    from transformers import PretrainedConfig
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "ds_configs" / "zero2.json"
 
@@ -65,7 +70,7 @@ def resolve_ds_config(raw: dict, train: TrainConfig, precision: str, world_size:
     """Fill "auto" values from the pipeline config; refuse disagreements."""
     cfg = json.loads(json.dumps(raw))  # deep copy
 
-    def fill(block: dict, key: str, value, ours: str, label: str | None = None):
+    def fill(block: dict, key: str, value: bool | int | float | str, ours: str, label: str | None = None) -> None:
         if block.get(key, "auto") == "auto":
             block[key] = value
         elif block[key] != value:
@@ -106,7 +111,7 @@ BUCKET_SIZES = {  # ZeRO key -> its size from the model's hidden size h (transfo
 }
 
 
-def fill_bucket_sizes(cfg: dict, model_config) -> dict:
+def fill_bucket_sizes(cfg: dict, model_config: PretrainedConfig | None) -> dict:
     """The ZeRO sizes that say "auto", filled from the model's hidden size (in place; returns what
     was filled). A number the user wrote is a tuning choice and stays. A model config without a
     hidden size leaves those keys to DeepSpeed's defaults."""
@@ -122,7 +127,7 @@ def fill_bucket_sizes(cfg: dict, model_config) -> dict:
     return filled
 
 
-def read_loss_scale(optimizer) -> float | None:
+def read_loss_scale(optimizer: DeepSpeedOptimizer) -> float | None:
     """The dynamic loss scale of a DeepSpeed fp16 optimizer: the ZeRO-0 FP16_Optimizer keeps it in
     loss_scale_config.cur_scale, the ZeRO-1/2/3 optimizers in cur_scale (as the engine's own
     _get_optimizer_loss_scale reads it)."""
@@ -175,6 +180,13 @@ class DeepSpeedBackend:
         self.engine = None
         self.precision_mode = precision_mode(policy)
         self.compile_mode = train.compile
+
+    @property
+    def fused_optimizer(self) -> bool:
+        return False  # the engine wraps the optimizer in its own partitioned one
+
+    def describe(self) -> dict[str, object]:
+        return {"deepspeed_stage": self.stage}
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> torch.nn.Module:
         import deepspeed

@@ -25,6 +25,13 @@ class TorchBackend:
         self.compile_mode = compile_mode
         self.scaler = policy.make_scaler()
 
+    @property
+    def fused_optimizer(self) -> bool:
+        return True
+
+    def describe(self) -> dict[str, object]:
+        return {}
+
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
         """Compiled in place before DDP wraps it: DDP's hooks fire on the gradients the compiled
         backward produces, and the state_dict keeps its keys."""

@@ -1,0 +1,21 @@
+"""One MLflow run per job, created by global rank 0 only, plus a local journal of every
+figure in the run's output directory, written as it is produced.
+
+If the tracking server cannot be reached (at start or mid-run) training goes on: the journal
+keeps everything, and `python -m pipeline sync RUN_DIR` uploads it later. A job that fails,
+even because the journal itself cannot be written, ends its run FAILED (or KILLED).
+
+store: the tracking URI and the MLflow client; journal: the record types and their file;
+sink: records into an MLflow run; tracker: live logging; stage_run: a stage's run as a job
+opens it; replay: `pipeline sync`, replaying a journal.
+"""
+from pipeline.tracking.journal import JOURNAL, read_journal
+from pipeline.tracking.replay import settle_abandoned_run, sync
+from pipeline.tracking.sink import dataset_inputs
+from pipeline.tracking.stage_run import StageRun, start_stage_run, what_ran
+from pipeline.tracking.store import open_client, open_experiment, redact, redact_config, resolve_uri, safe_params
+from pipeline.tracking.tracker import Tracker
+
+__all__ = ["JOURNAL", "StageRun", "Tracker", "dataset_inputs", "open_client", "open_experiment", "read_journal",
+           "redact", "redact_config", "resolve_uri", "safe_params", "settle_abandoned_run", "start_stage_run",
+           "sync", "what_ran"]

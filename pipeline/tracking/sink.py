@@ -1,0 +1,109 @@
+"""Journal records into an MLflow run: the one path by which a run's figures reach MLflow, live
+(the Tracker applies each record it journals) and replayed (sync applies a whole journal)."""
+from __future__ import annotations
+
+import json
+from collections.abc import Container, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline.tracking.journal import Artifact, Datasets, End, Metric, Record, Start, Tags
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import DatasetInput
+
+PARAMS_PER_BATCH, METRICS_PER_BATCH = 100, 1000  # MLflow's limits for one log_batch
+
+
+class _Every:
+    def __contains__(self, key: object) -> bool:
+        return True
+
+
+@dataclass(frozen=True)
+class Present:
+    """What the run already holds, so that applying records logs only the rest."""
+
+    params: Container[str] = ()
+    tags: Mapping[str, str] = field(default_factory=dict)
+    metrics: Mapping[str, Container[tuple[int, int, float]]] = field(default_factory=dict)
+    """Metric key -> (step, timestamp, value) of each point already logged."""
+
+
+NOTHING = Present()
+
+
+def opened(start: Start) -> Present:
+    """What a run holds once open_run returns: a new run has the start's tags (set as it is
+    created); a reopened run keeps its params (MLflow refuses changing a param's value)."""
+    return Present(params=_Every()) if start.resume_run_id else Present(tags=start.tags)
+
+
+def open_run(client: MlflowClient, experiment_id: str, start: Start) -> str:
+    """The run a job logs to: the run a resumed job continues, RUNNING again, else a new one."""
+    if start.resume_run_id:
+        client.update_run(start.resume_run_id, status="RUNNING")
+        return start.resume_run_id
+    return create_run(client, experiment_id, start)
+
+
+def create_run(client: MlflowClient, experiment_id: str, start: Start) -> str:
+    return client.create_run(experiment_id, run_name=start.run_name, tags=start.tags).info.run_id
+
+
+def present_in(client: MlflowClient, run_id: str, records: Sequence[Record]) -> Present:
+    """What the run on the server holds of these records' params and metrics (tags are set again:
+    the journal's last value of a tag wins)."""
+    keys = {r.key for r in records if isinstance(r, Metric)}
+    return Present(params=client.get_run(run_id).data.params,
+                   metrics={key: {(m.step, m.timestamp, m.value) for m in client.get_metric_history(run_id, key)}
+                            for key in keys})
+
+
+def apply(client: MlflowClient, run_id: str, records: Sequence[Record], present: Present = NOTHING) -> None:
+    """Log the records into the run, each kind in as few calls as MLflow takes: params (the first
+    start record's: a run's params are those it started with), tags (of every start and tags
+    record, the last value of a key winning), metrics, dataset inputs, artifacts (those still on
+    disk), then the status of the last end record."""
+    from mlflow.entities import Metric as MlflowMetric
+    from mlflow.entities import Param, RunTag
+
+    start = next((r for r in records if isinstance(r, Start)), None)
+    params = [Param(k, v) for k, v in (start.params if start else {}).items() if k not in present.params]
+    for i in range(0, len(params), PARAMS_PER_BATCH):
+        client.log_batch(run_id, params=params[i : i + PARAMS_PER_BATCH])
+    tags = {k: v for r in records if isinstance(r, Start | Tags) for k, v in r.tags.items()}
+    new_tags = [RunTag(k, v) for k, v in tags.items() if present.tags.get(k) != v]
+    if new_tags:
+        client.log_batch(run_id, tags=new_tags)
+    metrics = [MlflowMetric(r.key, r.value, r.ts, r.step) for r in records
+               if isinstance(r, Metric) and (r.step, r.ts, r.value) not in present.metrics.get(r.key, ())]
+    for i in range(0, len(metrics), METRICS_PER_BATCH):
+        client.log_batch(run_id, metrics=metrics[i : i + METRICS_PER_BATCH])
+    inputs = [e for r in records if isinstance(r, Datasets) for e in r.datasets]
+    if inputs:
+        client.log_inputs(run_id, datasets=dataset_inputs(inputs))
+    for r in records:
+        if isinstance(r, Artifact) and Path(r.path).exists():
+            log_artifact = client.log_artifacts if Path(r.path).is_dir() else client.log_artifact
+            log_artifact(run_id, r.path, r.artifact_path)
+    ends = [r for r in records if isinstance(r, End)]
+    if ends:
+        client.set_terminated(run_id, status=ends[-1].status)
+
+
+def dataset_inputs(entries: list[dict[str, Any]]) -> list[DatasetInput]:
+    """MLflow DatasetInputs from journal entries of DatasetRecords."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    return [DatasetInput(Dataset(e["name"], e["digest"], e["source_type"], e["source"],
+                                 profile=json.dumps({"num_rows": e["rows"]})),
+                         tags=[InputTag("mlflow.data.context", e["split"])]) for e in entries]
+
+
+def reason(e: Exception) -> str:
+    """The first line of an exception's message (MLflow's can be pages of HTML), or its type."""
+    text = str(e).strip()
+    return text.splitlines()[0][:200] if text else type(e).__name__

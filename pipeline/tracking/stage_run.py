@@ -1,0 +1,108 @@
+"""A stage's MLflow run as the job opens it: the resolved config.yaml, the run's name, tags and
+params (the config as requested plus what actually ran), and system metrics on every node."""
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from pipeline import fsutil, names, telemetry
+from pipeline.config import Config, flatten
+from pipeline.runtime import dist
+from pipeline.runtime.dist import Runtime
+from pipeline.tracking.store import redact_config
+from pipeline.tracking.tracker import Tracker
+
+if TYPE_CHECKING:
+    from pipeline.runtime.backend import Backend
+    from pipeline.runtime.precision import PrecisionPolicy
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """What a stage's run records beyond its config."""
+
+    stage: str
+    """train | distill."""
+    model_spec: str
+    precision: str
+    """The resolved precision policy's name."""
+    energy_available: bool
+    ran: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """what_ran(): `resolved.*` params and the backend's tags."""
+    resumed: bool = False
+    """The job continues from a checkpoint: it appends to its first attempt's journal."""
+    resume_run_id: str | None = None
+    """The run the checkpoint's job logged to, reopened; None if that job never reached MLflow."""
+
+
+def what_ran(cfg: Config, rt: Runtime, policy: PrecisionPolicy, backend: Backend, model_spec: str,
+             stage: str) -> dict[str, dict[str, Any]]:
+    """What actually runs, beside the config as requested (precision=auto, backend=auto): MLflow
+    params `resolved.*` and the backend's tags, so the compare view needs no click-through."""
+    t = cfg.train
+    batch = f"<= {t.batch_tokens} tokens" if t.batch_tokens else t.batch_size
+    params = {"precision": policy.name, "compute_dtype": str(policy.compute_dtype).removeprefix("torch."),
+              "backend": rt.backend, "world_size": rt.world_size, "grad_accum": t.grad_accum,
+              "global_batch": f"{batch} x {t.grad_accum} x {rt.world_size}" if t.batch_tokens
+              else t.batch_size * t.grad_accum * rt.world_size,
+              **backend.describe(), "model": model_spec, "lr": t.lr,
+              "teacher": cfg.kd.teacher if stage == "distill" else None,
+              "requested_world_size": rt.requested_world_size or rt.world_size}
+    return {"params": {f"resolved.{k}": v for k, v in params.items()}, "tags": backend.extra_tags}
+
+
+def start_stage_run(cfg: Config, rt: Runtime, uri: str, run: StageRun) -> tuple[Tracker, str | None]:
+    """Collective: write the resolved config.yaml, open the stage's MLflow run on rank 0 with its
+    tags and params (a resumed job reopens its run and appends to its journal), and start system
+    metrics on every node. Params are the config as requested plus `run.ran`'s. Returns the
+    tracker and the run id (the same on every rank; None without tracking)."""
+    out = Path(cfg.output_dir)
+    resolved = write_config(cfg, rt, uri)
+    tracker = Tracker(out, active=rt.is_main, resume=run.resumed)
+    tags = run_tags(cfg, rt, run)
+    run_name = cfg.tracking.run_name or f"{cfg.task}-{run.model_spec.split('/')[-1]}-{run.precision}"
+    try:
+        params = {**flatten(resolved), **{k: v for k, v in run.ran.get("params", {}).items() if v is not None}}
+        tracker.start(uri, cfg.tracking.experiment, run_name, tags, params, resume_run_id=run.resume_run_id)
+        tracker.log_artifact(out / "config.yaml")
+        run_id = dist.broadcast_object(tracker.run_id)
+        if cfg.tracking.system_metrics and rt.local_rank == 0:
+            node = rt.rank // max(1, rt.world_size // rt.num_nodes)
+            tracker.start_system_metrics(run_id, uri, f"node{node}-{socket.gethostname()}",
+                                         cfg.tracking.system_metrics_interval)
+    except BaseException:  # e.g. the journal on a full disk: the run must not stay RUNNING
+        tracker.end("FAILED")
+        raise
+    return tracker, run_id
+
+
+def write_config(cfg: Config, rt: Runtime, uri: str) -> dict[str, Any]:
+    """The config as the job resolved it (its tracking URI included), redacted: no secrets in the
+    run's params or in output_dir/config.yaml, which rank 0 writes."""
+    resolved = redact_config({**cfg.to_dict(), "tracking": {**cfg.to_dict()["tracking"], "uri": uri}})
+    if rt.is_main:
+        fsutil.write_text(Path(cfg.output_dir) / "config.yaml",
+                          yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True))
+    return resolved
+
+
+def run_tags(cfg: Config, rt: Runtime, run: StageRun) -> dict[str, object]:
+    """The run's tags: where and how it ran, the backend's tags, then the config's tracking.tags
+    (which win), and the parent run of a study's cell."""
+    tags = {
+        "task": cfg.task, "model": run.model_spec, "precision": run.precision, "precision_requested": cfg.precision,
+        "backend": rt.backend, "launcher": rt.launcher, "world_size": rt.world_size,
+        names.TAG_FALLBACK: "true" if rt.fallback else "false",
+        names.TAG_REQUESTED_WORLD_SIZE: rt.requested_world_size or rt.world_size,
+        "num_nodes": rt.num_nodes, "stage": run.stage, names.TAG_PROCEDURE: run.stage,
+        "device": telemetry.device_name(rt.device), "device_type": rt.device.type, "seed": cfg.seed,
+        names.TAG_STUDY: "", "energy_available": "true" if run.energy_available else "false",
+        **telemetry.environment_tags(), **run.ran.get("tags", {}), **cfg.tracking.tags,
+    }
+    if cfg.tracking.parent_run_id:
+        tags["mlflow.parentRunId"] = cfg.tracking.parent_run_id
+    return tags
