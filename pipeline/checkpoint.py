@@ -1,62 +1,58 @@
 """Checkpoints that a kill at any moment cannot corrupt.
 
-Layout: OUTPUT_DIR/checkpoints/step-00000123/ with `state.pt` (scheduler and LoopState, the
-loop's position and history, rank 0), what the backend writes (`backend.pt`: model, optimizer,
-loss scaler; or DeepSpeed's own engine checkpoint under `engine/`), `rng-rank{R}.pt` (every
-rank's RNG states) and `manifest.json` (sha256 of each file), written last. Every file goes into
-a temporary directory that is fsync'ed (files, then directories) and renamed when complete, so
-neither a kill nor a power loss publishes a partial checkpoint; a save that fails (a full disk:
-DiskFull, one line) removes its temporary directory. A directory without a valid manifest, or
-whose checksums do not match, is skipped with a warning for the previous one. The pipeline's own
-files load with torch.load(weights_only=True); DeepSpeed loads its engine/ folder itself.
+Layout: OUTPUT_DIR/checkpoints/step-00000123/ with `state.pt` (every part of the loop's state by
+name, collected from parts that save and restore themselves; rank 0), what the backend writes
+(`backend.pt`: model, optimizer, loss scaler; or DeepSpeed's own engine checkpoint under
+`engine/`), `rng-rank{R}.pt` (every rank's RNG states) and `manifest.json` (sha256 of each
+file), written last. Every file goes into a temporary directory that is fsync'ed (files, then
+directories) and renamed when complete, so neither a kill nor a power loss publishes a partial
+checkpoint; a save that fails (a full disk: DiskFull, one line) removes its temporary directory.
+A directory without a valid manifest, or whose checksums do not match, is skipped with a warning
+for the previous one. The pipeline's own files load with torch.load(weights_only=True);
+DeepSpeed loads its engine/ folder itself.
 """
 from __future__ import annotations
 
 import json
 import logging
-import math
 import random
 import shutil
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from pipeline import fsutil
+from pipeline.errors import UserError
 from pipeline.runtime import dist
 
 log = logging.getLogger("pipeline")
 MANIFEST = "manifest.json"
+FORMAT = 2
+"""state.pt's layout (collect): a bundle of another format is refused in one line."""
 
 
-@dataclass
-class LoopState:
-    """Everything about the loop's position and history that a resumed job needs."""
+class Stateful(Protocol):
+    """A part of the loop's state that saves and restores itself (torchtitan's Stateful):
+    progress, meter totals, the best model, the step losses, the LR schedule."""
 
-    epoch: int = 0
-    batches_done: int = 0  # micro-batches of `epoch` already trained (a multiple of grad_accum)
-    step: int = 0
-    skipped: int = 0
-    nonfinite: int = 0
-    nonfinite_streak: int = 0
-    bad_evals: int = 0
-    best_main: float = -math.inf
-    best_figures: dict = field(default_factory=dict)
-    time_to_best: float | None = None
-    train_seconds: float = 0.0
-    compile_seconds: float = 0.0  # inside training, left out of train_seconds
-    samples: float = 0.0
-    tokens: float = 0.0
-    flops: float = 0.0  # of the micro-batches trained, summed over ranks (telemetry.FlopModel)
-    joules: float = 0.0
-    epoch_times: list = field(default_factory=list)
-    peak: dict = field(default_factory=dict)
-    last_loss: float = math.nan
-    loss_window: list = field(default_factory=lambda: [0.0, 0])
-    """Sum and count of the finite step losses since train/loss was last logged, summed over
-    ranks (the same on every rank; steps not yet read from the device are not in it)."""
-    run_id: str | None = None
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+def collect(parts: Mapping[str, Stateful], run_id: str | None) -> dict:
+    """The bundle state.pt holds: every part's state by its name, and the MLflow run it logs to."""
+    return {"format": FORMAT, "run_id": run_id, "parts": {name: part.state_dict() for name, part in parts.items()}}
+
+
+def restore(bundle: dict, parts: Mapping[str, Stateful]) -> None:
+    """Each part from its own entry of a bundle that collect() made."""
+    for name, part in parts.items():
+        part.load_state_dict(bundle["parts"][name])
 
 
 @dataclass
@@ -64,8 +60,17 @@ class Checkpoint:
     path: Path
     step: int
 
-    def load_state(self, map_location="cpu") -> dict:
-        return torch.load(self.path / "state.pt", map_location=map_location, weights_only=True)
+    def load_state(self) -> dict:
+        """What save() was given as `state`, as saved."""
+        return torch.load(self.path / "state.pt", map_location="cpu", weights_only=True)
+
+    def load_bundle(self) -> dict:
+        """The bundle of collect(); a checkpoint of another format is the user's to move aside."""
+        bundle = self.load_state()
+        if not isinstance(bundle, dict) or bundle.get("format") != FORMAT:
+            raise UserError(f"checkpoint {self.path}: written in another checkpoint format than this version's "
+                            f"({FORMAT}); resume=never starts over, or use another output_dir")
+        return bundle
 
     def restore_rng(self, rank: int) -> None:
         path = self.path / f"rng-rank{rank}.pt"
@@ -79,7 +84,8 @@ def directory(output_dir: Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
-def save(output_dir: Path, step: int, state: dict, rank: int, keep: int, write_backend=None) -> Path:
+def save(output_dir: Path, step: int, state: dict, rank: int, keep: int,
+         write_backend: Callable[[Path, int], None] | None = None) -> Path:
     """Collective: every rank calls it at the same step boundary; write_backend(dir, rank) too.
 
     A failure on any rank (DiskFull on a full disk) removes the temporary directory and raises."""
@@ -114,7 +120,7 @@ def save(output_dir: Path, step: int, state: dict, rank: int, keep: int, write_b
     return final
 
 
-def save_torch(obj, path: Path) -> None:
+def save_torch(obj: object, path: Path) -> None:
     """torch.save through a Python file, so a full disk raises OSError(ENOSPC) rather than
     torch's errno-less RuntimeError from its zip writer."""
     with open(path, "wb") as f:
@@ -172,12 +178,12 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def _py_state(state):
+def _py_state(state: tuple) -> list:
     version, internal, gauss = state
     return [version, list(internal), gauss]
 
 
-def _np_state(state):  # weights_only loading takes tensors and plain types, not ndarrays
+def _np_state(state: tuple) -> list:  # weights_only loading takes tensors and plain types, not ndarrays
     kind, keys, pos, has_gauss, cached = state
     return [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
 

@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from pipeline.config_reference import did_you_mean, dotted_keys
+from pipeline.config_types import coerce
 from pipeline.errors import UserError
 from pipeline.tasks import REGISTRY
+
+if TYPE_CHECKING:
+    from pipeline.tasks.base import Task
 
 TASKS = tuple(REGISTRY)  # the task registry is the one list of task names
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "auto")
@@ -213,7 +216,8 @@ class Config:
             raise UserError(f"config: deepspeed={self.deepspeed}: no such file")
         return self
 
-    def resolve(self, model_spec: str | None = None, task=None, device_type: str | None = None) -> Config:
+    def resolve(self, model_spec: str | None = None, task: Task | None = None, device_type: str | None = None
+                ) -> Config:
         """A copy with the derived defaults filled in: output_dir; once the model is known, the
         learning rate (random-init presets need a larger step than fine-tuning does); once the
         task is, whether batches are grouped by length; once the device is (cuda | cpu), what
@@ -313,7 +317,7 @@ def _build(cls, raw: dict, prefix: str):
                 raise UserError(f"config: {prefix}{name}: expected a mapping of keys")
             kwargs[name] = _build(kind, value, prefix=f"{prefix}{name}.")
         else:
-            kwargs[name] = _coerce(f"{prefix}{name}", value, kind, from_text=False)
+            kwargs[name] = coerce(f"{prefix}{name}", value, kind, from_text=False)
     return cls(**kwargs)
 
 
@@ -334,61 +338,6 @@ def _set_dotted(cfg: Config, key: str, text: str) -> None:
             kind = typing.get_type_hints(type(obj))[part]
             if dataclasses.is_dataclass(kind):
                 raise UserError(f"config: {path}: is a section; set one of its keys ({path}.KEY=VALUE)")
-            setattr(obj, part, _coerce(path, text, kind, from_text=True))
+            setattr(obj, part, coerce(path, text, kind, from_text=True))
         else:
             obj = getattr(obj, part)
-
-
-def _coerce(key: str, value: Any, kind: Any, from_text: bool) -> Any:
-    """Return value as `kind` or raise a UserError naming the key and the expected type."""
-    optional = False
-    if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
-        args = [a for a in typing.get_args(kind) if a is not type(None)]
-        optional = len(args) < len(typing.get_args(kind))
-        kind = args[0]
-    if from_text and optional and value.strip().lower() in ("null", "none", "~", ""):
-        return None
-    if value is None:
-        if optional:
-            return None
-        raise UserError(f"config: {key}: must not be empty (expected {kind.__name__})")
-    try:
-        if kind is bool:
-            if isinstance(value, bool):
-                return value
-            if from_text and value.strip().lower() in ("true", "yes", "1", "on"):
-                return True
-            if from_text and value.strip().lower() in ("false", "no", "0", "off"):
-                return False
-            raise ValueError
-        if kind is int:
-            if isinstance(value, bool):
-                raise ValueError
-            if from_text:
-                return int(value.strip())
-            if isinstance(value, int):
-                return value
-            raise ValueError
-        if kind is float:
-            if isinstance(value, bool):
-                raise ValueError
-            if from_text or isinstance(value, str):
-                return float(value.strip())  # YAML reads 1e-4 as a string; float() does not
-            if isinstance(value, (int, float)):
-                return float(value)
-            raise ValueError
-        if kind is str:
-            if from_text:
-                return value
-            if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-                return str(value)
-            raise ValueError
-        if kind is dict:
-            if from_text:
-                value = yaml.safe_load(value)
-            if isinstance(value, dict):
-                return value
-            raise ValueError
-    except ValueError:
-        pass
-    raise UserError(f"config: {key}={value!r}: expected {kind.__name__}")

@@ -10,16 +10,23 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator, Sequence, Sized
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from pipeline.config import DataConfig, TrainConfig
 from pipeline.features import examples_digest, sequence_lengths
+from pipeline.prepared import PreparedFeatures, TrainRows
 from pipeline.runtime.dist import Runtime
 from pipeline.tasks import samples
+from pipeline.tasks.readers import HUB_SPLIT
+
+if TYPE_CHECKING:
+    from pipeline.tasks.base import Collate, Task
 
 
 class ResumableSampler(DistributedSampler):
@@ -28,7 +35,7 @@ class ResumableSampler(DistributedSampler):
 
     skip = 0
 
-    def __init__(self, dataset, *, lengths: list[int] | None = None, batch_size: int = 1, **kwargs):
+    def __init__(self, dataset: Sized, *, lengths: list[int] | None = None, batch_size: int = 1, **kwargs: Any):
         super().__init__(dataset, **kwargs)
         self.lengths, self.batch_size = lengths, batch_size
 
@@ -52,7 +59,7 @@ MEGA_BATCH = 50
 while which rows share an epoch's part stays random."""
 
 
-def sorted_mega_batches(lengths, rows: int, generator: torch.Generator):
+def sorted_mega_batches(lengths: Sequence[int], rows: int, generator: torch.Generator) -> Iterator[list[int]]:
     """A seeded permutation of the rows, cut into chunks of `rows`, each sorted by length,
     longest first."""
     order = torch.randperm(len(lengths), generator=generator).tolist()
@@ -60,7 +67,7 @@ def sorted_mega_batches(lengths, rows: int, generator: torch.Generator):
         yield sorted(order[start:start + rows], key=lambda i: lengths[i], reverse=True)
 
 
-def length_grouped_batches(lengths, batch_size: int, generator: torch.Generator) -> list[list[int]]:
+def length_grouped_batches(lengths: Sequence[int], batch_size: int, generator: torch.Generator) -> list[list[int]]:
     """Batches of `batch_size` rows of similar length, in random order.
 
     Not the Trainer's get_length_grouped_indices: it keeps each mega-batch's batches longest to
@@ -152,7 +159,7 @@ class ShapedCollate:
 
     Real rows come first; a batch's real rows are those with idx >= 0 (the meters count only them)."""
 
-    def __init__(self, collate, multiple: int, max_length: int, pad_id: int, rows: int | None = None):
+    def __init__(self, collate: Collate, multiple: int, max_length: int, pad_id: int, rows: int | None = None):
         self.collate, self.multiple, self.max_length = collate, multiple, max_length
         self.pad_id, self.rows = pad_id, rows
 
@@ -180,7 +187,7 @@ def real_rows(idx: torch.Tensor) -> int:
     return int((idx >= 0).sum()) if len(idx) and idx[-1] < 0 else len(idx)
 
 
-def shaped_collate(collate, train: TrainConfig, pad_id: int, rows: int | None = None):
+def shaped_collate(collate: Collate, train: TrainConfig, pad_id: int, rows: int | None = None) -> Collate:
     """`collate`, its batches shaped by ShapedCollate where train.pad_to_multiple_of or `rows` ask for it."""
     multiple = train.pad_to_multiple_of or 1
     return ShapedCollate(collate, multiple, train.max_length, pad_id, rows) if multiple > 1 or rows else collate
@@ -208,8 +215,8 @@ class Loaders:
         self.sampler.skip = batches_done * per_batch
 
 
-def build_loaders(features: dict, collate, train: TrainConfig, rt: Runtime, seed: int, pad_id: int,
-                  fill: bool) -> Loaders:
+def build_loaders(features: dict[str, PreparedFeatures], collate: Collate, train: TrainConfig, rt: Runtime, seed: int,
+                  pad_id: int, fill: bool) -> Loaders:
     """The training loader (shuffled, sharded, resumable) and this rank's dev/test shards, their
     batches shaped by ShapedCollate (lengths to train.pad_to_multiple_of; with `fill`, short
     batches filled to full rows: a compiled job). Workers (train.num_workers) stay between epochs."""
@@ -218,7 +225,7 @@ def build_loaders(features: dict, collate, train: TrainConfig, rt: Runtime, seed
     pin = rt.device.type == "cuda"
     workers = {"num_workers": train.num_workers, "persistent_workers": train.num_workers > 0}
 
-    def shape(rows: int | None):
+    def shape(rows: int | None) -> Collate:
         return shaped_collate(collate, train, pad_id, rows if fill else None)
 
     if train.batch_tokens:
@@ -259,15 +266,15 @@ class DatasetRecord:
     rows: int
 
 
-def describe_datasets(data: DataConfig, task, examples: dict) -> list[DatasetRecord]:
+def describe_datasets(data: DataConfig, task: Task, examples: dict[str, TrainRows | list[dict]]) -> list[DatasetRecord]:
     """One record per split: where its rows came from (file, hub id or the built-in sample set)."""
-    from pipeline.tasks.base import HUB_SPLIT, SPLITS
+    from pipeline.tasks.base import SPLITS
 
     records = []
     for split in SPLITS:
         spec = getattr(data, split)
         rows = examples[split]  # the prepared training split carries its digest (the same formula)
-        digest = getattr(rows, "digest", None) or examples_digest(rows)
+        digest = rows.digest if isinstance(rows, TrainRows) else examples_digest(rows)
         if spec and spec.startswith("hub:"):
             ident, _, config = spec[len("hub:"):].partition(":")
             source = {"path": ident, "config_name": config or None, "split": HUB_SPLIT[split]}

@@ -12,18 +12,29 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from pipeline import models, teacher_cache
+from pipeline import best_model, models, teacher_cache
 from pipeline.config import Config, KDConfig
 from pipeline.errors import UserError
 from pipeline.fsutil import cache_root
 from pipeline.runtime import dist
 from pipeline.runtime.compiler import compile_module
+from pipeline.runtime.dist import Runtime
+from pipeline.runtime.precision import PrecisionPolicy
+from pipeline.tasks.base import Task
+
+if TYPE_CHECKING:
+    import datasets
+    import numpy as np
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers.utils import ModelOutput
 
 log = logging.getLogger("pipeline")
 
@@ -42,7 +53,7 @@ def hidden_mse(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, mask:
     return squared.sum() / (mask.sum() * student_hidden.shape[-1]).clamp(min=1)
 
 
-def attach_projection(student, teacher) -> bool:
+def attach_projection(student: PreTrainedModel, teacher: PreTrainedModel) -> bool:
     """A learned student-width -> teacher-width map for the hidden-state term, as a submodule of
     the student: it trains, syncs and checkpoints with it, and save_pretrained leaves it out."""
     width, teacher_width = student.config.hidden_size, teacher.config.hidden_size
@@ -54,18 +65,16 @@ def attach_projection(student, teacher) -> bool:
     return True
 
 
-def load_teacher(spec: str, task, overrides: dict):
+def load_teacher(spec: str, task: Task, overrides: dict) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """(tokenizer, model) of the teacher: a train stage's output dir (its best/), hub id or local model."""
-    path = Path(spec).expanduser()
-    if (path / "best" / "config.json").is_file():
-        spec = str(path / "best")
+    spec = str(best_model.model_dir_of(Path(spec).expanduser()) or spec)
     try:
         return models.build(spec, task, [], overrides, max_length=512, teacher=True)
     except UserError as e:
         raise UserError(str(e).replace("config: model=", "config: kd.teacher=", 1)) from None
 
 
-def student_from_teacher(n_layers: int, teacher, task):
+def student_from_teacher(n_layers: int, teacher: PreTrainedModel, task: Task) -> tuple[PreTrainedModel, list[int]]:
     """The teacher's embeddings, head and N of its layers, evenly spaced (DistilBERT took
     every other layer of BERT-base: 0, 2, ..., 10 for N=6)."""
     total = teacher.config.num_hidden_layers
@@ -87,7 +96,8 @@ def student_from_teacher(n_layers: int, teacher, task):
     return student, chosen
 
 
-def build_distillation(cfg: Config, task, policy, rt, train_texts: list[str]):
+def build_distillation(cfg: Config, task: Task, policy: PrecisionPolicy, rt: Runtime, train_texts: Iterable[str]
+                       ) -> tuple[str, PreTrainedTokenizerBase, PreTrainedModel, Distiller]:
     """(student spec, tokenizer, student, Distiller) of a `distill` stage; every check that can
     be the user's fault happens here, before any run exists."""
     if not cfg.kd.teacher:
@@ -119,7 +129,8 @@ class Distiller:
     the cache is complete, so its memory is never charged to the student's peak; a live teacher
     (no cache, or the hidden-state term) sits on this rank's device."""
 
-    def __init__(self, kd: KDConfig, eval_batch_size: int, task, policy, rt, teacher, compile_mode: str = "off"):
+    def __init__(self, kd: KDConfig, eval_batch_size: int, task: Task, policy: PrecisionPolicy, rt: Runtime,
+                 teacher: PreTrainedModel, compile_mode: str = "off") -> None:
         self.compile_mode = compile_mode
         """train.compile, for the teacher's forward (compiled when it moves to the device)."""
         self.alpha, self.temperature, self.hidden_weight = kd.alpha, kd.temperature, kd.hidden_weight
@@ -138,7 +149,8 @@ class Distiller:
         self.cache_hit: bool | None = None
 
     # ------------------------------------------------------------------ cache
-    def prepare(self, features, collate, max_length: int, tokenizer) -> None:
+    def prepare(self, features: datasets.Dataset, collate: Callable[[list[dict]], dict], max_length: int,
+                tokenizer: PreTrainedTokenizerBase) -> None:
         """The teacher's outputs for every training feature, from the cache or computed once, each
         rank over its share. All ranks agree on hit or miss: one that misses makes all compute (a
         node-local cache can hold the file on one node and not on another). The key reads the token
@@ -163,7 +175,8 @@ class Distiller:
         if self.rt.device.type == "cuda":
             torch.cuda.empty_cache()  # give its blocks back, out of the reserved-memory figure too
 
-    def _split_pass(self, features, collate, max_length: int, lengths) -> dict[str, torch.Tensor]:
+    def _split_pass(self, features: datasets.Dataset, collate: Callable[[list[dict]], dict], max_length: int,
+                    lengths: np.ndarray) -> dict[str, torch.Tensor]:
         """This rank's share of the teacher pass, then every rank's share gathered (fp16, CPU)."""
         world = self.rt.world_size
         shares = teacher_cache.deal_batches(lengths, self.eval_batch_size, world)
@@ -183,7 +196,8 @@ class Distiller:
         return cache
 
     @torch.inference_mode()
-    def _teacher_pass(self, features, collate, max_length: int, batches) -> dict[str, torch.Tensor]:
+    def _teacher_pass(self, features: datasets.Dataset, collate: Callable[[list[dict]], dict], max_length: int,
+                      batches: list[np.ndarray]) -> dict[str, torch.Tensor]:
         """The teacher's outputs for `batches` (arrays of row numbers), their rows in that order, fp16."""
         out: dict[str, list] = {}
         for rows in batches:
@@ -214,7 +228,7 @@ class Distiller:
         self.teacher = compile_module(self.teacher.to(self.rt.device, dtype=self.policy.compute_dtype),
                                       self.compile_mode)
 
-    def _teacher_logits(self, batch) -> dict[str, torch.Tensor]:
+    def _teacher_logits(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         inputs = {k: v.to(self.rt.device) for k, v in batch.items() if k in teacher_cache.MODEL_INPUTS}
         with torch.inference_mode(), self.policy.autocast():
             outputs = self.teacher(**inputs, **self.forward_kwargs)
@@ -224,7 +238,8 @@ class Distiller:
         return wanted
 
     # ------------------------------------------------------------------ loss
-    def loss(self, student_outputs, batch: dict, idx: torch.Tensor, student=None) -> torch.Tensor:
+    def loss(self, student_outputs: ModelOutput, batch: dict, idx: torch.Tensor,
+             student: torch.nn.Module | None = None) -> torch.Tensor:
         """The KD loss of a micro-batch; `student` is the unwrapped student (its kd_projection)."""
         if self.cached is not None:
             teacher = {name: self._cached_rows(name, idx, batch["input_ids"].shape[1]) for name in self.task.kd_outputs}

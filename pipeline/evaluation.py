@@ -2,16 +2,43 @@
 the task turns them into its metrics (plus `main`, the task's main metric)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 
 from pipeline.data import real_rows
 from pipeline.runtime import dist
 
+if TYPE_CHECKING:
+    import datasets
+    from torch.utils.data import DataLoader
+
+    from pipeline.prepared import PreparedFeatures
+    from pipeline.runtime.dist import Runtime
+    from pipeline.runtime.precision import PrecisionPolicy
+    from pipeline.tasks.base import Task
+
+
+@dataclass
+class Evaluation:
+    """The scores of a split, and its predictions when they were asked for."""
+
+    scores: dict[str, float]
+    """The task's metrics by short name, including "main" (and "loss" where the model gives one)."""
+    predictions: object | None = None
+    """The gathered predictions (row i = feature i), only with keep=True (for Task.report)."""
+
+    @property
+    def main(self) -> float:
+        return self.scores["main"]
+
 
 @torch.no_grad()
-def evaluate(module, loader, task, policy, rt, examples, features, keep: bool = False) -> dict:
-    """Task metrics on a split; with keep=True also the gathered predictions (`_predictions`).
+def evaluate(module: torch.nn.Module, loader: DataLoader, task: Task, policy: PrecisionPolicy, rt: Runtime,
+             examples: list[dict], features: datasets.Dataset | PreparedFeatures, keep: bool = False) -> Evaluation:
+    """Task metrics on a split; with keep=True also the gathered predictions.
 
     no_grad, not inference_mode: tensors a module caches while evaluating (ZeRO-3's gathered
     parameters, lazily built buffers) must stay usable by the training step that follows."""
@@ -39,6 +66,4 @@ def evaluate(module, loader, task, policy, rt, examples, features, keep: bool = 
     scores["main"] = scores[task.main_metric]
     if any(g[2] for g in gathered):
         scores["loss"] = sum(g[2] for g in gathered) / sum(len(g[0]) for g in gathered)
-    if keep:
-        scores["_predictions"] = predictions
-    return scores
+    return Evaluation(scores, predictions if keep else None)

@@ -13,7 +13,9 @@ Local rank 0 of each node builds a missing or unreadable entry (a node-local cac
 node builds its own; on shared storage the atomic rename keeps the first copy and drops the
 others) while the other ranks wait in one collective, which also carries a builder's error to
 every rank; then every rank memory-maps the entry. Training rows never sit in a rank's memory
-as Python objects once prepared: the training split is a TrainRows (size, digest, texts).
+as Python objects once prepared: the training split is a TrainRows (size, digest, texts), and
+each split's features a PreparedFeatures (the memory-mapped Dataset, its key, hit or miss); both
+are in prepared.py.
 """
 from __future__ import annotations
 
@@ -24,18 +26,25 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.errors import UserError
 from pipeline.fsutil import atomic_dir, cache_root, file_sha256, write_json
+from pipeline.prepared import PreparedFeatures, TrainRows
 from pipeline.runtime import dist
 from pipeline.runtime.dist import Runtime
+
+if TYPE_CHECKING:
+    import datasets
+    from transformers import PreTrainedTokenizerBase
+
+    from pipeline.tasks.base import Task
 
 FORMAT_VERSION = 1
 """Bump when a reader, a normalization or a featurize changes what it produces: old entries are
 then never matched again."""
-TEXT_BATCH = 10_000
 NORMALIZER_DISTRIBUTION = "csebuetnlp-normalizer"
 log = logging.getLogger("pipeline")
 
@@ -93,24 +102,25 @@ def content_sha256(path: Path) -> str:
     return digest
 
 
-def source_identity(task, spec: str | None, split: str) -> str:
+def source_identity(task: Task, spec: str | None, split: str) -> str:
     """What the split's rows are: a file's content hash, or a hub dataset's id and fingerprint
     (datasets derives it from the downloaded revision)."""
     source = task.resolve_source(spec, split)
     if source.startswith("hub:"):
-        from pipeline.tasks.base import load_hub_split
+        from pipeline.tasks.readers import load_hub_split
 
+        # datasets has no public accessor for a split's fingerprint; it is part of the examples' key
         return f"{source}|{split}|{load_hub_split(source, split)._fingerprint}"
     return f"sha256:{content_sha256(Path(source))}"
 
 
-def examples_key(task, spec: str | None, split: str) -> str:
+def examples_key(task: Task, spec: str | None, split: str) -> str:
     return _digest({"kind": "examples", "format": FORMAT_VERSION, "split": split, "task": task.name,
                     "options": task.options, "source": source_identity(task, spec, split),
                     "normalizer": normalizer_version()})
 
 
-def tokenizer_identity(tokenizer) -> str:
+def tokenizer_identity(tokenizer: PreTrainedTokenizerBase) -> str:
     """Class, vocabulary and the whole pipeline of a fast tokenizer (normalizer, pre-tokenizer,
     model, post-processor), special tokens and input names; never a path, and not the backend's
     truncation/padding settings, which a call changes."""
@@ -126,7 +136,7 @@ def tokenizer_identity(tokenizer) -> str:
     return _digest(parts)
 
 
-def features_key(task, source_key: str, split: str, tokenizer, max_length: int) -> str:
+def features_key(task: Task, source_key: str, split: str, tokenizer: PreTrainedTokenizerBase, max_length: int) -> str:
     import tokenizers
     import transformers
 
@@ -143,7 +153,7 @@ class ExamplesDigest:
     def __init__(self):
         self._hash, self.count = hashlib.sha256(b"["), 0
 
-    def update(self, examples) -> None:
+    def update(self, examples: Iterable[dict]) -> None:
         for example in examples:
             self._hash.update((", " if self.count else "").encode()
                               + json.dumps(example, sort_keys=True, ensure_ascii=False, default=str).encode())
@@ -161,69 +171,16 @@ def examples_digest(examples: list[dict]) -> str:
     return digest.hexdigest()
 
 
-def update_texts_hash(h, texts) -> None:
+def update_texts_hash(h: hashlib._Hash, texts: Iterable[str]) -> None:
     """Feed texts to a sha256, each followed by a NUL byte: the key of a preset's tokenizer."""
     for text in texts:
         h.update(text.encode("utf-8") + b"\0")
 
 
-# ---------------------------------------------------------------------- the training split
+# ---------------------------------------------------------------------- the entries
 
 
-class TextColumn:
-    """The training texts, read batch by batch from the memory-mapped entry: iterable any number
-    of times (a preset's tokenizer hashes them, then trains on them) without a list of them all."""
-
-    def __init__(self, dataset, sha256: str | None = None):
-        self.dataset = dataset
-        self.sha256 = sha256
-        """sha256 of the texts, each followed by a NUL byte (what preset_tokenizer hashes), as
-        computed when the entry was built; None for an entry without it."""
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __iter__(self) -> Iterator[str]:
-        for batch in self.dataset.iter(batch_size=TEXT_BATCH):
-            yield from batch["text"]
-
-
-class TrainRows:
-    """The prepared training split: its size, the digest of its examples and its texts; the rows
-    themselves only on demand (the builder, to featurize)."""
-
-    def __init__(self, directory: Path, meta: dict, rows: list[dict] | None = None):
-        import datasets
-
-        self.directory, self.meta = directory, meta
-        self.texts = TextColumn(datasets.load_from_disk(str(directory / "texts")), meta.get("texts_sha256"))
-        self.digest: str = meta["digest"]
-        self.key: str = meta["key"]
-        self._rows = rows
-
-    def __len__(self) -> int:
-        return self.meta["rows"]
-
-    def __repr__(self) -> str:  # what a JSON dump with default=str records: size and content digest
-        return f"TrainRows(rows={len(self)}, digest={self.digest})"
-
-    def dataset(self):
-        """The normalized examples as the memory-mapped datasets.Dataset they were saved as."""
-        import datasets
-
-        return datasets.load_from_disk(str(self.directory / "examples"))
-
-    def examples(self) -> list[dict]:
-        """The normalized examples as Python objects (the builder's featurize only)."""
-        if self._rows is None:
-            self._rows = self.dataset().to_list()
-        return self._rows
-
-    def release(self) -> None:
-        self._rows = None
-
-
-def prepare_train(task, spec: str | None, rt: Runtime) -> TrainRows:
+def prepare_train(task: Task, spec: str | None, rt: Runtime) -> TrainRows:
     """The training split's examples entry (built by local rank 0 on a miss); the task's state
     after loading is restored on every rank, as if it had read the file."""
     key = examples_key(task, spec, "train")
@@ -263,9 +220,7 @@ def prepare_train(task, spec: str | None, rt: Runtime) -> TrainRows:
 
     meta, outcome = _shared_entry(final, build, rt, f"train examples ({spec or 'sample set'})", ("examples", "texts"))
     task.restore_state(meta["state"])
-    rows = TrainRows(final, meta, built.get("rows"))
-    rows.cache_outcome = outcome
-    return rows
+    return TrainRows(final, meta, outcome, built.get("rows"))
 
 
 def _join_saved(parts: list[Path], final: Path) -> None:
@@ -279,8 +234,8 @@ def _join_saved(parts: list[Path], final: Path) -> None:
     datasets.concatenate_datasets([datasets.load_from_disk(str(part)) for part in parts]).save_to_disk(str(final))
 
 
-def prepare_features(task, split: str, spec: str | None, examples: list[dict] | TrainRows, tokenizer,
-                     max_length: int, rt: Runtime):
+def prepare_features(task: Task, split: str, spec: str | None, examples: list[dict] | TrainRows,
+                     tokenizer: PreTrainedTokenizerBase, max_length: int, rt: Runtime) -> PreparedFeatures:
     """One split's features, memory-mapped from its entry (built by local rank 0 on a miss)."""
     import datasets
 
@@ -305,27 +260,22 @@ def prepare_features(task, split: str, spec: str | None, examples: list[dict] | 
 
     meta, outcome = _shared_entry(final, build, rt, f"{split} features (max_length {max_length})", ("data",))
     task.restore_state(meta["state"])
-    prepared = datasets.load_from_disk(str(final / "data"))
-    prepared._fingerprint = key  # datasets' content id, here defined by the inputs (the teacher cache reads it)
-    prepared.cache_outcome = outcome
-    return prepared
+    return PreparedFeatures(datasets.load_from_disk(str(final / "data")), key, outcome)
 
 
-def cache_outcome(train: TrainRows, prepared: dict) -> str:
+def cache_outcome(train: TrainRows, prepared: dict[str, PreparedFeatures]) -> str:
     """hit: every entry of the stage was found; miss: none was (a node built them); partial: some."""
     outcomes = {train.cache_outcome, *(features.cache_outcome for features in prepared.values())}
     return outcomes.pop() if len(outcomes) == 1 else "partial"
 
 
-def sequence_lengths(dataset) -> list[int]:
-    """Every row's number of input ids, read from the Arrow column: no Python list per row (a
-    length-grouped sampler or a FLOP count over a memory-mapped split needs only these)."""
+def sequence_lengths(features: datasets.Dataset | PreparedFeatures) -> list[int]:
+    """Every row's number of input ids, in the rows' order (a selection's too), read from the
+    Arrow column: no Python list per row (a length-grouped sampler or a FLOP count over a
+    memory-mapped split needs only these)."""
     import pyarrow.compute as pc
 
-    lengths = pc.list_value_length(dataset.data.column("input_ids"))
-    if dataset._indices is not None:  # a selection of rows (select, shuffle): in its order
-        lengths = pc.take(lengths, dataset._indices.column(0))
-    return lengths.to_pylist()
+    return pc.list_value_length(features.with_format("arrow")["input_ids"]).to_pylist()
 
 
 # ---------------------------------------------------------------------- one builder per node

@@ -211,5 +211,5 @@ def write_text(path: Path, text: str) -> None:
     write_bytes(path, text.encode("utf-8"))
 
 
-def write_json(path: Path, data) -> None:
+def write_json(path: Path, data: object) -> None:
     write_text(path, json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")

@@ -8,14 +8,15 @@ Auto classes, exactly as a user would load them.
 Trainable models are always built in fp32, whatever dtype a saved config.json names
 (transformers 5 loads in the config's dtype by default): AMP keeps fp32 master weights and
 casts per op, and GradScaler refuses to unscale fp16 gradients. best/ is saved in fp32 with a
-config that says so (save_pretrained_fp32).
+config that says so (best_model.save_pretrained_fp32).
 """
 from __future__ import annotations
 
-import copy
 import hashlib
 import logging
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from transformers import AutoConfig, AutoTokenizer, BertConfig, PreTrainedTokenizerFast
@@ -24,6 +25,11 @@ from pipeline.errors import UserError
 from pipeline.features import update_texts_hash
 from pipeline.fsutil import atomic_dir, cache_root
 from pipeline.tasks.base import Task
+
+if TYPE_CHECKING:
+    from tokenizers.normalizers import Normalizer
+    from tokenizers.pre_tokenizers import PreTokenizer
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 PRESETS: dict[str, dict] = {
     # name: BERT sizes; vocab comes from the trained tokenizer
@@ -42,7 +48,8 @@ SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 log = logging.getLogger("pipeline")
 
 
-def build(spec: str, task: Task, train_texts: list[str], overrides: dict, max_length: int, teacher: bool = False):
+def build(spec: str, task: Task, train_texts: Iterable[str], overrides: dict, max_length: int, teacher: bool = False
+          ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """(tokenizer, model) for the task's head; UserError for a model that cannot be found.
     teacher=True (kd.teacher) refuses a checkpoint whose head does not fit the task (see _check_head)."""
     if spec.startswith("preset:"):
@@ -73,7 +80,8 @@ def offline_copy(spec: str) -> Path | None:
     return folder if (folder / "config.json").is_file() else None
 
 
-def _load_pretrained(spec: str, task: Task, overrides: dict, teacher: bool):
+def _load_pretrained(spec: str, task: Task, overrides: dict, teacher: bool
+                     ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     packaged = offline_copy(spec)
     local = packaged or Path(spec).expanduser()
     looks_local = packaged is not None or spec.startswith((".", "/", "~")) or local.exists()
@@ -95,7 +103,8 @@ def _load_pretrained(spec: str, task: Task, overrides: dict, teacher: bool):
     return tokenizer, model
 
 
-def _check_head(spec: str, task: Task, saved, model, loading: dict, teacher: bool) -> None:
+def _check_head(spec: str, task: Task, saved: PretrainedConfig, model: PreTrainedModel, loading: dict,
+                teacher: bool) -> None:
     """A checkpoint's head of another size than the task's is replaced by a new one with a warning
     (the Hugging Face examples' ignore_mismatched_sizes), or refused for a teacher: a new head
     makes its logits noise. A size mismatch in the encoder (a model_config override that changes
@@ -136,26 +145,14 @@ def _warn(message: str) -> None:
         log.warning(message)
 
 
-def save_pretrained_fp32(module, state_dict: dict, tokenizer, directory: Path) -> None:
-    """A model directory (best/) that loads as fp32: the weights of `state_dict` in fp32 and a
-    config.json whose dtype says float32, whatever dtype the module itself trained in
-    (DeepSpeed's fp16 mode keeps it in 16 bit, and save_pretrained writes the module's dtype)."""
-    weights = {k: v.float() if v.is_floating_point() else v for k, v in state_dict.items()}
-    module.save_pretrained(directory, state_dict=weights, safe_serialization=True)
-    config = copy.deepcopy(module.config)
-    config.dtype = "float32"
-    config.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
-
-
-def _apply_overrides(config, overrides: dict, spec: str) -> None:
+def _apply_overrides(config: PretrainedConfig, overrides: dict, spec: str) -> None:
     for key, value in overrides.items():
         if not hasattr(config, key):
             raise UserError(f"config: model_config.{key}: {spec}'s config has no such field")
         setattr(config, key, value)
 
 
-def preset_tokenizer(texts, vocab_size: int = PRESET_VOCAB) -> PreTrainedTokenizerFast:
+def preset_tokenizer(texts: Iterable[str], vocab_size: int = PRESET_VOCAB) -> PreTrainedTokenizerFast:
     """A WordPiece tokenizer trained on `texts`, cached by their hash (ranks race safely).
     The same texts give the same vocabulary in every process (see _train_wordpiece_vocab)."""
     import tokenizers
@@ -187,7 +184,8 @@ def preset_tokenizer(texts, vocab_size: int = PRESET_VOCAB) -> PreTrainedTokeniz
     return PreTrainedTokenizerFast.from_pretrained(final)
 
 
-def _train_wordpiece_vocab(texts, vocab_size: int, normalizer, pre_tokenizer) -> dict[str, int]:
+def _train_wordpiece_vocab(texts: Iterable[str], vocab_size: int, normalizer: Normalizer,
+                           pre_tokenizer: PreTokenizer) -> dict[str, int]:
     """token -> id from the tokenizers library's WordPiece trainer, made deterministic.
 
     The trainer gives continuing-subword tokens ("##x") their ids in hash-map order, which

@@ -10,11 +10,12 @@ import transformers
 from pipeline.config import TrainConfig
 
 
-def build_optimizer(model: torch.nn.Module, train: TrainConfig, total_steps: int, fused: bool):
+def build_optimizer(model: torch.nn.Module, train: TrainConfig, total_steps: int,
+                    fused: bool) -> tuple[torch.optim.AdamW, torch.optim.lr_scheduler.LambdaLR]:
     """(AdamW, its linear warm-up/decay schedule over total_steps optimizer steps).
 
-    fused: one kernel pass over all parameters (CPU and CUDA), the HF Trainer's default; off
-    under DeepSpeed, which wraps the optimizer in its own partitioned one."""
+    fused: one kernel pass over all parameters (CPU and CUDA), the HF Trainer's default; the
+    backend says whether it wants it (Backend.fused_optimizer)."""
     optimizer = torch.optim.AdamW(param_groups(model, train.weight_decay), lr=train.lr, fused=fused)
     scheduler = transformers.get_linear_schedule_with_warmup(
         optimizer, num_warmup_steps=math.ceil(train.warmup_ratio * total_steps), num_training_steps=total_steps)
@@ -30,7 +31,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def give_back(scheduler, steps: int) -> None:
+def give_back(scheduler: torch.optim.lr_scheduler.LRScheduler, steps: int) -> None:
     """Take `steps` provisional steps back from a closed-form schedule (the linear warm-up/decay
     is one: its LR is a function of the step count): the loop steps it on every optimizer step
     and learns only later, from the device, which steps were skipped."""

@@ -1,17 +1,19 @@
-"""The loop's per-step figures without a host sync per step.
+"""The step losses: read from the device without a host sync per step, and the loss window and
+AMP health counters they feed (a part of the loop's state that saves and restores itself).
 
 Reading a loss (float(), .item()) or reducing a number over ranks makes the host wait for the
 device: on a GPU with millisecond steps that is a visible share of the step, and it shrinks the
 measured AMP speed-up. So the step losses stay on the device until a log boundary (or an epoch
-end, or a checkpoint), where one host read and one all-reduce bring in all of them; and the ranks
-agree on a SIGTERM with an all-reduce started at one step and read at the next, by which time it
-has finished.
+end, or a checkpoint), where one host read and one all-reduce bring in all of them.
 """
 from __future__ import annotations
 
-import torch
-import torch.distributed
+import math
+from dataclasses import dataclass, field
 
+import torch
+
+from pipeline import names
 from pipeline.runtime import dist
 
 
@@ -48,50 +50,61 @@ class PendingLosses:
         return [(flag > 0, total, skip > 0) for total, flag, skip in zip(reduced[:n], reduced[n:], values[2 * n:])]
 
 
-class AgreedFlag:
-    """A host flag (SIGTERM seen) that every rank acts on at the same step without stalling the
-    device: each poll starts an all-reduce (max) of this rank's flag and returns the result of the
-    previous poll's, which has finished by then; so the ranks stop together, one step after the
-    signal. In one process the flag itself is the answer, at once."""
+@dataclass
+class StepLosses:
+    """The steps' losses once read: the window since train/loss was last logged (sum and count of
+    the finite step losses, summed over ranks: the same on every rank), the last logged mean, and
+    AMP health (updates skipped, non-finite losses, the current streak of them). The pending,
+    unread steps are not state: a checkpoint reads them first."""
 
-    def __init__(self, device: torch.device):
-        self.device = device
-        self._pending: tuple | None = None
+    window_sum: float = 0.0
+    window_count: int = 0
+    last_loss: float = math.nan
+    skipped: int = 0
+    nonfinite: int = 0
+    nonfinite_streak: int = 0
+    pending: PendingLosses = field(default_factory=PendingLosses, repr=False, compare=False)
 
-    def poll(self, local: bool) -> bool:
-        if not torch.distributed.is_initialized():
-            return local
-        agreed = self._finish()
-        self._start(local)
-        return agreed
+    def read(self, step: int, world_size: int, max_nonfinite: int) -> tuple[int, int | None]:
+        """Collective: the steps pending since the last read into the window (`step` is the last
+        of them). Returns (updates skipped among them, the step at which a streak of
+        `max_nonfinite` non-finite losses was reached, or None)."""
+        first = step - len(self.pending) + 1
+        taken = self.pending.take()
+        skipped = sum(skip for _, _, skip in taken)
+        self.skipped += skipped
+        for k, (nonfinite, total, _) in enumerate(taken):
+            if not nonfinite:
+                self.window_sum += total
+                self.window_count += world_size
+                self.nonfinite_streak = 0
+                continue
+            self.nonfinite += 1
+            self.nonfinite_streak += 1
+            if self.nonfinite_streak >= max_nonfinite:
+                return skipped, first + k
+        return skipped, None
 
-    def settle(self) -> bool:
-        """Wait for the running all-reduce (before the loop stops polling); its answer."""
-        return self._finish()
+    def close_window(self) -> float:
+        """The window's mean loss (NaN when every step in it was non-finite), kept as last_loss;
+        the next window starts empty."""
+        self.last_loss = self.window_sum / self.window_count if self.window_count else math.nan
+        self.window_sum, self.window_count = 0.0, 0
+        return self.last_loss
 
-    def _start(self, local: bool) -> None:
-        on_gpu = torch.distributed.get_backend() == "nccl"
-        flag = torch.tensor([float(local)])
-        if on_gpu:  # from pinned memory, no host wait; the answer comes back the same way
-            flag = flag.pin_memory().to(f"cuda:{torch.cuda.current_device()}", non_blocking=True)
-        work = torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, async_op=True)
-        if not on_gpu:
-            self._pending = (work, flag, None, flag)
-            return
-        work.wait()  # the current stream waits for it; the host does not
-        answer = torch.empty(1, pin_memory=True)
-        answer.copy_(flag, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-        self._pending = (None, answer, done, flag)
+    def amp_metrics(self, loss_scale: float | None) -> dict[str, float]:
+        """AMP health: skipped steps, non-finite losses and (fp16) the current loss scale."""
+        metrics = {names.SKIPPED_STEPS: self.skipped, names.NONFINITE_LOSSES: self.nonfinite}
+        if loss_scale is not None:
+            metrics[names.LOSS_SCALE] = loss_scale
+        return metrics
 
-    def _finish(self) -> bool:
-        if self._pending is None:
-            return False
-        work, answer, done, _ = self._pending
-        self._pending = None
-        if work is not None:
-            work.wait()
-        if done is not None:
-            done.synchronize()  # the previous step's work only: this step's stays queued
-        return bool(answer.item())
+    def state_dict(self) -> dict:
+        return {k: getattr(self, k) for k in STEP_LOSSES_STATE}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k in STEP_LOSSES_STATE:
+            setattr(self, k, state[k])
+
+
+STEP_LOSSES_STATE = ("window_sum", "window_count", "last_loss", "skipped", "nonfinite", "nonfinite_streak")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow.compute as pc
@@ -21,6 +22,13 @@ from safetensors.torch import save_file
 
 from pipeline.fsutil import atomic_dir
 
+if TYPE_CHECKING:
+    import datasets
+    from transformers import PreTrainedModel
+
+    from pipeline.prepared import PreparedFeatures
+    from pipeline.tasks.base import Task
+
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 GATHER_CHUNK_BYTES = 64 * 2**20
 """Bytes per rank per all_gather: the gathered cache never sits on a GPU all at once."""
@@ -29,7 +37,7 @@ CONFIG_BOOKKEEPING = ("_name_or_path", "transformers_version", "dtype", "torch_d
 """Teacher config fields that do not change its outputs: a teacher moved or re-saved still hits."""
 
 
-def read_inputs(features) -> tuple[np.ndarray, bytes]:
+def read_inputs(features: datasets.Dataset | PreparedFeatures) -> tuple[np.ndarray, bytes]:
     """(row lengths, a digest of every model-input column, row by row), read from Arrow a chunk at
     a time: a memory-mapped set of a million rows is never copied whole."""
     table = features.with_format("arrow")[:]
@@ -47,7 +55,7 @@ def read_inputs(features) -> tuple[np.ndarray, bytes]:
     return np.concatenate(lengths), digest.digest()
 
 
-def cache_key(teacher, task, policy_name: str, max_length: int, inputs_digest: bytes) -> str:
+def cache_key(teacher: PreTrainedModel, task: Task, policy_name: str, max_length: int, inputs_digest: bytes) -> str:
     """What the teacher's outputs depend on: its weights and architecture, the task (which outputs,
     their width), the precision policy, and the token ids it reads (read_inputs' digest). Not the
     tokenizer object or where it was loaded from: the ids are what the teacher sees."""

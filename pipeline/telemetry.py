@@ -1,23 +1,25 @@
 """Measurements of a run: throughput over training steps only, peak memory, FLOPs, energy,
-device facts; and StageMeters, the one object that turns them into the logged figures.
+device facts; and StageMeters, the one object that turns them into the logged metrics.
 
 Clocks are read only after the device is synchronized, so queued GPU work is not missed.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import platform
 import resource
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline import names
+from pipeline.flops import FlopModel
 from pipeline.runtime import compiler, dist
 
 
@@ -130,36 +132,6 @@ def peak_tflops(device_name: str, precision_name: str) -> float | None:
     return PEAK_TFLOPS[max(found, key=len)].get(precision_name) if found else None
 
 
-class FlopModel:
-    """FLOPs of a training micro-batch from its shape, from counts made once outside the timer.
-
-    In a transformer encoder every counted op (matmuls, attention) costs, per row, a polynomial
-    of degree two in the padded length L: linear layers c1 L, attention c2 L^2, pooler and head
-    c0; and each is linear in the rows. So `per_row` (padded length -> FLOPs of one row, counted
-    with FlopCounterMode on real single-row steps at up to three lengths) fixes c0, c1, c2, and a
-    batch of B rows padded to L costs B (c0 + c1 L + c2 L^2): exact for every shape, whatever the
-    order of the batches (with length grouping the first one is the longest). With fewer distinct
-    lengths the fit is exact at those, the only lengths a batch can then have."""
-
-    def __init__(self, per_row: dict[int, float]):
-        lengths = sorted(per_row)[:3]
-        self.per_row = dict(per_row)
-        self.coefficients = np.polyfit(lengths, [per_row[n] for n in lengths], len(lengths) - 1)
-
-    def batch(self, rows: int, length: int) -> float:
-        if length in self.per_row:
-            return rows * self.per_row[length]
-        return rows * float(np.polyval(self.coefficients, length))
-
-
-def count_flops(step) -> float:
-    """FLOPs of `step()` (forward and backward of one micro-batch) as torch's FlopCounterMode
-    counts them (matmuls and attention, backward included)."""
-    with FlopCounterMode(display=False) as counter:
-        step()
-    return float(counter.get_total_flops())
-
-
 # ---------------------------------------------------------------------- energy
 
 
@@ -246,17 +218,30 @@ class EnergyMeter:
                 return
 
 
-# ---------------------------------------------------------------------- the stage's figures
+# ---------------------------------------------------------------------- the stage's metrics
+
+
+@dataclass
+class MeterTotals:
+    """The job's running totals, over every epoch so far (a resumed job reports the whole job)."""
+
+    samples: float = 0.0
+    tokens: float = 0.0
+    flops: float = 0.0
+    """Of the micro-batches trained, summed over ranks (flops.FlopModel)."""
+    train_seconds: float = 0.0
+    compile_seconds: float = 0.0
+    """Inside training, left out of train_seconds."""
+    joules: float = 0.0
+    epoch_times: list[float] = field(default_factory=list)
+    peak: dict[str, float] = field(default_factory=dict)
 
 
 class StageMeters:
-    """The meters of one stage and the figures they become (as torchtitan's metrics processor):
+    """The meters of one stage and the metrics they become (as torchtitan's metrics processor):
     throughput and energy over training steps only, peak memory, FLOPs and MFU, each reduced
-    over ranks (sums of work, the slowest rank's time, the largest peak).
-
-    Running totals live in the loop's resumable state (`state`: samples, tokens, train_seconds,
-    joules, epoch_times, peak), so a resumed job reports the whole job's figures.
-    """
+    over ranks (sums of work, the slowest rank's time, the largest peak). Owns the job's totals
+    (`totals`) and saves and restores them with the checkpoint."""
 
     def __init__(self, device: torch.device, precision_name: str, world_size: int, compiled: bool = False):
         self.device, self.world_size, self.compiled = device, world_size, compiled
@@ -264,10 +249,17 @@ class StageMeters:
         self.energy = EnergyMeter(device)
         self.peak_tflops = peak_tflops(device_name(device), precision_name) if device.type == "cuda" else None
         self.flop_model: FlopModel | None = None
-        """Set once by the loop (counted outside the timed steps); None: no FLOP figures."""
+        """Set once by the loop (counted outside the timed steps); None: no FLOP metrics."""
         self.flops = 0.0
         """FLOPs of this epoch's timed micro-batches on this rank."""
         self.throughput = ThroughputMeter(device, compiled)
+        self.totals = MeterTotals()
+
+    def state_dict(self) -> dict:
+        return dataclasses.asdict(self.totals)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.totals = MeterTotals(**state)
 
     def energy_available_anywhere(self) -> bool:
         """Collective: does any rank measure energy (the run's energy_available tag)?"""
@@ -297,46 +289,48 @@ class StageMeters:
         if self.flop_model is not None:
             self.flops += self.flop_model.batch(samples, padded_length)
 
-    def end_epoch(self, state) -> dict:
-        """Collective: the epoch's perf/ and energy/ figures; adds the epoch to state's totals."""
+    def end_epoch(self) -> dict:
+        """Collective: the epoch's perf/ and energy/ metrics; adds the epoch to the totals."""
+        totals = self.totals
         elapsed = self.throughput.stop()  # every training segment of the epoch; evaluation comes after
         joules_here = self.energy.stop()
         samples, tokens, flops = dist.all_reduce([self.throughput.samples, self.throughput.tokens, self.flops])
         elapsed, compiling = dist.all_reduce([elapsed, self.throughput.compile_seconds], op="max")
-        state.compile_seconds += compiling
-        state.samples += samples
-        state.tokens += tokens
-        state.flops += flops
-        state.train_seconds += elapsed
-        state.epoch_times.append(elapsed)
+        totals.compile_seconds += compiling
+        totals.samples += samples
+        totals.tokens += tokens
+        totals.flops += flops
+        totals.train_seconds += elapsed
+        totals.epoch_times.append(elapsed)
         mem = peak_memory(self.device)
         mem = dict(zip(mem, dist.all_reduce(list(mem.values()), op="max")))
-        state.peak = {k: max(v, state.peak.get(k, 0.0)) for k, v in mem.items()}
-        figures = {names.EPOCH_TIME: elapsed, names.SAMPLES_PER_S: samples / elapsed,
+        totals.peak = {k: max(v, totals.peak.get(k, 0.0)) for k, v in mem.items()}
+        metrics = {names.EPOCH_TIME: elapsed, names.SAMPLES_PER_S: samples / elapsed,
                    names.TOKENS_PER_S: tokens / elapsed, **mem}
-        figures.update(self.compute_figures(flops, samples, elapsed))
-        figures.update(self.compile_figures(compiling))
-        figures.update(self._energy_figures(joules_here, samples, elapsed))
-        state.joules += figures.get(names.ENERGY_JOULES, 0.0)
-        return figures
+        metrics.update(self.compute_metrics(flops, samples, elapsed))
+        metrics.update(self.compile_metrics(compiling))
+        metrics.update(self._energy_metrics(joules_here, samples, elapsed))
+        totals.joules += metrics.get(names.ENERGY_JOULES, 0.0)
+        return metrics
 
     # -------------------------------------------------------------- the job
-    def final_figures(self, state) -> dict:
-        """The whole job's perf/ and energy/ figures, from state's totals."""
-        figures = {
-            names.TRAIN_TIME: state.train_seconds, names.TIME_TO_BEST: state.time_to_best,
-            names.EPOCH_TIME: float(np.mean(state.epoch_times)),
-            names.SAMPLES_PER_S: state.samples / state.train_seconds,
-            names.TOKENS_PER_S: state.tokens / state.train_seconds,
-            **state.peak, **self.compute_figures(state.flops, state.samples, state.train_seconds),
-            **self.compile_figures(state.compile_seconds),
+    def final_metrics(self, time_to_best: float | None) -> dict:
+        """The whole job's perf/ and energy/ metrics, from the totals."""
+        totals = self.totals
+        metrics = {
+            names.TRAIN_TIME: totals.train_seconds, names.TIME_TO_BEST: time_to_best,
+            names.EPOCH_TIME: float(np.mean(totals.epoch_times)),
+            names.SAMPLES_PER_S: totals.samples / totals.train_seconds,
+            names.TOKENS_PER_S: totals.tokens / totals.train_seconds,
+            **totals.peak, **self.compute_metrics(totals.flops, totals.samples, totals.train_seconds),
+            **self.compile_metrics(totals.compile_seconds),
         }
-        if state.joules:
-            figures.update({names.ENERGY_JOULES: state.joules, names.AVG_POWER: state.joules / state.train_seconds,
-                            names.JOULES_PER_SAMPLE: state.joules / state.samples})
-        return figures
+        if totals.joules:
+            metrics.update({names.ENERGY_JOULES: totals.joules, names.AVG_POWER: totals.joules / totals.train_seconds,
+                            names.JOULES_PER_SAMPLE: totals.joules / totals.samples})
+        return metrics
 
-    def compile_figures(self, seconds: float) -> dict:
+    def compile_metrics(self, seconds: float) -> dict:
         """Compiled jobs: the seconds spent compiling inside training (left out of every rate) and
         the graphs this process has compiled so far."""
         if not self.compiled:
@@ -350,18 +344,18 @@ class StageMeters:
             self.recompile_warning.check(compiler.compiles(), "batch shapes vary more than train.pad_to_multiple_of "
                                          "buckets them (train.batch_tokens?); each new shape compiles again")
 
-    def compute_figures(self, flops: float, samples: float, seconds: float) -> dict:
+    def compute_metrics(self, flops: float, samples: float, seconds: float) -> dict:
         """Achieved TFLOP/s (FLOPs of the micro-batches trained, summed over ranks) and, on a GPU
         in the peak table, MFU."""
         if not flops or not seconds:
             return {}
         tflops = flops / seconds / 1e12
-        figures = {names.FLOPS_PER_SAMPLE: flops / samples, names.TFLOPS: tflops}
+        metrics = {names.FLOPS_PER_SAMPLE: flops / samples, names.TFLOPS: tflops}
         if self.peak_tflops:
-            figures[names.MFU] = tflops / (self.peak_tflops * self.world_size)
-        return figures
+            metrics[names.MFU] = tflops / (self.peak_tflops * self.world_size)
+        return metrics
 
-    def _energy_figures(self, joules_here: float, samples: float, seconds: float) -> dict:
+    def _energy_metrics(self, joules_here: float, samples: float, seconds: float) -> dict:
         """Energy of the epoch summed over the job's GPUs (each counted once, by UUID)."""
         energy = self.energy
         readings = dist.all_gather_objects((energy.uuid, joules_here, energy.mean_utilization)
@@ -370,9 +364,9 @@ class StageMeters:
         if not per_gpu:
             return {}
         joules = sum(r[1] for r in per_gpu.values())
-        figures = {names.ENERGY_JOULES: joules, names.AVG_POWER: joules / seconds,
+        metrics = {names.ENERGY_JOULES: joules, names.AVG_POWER: joules / seconds,
                    names.JOULES_PER_SAMPLE: joules / samples}
         utils = [r[2] for r in per_gpu.values() if r[2] is not None]
         if utils:
-            figures[names.GPU_UTIL] = float(np.mean(utils))
-        return figures
+            metrics[names.GPU_UTIL] = float(np.mean(utils))
+        return metrics

@@ -1,51 +1,45 @@
 """The training loop: one stage, in any launch mode and precision, readable top to bottom.
 
-run() does everything that can be the user's fault first (config, device, data, model), so a
-bad input fails before any MLflow run or output exists; then it locks output_dir (one job per
-folder) and resumes, starts over or, for a finished job, does nothing. The stage's phases run
-in the order they are written below: set up the optimization, resume, train an epoch, end the
-epoch (evaluate, keep the best model, checkpoint), finish (test with the best model, write the
-figures). The Backend hides single/DDP/DeepSpeed, StageMeters turns meters into figures, and
-pipeline/names.py spells every figure's name.
+run() builds the stage first (stage.py: whatever can be the user's fault fails before any run or
+output exists), locks output_dir and resumes, starts over or, for a finished job, does nothing.
+The phases run in the order written: set up the loop, resume, train an epoch, end the epoch
+(evaluate, keep the best model, checkpoint), finish (test with the best model). The Backend hides
+single/DDP/DeepSpeed; the loop's state lives in parts that save and restore themselves, which a
+checkpoint collects by name (Loop.parts); pipeline/names.py spells every metric's name.
 """
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import logging
 import math
 import os
 import sys
+import threading
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
-import transformers
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from tqdm.auto import tqdm
 
-from pipeline import checkpoint, features, lock, models, names, outputs
-from pipeline.checkpoint import LoopState
+from pipeline import checkpoint, features, lock, names, outputs
+from pipeline.best_model import BestModel
+from pipeline.checkpoint import Checkpoint, Stateful
 from pipeline.config import Config
 from pipeline.data import Loaders, build_loaders, describe_datasets, real_rows, shaped_collate
-from pipeline.distill import Distiller, build_distillation
 from pipeline.evaluation import evaluate
-from pipeline.fsutil import atomic_dir, write_json, write_text
+from pipeline.flops import FlopModel, step_flop_model
+from pipeline.fsutil import write_json
 from pipeline.optim import build_optimizer, give_back
-from pipeline.runtime import collector, dist, precision
-from pipeline.runtime.backend import Backend
-from pipeline.runtime.dist import Runtime
-from pipeline.runtime.factory import make_backend
+from pipeline.progress import Progress
+from pipeline.runtime import collector, dist
+from pipeline.runtime.dist import AgreedFlag
 from pipeline.runtime.fallback import fit_to_world
-from pipeline.runtime.precision import PrecisionPolicy
-from pipeline.step_figures import AgreedFlag, PendingLosses
-from pipeline.tasks import get_task
-from pipeline.tasks.base import SPLITS, Task
-from pipeline.telemetry import FlopModel, StageMeters, count_flops
-from pipeline.tracking import Tracker, resolve_uri, start_stage_run, what_ran
+from pipeline.stage import Stage, build_stage
+from pipeline.step_losses import StepLosses
+from pipeline.tracking import StageRun, Tracker, start_stage_run, what_ran
 
 log = logging.getLogger("pipeline")
 # The schedule steps on every optimizer step and gives skipped ones back later (take_pending_losses);
@@ -62,44 +56,31 @@ class Diverged(RuntimeError):
 
 
 @dataclass
-class Stage:
-    """What the phases of one stage share: the parts built by build_stage(), then the loop's."""
+class Loop:
+    """What the phases share once the stage's run is open (built once by setup_loop), and the
+    parts of the loop's state that a checkpoint collects."""
 
-    cfg: Config
-    rt: Runtime
-    stage: str
-    """train | distill."""
-    policy: PrecisionPolicy
-    task: Task
-    examples: dict
-    features: dict
-    tokenizer: Any
-    model: torch.nn.Module
-    """The model to call: the backend's wrapper (DDP, DeepSpeed engine) once prepared."""
-    model_spec: str
-    backend: Backend
-    distiller: Distiller | None
-    meters: StageMeters
-    uri: str
-    tracker: Tracker | None = None
-    loaders: Loaders | None = None
-    scheduler: Any = None
-    state: LoopState = field(default_factory=LoopState)
-    pending: PendingLosses = field(default_factory=PendingLosses)
-    """Step losses not yet read from the device (read at log boundaries, epoch ends, checkpoints)."""
-    sigterm: AgreedFlag | None = None
-    best_state: dict | None = None
-    """The best model's weights (CPU, fp32): the final test runs with them."""
-    epochs: int = 0
-    total_steps: int = 0
+    s: Stage
+    tracker: Tracker
+    run_id: str | None
+    loaders: Loaders
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    wrapped: torch.nn.Module
+    """The module to call forward on: the backend's wrapper (DDP, DeepSpeed engine) of s.model."""
+    epochs: int
+    total_steps: int
+    sigterm: AgreedFlag
+    progress: Progress = field(default_factory=Progress)
+    losses: StepLosses = field(default_factory=StepLosses)
+    best: BestModel = field(default_factory=BestModel)
 
-    @property
-    def out(self) -> Path:
-        return Path(self.cfg.output_dir)
+    def parts(self) -> dict[str, Stateful]:
+        return {"progress": self.progress, "losses": self.losses, "best": self.best, "meters": self.s.meters,
+                "scheduler": self.scheduler}
 
 
 def run(cfg: Config, stage: str = "train") -> dict[str, float]:
-    """Run one stage; returns the final figures (also in output_dir/metrics.json)."""
+    """Run one stage; returns the final metrics (also in output_dir/metrics.json)."""
     rt = dist.init(cfg.backend, timeout_s=cfg.dist_timeout, fallback=cfg.fallback)
     if rt is None:  # a surplus torchrun rank under fallback: the others do the work
         return {}
@@ -109,7 +90,7 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
         lock.check_free(out, rt)  # a duplicate job fails before loading anything
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # elastic restart
         resuming = cfg.resume == "auto" or restarted
-        finished = dist.broadcast_object(outputs.finished_figures(out, rt)) if resuming else None
+        finished = dist.broadcast_object(outputs.finished_metrics(out, rt)) if resuming else None
         if finished is not None:
             return finished
         s = build_stage(cfg, stage, rt)
@@ -122,204 +103,147 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
 def run_locked(s: Stage, resuming: bool) -> dict[str, float]:
     """Resume from the newest usable checkpoint or start over; the stage, in its MLflow run."""
     ckpt = checkpoint.latest(s.out) if resuming else None
-    resume_state = ckpt.load_state() if ckpt else None
+    bundle = ckpt.load_bundle() if ckpt else None
     if ckpt is None:
         outputs.start_over(s.out, s.rt, s.uri, resuming)
-    s.tracker, run_id = start_stage_run(
-        s.cfg, s.rt, s.stage, s.model_spec, s.policy.name, s.uri, s.meters.energy_available_anywhere(),
-        resumed=ckpt is not None, resume_run_id=resume_state["loop"]["run_id"] if resume_state else None,
-        ran=what_ran(s.cfg, s.rt, s.policy, s.backend, s.model_spec, s.stage))
-    s.tracker.log_datasets(describe_datasets(s.cfg.data, s.task, s.examples))
-    s.tracker.set_tags({names.TAG_DATA_CACHE: features.cache_outcome(s.examples["train"], s.features)})
+    tracker, run_id = start_stage_run(s.cfg, s.rt, s.uri, StageRun(
+        s.kind, s.model_spec, s.policy.name, s.meters.energy_available_anywhere(),
+        what_ran(s.cfg, s.rt, s.policy, s.backend, s.model_spec, s.kind), resumed=ckpt is not None,
+        resume_run_id=bundle["run_id"] if bundle else None))
+    tracker.log_datasets(describe_datasets(s.cfg.data, s.task, s.examples))
+    tracker.set_tags({names.TAG_DATA_CACHE: features.cache_outcome(s.examples["train"], s.features)})
     collector.resume_after_setup()  # the CLI paused it through set-up (runtime/collector.py)
     try:
         with dist.sigterm_flag() as preempt:
-            figures = fit(s, preempt, ckpt, resume_state, run_id)
+            final = fit(setup_loop(s, tracker, run_id), preempt, ckpt, bundle)
     except BaseException as e:
-        s.tracker.end("KILLED" if isinstance(e, (KeyboardInterrupt, Preempted)) else "FAILED")
+        tracker.end("KILLED" if isinstance(e, (KeyboardInterrupt, Preempted)) else "FAILED")
         raise
-    s.tracker.end("FINISHED")
-    s.tracker.announce(s.cfg.tracking)
-    return figures
+    tracker.end("FINISHED")
+    tracker.announce(s.cfg.tracking)
+    return final
 
 
-def build_stage(cfg: Config, stage: str, rt: Runtime) -> Stage:
-    """Everything that can be the user's fault, before a run or an output exists."""
-    policy = precision.resolve(cfg.precision, rt.device)
-    cfg = cfg.resolve(device_type=rt.device.type)  # compile, batch shapes, loader workers for this device
-    task = get_task(cfg.task, cfg.task_options)
-    # a DeepSpeed config is read and checked before data and models load (minutes on a real job);
-    # the distill stage's default student (from_teacher:N) needs the teacher, but only the kind of
-    # model matters to the defaults resolve() fills
-    planned_spec = cfg.model or (task.default_model if stage == "train" else "from_teacher:")
-    backend = make_backend(rt, policy, cfg.resolve(planned_spec, task).train, cfg.deepspeed)
-    # the training split is prepared once per node and memory-mapped: its size, digest and texts
-    # here, not its rows; dev/test keep their examples (the metrics read them)
-    examples = {"train": features.prepare_train(task, cfg.data.train, rt),
-                **{split: task.load(getattr(cfg.data, split), split) for split in ("dev", "test")}}
-    uri = resolve_uri(cfg.tracking.uri)
-    transformers.set_seed(cfg.seed)  # identical initial weights on every rank
-    train_texts = examples["train"].texts
-    distiller = None
-    if stage == "distill":
-        model_spec, tokenizer, model, distiller = build_distillation(cfg, task, policy, rt, train_texts)
+def fit(lp: Loop, preempt: threading.Event, ckpt: Checkpoint | None, bundle: dict | None) -> dict[str, float]:
+    """Train every epoch (from where a resumed job stopped), then test; returns the final metrics."""
+    if ckpt is not None:
+        resume(lp, ckpt, bundle)
     else:
-        model_spec = cfg.model or task.default_model
-        tokenizer, model = models.build(model_spec, task, train_texts, cfg.model_config, cfg.train.max_length)
-    cfg = cfg.resolve(model_spec, task)
-    prepared = {split: features.prepare_features(task, split, getattr(cfg.data, split), examples[split], tokenizer,
-                                                 cfg.train.max_length, rt) for split in SPLITS}
-    examples["train"].release()  # the builder's rows: the features are on disk now
-    return Stage(cfg, rt, stage, policy, task, examples, prepared, tokenizer, model, model_spec, backend,
-                 distiller, StageMeters(rt.device, policy.name, rt.world_size, cfg.train.compile != "off"), uri)
-
-
-def fit(s: Stage, preempt, ckpt, resume_state, run_id) -> dict:
-    """Train every epoch (from where a resumed job stopped), then test; returns the final figures."""
-    setup_optimization(s)
-    s.state = LoopState(run_id=run_id)
-    if resume_state is not None:
-        resume(s, ckpt, resume_state)
-    else:
-        torch.manual_seed(s.cfg.seed + s.rt.rank)  # dropout differs per rank; data order does not
-    for epoch in range(s.state.epoch, s.epochs):
-        train_epoch(s, epoch, preempt)
-        if end_epoch(s, epoch):
+        torch.manual_seed(lp.s.cfg.seed + lp.s.rt.rank)  # dropout differs per rank; data order does not
+    for epoch in range(lp.progress.epoch, lp.epochs):
+        train_epoch(lp, epoch, preempt)
+        if end_epoch(lp, epoch):
             break
-    return finish(s)
+    return finish(lp)
 
 
-def setup_optimization(s: Stage) -> None:
+def setup_loop(s: Stage, tracker: Tracker, run_id: str | None) -> Loop:
     """Loaders, AdamW, the LR schedule, the backend's wrapper and the teacher's cache."""
     t, rt = s.cfg.train, s.rt
     collate = s.task.collator(s.tokenizer)
     # compiled: short batches filled to full rows, so graphs replay (not under KD: its loss would count them)
-    s.loaders = build_loaders(s.features, collate, t, rt, s.cfg.seed, s.tokenizer.pad_token_id,
-                              fill=t.compile != "off" and s.distiller is None)
-    steps_per_epoch = math.ceil(len(s.loaders.train) / t.grad_accum)
-    s.epochs = t.epochs if t.max_steps < 0 else math.ceil(t.max_steps / steps_per_epoch)  # max_steps wins, as in HF
-    s.total_steps = steps_per_epoch * s.epochs if t.max_steps < 0 else t.max_steps
+    loaders = build_loaders(s.features, collate, t, rt, s.cfg.seed, s.tokenizer.pad_token_id,
+                            fill=t.compile != "off" and s.distiller is None)
+    steps_per_epoch = math.ceil(len(loaders.train) / t.grad_accum)
+    epochs = t.epochs if t.max_steps < 0 else math.ceil(t.max_steps / steps_per_epoch)  # max_steps wins, as in HF
+    total_steps = steps_per_epoch * epochs if t.max_steps < 0 else t.max_steps
 
     s.model.to(rt.device)  # parameters stay fp32: autocast casts per op (fp32 master weights)
     if s.distiller is not None:  # the teacher's logits for the whole training set, once (cached on disk)
         s.distiller.prepare(s.features["train"], shaped_collate(collate, t, s.tokenizer.pad_token_id), t.max_length,
                             s.tokenizer)
-        s.tracker.set_tags({names.TAG_KD_CACHE: {True: "hit", False: "miss", None: "off"}[s.distiller.cache_hit]})
+        tracker.set_tags({names.TAG_KD_CACHE: {True: "hit", False: "miss", None: "off"}[s.distiller.cache_hit]})
     s.meters.flop_model = count_step_flops(s, collate)  # before the wrapper: no collective, no timer
-    optimizer, s.scheduler = build_optimizer(s.model, t, s.total_steps, fused=rt.backend != "deepspeed")
-    s.model = s.backend.prepare(s.model, optimizer)
-    s.sigterm = AgreedFlag(rt.device)
+    optimizer, scheduler = build_optimizer(s.model, t, total_steps, fused=s.backend.fused_optimizer)
+    wrapped = s.backend.prepare(s.model, optimizer)
     for name, content in s.backend.extra_artifacts.items():  # e.g. the resolved DeepSpeed config
         if rt.is_main:
             write_json(s.out / name, content)
-            s.tracker.log_artifact(s.out / name)
+            tracker.log_artifact(s.out / name)
+    return Loop(s, tracker, run_id, loaders, scheduler, wrapped, epochs, total_steps, AgreedFlag(rt.device))
 
 
-def count_step_flops(s: Stage, collate) -> FlopModel:
-    """FLOPs of one training row at up to three padded lengths (the shortest, the longest and one
-    between), each counted on a real single-row forward and backward of the unwrapped model, the
-    loss included (KD: the live teacher or the cached logits), in eval mode with the math attention
-    kernel (whose FLOPs equal the fused kernels' formulas); gradients and RNG are left as they were.
-    Runs before the timer and before the backend wraps the model."""
-    train_rows = s.features["train"]
-    by_length = {}
-    for i, length in enumerate(features.sequence_lengths(train_rows)):  # from Arrow, no list of rows
-        by_length.setdefault(length, i)
-    lengths = sorted(by_length)
-    candidates = dict.fromkeys([lengths[0], lengths[-1], lengths[len(lengths) // 2], *lengths])  # spread first
-    per_row: dict[int, float] = {}
-    devices = [s.rt.device] if s.rt.device.type == "cuda" else []
-    training = s.model.training
-    s.model.eval()  # dropout costs no counted FLOPs; eval mode draws no random numbers
-    # the math attention kernel: FlopCounterMode has no formula for CPU's fused one, which eval picks
-    with torch.random.fork_rng(devices=devices), sdpa_kernel(SDPBackend.MATH):
-        for length in candidates:
-            batch = collate([train_rows[by_length[length]]])
-            padded = batch["input_ids"].shape[1]
-            if padded in per_row:
-                continue
-            per_row[padded] = count_flops(functools.partial(plain_step, s, batch))
-            if len(per_row) == 3:
-                break
-    s.model.zero_grad(set_to_none=True)
-    s.model.train(training)
-    return FlopModel(per_row)
+def count_step_flops(s: Stage, collate: Callable[[list[dict]], dict]) -> FlopModel:
+    """FLOPs of one training row at a few padded lengths, each counted on a real single-row step
+    of the unwrapped model, the loss included (KD: the live teacher or the cached logits)."""
+    rows = s.features["train"]
+    return step_flop_model(s.model, features.sequence_lengths(rows), lambda i: collate([rows[i]]),
+                           functools.partial(plain_step, s), s.rt.device)
 
 
-def forward_loss(s: Stage, inputs: dict, idx: torch.Tensor, module, unpadded: bool = False) -> torch.Tensor:
-    """Forward under the precision policy, then the task's loss of the batch, or under distillation
-    the KD loss (`module`: the unwrapped student, whose kd_projection it uses). `unpadded`: the
+def forward_loss(s: Stage, call: torch.nn.Module, inputs: dict, idx: torch.Tensor, unpadded: bool = False
+                 ) -> torch.Tensor:
+    """Forward of `call` (s.model or its wrapper) under the precision policy, then the task's loss
+    of the batch, or under distillation the KD loss (of s.model's kd_projection). `unpadded`: the
     batch has no padding, so the model gets no attention mask (the losses still read it): with a
     mask, transformers' SDPA path asks the device whether it is all ones, a host sync per step."""
     forward_kwargs = s.distiller.forward_kwargs if s.distiller is not None else {}
     model_inputs = {k: v for k, v in inputs.items() if k != "attention_mask"} if unpadded else inputs
     with s.policy.autocast():
-        outputs = s.model(**model_inputs, **forward_kwargs)
+        outputs = call(**model_inputs, **forward_kwargs)
     if s.distiller is None:
         return s.task.loss(outputs, inputs)
-    return s.distiller.loss(outputs, inputs, idx, module)
+    return s.distiller.loss(outputs, inputs, idx, s.model)  # the backends wrap s.model itself: one object
 
 
 def plain_step(s: Stage, batch: dict) -> None:
     """Forward, loss and backward of the unwrapped model, as forward_backward computes them."""
     idx = batch.pop("idx")
     inputs = {k: v.to(s.rt.device) for k, v in batch.items()}
-    forward_loss(s, inputs, idx, s.model).backward()
+    forward_loss(s, s.model, inputs, idx).backward()
 
 
-def resume(s: Stage, ckpt, resume_state: dict) -> None:
-    """Model, optimizer, schedule, loop position and RNG from a checkpoint; the best model so far."""
+def resume(lp: Loop, ckpt: Checkpoint, bundle: dict) -> None:
+    """Model, optimizer, every part of the loop's state and the RNG from a checkpoint; the best
+    model's weights from best/."""
+    s = lp.s
     s.backend.load(ckpt.path)
-    s.scheduler.load_state_dict(resume_state["scheduler"])
-    s.state = LoopState(**{**resume_state["loop"], "run_id": s.state.run_id})  # the window: summed over ranks
+    checkpoint.restore(bundle, lp.parts())
     ckpt.restore_rng(s.rt.rank)
-    if (s.out / "best" / "model.safetensors").is_file():
-        from safetensors.torch import load_file
-
-        saved = load_file(s.out / "best" / "model.safetensors")  # without the kd_projection, if any
-        s.best_state = {**s.backend.full_state_dict(), **{k: v.float() for k, v in saved.items()}}
+    lp.best.restore_weights(s.out, s.backend)
     if s.rt.is_main:
-        log.info("resumed from %s (epoch %d, step %d)", ckpt.path, s.state.epoch + 1, s.state.step)
+        log.info("resumed from %s (epoch %d, step %d)", ckpt.path, lp.progress.epoch + 1, lp.progress.step)
 
 
-def train_epoch(s: Stage, epoch: int, preempt) -> None:
+def train_epoch(lp: Loop, epoch: int, preempt: threading.Event) -> None:
     """This rank's shard of one epoch, an optimizer step every grad_accum micro-batches;
     a checkpoint every train.save_every steps, and one (then Preempted) on SIGTERM."""
-    t, state = s.cfg.train, s.state
-    state.epoch = epoch
-    s.loaders.start_epoch(epoch, state.batches_done)
-    s.model.train()
+    s, t, progress = lp.s, lp.s.cfg.train, lp.progress
+    progress.epoch = epoch
+    lp.loaders.start_epoch(epoch, progress.batches_done)
+    lp.wrapped.train()
     s.meters.start_epoch()
     group_loss = 0.0
-    micro_steps = len(s.loaders.train)
-    bar = tqdm(s.loaders.train, desc=f"epoch {epoch + 1}/{s.epochs}", leave=False, initial=state.batches_done,
+    micro_steps = len(lp.loaders.train)
+    bar = tqdm(lp.loaders.train, desc=f"epoch {epoch + 1}/{lp.epochs}", leave=False, initial=progress.batches_done,
                total=micro_steps, disable=not s.rt.is_main or not sys.stderr.isatty())
-    for i, batch in enumerate(bar, start=state.batches_done):
+    for i, batch in enumerate(bar, start=progress.batches_done):
         group_start = (i // t.grad_accum) * t.grad_accum
         group_len = min(t.grad_accum, micro_steps - group_start)  # the last group may be short
         last_micro = i - group_start == group_len - 1
-        group_loss = group_loss + forward_backward(s, batch, group_len, last_micro) / group_len
+        group_loss = group_loss + forward_backward(lp, batch, group_len, last_micro) / group_len
         if not last_micro:
             continue
-        stop = optimizer_step(s, group_loss, epoch + (i + 1) / micro_steps, preempt, bar)
-        state.batches_done = i + 1
+        stop = optimizer_step(lp, group_loss, epoch + (i + 1) / micro_steps, preempt, bar)
+        progress.batches_done = i + 1
         group_loss = 0.0
-        if stop or (t.save_every and state.step % t.save_every == 0 and i + 1 < micro_steps):
+        if stop or (t.save_every and progress.step % t.save_every == 0 and i + 1 < micro_steps):
             s.meters.pause()  # the save is not training time
-            path = save_checkpoint(s)
+            path = save_checkpoint(lp)
             if stop:
-                raise Preempted(f"SIGTERM: checkpoint {path} written at step {state.step}")
+                raise Preempted(f"SIGTERM: checkpoint {path} written at step {progress.step}")
             s.meters.resume()
-        if state.step >= s.total_steps:
+        if progress.step >= lp.total_steps:
             break
     bar.close()
-    if s.sigterm.settle():  # a SIGTERM during the epoch's last step: the ranks agree only now
+    if lp.sigterm.settle():  # a SIGTERM during the epoch's last step: the ranks agree only now
         s.meters.pause()
-        raise Preempted(f"SIGTERM: checkpoint {save_checkpoint(s)} written at step {state.step}")
+        raise Preempted(f"SIGTERM: checkpoint {save_checkpoint(lp)} written at step {progress.step}")
 
 
-def forward_backward(s: Stage, batch: dict, group_len: int, last_micro: bool) -> torch.Tensor:
+def forward_backward(lp: Loop, batch: dict, group_len: int, last_micro: bool) -> torch.Tensor:
     """One micro-batch: forward under the precision policy, the (KD) loss, backward; returns the loss."""
+    s = lp.s
     idx = batch.pop("idx")
     rows, padded = real_rows(idx), batch["input_ids"].shape[1]  # filler rows (compiled jobs) are not counted
     mask = batch["attention_mask"]
@@ -331,132 +255,95 @@ def forward_backward(s: Stage, batch: dict, group_len: int, last_micro: bool) ->
         torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs may be overwritten now
     # No gradient all-reduce on accumulation micro-steps: only the last one syncs.
     with contextlib.nullcontext() if last_micro else s.backend.no_sync():
-        loss = forward_loss(s, inputs, idx, s.backend.module, unpadded)
+        loss = forward_loss(s, lp.wrapped, inputs, idx, unpadded)
         s.backend.backward(loss / group_len)
     return loss.detach()
 
 
-def optimizer_step(s: Stage, group_loss: torch.Tensor, epoch_progress: float, preempt, bar) -> bool:
+def optimizer_step(lp: Loop, group_loss: torch.Tensor, epoch_progress: float, preempt: threading.Event,
+                   bar: tqdm) -> bool:
     """Step (the schedule only when the optimizer really stepped); the loss stays on the device
     until a log boundary, where the ranks' losses and non-finite flags are read in one collective;
     ranks agree on preemption one step after a SIGTERM without waiting for the device. True = stop now."""
-    t, state = s.cfg.train, s.state
+    s, progress = lp.s, lp.progress
     result = s.backend.step()
-    state.step += 1
-    s.scheduler.step()  # provisional: a step the backend skipped is taken back when its flag is read
-    s.pending.add(group_loss, result.stepped)
-    stop = s.sigterm.poll(preempt.is_set())
-    if state.step % t.log_every == 0 or state.step == s.total_steps:
-        take_pending_losses(s)
+    progress.step += 1
+    lp.scheduler.step()  # provisional: a step the backend skipped is taken back when its flag is read
+    lp.losses.pending.add(group_loss, result.stepped)
+    stop = lp.sigterm.poll(preempt.is_set())
+    if progress.step % s.cfg.train.log_every == 0 or progress.step == lp.total_steps:
+        take_pending_losses(lp)
         s.meters.check_compiles()
-        mean_loss, n = state.loss_window
-        state.last_loss = mean_loss / n if n else math.nan
-        figures = {names.TRAIN_LOSS: state.last_loss, names.TRAIN_LR: s.scheduler.get_last_lr()[0],
+        loss = lp.losses.close_window()
+        metrics = {names.TRAIN_LOSS: loss, names.TRAIN_LR: lp.scheduler.get_last_lr()[0],
                    names.TRAIN_GRAD_NORM: float(result.grad_norm), names.TRAIN_EPOCH: epoch_progress,
-                   **amp_figures(s)}
-        s.tracker.log_metrics(figures, state.step)
-        bar.set_postfix(loss=f"{state.last_loss:.4f}")
-        state.loss_window = [0.0, 0]
+                   **lp.losses.amp_metrics(s.backend.loss_scale)}
+        lp.tracker.log_metrics(metrics, progress.step)
+        bar.set_postfix(loss=f"{loss:.4f}")
     return stop
 
 
-def take_pending_losses(s: Stage) -> None:
-    """Collective: the steps' losses since the last read into the loss window (the finite steps'
-    losses summed over ranks), the non-finite count and the skipped steps, which the LR schedule
-    gives back (it advanced provisionally on each: between a skipped step and this read it runs
-    ahead by the steps skipped, at most log_every); a streak of train.max_nonfinite steps on
-    which any rank's loss was non-finite stops the job, naming the step the streak reached it."""
-    state, first = s.state, s.state.step - len(s.pending) + 1
-    pending = s.pending.take()
-    skipped = sum(skip for _, _, skip in pending)
-    state.skipped += skipped
-    give_back(s.scheduler, skipped)
-    for k, (nonfinite, total, _) in enumerate(pending):
-        if not nonfinite:
-            state.loss_window = [state.loss_window[0] + total, state.loss_window[1] + s.rt.world_size]
-            state.nonfinite_streak = 0
-            continue
-        state.nonfinite += 1
-        state.nonfinite_streak += 1
-        if state.nonfinite_streak >= s.cfg.train.max_nonfinite:
-            last = checkpoint.latest(s.out)
-            raise Diverged(f"{state.nonfinite_streak} consecutive non-finite losses at step {first + k}; "
-                           f"last good checkpoint: {last.path if last else 'none'}")
+def take_pending_losses(lp: Loop) -> None:
+    """Collective: the steps' losses since the last read into the loss window; the skipped steps
+    are given back to the LR schedule (it advanced provisionally on each: between a skipped step
+    and this read it runs ahead by the steps skipped, at most log_every); a streak of
+    train.max_nonfinite steps on which any rank's loss was non-finite stops the job."""
+    s = lp.s
+    skipped, diverged_at = lp.losses.read(lp.progress.step, s.rt.world_size, s.cfg.train.max_nonfinite)
+    give_back(lp.scheduler, skipped)
+    if diverged_at is not None:
+        last = checkpoint.latest(s.out)
+        raise Diverged(f"{lp.losses.nonfinite_streak} consecutive non-finite losses at step {diverged_at}; "
+                       f"last good checkpoint: {last.path if last else 'none'}")
 
 
-def end_epoch(s: Stage, epoch: int) -> bool:
-    """Epoch figures, dev evaluation, the best model so far, a checkpoint; True = training is over."""
-    t, state, rt = s.cfg.train, s.state, s.rt
-    figures = s.meters.end_epoch(state)  # reduced over ranks
-    take_pending_losses(s)  # the epoch's non-finite count is complete
-    scores = evaluate(s.backend.module, s.loaders.dev, s.task, s.policy, rt, s.examples["dev"], s.features["dev"])
-    figures.update({**amp_figures(s, scale=False), **{names.eval_metric(k): v for k, v in scores.items()}})
-    s.tracker.log_metrics(figures, state.step)
-    if rt.is_main:
-        log.info("epoch %d/%d  step %d  loss %.4f  dev %s %.4f  %.1f samples/s  %.1fs", epoch + 1, s.epochs,
-                 state.step, state.last_loss, s.task.main_metric, scores["main"], figures[names.SAMPLES_PER_S],
-                 figures[names.EPOCH_TIME])
-
+def end_epoch(lp: Loop, epoch: int) -> bool:
+    """Epoch metrics, dev evaluation, the best model so far, a checkpoint; True = training is over."""
+    s, progress = lp.s, lp.progress
+    metrics = s.meters.end_epoch()  # reduced over ranks
+    take_pending_losses(lp)  # the epoch's non-finite count is complete
+    dev = evaluate(s.backend.module, lp.loaders.dev, s.task, s.policy, s.rt, s.examples["dev"], s.features["dev"])
+    metrics.update({**lp.losses.amp_metrics(None), **{names.eval_metric(k): v for k, v in dev.scores.items()}})
+    lp.tracker.log_metrics(metrics, progress.step)
+    if s.rt.is_main:
+        log.info("epoch %d/%d  step %d  loss %.4f  dev %s %.4f  %.1f samples/s  %.1fs", epoch + 1, lp.epochs,
+                 progress.step, lp.losses.last_loss, s.task.main_metric, dev.main, metrics[names.SAMPLES_PER_S],
+                 metrics[names.EPOCH_TIME])
     # keep the best model; stop when the main metric stops improving
-    if scores["main"] > state.best_main:
-        state.best_main, state.bad_evals, state.time_to_best = scores["main"], 0, state.train_seconds
-        state.best_figures = {names.eval_metric(k): v for k, v in scores.items()}
-        s.best_state = s.backend.full_state_dict()  # collective under ZeRO-3 (gathers the shards)
-        if rt.is_main:
-            with atomic_dir(s.out / "best", replace=True) as tmp:  # fp32, whatever dtype the module trains in
-                models.save_pretrained_fp32(s.backend.module, s.best_state, s.tokenizer, tmp)
-    else:
-        state.bad_evals += 1
-    done = state.step >= s.total_steps or epoch + 1 == s.epochs
-    early = bool(t.patience and state.bad_evals >= t.patience)
-    state.epoch, state.batches_done = epoch + 1, 0
+    lp.best.consider(dev.scores, s.meters.totals.train_seconds, s.backend, s.tokenizer, s.out, s.rt.is_main)
+    done = progress.step >= lp.total_steps or epoch + 1 == lp.epochs
+    early = bool(s.cfg.train.patience and lp.best.bad_evals >= s.cfg.train.patience)
+    progress.epoch, progress.batches_done = epoch + 1, 0
     if not done and not early:
-        save_checkpoint(s)
-    if early and rt.is_main:
-        log.info("early stop: no better dev %s for %d evaluations", s.task.main_metric, state.bad_evals)
+        save_checkpoint(lp)
+    if early and s.rt.is_main:
+        log.info("early stop: no better dev %s for %d evaluations", s.task.main_metric, lp.best.bad_evals)
     return done or early
 
 
-def finish(s: Stage) -> dict:
-    """Test with the best weights; the final figures to MLflow, metrics.json and report.txt."""
-    state, rt = s.state, s.rt
-    if s.best_state is not None:  # None only if every evaluation scored NaN
-        s.backend.load_full_state_dict(s.best_state)
-    test_scores = evaluate(s.backend.module, s.loaders.test, s.task, s.policy, rt, s.examples["test"],
-                           s.features["test"], keep=True)
-    final = {
-        **state.best_figures,
-        **{names.test_metric(k): v for k, v in test_scores.items() if k != "_predictions"},
-        names.TRAIN_LOSS: state.last_loss, names.TRAIN_STEPS: state.step,
-        **s.meters.final_figures(state), **amp_figures(s),
-    }
+def finish(lp: Loop) -> dict[str, float]:
+    """Test with the best weights; the final metrics to MLflow, metrics.json and report.txt."""
+    s, progress = lp.s, lp.progress
+    if lp.best.weights is not None:  # None only if every evaluation scored NaN
+        s.backend.load_full_state_dict(lp.best.weights)
+    test = evaluate(s.backend.module, lp.loaders.test, s.task, s.policy, s.rt, s.examples["test"],
+                    s.features["test"], keep=True)
+    final = {**lp.best.metrics, **{names.test_metric(k): v for k, v in test.scores.items()},
+             names.TRAIN_LOSS: lp.losses.last_loss, names.TRAIN_STEPS: progress.step,
+             **s.meters.final_metrics(lp.best.time_to_best), **lp.losses.amp_metrics(s.backend.loss_scale)}
     final = {k: v for k, v in final.items() if v is not None}
-    s.tracker.log_metrics({k: v for k, v in final.items() if not k.startswith(names.EVAL)}, state.step)
-    if rt.is_main:
-        write_json(s.out / "metrics.json", final)
-        report = s.task.report(test_scores["_predictions"], s.examples["test"], s.features["test"])
-        write_text(s.out / "report.txt", report)
-        for name in ("metrics.json", "report.txt"):
-            s.tracker.log_artifact(s.out / name)
-        if s.cfg.tracking.log_model:
-            s.tracker.log_artifact(s.out / "best", "best")
+    lp.tracker.log_metrics({k: v for k, v in final.items() if not k.startswith(names.EVAL)}, progress.step)
+    if s.rt.is_main:
+        report = s.task.report(test.predictions, s.examples["test"], s.features["test"])
+        outputs.write_final(s.out, final, report, lp.tracker, s.cfg.tracking.log_model)
         log.info("test %s %.4f  |  %.1f samples/s over %.1fs of training  |  outputs in %s", s.task.main_metric,
-                 test_scores["main"], final[names.SAMPLES_PER_S], state.train_seconds, s.out)
+                 test.main, final[names.SAMPLES_PER_S], s.meters.totals.train_seconds, s.out)
     return final
 
 
-def amp_figures(s: Stage, scale: bool = True) -> dict:
-    """AMP health: skipped steps, non-finite losses and (fp16) the current loss scale."""
-    figures = {names.SKIPPED_STEPS: s.state.skipped, names.NONFINITE_LOSSES: s.state.nonfinite}
-    if scale and s.backend.loss_scale is not None:
-        figures[names.LOSS_SCALE] = s.backend.loss_scale
-    return figures
-
-
-def save_checkpoint(s: Stage) -> Path:
-    """Collective: scheduler, loop state, the backend's state and every rank's RNG."""
-    take_pending_losses(s)  # the window holds every rank's losses since the last log
-    loop = dataclasses.asdict(s.state)
-    bundle = {"scheduler": s.scheduler.state_dict(), "loop": loop}
-    return checkpoint.save(s.out, s.state.step, bundle, s.rt.rank, keep=s.cfg.train.keep_checkpoints,
-                           write_backend=s.backend.save)
+def save_checkpoint(lp: Loop) -> Path:
+    """Collective: every part of the loop's state, the backend's state and every rank's RNG."""
+    take_pending_losses(lp)  # the window holds every rank's losses since the last log
+    s = lp.s
+    return checkpoint.save(s.out, lp.progress.step, checkpoint.collect(lp.parts(), lp.run_id), s.rt.rank,
+                           keep=s.cfg.train.keep_checkpoints, write_backend=s.backend.save)

@@ -12,11 +12,15 @@ import os
 import socket
 import subprocess
 import sys
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from pipeline import names
 from pipeline.errors import UserError
 from pipeline.tracking import open_experiment, redact, resolve_uri
+
+if TYPE_CHECKING:
+    from mlflow.tracking import MlflowClient
 
 # MLflow 3's UI picks its GenAI or classic-ML navigation from this query parameter
 TRAINING_VIEW = "workflowType=machine_learning"
@@ -39,7 +43,7 @@ def compare_page(experiment_id: str, run_ids: list[str]) -> str:
             f"&experiments={quote(json.dumps([experiment_id]))}&{TRAINING_VIEW}")
 
 
-def study_runs(client, experiment_id: str, study: str) -> list[str]:
+def study_runs(client: MlflowClient, experiment_id: str, study: str) -> list[str]:
     """Run ids of the study's finished cells (the parent run left out), oldest first."""
     runs = client.search_runs([experiment_id], f"tags.{names.TAG_STUDY} = '{study}' and "
                               "attributes.status = 'FINISHED'", order_by=["attributes.start_time ASC"])

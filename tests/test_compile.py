@@ -190,9 +190,9 @@ def test_evaluation_leaves_filler_rows_out_of_scores_and_loss():
     scores = [evaluate(model, torch.utils.data.DataLoader(features, batch_size=4, collate_fn=shaped), _Sentiment(),
                        policy, CPU, None, features, keep=True)
               for shaped in (collate, ShapedCollate(collate, 8, 16, pad_id=0, rows=4))]
-    assert scores[1]["accuracy"] == scores[0]["accuracy"]
-    assert scores[1]["loss"] == pytest.approx(scores[0]["loss"], rel=1e-5)
-    assert len(scores[1]["_predictions"]["label"]) == len(features)
+    assert scores[1].scores["accuracy"] == scores[0].scores["accuracy"]
+    assert scores[1].scores["loss"] == pytest.approx(scores[0].scores["loss"], rel=1e-5)
+    assert len(scores[1].predictions["label"]) == len(features)
 
 
 # ---------------------------------------------------------------------- settings and figures
@@ -239,10 +239,7 @@ def test_compile_time_is_left_out_of_the_training_clock(monkeypatch):
     time.sleep(0.6)
     meters.throughput.add(8, 64)
 
-    class State:
-        samples = tokens = flops = train_seconds = compile_seconds = joules = 0.0
-        epoch_times, peak = [], {}
-    figures = meters.end_epoch(State)
+    figures = meters.end_epoch()
     wall = time.perf_counter() - start
-    assert figures[names.COMPILE_TIME] == pytest.approx(0.5) and State.compile_seconds == pytest.approx(0.5)
+    assert figures[names.COMPILE_TIME] == pytest.approx(0.5) and meters.totals.compile_seconds == pytest.approx(0.5)
     assert 0.6 - 0.5 - 0.01 <= figures[names.EPOCH_TIME] <= wall - 0.5

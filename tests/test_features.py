@@ -19,7 +19,8 @@ from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.models import preset_tokenizer
 from pipeline.runtime.dist import Runtime
-from pipeline.tasks import base, get_task, samples
+from pipeline.tasks import get_task, samples
+from pipeline.tasks import workers as base
 from pipeline.tasks.base import SPLITS
 from pipeline.tasks.sentiment import LABELS
 

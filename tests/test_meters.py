@@ -8,7 +8,6 @@ import torch
 
 from helpers import FAST, tracking_db
 from pipeline import names
-from pipeline.checkpoint import LoopState
 from pipeline.telemetry import EnergyMeter, StageMeters
 
 CPU = torch.device("cpu")
@@ -38,7 +37,6 @@ def test_a_mid_epoch_pause_leaves_out_its_time_and_energy_and_keeps_the_rest():
     nvml = StandInNvml()
     meters = StageMeters(CPU, "fp32", world_size=1)
     meters.energy = metered_energy(nvml)
-    state = LoopState()
     meters.start_epoch()
     meters.add_batch(32, 1000, 40)
     time.sleep(0.2)
@@ -50,10 +48,10 @@ def test_a_mid_epoch_pause_leaves_out_its_time_and_energy_and_keeps_the_rest():
     meters.add_batch(32, 1000, 40)
     time.sleep(0.2)
     nvml.mj += 1000  # 1 J more of training
-    figures = meters.end_epoch(state)
+    figures = meters.end_epoch()
 
     assert 0.4 <= figures[names.EPOCH_TIME] < 0.6  # both training stretches, not the save
-    assert state.train_seconds == figures[names.EPOCH_TIME]
+    assert meters.totals.train_seconds == figures[names.EPOCH_TIME]
     assert figures[names.SAMPLES_PER_S] == pytest.approx(64 / figures[names.EPOCH_TIME])
     assert figures[names.ENERGY_JOULES] == pytest.approx(3.0)
     assert figures[names.AVG_POWER] == pytest.approx(3.0 / figures[names.EPOCH_TIME])
@@ -114,7 +112,7 @@ def bert_training_flops(rows: int, length: int, hidden: int, layers: int, labels
 def test_step_flops_match_the_analytic_bert_count_for_every_batch_shape():
     import transformers
 
-    from pipeline.telemetry import FlopModel, count_flops
+    from pipeline.flops import FlopModel, count_flops
 
     hidden, layers, labels = 64, 2, 3
     model = transformers.BertForSequenceClassification(transformers.BertConfig(

@@ -1,9 +1,9 @@
 """Models train in fp32 whatever dtype a saved config names, and best/ is saved in fp32.
 
-A module that trained in 16 bit (DeepSpeed's bf16/fp16 blocks cast the whole module; on this CPU
-its bf16 block does, the fp16 one needs a GPU) used to save best/ with its own dtype in
-config.json, and transformers 5 loads in the config's dtype: reusing best/ as model=, kd.teacher=
-or from_teacher:N then trained 16-bit parameters with no fp32 master copy."""
+A module that trains in 16 bit (DeepSpeed's bf16/fp16 blocks cast the whole module; on this CPU
+its bf16 block does, the fp16 one needs a GPU) writes its own dtype into config.json through a
+plain save_pretrained, and transformers 5 loads in the config's dtype: reusing such a directory as
+model=, kd.teacher= or from_teacher:N would train 16-bit parameters with no fp32 master copy."""
 import json
 import os
 import subprocess
@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import BertConfig
 
-from pipeline import distill, models
+from pipeline import best_model, distill, models
 from pipeline.config import load_config
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
@@ -25,7 +25,7 @@ TEXTS = ["আমি ভাত খাই", "সে বই পড়ে", "ভা�
 
 
 def sixteen_bit_model_dir(tmp_path, fp32_save: bool):
-    """A tiny sentiment model that trained as a bf16 module, saved as best/ the new way or the old way."""
+    """A tiny sentiment model that trained as a bf16 module, saved as best/ in fp32 or as a plain save_pretrained."""
     task = get_task("sentiment")
     tokenizer = models.preset_tokenizer(TEXTS, vocab_size=200)
     config = BertConfig(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
@@ -33,8 +33,8 @@ def sixteen_bit_model_dir(tmp_path, fp32_save: bool):
     module = task.model_class.from_config(config).to(torch.bfloat16)  # as a 16-bit engine leaves it
     directory = tmp_path / "best"
     if fp32_save:
-        models.save_pretrained_fp32(module, module.state_dict(), tokenizer, directory)
-    else:  # the old best/: save_pretrained writes the module's dtype into config.json
+        best_model.save_pretrained_fp32(module, module.state_dict(), tokenizer, directory)
+    else:  # a plain save_pretrained writes the module's dtype into config.json
         module.save_pretrained(directory, state_dict=module.state_dict())
         tokenizer.save_pretrained(directory)
     return task, directory

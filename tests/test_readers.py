@@ -7,7 +7,7 @@ import pytest
 from helpers import write_file
 from pipeline.errors import UserError
 from pipeline.tasks import get_task
-from pipeline.tasks.base import MAX_FIELD_CHARS
+from pipeline.tasks.readers import MAX_FIELD_CHARS
 
 HEADER = "id\ttext\tlabel\n"
 GOOD = "a1\tখুব ভালো লাগল\tpositive\n"

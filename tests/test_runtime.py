@@ -94,7 +94,7 @@ def test_a_training_step_after_evaluation_can_use_what_evaluation_cached():
     loader = DataLoader(features, batch_size=8, collate_fn=task.collator(tokenizer))
     module = LazyScale(model)
     scores = evaluate(module, loader, task, PrecisionPolicy("fp32", "cpu"), CPU, examples, features)
-    assert 0.0 <= scores["main"] <= 1.0
+    assert 0.0 <= scores.main <= 1.0
     module.train()
     batch = next(iter(loader))
     batch.pop("idx")

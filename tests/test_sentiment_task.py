@@ -8,7 +8,7 @@ from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.tasks import get_task
-from pipeline.tasks.samples import NEGATIVE, POSITIVE
+from pipeline.tasks.samples.sentiment import NEGATIVE, POSITIVE
 from pipeline.train import run
 
 TASK = get_task("sentiment")

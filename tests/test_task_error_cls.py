@@ -11,7 +11,7 @@ from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.runtime import precision
 from pipeline.tasks import get_task
-from pipeline.tasks.error_cls import BANGLISH, ENGLISH, FILLERS, GENITIVE, MISSPELLED
+from pipeline.tasks.samples.error_cls import BANGLISH, ENGLISH, FILLERS, GENITIVE, MISSPELLED
 from pipeline.train import run
 
 HEADER = "Comment,Error,Category\n"

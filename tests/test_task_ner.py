@@ -15,8 +15,9 @@ from pipeline.errors import UserError
 from pipeline.models import preset_tokenizer
 from pipeline.runtime import precision
 from pipeline.tasks import get_task
-from pipeline.tasks.ner import BN, EITHER, HELD_OUT, LABELS, ROMAN, TYPES
+from pipeline.tasks.ner import LABELS, TYPES
 from pipeline.tasks.samples import ensure_samples
+from pipeline.tasks.samples.ner import BN, EITHER, HELD_OUT, ROMAN
 from pipeline.train import run
 
 

@@ -13,7 +13,8 @@ from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.models import preset_tokenizer
 from pipeline.tasks import get_task
-from pipeline.tasks.qa import CITIES, FRUITS, JOBS, normalize_answer, squad_v2_scores
+from pipeline.tasks.qa import normalize_answer, squad_v2_scores
+from pipeline.tasks.samples.qa import CITIES, FRUITS, JOBS
 from pipeline.train import run
 
 TASK = get_task("qa")

@@ -196,7 +196,7 @@ def test_step_losses_are_read_and_reduced_only_at_log_boundaries(tmp_path, monke
     run(load_config(None, [*FAST, "train.max_steps=20", "train.log_every=5", f"output_dir={out}",
                            f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))
 
-    assert len(losses) == 20 and len(reductions) == 20 // 5  # was 20 + 4: one per step, one per log
+    assert len(losses) == 20 and len(reductions) == 20 // 5  # one reduction per log boundary, none per step
     records = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
     logged = {r["step"]: r["value"] for r in records if r.get("key") == names.TRAIN_LOSS and r["step"] % 5 == 0}
     assert logged == pytest.approx({step: sum(losses[step - 5:step]) / 5 for step in (5, 10, 15, 20)}, rel=1e-6)

@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import torch.distributed as dist
@@ -16,6 +17,7 @@ import torch.distributed as dist
 from pipeline.errors import UserError
 
 log = logging.getLogger("pipeline")
+T = TypeVar("T")
 
 DEVICES_ENV = "PIPELINE_DEVICES"
 """Devices per node the pipeline may use (an integer); unset: the GPUs torch sees, no limit on CPU."""
@@ -101,6 +103,15 @@ def init(backend: str, want_cuda: bool = True, timeout_s: int = 1800, fallback: 
         requested, rank, world = world, node * devices + local_rank, num_nodes * devices
         _set_env({"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(devices)})
 
+    backend = resolve_backend(backend, launcher, world)
+    device = this_device(want_cuda, local_rank)
+    if backend in ("ddp", "deepspeed") and not dist.is_initialized():
+        init_process_group(device, rank, world, timeout_s, namespace="fallback" if requested else "")
+    return Runtime(launcher, backend, rank, local_rank, world, num_nodes, device, requested)
+
+
+def resolve_backend(backend: str, launcher: str, world: int) -> str:
+    """The `backend` key against what the launcher started; combinations that cannot work refused."""
     if backend == "auto":
         backend = "deepspeed" if launcher == "deepspeed" else ("ddp" if world > 1 else "single")
     if backend == "single" and world > 1:
@@ -111,21 +122,19 @@ def init(backend: str, want_cuda: bool = True, timeout_s: int = 1800, fallback: 
         # DeepSpeed's engine needs a process group even for one process
         _set_env({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                   "MASTER_PORT": os.environ.get("MASTER_PORT", str(_free_port()))})
+    return backend
 
-    if want_cuda and torch.cuda.is_available():
-        if local_rank >= torch.cuda.device_count():
-            raise UserError(
-                f"launch: local rank {local_rank} but only {torch.cuda.device_count()} visible GPU(s); "
-                "lower --nproc_per_node"
-            )
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
 
-    if backend in ("ddp", "deepspeed") and not dist.is_initialized():
-        init_process_group(device, rank, world, timeout_s, namespace="fallback" if requested else "")
-    return Runtime(launcher, backend, rank, local_rank, world, num_nodes, device, requested)
+def this_device(want_cuda: bool, local_rank: int) -> torch.device:
+    """The local rank's GPU (made the current one), else the CPU."""
+    if not (want_cuda and torch.cuda.is_available()):
+        return torch.device("cpu")
+    if local_rank >= torch.cuda.device_count():
+        raise UserError(f"launch: local rank {local_rank} but only {torch.cuda.device_count()} visible GPU(s); "
+                        "lower --nproc_per_node")
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    return device
 
 
 def init_process_group(device: torch.device, rank: int, world: int, timeout_s: int = 1800,
@@ -193,7 +202,7 @@ def all_reduce(values: list[float], op: str = "sum") -> list[float]:
     return t.tolist()
 
 
-def all_gather_objects(obj):
+def all_gather_objects(obj: T) -> list[T]:
     """Every rank's object, in rank order (a plain list of one in a single process)."""
     if not dist.is_initialized():
         return [obj]
@@ -202,7 +211,7 @@ def all_gather_objects(obj):
     return out
 
 
-def broadcast_object(obj):
+def broadcast_object(obj: T) -> T:
     if not dist.is_initialized():
         return obj
     box = [obj]
@@ -222,3 +231,52 @@ def sigterm_flag():
         yield flag
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+class AgreedFlag:
+    """A host flag (SIGTERM seen) that every rank acts on at the same step without stalling the
+    device: each poll starts an all-reduce (max) of this rank's flag and returns the result of the
+    previous poll's, which has finished by then; so the ranks stop together, one step after the
+    signal. In one process the flag itself is the answer, at once."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._pending: tuple | None = None
+
+    def poll(self, local: bool) -> bool:
+        if not torch.distributed.is_initialized():
+            return local
+        agreed = self._finish()
+        self._start(local)
+        return agreed
+
+    def settle(self) -> bool:
+        """Wait for the running all-reduce (before the loop stops polling); its answer."""
+        return self._finish()
+
+    def _start(self, local: bool) -> None:
+        on_gpu = torch.distributed.get_backend() == "nccl"
+        flag = torch.tensor([float(local)])
+        if on_gpu:  # from pinned memory, no host wait; the answer comes back the same way
+            flag = flag.pin_memory().to(f"cuda:{torch.cuda.current_device()}", non_blocking=True)
+        work = torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, async_op=True)
+        if not on_gpu:
+            self._pending = (work, flag, None, flag)
+            return
+        work.wait()  # the current stream waits for it; the host does not
+        answer = torch.empty(1, pin_memory=True)
+        answer.copy_(flag, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        self._pending = (None, answer, done, flag)
+
+    def _finish(self) -> bool:
+        if self._pending is None:
+            return False
+        work, answer, done, _ = self._pending
+        self._pending = None
+        if work is not None:
+            work.wait()
+        if done is not None:
+            done.synchronize()  # the previous step's work only: this step's stays queued
+        return bool(answer.item())

@@ -22,23 +22,30 @@ from __future__ import annotations
 
 import functools
 import json
-import random
 import re
+from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 from seqeval.metrics import classification_report, f1_score, precision_score, recall_score
 from transformers import AutoModelForTokenClassification, DataCollatorForTokenClassification
 
 from pipeline.errors import UserError
-from pipeline.tasks.base import Task, normalize_texts, read_text
-from pipeline.tasks.samples import BN_DIGITS, zipf
+from pipeline.tasks.base import Collate, Task
+from pipeline.tasks.readers import read_text
+from pipeline.tasks.samples import ner as sample_set
+from pipeline.tasks.workers import normalize_texts
+
+if TYPE_CHECKING:
+    import datasets
+    import torch
+    from transformers import BatchEncoding, PreTrainedTokenizerBase
+    from transformers.utils import ModelOutput
 
 TYPES = ["Symptom", "Health Condition", "Age", "Medicine", "Dosage", "Medical Procedure", "Specialist"]
 LABELS = ["O"] + [f"{prefix}-{t}" for t in TYPES for prefix in "BI"]
 IGNORE = -100  # the label/prediction value of positions that are not a word's first sub-word
-SAMPLE_SIZES = {"train": 1500, "dev": 300, "test": 300}
-LABEL_NOISE = 0.05
 JSON_TYPES = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number",
               bool: "a boolean", type(None): "null"}
 
@@ -62,14 +69,7 @@ class NerTask(Task):
 
     # ------------------------------------------------------------------ data
     def write_samples(self, directory: Path) -> dict[str, Path]:
-        out = {}
-        for offset, (split, n) in enumerate(SAMPLE_SIZES.items()):
-            rng = random.Random(2000 + offset)
-            rows = [sample_row(rng, split) for _ in range(n)]
-            path = directory / f"{split}.json"
-            path.write_text(json.dumps(rows, ensure_ascii=False, indent=1) + "\n", encoding="utf-8")
-            out[split] = path
-        return out
+        return sample_set.write(directory, TYPES)
 
     def resolve_source(self, source: str | None, split: str) -> str:
         if source is None and self.labels != LABELS:  # the sample set's tags cannot mix with a hub tag set
@@ -88,7 +88,7 @@ class NerTask(Task):
             raise UserError(f"{path}: no rows")
         return self._validate(enumerate(rows, 1), str(path))
 
-    def from_hub_rows(self, rows, source: str) -> list[dict]:
+    def from_hub_rows(self, rows: datasets.Dataset, source: str) -> list[dict]:
         columns = set(rows.features)
         if {"tokens", "ner_tags"} <= columns:  # wikiann schema: tag ids named by the ClassLabel
             names = getattr(getattr(rows.features["ner_tags"], "feature", None), "names", None)
@@ -113,13 +113,13 @@ class NerTask(Task):
                             f"({', '.join(self.labels)})")
         self.labels = names
 
-    def _validate(self, rows, where: str) -> list[dict]:
+    def _validate(self, rows: Iterable[tuple[int, object]], where: str) -> list[dict]:
         lookup = {form.lower(): tag for tag in self.labels
                   for form in (tag, tag.replace(" ", "_"), tag.replace("_", " "))}
         types = sorted({tag[2:] for tag in self.labels if tag != "O"})
         examples, n = [], 0
 
-        def fail(reason):
+        def fail(reason: str) -> NoReturn:
             raise UserError(f"{where}: row {n}: {reason}")
 
         for n, row in rows:  # noqa: B007 - fail() reads `n`
@@ -156,7 +156,7 @@ class NerTask(Task):
             e["words"] = [next(normalized).strip() or w for w in e["words"]]
         return examples
 
-    def texts(self, examples):
+    def texts(self, examples: list[dict]) -> list[str]:
         return [" ".join(e["words"]) for e in examples]
 
     # ------------------------------------------------------------------ model side
@@ -164,7 +164,8 @@ class NerTask(Task):
         return {"num_labels": len(self.labels), "id2label": dict(enumerate(self.labels)),
                 "label2id": {l: i for i, l in enumerate(self.labels)}}
 
-    def featurize(self, examples, tokenizer, max_length, split):
+    def featurize(self, examples: list[dict], tokenizer: PreTrainedTokenizerBase, max_length: int,
+                  split: str) -> datasets.Dataset:
         import datasets
 
         self.max_length = max_length
@@ -175,7 +176,7 @@ class NerTask(Task):
             "idx": list(range(len(examples))),
         })
 
-        def tokenize(batch):
+        def tokenize(batch: dict[str, list]) -> BatchEncoding:
             enc = tokenizer(batch["words"], is_split_into_words=True, truncation=True, max_length=max_length)
             enc["labels"], enc["word_starts"] = [], []
             for i, tags in enumerate(batch["tags"]):
@@ -194,10 +195,10 @@ class NerTask(Task):
 
         return self.map_batched(ds, tokenize, remove_columns=["words", "tags"])
 
-    def collator(self, tokenizer):
+    def collator(self, tokenizer: PreTrainedTokenizerBase) -> Collate:
         return functools.partial(_collate, DataCollatorForTokenClassification(tokenizer, label_pad_token_id=IGNORE))
 
-    def predictions(self, outputs, batch):
+    def predictions(self, outputs: ModelOutput, batch: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
         pred = outputs.logits.argmax(-1).cpu().numpy()
         # a fixed width, so batches (and ranks) of different lengths concatenate
         out = np.full((len(pred), max(self.max_length or 0, pred.shape[1])), IGNORE, dtype=np.int64)
@@ -206,17 +207,19 @@ class NerTask(Task):
 
     kd_outputs = {"logits": True}  # per token
 
-    def kd_pairs(self, student_outputs, teacher, batch):
+    def kd_pairs(self, student_outputs: ModelOutput, teacher: dict[str, torch.Tensor],
+                 batch: dict[str, torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Distil on labelled tokens only (first sub-words), not on padding or continuations."""
         mask = batch["labels"] != IGNORE
         return [(student_outputs["logits"][mask], teacher["logits"][mask])]
 
-    def word_tags(self, predictions, features) -> list[list[str]]:
+    def word_tags(self, predictions: dict[str, np.ndarray], features: datasets.Dataset) -> list[list[str]]:
         """Predicted tag of every word: its first sub-word's; a word cut off by truncation is "O"."""
         return [[self.labels[row[s]] if s >= 0 else "O" for s in starts]
                 for row, starts in zip(predictions["token_labels"], features["word_starts"])]
 
-    def metrics(self, predictions, examples, features):
+    def metrics(self, predictions: dict[str, np.ndarray], examples: list[dict],
+                features: datasets.Dataset) -> dict[str, float]:
         y_true = [e["tags"] for e in examples]
         y_pred = self.word_tags(predictions, features)
         # mode=None: seqeval's default, conlleval-compatible scoring. An I- tag that does not
@@ -234,144 +237,17 @@ class NerTask(Task):
             scores[f"f1_{t.lower().replace(' ', '_')}"] = float(per_type.get(t, {}).get("f1-score", 0.0))
         return scores
 
-    def report(self, predictions, examples, features):
+    def report(self, predictions: dict[str, np.ndarray], examples: list[dict], features: datasets.Dataset) -> str:
         y_true, y_pred = [e["tags"] for e in examples], self.word_tags(predictions, features)
         if not has_entities(y_true, y_pred):
             return "no entities in the gold tags or the predictions\n"
         return classification_report(y_true, y_pred, digits=4, zero_division=0)
 
 
-def has_entities(*sequences) -> bool:
+def has_entities(*sequences: list[list[str]]) -> bool:
     return any(tag != "O" for tags in sequences for seq in tags for tag in seq)
 
 
-def _collate(pad, features):
+def _collate(pad: DataCollatorForTokenClassification, features: list[dict]) -> dict[str, torch.Tensor]:
     # word_starts is for metrics only: the model must not see it
     return pad([{k: v for k, v in f.items() if k != "word_starts"} for f in features])
-
-
-# ---------------------------------------------------------------------- built-in sample set
-# Composed here from small word lists (no dataset content); a few rows are written in romanized
-# Bangla (Banglish). The words alone do not settle the tags, the context does:
-# - names are long-tailed, and the last HELD_OUT names of each list never occur in training,
-#   so dev and test hold entities only their context can type;
-# - a number is an Age ("৫ বছরের"), a Dosage ("৫০০ মিলিগ্রাম") or no entity at all ("৩ দিন ধরে");
-# - a word can be a Symptom or a Health Condition by the template's slot ("এলার্জি হচ্ছে" vs
-#   "এলার্জি হলে কোন বিশেষজ্ঞ"); an entity word can be part of a longer entity of another type
-#   ("ডায়াবেটিস বিশেষজ্ঞ" is a Specialist) or no entity ("পরীক্ষা" in "স্কুলের পরীক্ষা", an exam).
-
-BN = {
-    "Symptom": ["জ্বর", "কাশি", "মাথাব্যথা", "বমি", "গলা ব্যথা", "পেট ব্যথা", "শ্বাসকষ্ট", "দুর্বলতা", "বুক ধড়ফড়",
-                "চুলকানি", "ডায়রিয়া", "মাথা ঘোরা", "কোমর ব্যথা", "অরুচি"],
-    "Health Condition": ["ডায়াবেটিস", "উচ্চ রক্তচাপ", "হাঁপানি", "টাইফয়েড", "ডেঙ্গু", "নিউমোনিয়া", "জন্ডিস",
-                         "কিডনির রোগ", "গ্যাস্ট্রিক আলসার", "থাইরয়েড সমস্যা", "মাইগ্রেন", "রক্তশূন্যতা"],
-    "Medicine": ["প্যারাসিটামল", "অ্যান্টাসিড", "ওমিপ্রাজল", "মেটফরমিন", "ইনসুলিন", "অ্যাজিথ্রোমাইসিন",
-                 "সালবিউটামল", "ওআরএস", "হিস্টাসিন", "ভিটামিন ডি", "সেফিক্সিম", "মন্টিলুকাস্ট"],
-    "Medical Procedure": ["রক্ত পরীক্ষা", "এক্সরে", "আলট্রাসনোগ্রাম", "ইসিজি", "সিটি স্ক্যান", "এন্ডোস্কপি",
-                          "অপারেশন", "প্রস্রাব পরীক্ষা", "এমআরআই", "ডায়ালাইসিস"],
-    "Specialist": ["মেডিসিন বিশেষজ্ঞ", "শিশু বিশেষজ্ঞ", "হৃদরোগ বিশেষজ্ঞ", "চর্মরোগ বিশেষজ্ঞ", "গাইনি ডাক্তার",
-                   "নাক কান গলা বিশেষজ্ঞ", "নিউরোলজিস্ট", "ডায়াবেটিস বিশেষজ্ঞ", "কিডনি বিশেষজ্ঞ"],
-    "Dosage": ["দিনে দুইবার", "দিনে তিনবার", "এক চামচ", "আধা চামচ", "রাতে একটা", "খাওয়ার পরে একটা",
-               "{n} মিলিগ্রাম", "{n} ফোঁটা"],
-}
-ROMAN = {
-    "Symptom": ["jor", "kashi", "matha betha", "bomi", "pet betha", "shash kosto", "durbolota"],
-    "Health Condition": ["diabetes", "high pressure", "dengue", "typhoid", "jondis", "hapani"],
-    "Medicine": ["paracetamol", "antacid", "omeprazole", "insulin", "ors", "metformin"],
-    "Medical Procedure": ["blood test", "xray", "ultrasound", "ecg", "ct scan"],
-    "Specialist": ["medicine specialist", "shishu specialist", "heart specialist", "skin er doctor"],
-    "Dosage": ["dine duibar", "dine tinbar", "ek chamoch", "rate ekta", "{n} mg"],
-}
-HELD_OUT = 3
-"""The last names of each Bangla list (one of each romanized list) occur only in dev and test."""
-EITHER = ["এলার্জি", "অ্যাসিডিটি", "ডায়রিয়া", "জ্বর", "কোষ্ঠকাঠিন্য"]
-"""Words that are a Symptom or a Health Condition, whichever slot of the template they fill."""
-EITHER_SHARE = 0.25
-BN_TEMPLATES = [
-    "আমার {Age} ছেলের {Symptom} আর {Symptom} হচ্ছে , কী করব ?",
-    "{Symptom} থাকলে কি {Health Condition} হতে পারে ?",
-    "ডাক্তার {Medicine} {Dosage} খেতে বলেছেন ।",
-    "{Health Condition} হলে কোন {Specialist} দেখাব ?",
-    "{Specialist} আমাকে {Medical Procedure} করতে বলেছেন ।",
-    "{Medicine} খাওয়ার পরেও {Symptom} কমছে না ।",
-    "আমার মায়ের বয়স {Age} , তার {Health Condition} আছে ।",
-    "{Symptom} {Symptom} নিয়ে খুব কষ্টে আছি ।",
-    "{Medical Procedure} করার আগে কি {Medicine} বন্ধ রাখতে হবে ?",
-    "{days} দিন ধরে আমার {Symptom}",
-    "রিপোর্ট দেখে {Specialist} বললেন {Health Condition}",
-    "{Age} বাচ্চাকে {Medicine} {Dosage} দেওয়া যাবে কি ?",
-    "{days} দিন আগে {Medical Procedure} করিয়েছি , রিপোর্ট {price} টাকা নিয়েছে ।",
-    "{Health Condition} এর জন্য {Medicine} খাচ্ছি , {Symptom} হলে কী করব ?",
-    "আমার বাবা {Age} , {days} বছর ধরে {Health Condition} এ ভুগছেন ।",
-    "আজ সকালে হাসপাতালে অনেক ভিড় ছিল ।",
-    "কাল ছেলের স্কুলের পরীক্ষা , রাত {hour}টায় ঘুমাতে গেছে ।",
-    "ধন্যবাদ , এখন অনেক ভালো আছি ।",
-    "ডাক্তারের সিরিয়াল পেতে {days} দিন লেগেছে ।",
-]
-ROMAN_TEMPLATES = [
-    "amar {Symptom} hocche , ki korbo ?",
-    "doctor {Medicine} {Dosage} khete bolechen",
-    "{Health Condition} hole kon {Specialist} dekhabo ?",
-    "{Specialist} {Medical Procedure} korte bolse",
-    "amar {Age} meyer {Symptom} kombe kobe ?",
-    "{days} din dhore {Symptom} , {Medicine} khabo ?",
-]
-BN_AGE_UNITS = ["বছরের", "বছর", "মাসের"]
-ROMAN_AGE_UNITS = ["bochorer", "bochor", "masher"]
-NUMBERS = {"days": (2, 15), "price": (200, 3000), "hour": (9, 12)}
-"""Numbers that are no entity: how long, how much, what time."""
-
-
-def sample_row(rng: random.Random, split: str = "train") -> dict:
-    roman = rng.random() < 0.15
-    template = rng.choice(ROMAN_TEMPLATES if roman else BN_TEMPLATES)
-    words, labels = [], []
-    for piece in re.split(r"(\{[^}]+\})", template):
-        if not piece.startswith("{"):
-            words += piece.split()
-            labels += ["O"] * len(piece.split())
-            continue
-        name = piece[1:-1]
-        if name in NUMBERS:
-            value = _number(rng, *NUMBERS[name], roman)
-            words.append(value)
-            labels.append("O")
-            continue
-        span = _entity(rng, name, roman, split).split()
-        words += span
-        labels += [f"B-{name}"] + [f"I-{name}"] * (len(span) - 1)
-    if rng.random() < LABEL_NOISE:  # label noise: one entity gets another type, or none
-        _relabel(rng, labels)
-    sep = [" "] * (len(words) - 1)
-    if sep and rng.random() < 0.1:  # messy spacing, as in real comments
-        sep[rng.randrange(len(sep))] = rng.choice(["\u00a0", "  "])
-    return {"text": "".join(w + s for w, s in zip(words, sep + [""])), "labels": labels}
-
-
-def _number(rng: random.Random, low: int, high: int, roman: bool) -> str:
-    n = str(rng.randint(low, high))
-    return n if roman else n.translate(BN_DIGITS)
-
-
-def _entity(rng: random.Random, etype: str, roman: bool, split: str) -> str:
-    if etype == "Age":
-        n = rng.randint(1, 12) if rng.random() < 0.5 else rng.randint(20, 80)
-        return f"{_number(rng, n, n, roman)} {rng.choice(ROMAN_AGE_UNITS if roman else BN_AGE_UNITS)}"
-    if not roman and etype in ("Symptom", "Health Condition") and rng.random() < EITHER_SHARE:
-        return rng.choice(EITHER)
-    names = (ROMAN if roman else BN)[etype]
-    if split == "train":
-        names = names[: -(1 if roman else HELD_OUT)]
-    return zipf(rng, names, 0.8).replace("{n}", _number(rng, 1, 500, roman))
-
-
-def _relabel(rng: random.Random, labels: list[str]) -> None:
-    starts = [i for i, l in enumerate(labels) if l.startswith("B-")]
-    if not starts:
-        return
-    i = rng.choice(starts)
-    new = rng.choice([t for t in TYPES if t != labels[i][2:]] + [None])
-    j = i + 1
-    while j < len(labels) and labels[j].startswith("I-"):
-        j += 1
-    labels[i:j] = ["O"] * (j - i) if new is None else [f"B-{new}"] + [f"I-{new}"] * (j - i - 1)

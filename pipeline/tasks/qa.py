@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import collections
 import json
-import random
 import re
 import string
 import unicodedata
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -27,10 +28,15 @@ from normalizer import normalize
 from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding
 
 from pipeline.errors import UserError
-from pipeline.tasks import samples
-from pipeline.tasks.base import Task, in_workers, logits_to_numpy, read_json_lines, read_text
+from pipeline.tasks.base import Collate, Task, logits_to_numpy
+from pipeline.tasks.readers import read_json_lines, read_text
+from pipeline.tasks.samples import qa as sample_set
+from pipeline.tasks.workers import in_workers
 
-SAMPLE_SIZES = {"train": 1200, "dev": 200, "test": 200}  # questions
+if TYPE_CHECKING:
+    import datasets
+    from transformers import PreTrainedTokenizerBase
+    from transformers.utils import ModelOutput
 OPTIONS = {"stride": None, "n_best": 20, "max_answer_length": 30}  # stride None = max_length // 4
 NEG = -1e9  # pads logits to a fixed width; never wins a max, and sums stay finite in float32
 TARGETS = ("start_positions", "end_positions")
@@ -65,15 +71,7 @@ class QaTask(Task):
 
     # ------------------------------------------------------------------ data
     def write_samples(self, directory: Path) -> dict[str, Path]:
-        out = {}
-        for offset, (split, n) in enumerate(SAMPLE_SIZES.items()):
-            rng = random.Random(3000 + offset)
-            path = directory / f"{split}.jsonl"
-            with path.open("w", encoding="utf-8") as f:
-                for i, row in enumerate(sample_rows(rng, n)):
-                    f.write(json.dumps({"id": f"{split}-{i:05d}", **row}, ensure_ascii=False) + "\n")
-            out[split] = path
-        return out
+        return sample_set.write(directory)
 
     def read_file(self, path: Path) -> list[dict]:
         text = read_text(path)
@@ -88,10 +86,10 @@ class QaTask(Task):
             return in_workers(self._example, [(row, f"{path}: {where}") for where, row in _nested_rows(doc, path)])
         return in_workers(self._example, [(row, f"{path}: line {n}") for n, row in read_json_lines(path)])
 
-    def from_hub_rows(self, rows, source: str) -> list[dict]:
+    def from_hub_rows(self, rows: datasets.Dataset, source: str) -> list[dict]:
         return in_workers(self._example, [(dict(r), f"{source}: row {i + 1}") for i, r in enumerate(rows)])
 
-    def _example(self, row, where: str) -> dict:
+    def _example(self, row: object, where: str) -> dict:
         """One validated, normalized example; every problem names `where` (file and row)."""
         if not isinstance(row, dict):
             raise UserError(f"{where}: expected a JSON object, got {type(row).__name__}")
@@ -129,12 +127,13 @@ class QaTask(Task):
                 "question": question,
                 "answers": {"text": gold, "answer_start": [s for s, _ in spans]}}
 
-    def texts(self, examples):
+    def texts(self, examples: list[dict]) -> list[str]:
         contexts = dict.fromkeys(e["context"] for e in examples)  # each paragraph once, in order
         return [e["question"] for e in examples] + list(contexts)
 
     # ------------------------------------------------------------------ model side
-    def featurize(self, examples, tokenizer, max_length, split):
+    def featurize(self, examples: list[dict], tokenizer: PreTrainedTokenizerBase, max_length: int,
+                  split: str) -> datasets.Dataset:
         import datasets
 
         self.max_length = max_length
@@ -164,13 +163,13 @@ class QaTask(Task):
         columns["idx"] = list(range(len(example_of)))
         return datasets.Dataset.from_dict(columns)
 
-    def collator(self, tokenizer):
+    def collator(self, tokenizer: PreTrainedTokenizerBase) -> Collate:
         pad = DataCollatorWithPadding(tokenizer)
         keep = {*tokenizer.model_input_names, *TARGETS, "idx"}
         # eval features carry offset_mapping/example_index for post-processing: not model inputs
         return lambda features: pad([{k: v for k, v in f.items() if k in keep} for f in features])
 
-    def loss(self, outputs, batch):
+    def loss(self, outputs: ModelOutput, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Cross-entropy of the start and of the end position over the window's real tokens. The
         model's own loss also spreads probability over the padding, so its value and gradients
         would change with how far a batch is padded: with its longest window, with how a batch is
@@ -182,13 +181,14 @@ class QaTask(Task):
 
     kd_outputs = {"start_logits": True, "end_logits": True}  # per position
 
-    def kd_pairs(self, student_outputs, teacher, batch):
+    def kd_pairs(self, student_outputs: ModelOutput, teacher: dict[str, torch.Tensor],
+                 batch: dict[str, torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Distil the start and the end distributions over the window's real positions."""
         padding = ~batch["attention_mask"].bool()
         return [(student_outputs[name].float().masked_fill(padding, -1e4),
                  teacher[name].float().masked_fill(padding, -1e4)) for name in self.kd_outputs]
 
-    def predictions(self, outputs, batch):
+    def predictions(self, outputs: ModelOutput, batch: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
         out = {}
         for key in ("start_logits", "end_logits"):
             logits = logits_to_numpy(getattr(outputs, key))
@@ -197,7 +197,8 @@ class QaTask(Task):
             out[key] = padded
         return out
 
-    def postprocess(self, predictions, examples, features) -> list[str]:
+    def postprocess(self, predictions: dict[str, np.ndarray], examples: list[dict],
+                    features: datasets.Dataset) -> list[str]:
         """Best answer text per example over all its windows; "" when the null score wins."""
         n_best, max_len = self.options["n_best"], self.options["max_answer_length"]
         best = [(-np.inf, "")] * len(examples)
@@ -220,11 +221,12 @@ class QaTask(Task):
                         best[ex] = (score, context[offsets[s][0]:offsets[e][1]])
         return ["" if null[k] > score else text for k, (score, text) in enumerate(best)]
 
-    def metrics(self, predictions, examples, features):
+    def metrics(self, predictions: dict[str, np.ndarray], examples: list[dict],
+                features: datasets.Dataset) -> dict[str, float]:
         return squad_v2_scores(self.postprocess(predictions, examples, features),
                                [e["answers"]["text"] for e in examples])
 
-    def report(self, predictions, examples, features):
+    def report(self, predictions: dict[str, np.ndarray], examples: list[dict], features: datasets.Dataset) -> str:
         m = self.metrics(predictions, examples, features)
         has = sum(bool(e["answers"]["text"]) for e in examples)
         rows = [("all", len(examples), "exact", "f1"), ("HasAns", has, "HasAns_exact", "HasAns_f1"),
@@ -232,109 +234,6 @@ class QaTask(Task):
         lines = [f"{'subset':<8}{'questions':>10}{'exact':>9}{'f1':>9}"]
         lines += [f"{name:<8}{n:>10}{m[ex]:>9.4f}{m[f1]:>9.4f}" for name, n, ex, f1 in rows if n]
         return "\n".join(lines) + "\n"
-
-
-# ---------------------------------------------------------------------- sample set
-# Short paragraphs of templated facts about one person and a friend; questions ask for one fact
-# (a city, a job, a fruit, or a number in Bangla digits). Every paragraph holds distractors of
-# the answer's own kind: the city a person lives in and the city they were born in, their age
-# and their birth year, and the friend's city and job. The question shares its words with the
-# sentence of the answer ("... কোন শহরে থাকেন?" / "... ঢাকা শহরে থাকেন।"), so a model that reads
-# the words around a candidate finds it; one that only learned what a city looks like does not.
-# Some questions ask for a fact that is not there (unanswerable), some paragraphs carry filler
-# sentences so they need several windows, some have messy spacing (the normalizer moves the
-# offsets), and a few golds point at the wrong fact (label noise).
-
-NAMES = ["রহিম", "করিম", "সুমন", "রাকিব", "তানভীর", "নাসরিন", "ফারহানা", "সাবিনা", "জয়া", "মিতু",
-         "আরিফ", "শাকিল", "রুমানা", "পলাশ", "দীপা", "অনিক", "তৃষা", "মাহমুদ", "সাদিয়া", "ইমরান"]
-CITIES = ["ঢাকা", "চট্টগ্রাম", "খুলনা", "রাজশাহী", "সিলেট", "বরিশাল", "রংপুর", "ময়মনসিংহ", "কুমিল্লা", "যশোর"]
-JOBS = ["শিক্ষক", "ডাক্তার", "প্রকৌশলী", "কৃষক", "লেখক", "গায়ক", "ব্যবসায়ী", "সাংবাদিক", "চিত্রশিল্পী", "দর্জি"]
-FRUITS = ["আম", "কাঁঠাল", "লিচু", "কলা", "পেয়ারা", "আনারস", "জাম", "তরমুজ"]
-FILLER = ["সেখানে প্রতি সপ্তাহে একটি বড় হাট বসে।", "শীতকালে এই এলাকায় অনেক কুয়াশা পড়ে।",
-          "নদীর পাশে একটি পুরনো মসজিদ আছে।", "স্থানীয় বাজারে সবজি বেশ সস্তা।", "গ্রীষ্মে এখানে প্রচণ্ড গরম পড়ে।",
-          "এলাকার মানুষ খুব অতিথিপরায়ণ।", "বর্ষায় রাস্তাগুলো কাদায় ভরে যায়।", "বিকেলে ছেলেরা মাঠে ফুটবল খেলে।",
-          "গ্রামের স্কুলটি অনেক পুরনো।", "সন্ধ্যায় চায়ের দোকানে ভিড় জমে।", "পাশের পুকুরে অনেক মাছ আছে।",
-          "এখানকার মিষ্টি সারা দেশে বিখ্যাত।"]
-
-
-def _bn_number(low: int, high: int):
-    return lambda r: str(r.randint(low, high)).translate(samples.BN_DIGITS)
-
-
-# attribute: (fact templates split around the value, question templates, value maker)
-FACTS = {
-    "city": ([("{n} ", " শহরে থাকেন।"), ("{n} এখন থাকেন ", " শহরে।")],
-             ["{n} কোন শহরে থাকেন?", "{n} এখন কোথায় থাকেন?"], lambda r: r.choice(CITIES)),
-    "birthplace": ([("{n}-এর জন্ম ", " শহরে।"), ("{n} জন্মেছেন ", " শহরে।")],
-                   ["{n}-এর জন্ম কোন শহরে?", "{n} কোন শহরে জন্মেছেন?"], lambda r: r.choice(CITIES)),
-    "age": ([("{n}-এর বয়স ", " বছর।")], ["{n}-এর বয়স কত?", "{n}-এর বয়স কত বছর?"], _bn_number(18, 80)),
-    "year": ([("{n} ", " সালে জন্মগ্রহণ করেন।")], ["{n} কত সালে জন্মগ্রহণ করেন?", "{n} কোন সালে জন্মগ্রহণ করেন?"],
-             _bn_number(1950, 2005)),
-    "job": ([("{n} পেশায় একজন ", "।"), ("{n} একজন ", " হিসেবে কাজ করেন।")],
-            ["{n}-এর পেশা কী?", "{n} কী কাজ করেন?"], lambda r: r.choice(JOBS)),
-    "fruit": ([("{n}-এর প্রিয় ফল ", "।")], ["{n}-এর প্রিয় ফল কী?", "{n} কোন ফল সবচেয়ে ভালোবাসেন?"],
-              lambda r: r.choice(FRUITS)),
-}
-FRIEND_FACTS = ("city", "job", "age")
-"""What a paragraph may say about the friend too: a distractor of the same kind."""
-UNANSWERABLE, LONG, MESSY, WRONG_GOLD, ABOUT_FRIEND = 0.15, 0.12, 0.1, 0.03, 0.2
-FILLERS = (3, 6)  # filler sentences in a long paragraph: few enough that most features hold an answer
-
-
-def _paragraph(rng: random.Random):
-    """(person, friend, sentences, facts): facts are (person, attribute, value, sentence index,
-    offset of the value in its sentence)."""
-    person, friend = rng.sample(NAMES, 2)
-    messy = rng.random() < MESSY
-    stated = [(person, a) for a in rng.sample(list(FACTS), rng.randint(3, 5))]
-    stated += [(friend, a) for a in rng.sample(FRIEND_FACTS, rng.randint(1, 2))]
-    sentences, facts = [], []
-    for who, attr in stated:
-        before, after = rng.choice(FACTS[attr][0])
-        before = before.format(n=who if who == person else f"{person}-এর বন্ধু {who}")
-        if messy and rng.random() < 0.5:
-            before = before.replace(" ", "  ", 1)
-        value = FACTS[attr][2](rng)
-        facts.append((who, attr, value, len(sentences), len(before)))
-        sentences.append(before + value + after)
-    order = list(range(len(sentences)))
-    rng.shuffle(order)
-    sentences = [sentences[i] for i in order]
-    facts = [(*f[:3], order.index(f[3]), f[4]) for f in facts]
-    if rng.random() < LONG:
-        for filler in rng.sample(FILLER, rng.randint(*FILLERS)):
-            at = rng.randint(0, len(sentences))
-            sentences.insert(at, filler)
-            facts = [f if f[3] < at else (*f[:3], f[3] + 1, f[4]) for f in facts]
-    return person, friend, messy, sentences, facts
-
-
-def sample_rows(rng: random.Random, n_questions: int) -> list[dict]:
-    rows = []
-    while len(rows) < n_questions:
-        person, friend, messy, sentences, facts = _paragraph(rng)
-        joiners = [rng.choice(["  ", " ", " \n"]) if messy else " " for _ in sentences]
-        starts, context = [], ""
-        for sentence, joiner in zip(sentences, joiners):
-            starts.append(len(context))
-            context += sentence + joiner
-        context = context.rstrip()
-        stated = {(p, a) for p, a, *_ in facts}
-        for _ in range(rng.randint(1, 3)):
-            who = friend if rng.random() < ABOUT_FRIEND else person
-            if rng.random() < UNANSWERABLE:  # a fact that is not in the paragraph
-                attr = rng.choice([a for a in FACTS if (who, a) not in stated])
-                answer = None
-            else:
-                who, attr, value, sentence, offset = rng.choice([f for f in facts if f[0] == who] or facts)
-                if rng.random() < WRONG_GOLD:
-                    _, _, value, sentence, offset = rng.choice([f for f in facts if f[:2] != (who, attr)])
-                answer = (value, starts[sentence] + offset)
-            question = rng.choice(FACTS[attr][1]).format(n=who)
-            rows.append({"title": person, "context": context, "question": question,
-                         "answers": {"text": [answer[0]] if answer else [],
-                                     "answer_start": [answer[1]] if answer else []}})
-    return rows[:n_questions]
 
 
 # ---------------------------------------------------------------------- reading
@@ -348,9 +247,9 @@ def _parses(line: str) -> bool:
         return False
 
 
-def _nested_rows(doc: dict, path: Path):
+def _nested_rows(doc: dict, path: Path) -> Iterator[tuple[str, dict]]:
     """(location, flat squad_bn row) for every question of a nested SQuAD v2 document."""
-    def need(obj, key, kind, where):
+    def need(obj: object, key: str, kind: type, where: str) -> object:
         if not isinstance(obj, dict) or not isinstance(obj.get(key), kind):
             raise UserError(f"{path}: {where}: field {key} missing or not a {kind.__name__}")
         return obj[key]
@@ -395,7 +294,7 @@ def normalize_with_spans(context: str, spans: list[tuple[int, int]]) -> tuple[st
     lead = len(text) - len(text.lstrip())
     text = text.strip()
 
-    def at(p):
+    def at(p: int) -> int:
         return min(max(moved[p] - lead, 0), len(text))
 
     return text, [(at(s), at(e)) for s, e in spans]
@@ -404,7 +303,7 @@ def normalize_with_spans(context: str, spans: list[tuple[int, int]]) -> tuple[st
 # ---------------------------------------------------------------------- features
 
 
-def _fit_questions(questions: list[str], tokenizer, limit: int) -> tuple[list[str], int]:
+def _fit_questions(questions: list[str], tokenizer: PreTrainedTokenizerBase, limit: int) -> tuple[list[str], int]:
     """Questions cut to `limit` tokens (so only_second truncation always leaves context room)
     and the longest one's length."""
     enc = tokenizer(questions, add_special_tokens=False, return_offsets_mapping=True)
@@ -413,7 +312,7 @@ def _fit_questions(questions: list[str], tokenizer, limit: int) -> tuple[list[st
     return fitted, min(limit, max((len(ids) for ids in enc["input_ids"]), default=0))
 
 
-def _target(answers: dict, offsets, sequence_ids) -> tuple[int, int]:
+def _target(answers: dict, offsets: list[tuple[int, int]], sequence_ids: list[int | None]) -> tuple[int, int]:
     """Token positions of the first gold answer in one window; (0, 0) = CLS, the null answer."""
     if not answers["text"]:
         return 0, 0

@@ -5,11 +5,18 @@ import itertools
 from abc import abstractmethod
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from sklearn.metrics import accuracy_score, classification_report, f1_score
 
 from pipeline.tasks.base import Task, logits_to_numpy
+
+if TYPE_CHECKING:
+    import datasets
+    import torch
+    from transformers import PreTrainedTokenizerBase
+    from transformers.utils import ModelOutput
 
 
 class TextClassificationTask(Task):
@@ -30,7 +37,7 @@ class TextClassificationTask(Task):
 
     @abstractmethod
     def table_rows(self, path: Path) -> Iterator[tuple[int, dict]]:
-        """(line number, row) of a data file, parsed as it is read (base.read_table)."""
+        """(line number, row) of a data file, parsed as it is read (readers.read_table)."""
 
     @abstractmethod
     def _validate(self, rows: Iterable[tuple[int, dict]], where: str) -> list[dict]:
@@ -45,7 +52,7 @@ class TextClassificationTask(Task):
         while chunk := list(itertools.islice(rows, self.CHUNK_ROWS)):
             yield self._validate(chunk, f"{path}: line")
 
-    def texts(self, examples):
+    def texts(self, examples: list[dict]) -> list[str]:
         return [e["text"] for e in examples]
 
     def model_kwargs(self) -> dict:
@@ -54,7 +61,8 @@ class TextClassificationTask(Task):
 
     featurize_reads_datasets = True
 
-    def featurize(self, examples, tokenizer, max_length, split):
+    def featurize(self, examples: list[dict] | datasets.Dataset, tokenizer: PreTrainedTokenizerBase,
+                  max_length: int, split: str) -> datasets.Dataset:
         import datasets
 
         if isinstance(examples, datasets.Dataset):  # the prepared training examples, memory-mapped
@@ -69,10 +77,11 @@ class TextClassificationTask(Task):
         return self.map_batched(ds, lambda b: tokenizer(b["text"], truncation=True, max_length=max_length),
                                 remove_columns=["text"])
 
-    def predictions(self, outputs, batch):
+    def predictions(self, outputs: ModelOutput, batch: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
         return {"logits": logits_to_numpy(outputs.logits)}
 
-    def metrics(self, predictions, examples, features):
+    def metrics(self, predictions: dict[str, np.ndarray], examples: list[dict],
+                features: datasets.Dataset) -> dict[str, float]:
         y_true = np.array([e["label"] for e in examples])
         y_pred = predictions["logits"].argmax(-1)
         labels = range(len(self.labels))
@@ -83,7 +92,7 @@ class TextClassificationTask(Task):
                                                        zero_division=0)),
         }
 
-    def report(self, predictions, examples, features):
+    def report(self, predictions: dict[str, np.ndarray], examples: list[dict], features: datasets.Dataset) -> str:
         return classification_report([e["label"] for e in examples], predictions["logits"].argmax(-1),
                                      labels=range(len(self.labels)), target_names=self.labels, digits=4,
                                      zero_division=0)

@@ -10,36 +10,37 @@ MAP and MRR over the questions that have at least one correct candidate (the sta
 evaluation), ranking each question's candidates by the positive-class score (logit difference);
 tied scores count as the average over their orders (see ranking_scores).
 
-The built-in sample set (train/dev/test.tsv in the hub schema) is composed from invented entities
-and templated facts: 3-6 candidates per question, about 30% of the questions without an answer,
-answers often paraphrased and wrong candidates that share the question's words (see below).
+The built-in sample set (train/dev/test.tsv in the hub schema, samples/wikiqa.py) is composed from
+invented entities and templated facts: answers often paraphrased, and wrong candidates that share
+the question's words.
 """
 from __future__ import annotations
 
 import csv
 import math
-import random
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from sklearn.metrics import accuracy_score, classification_report, precision_recall_fscore_support
 
 from pipeline.errors import UserError
-from pipeline.tasks import samples
-from pipeline.tasks.base import Task, logits_to_numpy, read_json_lines, read_lines, read_table
+from pipeline.tasks.base import Task, logits_to_numpy
+from pipeline.tasks.readers import read_json_lines, read_lines, read_table
+from pipeline.tasks.samples import wikiqa as sample_set
+
+if TYPE_CHECKING:
+    import datasets
+    import torch
+    from transformers import BatchEncoding, PreTrainedTokenizerBase
+    from transformers.utils import ModelOutput
 
 LABELS = ["incorrect", "correct"]
 # our name -> column name, per file schema
 HUB_COLUMNS = {"qid": "question_id", "question": "question", "sentence": "answer", "label": "label"}
 RELEASE_COLUMNS = {"qid": "QuestionID", "question": "Question", "sentence": "Sentence", "label": "Label"}
 DELIMITERS = {".csv": ",", ".tsv": "\t"}
-SAMPLE_HEADER = ["question_id", "question", "document_title", "answer", "label"]  # the hub's columns
-
-SAMPLE_SIZES = {"train": 1200, "dev": 300, "test": 600}  # candidate pairs per split
-ANSWERED = 0.7  # fraction of questions with a correct candidate (~16% of the pairs)
-LABEL_NOISE = 0.05
-"""Share of the correct candidates labelled 0; as many wrong candidates are labelled 1 (in expectation).
-Flipping 5% of all pairs instead would make a third of the rare positive labels noise."""
 
 
 class WikiQaTask(Task):
@@ -51,9 +52,7 @@ class WikiQaTask(Task):
 
     # ------------------------------------------------------------------ data
     def write_samples(self, directory: Path) -> dict[str, Path]:
-        return {split: samples.write_table(directory / f"{split}.tsv", SAMPLE_HEADER,
-                                           _sample_rows(random.Random(2000 + offset), split, n), **samples.TSV)
-                for offset, (split, n) in enumerate(SAMPLE_SIZES.items())}
+        return sample_set.write(directory)
 
     def read_file(self, path: Path) -> list[dict]:
         suffix = path.suffix.lower()
@@ -68,10 +67,10 @@ class WikiQaTask(Task):
         rows = read_table(path, tuple(HUB_COLUMNS.values()), delimiter=delimiter)
         return self._validate(rows, f"{path}: line", HUB_COLUMNS)
 
-    def from_hub_rows(self, rows, source: str) -> list[dict]:
+    def from_hub_rows(self, rows: datasets.Dataset, source: str) -> list[dict]:
         return self._validate(((i + 1, dict(r)) for i, r in enumerate(rows)), f"{source}: row", HUB_COLUMNS)
 
-    def _validate(self, rows, where: str, columns: dict) -> list[dict]:
+    def _validate(self, rows: Iterable[tuple[int, dict]], where: str, columns: dict[str, str]) -> list[dict]:
         """`where` names the source and its unit: "FILE: line" or "hub:ID: row"."""
         examples = []
         for line, r in rows:
@@ -91,17 +90,18 @@ class WikiQaTask(Task):
             raise UserError(f"{where.rsplit(':', 1)[0]}: no data rows")
         return examples
 
-    def texts(self, examples):
+    def texts(self, examples: list[dict]) -> list[str]:
         return list(dict.fromkeys(e["question"] for e in examples)) + [e["sentence"] for e in examples]
 
     # ------------------------------------------------------------------ model side
     def model_kwargs(self) -> dict:
         return {"num_labels": 2, "id2label": dict(enumerate(LABELS)), "label2id": {l: i for i, l in enumerate(LABELS)}}
 
-    def featurize(self, examples, tokenizer, max_length, split):
+    def featurize(self, examples: list[dict], tokenizer: PreTrainedTokenizerBase, max_length: int,
+                  split: str) -> datasets.Dataset:
         import datasets
 
-        def encode(b):
+        def encode(b: dict[str, list]) -> BatchEncoding | dict[str, list]:
             try:  # cut the candidate sentence, never the question
                 return tokenizer(b["question"], b["sentence"], truncation="only_second", max_length=max_length)
             except Exception:  # a question alone is longer than max_length: cut both for that pair
@@ -116,13 +116,14 @@ class WikiQaTask(Task):
         })
         return self.map_batched(ds, encode, remove_columns=["question", "sentence"])
 
-    def predictions(self, outputs, batch):
+    def predictions(self, outputs: ModelOutput, batch: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
         logits = logits_to_numpy(outputs.logits)
         # the logit difference ranks like softmax's positive probability but does not saturate
         # at 1.0 (which would tie confident candidates)
         return {"logits": logits, "score": logits[:, 1] - logits[:, 0]}
 
-    def metrics(self, predictions, examples, features):
+    def metrics(self, predictions: dict[str, np.ndarray], examples: list[dict],
+                features: datasets.Dataset) -> dict[str, float]:
         y_true = np.array([e["label"] for e in examples])
         score = predictions["score"]
         y_pred = (score > 0).astype(int)  # = argmax of the logits (a tie goes to "incorrect")
@@ -132,7 +133,7 @@ class WikiQaTask(Task):
         return {"precision": float(p), "recall": float(r), "f1": float(f1),
                 "accuracy": float(accuracy_score(y_true, y_pred)), "map": ap, "mrr": rr}
 
-    def report(self, predictions, examples, features):
+    def report(self, predictions: dict[str, np.ndarray], examples: list[dict], features: datasets.Dataset) -> str:
         y_true = [e["label"] for e in examples]
         m = self.metrics(predictions, examples, features)
         return (classification_report(y_true, (predictions["score"] > 0).astype(int), labels=[0, 1],
@@ -142,7 +143,7 @@ class WikiQaTask(Task):
 
 def _release_rows(path: Path) -> list[tuple[int, dict]]:
     """Rows of the original release: TSV without quoting whose sentences hold bare quote marks, so
-    it is read with quoting off (as the hub's wiki_qa loader read it); base.read_table's csv
+    it is read with quoting off (as the hub's wiki_qa loader read it); readers.read_table's csv
     quoting would merge lines at an unbalanced quote."""
     reader = csv.DictReader(read_lines(path), delimiter="\t", quoting=csv.QUOTE_NONE)
     columns = [c.strip() for c in reader.fieldnames or []]
@@ -153,7 +154,7 @@ def _release_rows(path: Path) -> list[tuple[int, dict]]:
     return [(reader.line_num, {k: v or "" for k, v in row.items()}) for row in reader]
 
 
-def _encode_pair(tokenizer, question, sentence, max_length):
+def _encode_pair(tokenizer: PreTrainedTokenizerBase, question: str, sentence: str, max_length: int) -> BatchEncoding:
     try:
         return tokenizer(question, sentence, truncation="only_second", max_length=max_length)
     except Exception:
@@ -170,7 +171,7 @@ def _encode_pair(tokenizer, question, sentence, max_length):
 # more often. A model that scores everything alike gets exactly the chance level.
 
 
-def ranking_scores(qids, labels, scores) -> tuple[float, float]:
+def ranking_scores(qids: Sequence, labels: Sequence[int] | np.ndarray, scores: np.ndarray) -> tuple[float, float]:
     """(MAP, MRR) over the questions with at least one correct candidate; NaN if there is none
     (or if a score is NaN: a diverged model has no ranking)."""
     if np.isnan(scores).any():
@@ -201,122 +202,3 @@ def _expected_ap_rr(y: np.ndarray, s: np.ndarray) -> tuple[float, float]:
             rr = sum(math.comb(t - i, m - 1) / math.comb(t, m) / (above + i) for i in range(1, t - m + 2))
         above, pos_above = above + t, pos_above + m
     return precision_sum / pos_above, rr
-
-
-# ---------------------------------------------------------------------- sample set
-# Invented entities (syllables and word lists written for this project), templated facts. What
-# makes it WikiQA-like: the answer is often a paraphrase that shares few words with the question
-# ("The government of Norvia sits in Ashford."), while wrong candidates share them ("Visitors to
-# the capital of Norvia arrive from Saltford.", "Ashford was the capital of Norvia until 1820.",
-# "Saltmouth is the capital of Keldia."): word overlap is a weak cue; the relation decides.
-SYLLABLES = (["Nor", "Kel", "Val", "Dor", "Mar", "Tel", "Sar", "Bel", "Ost", "Lun", "Ar", "Zen"],
-             ["via", "doria", "mark", "land", "ania", "esia", "ovia", "heim"])
-CITY_PARTS = (["Port", "Ash", "Kings", "Red", "Fair", "Stone", "Lake", "Green", "Salt", "Iron"],
-              ["haven", "ford", "bridge", "mouth", "field", "ton", "burg", "dale"])
-ADJECTIVES = ["Silent", "Golden", "Broken", "Hidden", "Last", "Winter", "Crimson", "Distant", "Quiet", "Northern"]
-NOUNS = ["River", "Garden", "Crown", "Harbor", "Letter", "Forest", "Mirror", "Orchard", "Lantern", "Voyage"]
-FIRST_NAMES = ["Anna", "Tomas", "Elena", "Marcus", "Ines", "Pavel", "Clara", "Jonas", "Rosa", "Viktor"]
-LAST_NAMES = ["Halden", "Moreau", "Castell", "Varga", "Lindqvist", "Okoro", "Brandt", "Ferreira", "Aalto", "Renner"]
-BUILDINGS = ["Bridge", "Cathedral", "Lighthouse", "Tower", "Museum", "Castle", "Opera House", "Library", "Palace"]
-PEAKS = ["Karsa", "Tolvan", "Ebrin", "Moska", "Hallar", "Vintor", "Selka", "Duram", "Orvik", "Brenna"]
-LANGUAGES = ["Norvish", "Keldic", "Valese", "Ostic", "Marran"]
-
-
-def _country(r): return r.choice(SYLLABLES[0]) + r.choice(SYLLABLES[1])
-def _city(r): return r.choice(CITY_PARTS[0]) + r.choice(CITY_PARTS[1])
-def _book(r): return f"The {r.choice(ADJECTIVES)} {r.choice(NOUNS)}"
-def _author(r): return f"{r.choice(FIRST_NAMES)} {r.choice(LAST_NAMES)}"
-def _building(r): return f"the {r.choice(ADJECTIVES)} {r.choice(BUILDINGS)}"
-def _peak(r): return f"Mount {r.choice(PEAKS)}"
-def _year(r): return r.randint(1450, 1990)
-
-
-# kind: (entity, answer value, questions, answers: (sharing the question's words, paraphrased),
-#        near misses (the question's words or an answer-like value, no answer), other facts)
-KINDS = {
-    "capital": (_country, _city,
-                ["what is the capital of {e}?", "what city is the capital of {e}?"],
-                (["{a} is the capital of {e}.", "The capital of {e} is {a}, its largest city."],
-                 ["The government of {e} sits in {a}.", "{e} is governed from {a}, its largest city.",
-                  "{a}, the seat of {e}'s parliament, lies on the coast."]),
-                ["Visitors to the capital of {e} often arrive by train from {c}.",
-                 "{c} was the capital of {e} until {y}.", "The capital of {e} hosts a festival every summer.",
-                 "{c} is the second largest city of {e}.", "{c} is the capital of {e2}."],
-                ["{e} has a population of about {n} million people.", "The official language of {e} is {lang}.",
-                 "{e} declared independence in {y}.", "{e} is bordered by {e2} to the north.",
-                 "The national football team of {e} was founded in {y}."]),
-    "author": (_book, _author,
-               ["who wrote {e}?", "who is the author of {e}?"],
-               (["{e} is a novel written by {a} in {y}.", "{e} was written by {a}."],
-                ["{a} published {e} in {y} after years of work.", "{e} made {a} famous in {c}.",
-                 "{a} finished {e} while living in {c}."]),
-               ["{e} was written in a small house in {c}.", "{p} wrote a famous review of {e}.",
-                "{e} was adapted into a film by the director {p}.", "{p} wrote {e2}, a novel set in {c}.",
-                "The author of {e} was born in {c}."],
-               ["{e} tells the story of a family in {c}.", "{e} sold over {n} million copies.",
-                "The first edition of {e} had {n} chapters.", "{e} was translated into {lang} in {y}.",
-                "Critics called {e} the best book of {y}."]),
-    "built": (_building, _year,
-              ["when was {e} built?", "what year was {e} built?"],
-              (["{E} was built in {a}.", "Construction of {e} was completed in {a}."],
-               ["{E} opened to the public in {a}, after {n} years of work.", "Workers finished {e} in {a}.",
-                "{E} has stood in {c} since {a}."]),
-              ["{E} was rebuilt in {y} after a fire.", "A copy of {e} was built in {c} in {y}.",
-               "{E} was built by the architect {p}.", "{E2} was built in {y}.",
-               "Building {e} cost {n} million coins."],
-              ["{E} stands in the old town of {c}.", "{E} is {n}0 metres tall.",
-               "{E} attracts about {n} thousand visitors each year.", "{E} is owned by the city of {c}.",
-               "{E} appears on a stamp issued by {x}."]),
-    "height": (_peak, lambda r: r.randint(1200, 8400),
-               ["how high is {e}?", "how tall is {e}?"],
-               (["{e} rises {a} metres above sea level.", "{e} is {a} metres high."],
-                ["At {a} metres, {e} is the highest peak of {x}.", "The summit of {e} stands at {a} metres.",
-                 "Climbers who reach the top of {e} stand {a} metres above the sea."]),
-               ["The highest village on {e} lies at {n}00 metres.", "{e} is {n}0 kilometres from {c}.",
-                "{e2} rises {a} metres above sea level.", "The snow line on {e} is at {n}00 metres.",
-                "{e} is higher than any peak in {x}."],
-               ["{e} was first climbed in {y}.", "{e} lies in the north of {x}.",
-                "{e} is covered by snow for {n} months of the year.", "The village of {c} sits below {e}.",
-                "{e} was named after the explorer {p}."]),
-}
-PARAPHRASED = 0.6  # share of answers that share few words with the question
-NEAR_MISSES = (1, 3)  # wrong candidates that share the question's words, per question
-
-
-def _sample_rows(rng: random.Random, split: str, n: int):
-    """Whole questions (all their candidates) until at least n rows."""
-    written, q = 0, 0
-    while written < n:
-        q += 1
-        question, title, candidates = sample_question(rng)
-        for sentence, label in candidates:
-            yield [f"{split}-Q{q}", question, title, sentence, label]
-        written += len(candidates)
-
-
-def sample_question(rng: random.Random) -> tuple[str, str, list[tuple[str, int]]]:
-    """One question, its document title and 3-6 (sentence, label) candidates, in random order."""
-    kind = rng.choice(list(KINDS))
-    make, value, questions, (overlapping, paraphrased), near, others = KINDS[kind]
-    entity = make(rng)
-    other = entity
-    while other == entity:
-        other = make(rng)
-
-    def fill(template):
-        return template.format(e=entity, E=entity[0].upper() + entity[1:], e2=other, E2=other[0].upper() + other[1:],
-                               a=value(rng), y=_year(rng), n=rng.randint(2, 60), c=_city(rng), p=_author(rng),
-                               x=_country(rng), lang=rng.choice(LANGUAGES))
-
-    n = rng.randint(3, 6)
-    candidates = [(fill(t), 0) for t in rng.sample(near, rng.randint(*NEAR_MISSES))]
-    candidates += [(fill(t), 0) for t in rng.sample(others, n - len(candidates))]
-    if rng.random() < ANSWERED:
-        answer = rng.choice(paraphrased if rng.random() < PARAPHRASED else overlapping)
-        candidates[-1] = (fill(answer), 0 if rng.random() < LABEL_NOISE else 1)
-    if rng.random() < LABEL_NOISE * ANSWERED:  # label noise: a wrong candidate marked correct
-        k = rng.randrange(len(candidates) - 1)
-        candidates[k] = (candidates[k][0], 1)
-    rng.shuffle(candidates)
-    title = entity[4:] if entity.startswith("the ") else entity
-    return rng.choice(questions).format(e=entity), title, candidates

@@ -1,73 +1,22 @@
-"""Deterministic built-in sample sets, written in each dataset's own file format.
+"""The sentiment sample set (BLP-2023 TSV: id, text, label): comments composed by a small grammar.
 
-No dataset content is copied from anywhere: sentences are composed from small word lists and a
-small grammar written for this project. Their difficulty comes from language-like structure,
-not from flipped labels alone: several weak, overlapping cues per example (a contrast clause
-that overrides the first opinion, negation that flips polarity, neutral sentences that mention
-opinion words), and a long-tailed vocabulary, so a few words are seen only a handful of times
-in training. A model then lands below the ceiling on examples it half-learned, and different
-seeds and precisions miss different ones. A small share of labels is still flipped (noise).
-Files are generated on first use into the cache directory (never committed) and read back
-through the task's real reader.
+Polar sentences: one opinion, a negated opposite ("not bad"), a contrast whose main clause
+decides ("the price is high, but the taste is great"), a concession ("although ..."), another
+person's opinion that the writer contradicts, or a recommendation. Neutral sentences: facts,
+and sentences that mention opinion words without holding an opinion (questions, hearsay,
+conditions, a balanced "so-so"). So an opinion word, a negation or a contrast word is never
+enough alone: where it sits decides.
 """
 from __future__ import annotations
 
-import csv
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from pipeline.fsutil import atomic_dir, cache_root
+from pipeline.tasks.samples.common import BN_DIGITS, TSV, noisy, write_table, zipf
 
-SAMPLE_VERSION = 3  # bump when a generator changes, so stale caches are not reused
-
-BN_DIGITS = str.maketrans("0123456789", "০১২৩৪৫৬৭৮৯")
-
-
-def ensure_samples(task_name: str, write: Callable[[Path], dict[str, Path]]) -> dict[str, Path]:
-    """Generate the task's sample files once; concurrent ranks race safely (atomic rename)."""
-    final = cache_root() / "samples" / f"{task_name}-v{SAMPLE_VERSION}"
-    if not final.is_dir():
-        with atomic_dir(final) as tmp:
-            write(tmp)
-    return {split: p for split in ("train", "dev", "test") if (p := _find(final, split))}
-
-
-TSV = {"delimiter": "\t", "lineterminator": "\n"}
-"""csv.writer options of the tab-separated sample files."""
-
-
-def write_table(path: Path, header: list[str], rows: Iterable[list], **csv_options) -> Path:
-    """One sample split as a CSV/TSV file: UTF-8, the header, then `rows` (csv.writer options)."""
-    with path.open("w", encoding="utf-8", newline="") as f:
-        writer = csv.writer(f, **csv_options)
-        writer.writerow(header)
-        writer.writerows(rows)
-    return path
-
-
-def _find(directory: Path, split: str) -> Path | None:
-    matches = sorted(directory.glob(f"{split}.*"))
-    return matches[0] if matches else None
-
-
-def noisy(rng: random.Random, label: str, labels: list[str], rate: float) -> str:
-    return rng.choice([l for l in labels if l != label]) if rng.random() < rate else label
-
-
-def zipf(rng: random.Random, words: Sequence[str], skew: float = 1.2) -> str:
-    """A word drawn with Zipf-like weights 1/rank^skew: the first words are common, the last
-    ones rare (a few occurrences per thousand sentences), as in real text."""
-    return rng.choices(words, weights=[1 / (rank + 1) ** skew for rank in range(len(words))])[0]
-
-
-# ---------------------------------------------------------------------- sentiment grammar
-# Polar sentences: one opinion, a negated opposite ("not bad"), a contrast whose main clause
-# decides ("the price is high, but the taste is great"), a concession ("although ..."), another
-# person's opinion that the writer contradicts, or a recommendation. Neutral sentences: facts,
-# and sentences that mention opinion words without holding an opinion (questions, hearsay,
-# conditions, a balanced "so-so"). So an opinion word, a negation or a contrast word is never
-# enough alone: where it sits decides.
+SAMPLE_SIZES = {"train": 2400, "dev": 400, "test": 400}
+LABEL_NOISE = 0.05
 
 SUBJECTS = ["খাবার", "সিনেমা", "বই", "ফোন", "হোটেল", "সেবা", "গান", "দোকান", "রেস্তোরাঁ", "নাটক",
             "খেলা", "ক্যামেরা", "ডেলিভারি", "অ্যাপ", "বাস", "ট্রেন", "ল্যাপটপ", "জামা", "হাসপাতাল", "পার্ক"]
@@ -160,3 +109,18 @@ def sentiment_sentence(rng: random.Random, label: str) -> str:
     ending = "" if body.endswith("?") else rng.choice(ENDINGS)
     text = " ".join(f"{rng.choice(OPENERS)} {body}{ending}".split())
     return text if rng.random() > 0.1 else text.replace(" ", "  ", 1)  # some messy spacing
+
+
+def write(directory: Path, columns: Sequence[str], labels: Sequence[str]) -> dict[str, Path]:
+    """train/dev/test.tsv in `directory`: a header of `columns` (id, text, label), then rows whose
+    label is drawn uniformly from `labels` (Positive, Negative, Neutral) and flipped at LABEL_NOISE."""
+    return {split: write_table(directory / f"{split}.tsv", columns,
+                               _sample_rows(random.Random(1000 + offset), split, n, labels), **TSV)
+            for offset, (split, n) in enumerate(SAMPLE_SIZES.items())}
+
+
+def _sample_rows(rng: random.Random, split: str, n: int, labels: Sequence[str]) -> Iterator[list[str]]:
+    for i in range(n):
+        label = rng.choice(labels)
+        text = sentiment_sentence(rng, label)
+        yield [f"{split}-{i:05d}", text, noisy(rng, label, labels, LABEL_NOISE)]

@@ -1,0 +1,72 @@
+"""FLOPs of the micro-batches a job trains: counted once, outside the timed steps, on real
+single-row steps of the model, and turned into a per-batch model that is exact for every shape."""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+
+class FlopModel:
+    """FLOPs of a training micro-batch from its shape, from counts made once outside the timer.
+
+    In a transformer encoder every counted op (matmuls, attention) costs, per row, a polynomial
+    of degree two in the padded length L: linear layers c1 L, attention c2 L^2, pooler and head
+    c0; and each is linear in the rows. So `per_row` (padded length -> FLOPs of one row, counted
+    with FlopCounterMode on real single-row steps at up to three lengths) fixes c0, c1, c2, and a
+    batch of B rows padded to L costs B (c0 + c1 L + c2 L^2): exact for every shape, whatever the
+    order of the batches (with length grouping the first one is the longest). With fewer distinct
+    lengths the fit is exact at those, the only lengths a batch can then have."""
+
+    def __init__(self, per_row: dict[int, float]):
+        lengths = sorted(per_row)[:3]
+        self.per_row = dict(per_row)
+        self.coefficients = np.polyfit(lengths, [per_row[n] for n in lengths], len(lengths) - 1)
+
+    def batch(self, rows: int, length: int) -> float:
+        if length in self.per_row:
+            return rows * self.per_row[length]
+        return rows * float(np.polyval(self.coefficients, length))
+
+
+def count_flops(step: Callable[[], object]) -> float:
+    """FLOPs of `step()` (forward and backward of one micro-batch) as torch's FlopCounterMode
+    counts them (matmuls and attention, backward included)."""
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return float(counter.get_total_flops())
+
+
+def step_flop_model(model: torch.nn.Module, lengths: list[int], row_batch: Callable[[int], dict],
+                    step: Callable[[dict], None], device: torch.device) -> FlopModel:
+    """FLOPs of one training row at up to three padded lengths (the shortest, the longest and one
+    between), each counted on a real single-row forward and backward (`step`, the loss included),
+    in eval mode with the math attention kernel (whose FLOPs equal the fused kernels' formulas);
+    gradients and RNG are left as they were. `lengths[i]` is row i's length, `row_batch(i)` its
+    collated one-row batch. Runs before the timer and before a backend wraps the model."""
+    by_length: dict[int, int] = {}
+    for i, length in enumerate(lengths):
+        by_length.setdefault(length, i)
+    ordered = sorted(by_length)
+    candidates = dict.fromkeys([ordered[0], ordered[-1], ordered[len(ordered) // 2], *ordered])  # spread first
+    per_row: dict[int, float] = {}
+    training = model.training
+    model.eval()  # dropout costs no counted FLOPs; eval mode draws no random numbers
+    # the math attention kernel: FlopCounterMode has no formula for CPU's fused one, which eval picks
+    rng_devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=rng_devices), sdpa_kernel(SDPBackend.MATH):
+        for length in candidates:
+            batch = row_batch(by_length[length])
+            padded = batch["input_ids"].shape[1]
+            if padded in per_row:
+                continue
+            per_row[padded] = count_flops(functools.partial(step, batch))
+            if len(per_row) == 3:
+                break
+    model.zero_grad(set_to_none=True)
+    model.train(training)
+    return FlopModel(per_row)
