@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -23,13 +24,17 @@ from pipeline.names import (
 )
 from pipeline.report.columns import AMP_PRECISIONS, COLUMNS, FP32_PRECISIONS, MEMORY, METRICS
 
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+    from mlflow.entities import Run
+
 ROW_COLUMNS = ["cell", "task", "model", "procedure", "stage", "seed", "precision_requested", "precision",
                "precision_mode", "role", "tables", "needs", "launcher", "status", "exit_code", "reason", "run_id",
                "device_type", "energy_available", "main_source", "memory", "test_scores", *COLUMNS]
 """The columns of a cell row (cells.csv)."""
 
 
-def read_cells(client, experiment_id: str):
+def read_cells(client: MlflowClient, experiment_id: str):
     """(parent run or None, one row per cell): the parent's plan joined with the child runs."""
     runs = _all_runs(client, experiment_id)
     parents = [r for r in runs if r.data.tags.get(PARENT_TAG) == "true"]
@@ -52,7 +57,7 @@ def read_cells(client, experiment_id: str):
     return parent, cells
 
 
-def _all_runs(client, experiment_id: str) -> list:
+def _all_runs(client: MlflowClient, experiment_id: str) -> list:
     runs, token = [], None
     while True:
         page = client.search_runs([experiment_id], order_by=["attributes.start_time DESC"], max_results=1000,
@@ -69,7 +74,7 @@ def _pick(runs: list):
     return (finished or runs or [None])[0]
 
 
-def _row(client, name: str, plan: dict | None, run) -> dict:
+def _row(client: MlflowClient, name: str, plan: dict | None, run: Run | None) -> dict:
     plan = plan or {}
     tags = run.data.tags if run else {}
     status = _status(plan, run)
@@ -106,7 +111,7 @@ def _row(client, name: str, plan: dict | None, run) -> dict:
     return row
 
 
-def _status(plan: dict, run) -> str:
+def _status(plan: dict, run: Run | None) -> str:
     if run is not None and run.info.status == "FINISHED":
         return "finished"
     if plan.get("status") == "failed" or (run is not None and run.info.status in ("FAILED", "KILLED")):
@@ -116,7 +121,7 @@ def _status(plan: dict, run) -> str:
     return "missing"  # planned and never run, or finished elsewhere (outputs without a run here)
 
 
-def _metrics(client, run) -> dict:
+def _metrics(client: MlflowClient, run: Run) -> dict:
     m = run.data.metrics
     values = {k: m.get(metric, math.nan) for k, metric in METRICS.items()}
     if TEST_MAIN in m:

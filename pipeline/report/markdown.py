@@ -38,14 +38,14 @@ def headline(amp: pd.DataFrame) -> str:
 
 
 
-def _fmt(value, std=math.nan, digits: int = 2) -> str:
+def _fmt(value: float | str, std: float | None = math.nan, digits: int = 2) -> str:
     if isinstance(value, str):
         return value
     text = f"{value:.{digits}f}"
     return text if std is None or math.isnan(std) else f"{text} ± {std:.{digits}f}"
 
 
-def _retention(value, spread, identical: str) -> str:
+def _retention(value: float | str, spread: float | None, identical: str) -> str:
     """AMP main / FP32 main ± the seed spread; "identical scores" where every seed run in both gave
     the same test scores (a ratio of 100% would read as a finding)."""
     if _identical(identical) == "all":
@@ -61,13 +61,13 @@ def _identical(seeds: str) -> str:
     return "" if pairs in ("", "0") else "all" if same == pairs else "none" if same == "0" else f"{same} of {pairs}"
 
 
-def _pct(value) -> str:
+def _pct(value: float | str) -> str:
     return value if isinstance(value, str) else f"{value:+.1f}%"
 
 
 def md_table(df: pd.DataFrame) -> str:
     """A GitHub Markdown table (pandas' to_markdown needs tabulate, which is not a dependency)."""
-    def blank(v) -> bool:
+    def blank(v: object) -> bool:
         return v is None or (isinstance(v, float) and math.isnan(v))
 
     cells = [[str(c).replace("|", "\\|") for c in df.columns]] + [

@@ -124,7 +124,7 @@ def amp_display(amp: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-def _pair_mark(r) -> str:
+def _pair_mark(r: pd.Series) -> str:
     marks = {r["fp32_status"], r["amp_status"]} - {"ok"}
     return "failed" if "failed" in marks else "missing" if "missing" in marks else next(iter(marks), "n/a")
 

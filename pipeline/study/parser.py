@@ -40,7 +40,7 @@ class _Parser:
     def fail(self, key: str, reason: str):
         raise study_error(self.path, key, reason)
 
-    def study(self, raw, extra: list[str]) -> Study:
+    def study(self, raw: object, extra: list[str]) -> Study:
         if not isinstance(raw, dict):
             self.fail("(top level)", "must be a mapping of keys")
         for key in raw:
@@ -82,7 +82,7 @@ class _Parser:
             output_root=Path(raw.get("output_root") or "outputs"),
             report_dir=Path(raw.get("report_dir") or f"reports/{name}"))
 
-    def procedure(self, name: str, spec) -> Procedure:
+    def procedure(self, name: str, spec: object) -> Procedure:
         key = f"procedures.{name}"
         if spec is None:
             spec = {}
@@ -97,7 +97,7 @@ class _Parser:
         launcher = self.launcher(spec["launcher"], f"{key}.launcher") if "launcher" in spec else None
         return Procedure(name, command, self.overrides(spec.get("overrides"), f"{key}.overrides"), launcher)
 
-    def block(self, index: int, raw, procedures: dict[str, Procedure], key: str) -> Block:
+    def block(self, index: int, raw: object, procedures: dict[str, Procedure], key: str) -> Block:
         if not isinstance(raw, dict):
             self.fail(key, "expected a mapping of axes (tasks, models, precisions, procedures, seeds)")
         for k in raw:
@@ -134,7 +134,7 @@ class _Parser:
             axes[axis] = items
         return Block(index, axes, self.overrides(raw.get("overrides"), f"{key}.overrides"))
 
-    def launcher(self, raw, key: str) -> Launcher:
+    def launcher(self, raw: object, key: str) -> Launcher:
         if raw is None or raw == "none":
             return Launcher()
         if isinstance(raw, str):
@@ -165,7 +165,7 @@ class _Parser:
                 self.fail(f"{key}.config", f"{config}: no such file")
         return Launcher(kind, nproc, nnodes, raw.get("rdzv_endpoint"), config)
 
-    def overrides(self, raw, key: str) -> list[tuple[str, str]]:
+    def overrides(self, raw: object, key: str) -> list[tuple[str, str]]:
         if raw is None:
             return []
         if isinstance(raw, dict):
@@ -174,13 +174,13 @@ class _Parser:
             self.fail(key, "expected a list of key=value (or a mapping key: value)")
         return [(self.check_override(item, f"{key}[{i}]"), key) for i, item in enumerate(raw)]
 
-    def check_override(self, item, key: str) -> str:
+    def check_override(self, item: object, key: str) -> str:
         if not isinstance(item, str) or "=" not in item or item.startswith("="):
             self.fail(key, f"{item!r}: expected key=value")
         return item
 
 
-def _text(value) -> str:
+def _text(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return "null" if value is None else str(value)

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.names import (
     CELL_TAG_PREFIX,
@@ -23,6 +24,9 @@ from pipeline.names import (
     TAG_STUDY_FILE,
 )
 from pipeline.study.spec import Cell, Study
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
 
 log = logging.getLogger("pipeline")
 
@@ -73,7 +77,7 @@ def run_study(study: Study, cells: list[Cell]) -> int:
     return 1 if failed else 0
 
 
-def open_parent(client, experiment_id: str, study: Study) -> str:
+def open_parent(client: MlflowClient, experiment_id: str, study: Study) -> str:
     """The study's one parent run: reopened when the study runs again (found by tag)."""
     found = client.search_runs([experiment_id], f"tags.{PARENT_TAG} = 'true' and tags.{TAG_STUDY} = '{study.name}'",
                                order_by=["attributes.start_time DESC"], max_results=1)
@@ -88,7 +92,7 @@ def open_parent(client, experiment_id: str, study: Study) -> str:
     return run.info.run_id
 
 
-def publish_plan(client, parent: str, cells: list[Cell]) -> dict[str, dict]:
+def publish_plan(client: MlflowClient, parent: str, cells: list[Cell]) -> dict[str, dict]:
     """One tag per cell on the parent run, so the report knows the cells that never produced a run.
 
     Returns the entries a previous invocation left (cell -> plan and outcome)."""
@@ -107,14 +111,14 @@ def publish_plan(client, parent: str, cells: list[Cell]) -> dict[str, dict]:
     return previous
 
 
-def finished_run(client, experiment_id: str, study: Study, cell: Cell) -> str | None:
+def finished_run(client: MlflowClient, experiment_id: str, study: Study, cell: Cell) -> str | None:
     runs = client.search_runs([experiment_id], f"tags.{TAG_STUDY} = '{study.name}' and tags.cell = '{cell.name}' "
                               "and attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"],
                               max_results=1)
     return runs[0].info.run_id if runs else None
 
 
-def _run_cell(client, experiment_id: str, study: Study, cell: Cell, parent: str, outcomes: dict,
+def _run_cell(client: MlflowClient, experiment_id: str, study: Study, cell: Cell, parent: str, outcomes: dict,
               counter: str) -> dict:
     run_id = finished_run(client, experiment_id, study, cell)
     if _finished_before(cell) or run_id:
@@ -185,7 +189,7 @@ class Stopped(Exception):
 
 @contextlib.contextmanager
 def _sigterm_stops():
-    def stop(signum, frame):
+    def stop(signum: int, frame: object) -> None:
         raise Stopped("SIGTERM")
 
     previous = signal.signal(signal.SIGTERM, stop)
