@@ -101,7 +101,8 @@ def probe(args) -> None:
     from pipeline import features
     from pipeline.models import preset_tokenizer
     from pipeline.runtime import dist
-    from pipeline.tasks import base, get_task
+    from pipeline.tasks import get_task
+    from pipeline.tasks import workers as base
     from pipeline.tasks.sentiment import SentimentTask
 
     rt = dist.init("ddp" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "single")
