@@ -39,7 +39,7 @@ test: lint browser
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu
 
-# The tests that neither train nor start a process, in one process (10-30 s here):
+# The tests that neither train nor start a process, in one process (29 s on a 2-core machine):
 # the `slow` marker (pyproject.toml) marks the rest
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

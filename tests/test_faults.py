@@ -243,6 +243,7 @@ def test_no_usable_checkpoint_starts_over_says_so_and_fails_the_lost_run(tmp_pat
     assert not checkpoint.complete(out)  # no corrupted checkpoint of the lost job kept (10 steps: none saved)
 
 
+@pytest.mark.slow  # creates and migrates a new MLflow store
 def test_a_lost_job_that_never_reached_mlflow_is_uploaded_when_the_next_starts_over(tmp_path, caplog, monkeypatch):
     """The first job ran with its tracking server down (figures in the journal only) and died
     with no usable checkpoint. The job that starts over in its output_dir uploads that journal as

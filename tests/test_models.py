@@ -86,6 +86,7 @@ def test_prepared_texts_find_their_preset_tokenizer_without_reading_every_text()
     assert found.get_vocab() == built.get_vocab()
 
 
+@pytest.mark.slow  # starts Python processes
 def test_preset_tokenizer_is_the_same_in_every_process(tmp_path, monkeypatch):
     """The tokenizers library's WordPiece trainer orders "##x" tokens by a hash map seeded per
     process, so the same texts gave another vocabulary (and another trained model, for the same
