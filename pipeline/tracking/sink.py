@@ -1,4 +1,4 @@
-"""Journal records into an MLflow run: the one path by which a run's figures reach MLflow, live
+"""Journal records into an MLflow run: the one path by which a run's metrics, params and tags reach MLflow, live
 (the Tracker applies each record it journals) and replayed (sync applies a whole journal)."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The Tracker: a job's live logging. Rank 0 journals every record, then applies it to its MLflow
-run; a tracking error never stops training, it leaves the figures to the journal (and sync)."""
+run; a tracking error never stops training, it leaves the records to the journal (and sync)."""
 from __future__ import annotations
 
 import dataclasses
@@ -144,7 +144,7 @@ class Tracker:
 
     def _degrade(self, error: Exception) -> None:
         if not self._warned:
-            log.warning("tracking: MLflow unavailable (%s); figures go to %s only; upload later with "
+            log.warning("tracking: MLflow unavailable (%s); records go to %s only; upload later with "
                         "`python -m pipeline sync %s`", sink.reason(error), self.journal_path,
                         self.journal_path.parent)
             self._warned = True
