@@ -68,7 +68,6 @@ class TrainRows:
         self._rows = None
 
 
-
 @dataclass(frozen=True)
 class PreparedFeatures:
     """One split's features as prepared: the memory-mapped Dataset, the key of its entry and

@@ -112,9 +112,9 @@ def from_json(line: str) -> Record | None:
         raise ValueError(str(e)) from e
 
 
-def append(path: Path, record: Record) -> None:
-    """Append one record to the journal at path."""
-    line = (to_json(record) + "\n").encode("utf-8")
+def append(path: Path, *records: Record) -> None:
+    """Append records to the journal at path, in one write."""
+    data = "".join(to_json(record) + "\n" for record in records).encode("utf-8")
     with fsutil.writing(path), path.open("ab+") as f:
         # a kill mid-append leaves a torn last line; a resumed job starts on a fresh line so
         # that only the torn record is lost, not the next one glued onto it
@@ -122,8 +122,8 @@ def append(path: Path, record: Record) -> None:
         if end:
             f.seek(end - 1)
             if f.read(1) != b"\n":
-                line = b"\n" + line
-        f.write(line)
+                data = b"\n" + data
+        f.write(data)
 
 
 def read_journal(path: Path) -> list[Record]:

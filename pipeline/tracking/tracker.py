@@ -130,8 +130,7 @@ class Tracker:
     # -------------------------------------------------------------- internals
     def _record(self, records: list[Record]) -> None:
         """Journal the records, then apply them to the run (those of one call in one batch)."""
-        for record in records:
-            append(self.journal_path, record)
+        append(self.journal_path, *records)
         self._apply(records)
 
     def _apply(self, records: list[Record]) -> None:
