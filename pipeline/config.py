@@ -30,6 +30,11 @@ CHOICES = {"task": TASKS, "precision": PRECISIONS, "backend": BACKENDS, "train.c
            "resume": ("never", "auto")}  # the keys with a fixed set of values: validate() and the reference
 
 
+RECORD_PARTS = ("global_batch", "tokenizer")
+"""Parts of a job's record (job.py) that are not config keys, as accept_changes names them."""
+MAPPINGS = ("model_config", "task_options", "tracking.tags")
+
+
 @dataclass
 class DataConfig:
     train: str | None = None
@@ -163,7 +168,12 @@ class Config:
     seed: int = 42
     """Seed for model init, data order and (plus the rank) dropout."""
     resume: str = "never"
-    """never | auto (continue from the newest complete checkpoint in output_dir, if any)."""
+    """never | auto (continue from the newest complete checkpoint in output_dir, if any, when it
+    is the same job: the same settings, data, global batch and precision; docs/faults.md)."""
+    accept_changes: str | None = None
+    """Comma-separated keys a resumed job may continue with although they differ from its
+    checkpoint's (e.g. train.lr, data.train, global_batch, tokenizer): the run then mixes two
+    settings, and says so (tag resumed_with_changes, a param per change)."""
     output_dir: str | None = None
     """Where config.yaml, metrics.json, best/ and the journal go; unset = outputs/TASK-PRECISION
     (filled in by resolve())."""
@@ -204,6 +214,8 @@ class Config:
         _check("train.keep_checkpoints", t.keep_checkpoints, t.keep_checkpoints >= 1, "must be >= 1")
         _check("train.max_nonfinite", t.max_nonfinite, t.max_nonfinite >= 1, "must be >= 1")
         _one_of("resume", self.resume)
+        for name in self.accepted_changes:
+            _check("accept_changes", name, _acceptable(name), f"no such key{did_you_mean(name, ACCEPTABLE)}")
         _check("requested_world_size", self.requested_world_size, self.requested_world_size >= 0,
                "must be >= 0 (0 = as many processes as run)")
         _check("dist_timeout", self.dist_timeout, self.dist_timeout >= 1, "must be >= 1 (seconds)")
@@ -234,6 +246,13 @@ class Config:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @property
+    def accepted_changes(self) -> list[str]:
+        return [name.strip() for name in (self.accept_changes or "").split(",") if name.strip()]
+
+
+ACCEPTABLE = (*dotted_keys(Config), *RECORD_PARTS)
 
 
 def resolve_device_defaults(train: TrainConfig, gpu: bool) -> TrainConfig:
@@ -293,6 +312,12 @@ def _one_of(key: str, value: str) -> None:
     if value not in CHOICES[key]:
         near = did_you_mean(value, CHOICES[key], default=functools.reduce(getattr, key.split("."), Config()))
         raise UserError(f"config: {key}={value}: must be one of {' | '.join(CHOICES[key])}{near}")
+
+
+def _acceptable(name: str) -> bool:
+    """A key accept_changes can name: a config key (one under a mapping such as model_config too)
+    or a part of the job's record that is not a key (same_job.py)."""
+    return name in ACCEPTABLE or any(name.startswith(f"{m}.") and len(name) > len(m) + 1 for m in MAPPINGS)
 
 
 def _check(key: str, value: Any, ok: bool, reason: str) -> None:

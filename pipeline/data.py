@@ -208,11 +208,11 @@ class Loaders:
     dev: DataLoader
     test: DataLoader
 
-    def start_epoch(self, epoch: int, batches_done: int) -> None:
-        """Position the training loader at `epoch`, after the micro-batches a resumed job did."""
+    def start_epoch(self, epoch: int, micro_batches_done: int) -> None:
+        """Position the training loader at `epoch`, after this rank's micro-batches a resumed job did."""
         self.sampler.set_epoch(epoch)
         per_batch = 1 if isinstance(self.sampler, TokenBatchSampler) else self.train.batch_size
-        self.sampler.skip = batches_done * per_batch
+        self.sampler.skip = micro_batches_done * per_batch
 
 
 def build_loaders(features: dict[str, PreparedFeatures], collate: Collate, train: TrainConfig, rt: Runtime, seed: int,

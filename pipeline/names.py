@@ -68,6 +68,7 @@ TAG_DATA_CACHE = "data_cache"  # hit | miss | partial: the prepared-features cac
 TAG_PRECISION_MODE = "precision_mode"  # autocast | pure16 | fp32: how 16-bit compute was done
 TAG_FALLBACK = "fallback"  # true when fewer processes ran than planned (grad_accum made up the rest)
 TAG_REQUESTED_WORLD_SIZE = "requested_world_size"  # the world size the global batch was planned for
+TAG_RESUMED_WITH_CHANGES = "resumed_with_changes"  # a resumed job went on with changes (accept_changes): which
 TAG_CELL = "cell"  # a study cell's run: the cell's name
 TAG_REPORT_TABLES = "report_tables"  # a study cell's run: the report tables it feeds (comma-separated)
 PARENT_TAG = "study_parent"  # "true" on a study's parent run

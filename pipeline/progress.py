@@ -7,15 +7,17 @@ from dataclasses import dataclass
 
 @dataclass
 class Progress:
-    """The epoch, the micro-batches of it already trained (a multiple of grad_accum) and the
-    optimizer steps taken, skipped ones included."""
+    """The epoch, the optimizer steps of it already taken, and the optimizer steps of the job,
+    skipped ones included. The position in the epoch is counted in optimizer steps (global
+    batches), not in one rank's micro-batches: a job resumed on another number of processes with
+    the same global batch continues at the same rows."""
 
     epoch: int = 0
-    batches_done: int = 0
+    epoch_steps: int = 0
     step: int = 0
 
     def state_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     def load_state_dict(self, state: dict) -> None:
-        self.epoch, self.batches_done, self.step = state["epoch"], state["batches_done"], state["step"]
+        self.epoch, self.epoch_steps, self.step = state["epoch"], state["epoch_steps"], state["step"]

@@ -51,16 +51,23 @@ class Stage:
         return Path(self.cfg.output_dir)
 
 
+def resolve_config(cfg: Config, stage: str, rt: Runtime) -> tuple[Config, Task]:
+    """The config with every default filled in for this device, task and kind of model, before
+    any data or model loads. The distill stage's default student (from_teacher:N) needs the
+    teacher, but only the kind of model matters to the defaults resolve() fills."""
+    cfg = cfg.resolve(device_type=rt.device.type)  # compile, batch shapes, loader workers for this device
+    task = get_task(cfg.task, cfg.task_options)
+    planned_spec = cfg.model or (task.default_model if stage == "train" else "from_teacher:")
+    return cfg.resolve(planned_spec, task), task
+
+
 def build_stage(cfg: Config, stage: str, rt: Runtime) -> Stage:
     """Everything that can be the user's fault, before a run or an output exists."""
     policy = precision.resolve(cfg.precision, rt.device)
-    cfg = cfg.resolve(device_type=rt.device.type)  # compile, batch shapes, loader workers for this device
-    task = get_task(cfg.task, cfg.task_options)
-    # a DeepSpeed config is read and checked before data and models load (minutes on a real job);
-    # the distill stage's default student (from_teacher:N) needs the teacher, but only the kind of
-    # model matters to the defaults resolve() fills
-    planned_spec = cfg.model or (task.default_model if stage == "train" else "from_teacher:")
-    backend = make_backend(rt, policy, cfg.resolve(planned_spec, task).train, cfg.deepspeed)
+    planned, task = resolve_config(cfg, stage, rt)
+    cfg = cfg.resolve(device_type=rt.device.type)
+    # a DeepSpeed config is read and checked before data and models load (minutes on a real job)
+    backend = make_backend(rt, policy, planned.train, cfg.deepspeed)
     # the training split is prepared once per node and memory-mapped: its size, digest and texts
     # here, not its rows; dev/test keep their examples (the metrics read them)
     examples = {"train": features.prepare_train(task, cfg.data.train, rt),

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from pipeline import checkpoint, features, lock, names, outputs
+from pipeline import checkpoint, features, job, lock, names, outputs, same_job
 from pipeline.best_model import BestModel
 from pipeline.checkpoint import Checkpoint, Stateful
 from pipeline.config import Config
@@ -32,12 +32,13 @@ from pipeline.data import Loaders, build_loaders, describe_datasets, real_rows, 
 from pipeline.evaluation import evaluate
 from pipeline.flops import FlopModel, step_flop_model
 from pipeline.fsutil import write_json
+from pipeline.job import JobRecord
 from pipeline.optim import build_optimizer, give_back
 from pipeline.progress import Progress
 from pipeline.runtime import collector, dist
 from pipeline.runtime.dist import AgreedFlag
 from pipeline.runtime.fallback import fit_to_world
-from pipeline.stage import Stage, build_stage
+from pipeline.stage import Stage, build_stage, resolve_config
 from pipeline.step_losses import StepLosses
 from pipeline.tracking import StageRun, Tracker, start_stage_run, what_ran
 
@@ -63,6 +64,8 @@ class Loop:
     s: Stage
     tracker: Tracker
     run_id: str | None
+    job: JobRecord
+    """What the job trains with: written into every checkpoint (same_job.py compares it)."""
     loaders: Loaders
     scheduler: torch.optim.lr_scheduler.LRScheduler
     wrapped: torch.nn.Module
@@ -90,32 +93,45 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
         lock.check_free(out, rt)  # a duplicate job fails before loading anything
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # elastic restart
         resuming = cfg.resume == "auto" or restarted
-        finished = dist.broadcast_object(outputs.finished_metrics(out, rt)) if resuming else None
+        # what this job is, known before any data or model loads: a resume of another job stops here
+        planned = job.describe(*resolve_config(cfg, stage, rt), rt)
+        finished = same_job.finished(out, planned, rt) if resuming else None
         if finished is not None:
             return finished
+        ckpt = checkpoint.latest(out) if resuming else None
+        if ckpt is not None:
+            same_job.check(ckpt.path, job.read(ckpt.path), planned, cfg.accepted_changes)
         s = build_stage(cfg, stage, rt)
         with lock.job_lock(s.out, rt):  # a second job into output_dir: UserError, nothing touched
-            return run_locked(s, resuming)
+            return run_locked(s, planned, ckpt, resuming)
     finally:
         dist.shutdown()
 
 
-def run_locked(s: Stage, resuming: bool) -> dict[str, float]:
-    """Resume from the newest usable checkpoint or start over; the stage, in its MLflow run."""
-    ckpt = checkpoint.latest(s.out) if resuming else None
+def run_locked(s: Stage, planned: JobRecord, ckpt: Checkpoint | None, resuming: bool) -> dict[str, float]:
+    """Resume from the checkpoint, once the model and teacher built match it, or start over; the
+    stage, in its MLflow run."""
+    record = planned.built(s.tokenizer, s.model, s.distiller.teacher if s.distiller else None)
+    accepted = same_job.check(ckpt.path, job.read(ckpt.path), record, s.cfg.accepted_changes) if ckpt else []
     bundle = ckpt.load_bundle() if ckpt else None
     if ckpt is None:
         outputs.start_over(s.out, s.rt, s.uri, resuming)
+    else:
+        record = same_job.carry_accepted(job.read(ckpt.path), record, accepted, bundle["parts"]["progress"]["step"])
+    if s.rt.is_main:
+        record.write(s.out)  # the job a later resume=auto compares with once it finished
     tracker, run_id = start_stage_run(s.cfg, s.rt, s.uri, StageRun(
         s.kind, s.model_spec, s.policy.name, s.meters.energy_available_anywhere(),
         what_ran(s.cfg, s.rt, s.policy, s.backend, s.model_spec, s.kind), resumed=ckpt is not None,
         resume_run_id=bundle["run_id"] if bundle else None))
+    if accepted:
+        same_job.record_accepted(tracker, record, accepted, bundle["parts"]["progress"]["step"])
     tracker.log_datasets(describe_datasets(s.cfg.data, s.task, s.examples))
     tracker.set_tags({names.TAG_DATA_CACHE: features.cache_outcome(s.examples["train"], s.features)})
     collector.resume_after_setup()  # the CLI paused it through set-up (runtime/collector.py)
     try:
         with dist.sigterm_flag() as preempt:
-            final = fit(setup_loop(s, tracker, run_id), preempt, ckpt, bundle)
+            final = fit(setup_loop(s, tracker, run_id, record), preempt, ckpt, bundle)
     except BaseException as e:
         tracker.end("KILLED" if isinstance(e, (KeyboardInterrupt, Preempted)) else "FAILED")
         raise
@@ -137,7 +153,7 @@ def fit(lp: Loop, preempt: threading.Event, ckpt: Checkpoint | None, bundle: dic
     return finish(lp)
 
 
-def setup_loop(s: Stage, tracker: Tracker, run_id: str | None) -> Loop:
+def setup_loop(s: Stage, tracker: Tracker, run_id: str | None, record: JobRecord) -> Loop:
     """Loaders, AdamW, the LR schedule, the backend's wrapper and the teacher's cache."""
     t, rt = s.cfg.train, s.rt
     collate = s.task.collator(s.tokenizer)
@@ -160,7 +176,7 @@ def setup_loop(s: Stage, tracker: Tracker, run_id: str | None) -> Loop:
         if rt.is_main:
             write_json(s.out / name, content)
             tracker.log_artifact(s.out / name)
-    return Loop(s, tracker, run_id, loaders, scheduler, wrapped, epochs, total_steps, AgreedFlag(rt.device))
+    return Loop(s, tracker, run_id, record, loaders, scheduler, wrapped, epochs, total_steps, AgreedFlag(rt.device))
 
 
 def count_step_flops(s: Stage, collate: Callable[[list[dict]], dict]) -> FlopModel:
@@ -210,14 +226,15 @@ def train_epoch(lp: Loop, epoch: int, preempt: threading.Event) -> None:
     a checkpoint every train.save_every steps, and one (then Preempted) on SIGTERM."""
     s, t, progress = lp.s, lp.s.cfg.train, lp.progress
     progress.epoch = epoch
-    lp.loaders.start_epoch(epoch, progress.batches_done)
+    start = progress.epoch_steps * t.grad_accum  # this rank's micro-batches already trained
+    lp.loaders.start_epoch(epoch, start)
     lp.wrapped.train()
     s.meters.start_epoch()
     group_loss = 0.0
     micro_steps = len(lp.loaders.train)
-    bar = tqdm(lp.loaders.train, desc=f"epoch {epoch + 1}/{lp.epochs}", leave=False, initial=progress.batches_done,
+    bar = tqdm(lp.loaders.train, desc=f"epoch {epoch + 1}/{lp.epochs}", leave=False, initial=start,
                total=micro_steps, disable=not s.rt.is_main or not sys.stderr.isatty())
-    for i, batch in enumerate(bar, start=progress.batches_done):
+    for i, batch in enumerate(bar, start=start):
         group_start = (i // t.grad_accum) * t.grad_accum
         group_len = min(t.grad_accum, micro_steps - group_start)  # the last group may be short
         last_micro = i - group_start == group_len - 1
@@ -225,7 +242,7 @@ def train_epoch(lp: Loop, epoch: int, preempt: threading.Event) -> None:
         if not last_micro:
             continue
         stop = optimizer_step(lp, group_loss, epoch + (i + 1) / micro_steps, preempt, bar)
-        progress.batches_done = i + 1
+        progress.epoch_steps += 1
         group_loss = 0.0
         if stop or (t.save_every and progress.step % t.save_every == 0 and i + 1 < micro_steps):
             s.meters.pause()  # the save is not training time
@@ -313,7 +330,7 @@ def end_epoch(lp: Loop, epoch: int) -> bool:
     lp.best.consider(dev.scores, s.meters.totals.train_seconds, s.backend, s.tokenizer, s.out, s.rt.is_main)
     done = progress.step >= lp.total_steps or epoch + 1 == lp.epochs
     early = bool(s.cfg.train.patience and lp.best.bad_evals >= s.cfg.train.patience)
-    progress.epoch, progress.batches_done = epoch + 1, 0
+    progress.epoch, progress.epoch_steps = epoch + 1, 0
     if not done and not early:
         save_checkpoint(lp)
     if early and s.rt.is_main:
@@ -346,4 +363,4 @@ def save_checkpoint(lp: Loop) -> Path:
     take_pending_losses(lp)  # the window holds every rank's losses since the last log
     s = lp.s
     return checkpoint.save(s.out, lp.progress.step, checkpoint.collect(lp.parts(), lp.run_id), s.rt.rank,
-                           keep=s.cfg.train.keep_checkpoints, write_backend=s.backend.save)
+                           keep=s.cfg.train.keep_checkpoints, write_backend=s.backend.save, job=lp.job)

@@ -19,6 +19,7 @@ from pipeline import best_model, checkpoint, names, train
 from pipeline.best_model import BestModel
 from pipeline.config import load_config
 from pipeline.errors import UserError
+from pipeline.job import JobRecord
 from pipeline.optim import build_optimizer
 from pipeline.runtime import precision
 from pipeline.runtime.backend import StepResult
@@ -110,8 +111,8 @@ class Batches:
                         for _ in range(n)]
         self.skip = 0
 
-    def start_epoch(self, epoch: int, batches_done: int):
-        self.skip = batches_done
+    def start_epoch(self, epoch: int, epoch_steps: int):
+        self.skip = epoch_steps
 
     @property
     def train(self):
@@ -142,7 +143,10 @@ def make_loop(tmp_path, overrides=(), applied=(), micro_batches=6, epochs=1, tot
     steps = total_steps or math.ceil(micro_batches / cfg.train.grad_accum) * epochs
     optimizer, scheduler = build_optimizer(model, cfg.train, steps, fused=False)
     wrapped = backend.prepare(model, optimizer)
-    return train.Loop(s, RecordingTracker(), None, loaders, scheduler, wrapped, epochs, steps, AgreedFlag(CPU))
+    record = JobRecord(config={}, global_batch=f"{4 * cfg.train.grad_accum} rows", world_size=1, backend="torch",
+                       precision="fp32", data={})
+    return train.Loop(s, RecordingTracker(), None, record, loaders, scheduler, wrapped, epochs, steps,
+                      AgreedFlag(CPU))
 
 
 def logged(lp, name):
@@ -152,7 +156,7 @@ def logged(lp, name):
 def test_an_optimizer_step_every_grad_accum_micro_batches_the_last_group_short(tmp_path):
     lp = make_loop(tmp_path, ["train.grad_accum=2", "train.log_every=1"], micro_batches=5)
     train.train_epoch(lp, 0, threading.Event())
-    assert (lp.progress.step, lp.progress.batches_done, lp.s.backend.steps) == (3, 5, 3)
+    assert (lp.progress.step, lp.progress.epoch_steps, lp.s.backend.steps) == (3, 3, 3)
     assert sorted(logged(lp, names.TRAIN_LOSS)) == [1, 2, 3]
     assert lp.s.meters.throughput.samples == 5 * 4
 
@@ -205,11 +209,11 @@ def test_a_job_preempted_and_resumed_ends_exactly_where_the_uninterrupted_one_do
     whole = make_loop(tmp_path / "whole", overrides, micro_batches=8, epochs=2)
     for epoch in range(2):
         train.train_epoch(whole, epoch, threading.Event())
-        whole.progress.epoch, whole.progress.batches_done = epoch + 1, 0
+        whole.progress.epoch, whole.progress.epoch_steps = epoch + 1, 0
 
     first = make_loop(tmp_path / "cut", overrides, micro_batches=8, epochs=2)
     train.train_epoch(first, 0, threading.Event())
-    first.progress.epoch, first.progress.batches_done = 1, 0
+    first.progress.epoch, first.progress.epoch_steps = 1, 0
     preempt = threading.Event()
     real_step = first.s.backend.step
     first.s.backend.step = lambda: (preempt.set(), real_step())[1]
@@ -219,7 +223,7 @@ def test_a_job_preempted_and_resumed_ends_exactly_where_the_uninterrupted_one_do
     ckpt = checkpoint.latest(tmp_path / "cut")
     second = make_loop(tmp_path / "cut", overrides, micro_batches=8, epochs=2)  # a fresh process's objects
     train.resume(second, ckpt, ckpt.load_bundle())
-    assert (second.progress.epoch, second.progress.batches_done, second.progress.step) == (1, 2, 5)
+    assert (second.progress.epoch, second.progress.epoch_steps, second.progress.step) == (1, 1, 5)
     train.train_epoch(second, 1, threading.Event())
 
     assert second.progress.step == whole.progress.step == 8

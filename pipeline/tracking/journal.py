@@ -56,6 +56,14 @@ class Tags:
 
 
 @dataclass(frozen=True)
+class Params:
+    """Params beyond the start's: new keys only (MLflow keeps a param's first value)."""
+
+    kind: ClassVar[str] = "params"
+    params: dict[str, str]
+
+
+@dataclass(frozen=True)
 class Datasets:
     """Dataset inputs: data.DatasetRecord fields, one dict per split."""
 
@@ -86,9 +94,9 @@ class Synced:
     uri: str
 
 
-Record = Start | RunId | Metric | Tags | Datasets | Artifact | End | Synced
-KINDS: dict[str, type[Record]] = {cls.kind: cls for cls in (Start, RunId, Metric, Tags, Datasets, Artifact, End,
-                                                            Synced)}
+Record = Start | RunId | Metric | Tags | Params | Datasets | Artifact | End | Synced
+KINDS: dict[str, type[Record]] = {cls.kind: cls for cls in (Start, RunId, Metric, Tags, Params, Datasets, Artifact,
+                                                            End, Synced)}
 
 
 def to_json(record: Record) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.tracking.journal import Artifact, Datasets, End, Metric, Record, Start, Tags
+from pipeline.tracking.journal import Artifact, Datasets, End, Metric, Params, Record, Start, Tags
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -64,14 +64,16 @@ def present_in(client: MlflowClient, run_id: str, records: Sequence[Record]) -> 
 
 def apply(client: MlflowClient, run_id: str, records: Sequence[Record], present: Present = NOTHING) -> None:
     """Log the records into the run, each kind in as few calls as MLflow takes: params (the first
-    start record's: a run's params are those it started with), tags (of every start and tags
+    start record's: a run's params are those it started with; and the new keys of params
+    records), tags (of every start and tags
     record, the last value of a key winning), metrics, dataset inputs, artifacts (those still on
     disk), then the status of the last end record."""
     from mlflow.entities import Metric as MlflowMetric
     from mlflow.entities import Param, RunTag
 
     start = next((r for r in records if isinstance(r, Start)), None)
-    params = [Param(k, v) for k, v in (start.params if start else {}).items() if k not in present.params]
+    later = {k: v for r in records if isinstance(r, Params) for k, v in r.params.items()}
+    params = [Param(k, v) for k, v in {**(start.params if start else {}), **later}.items() if k not in present.params]
     for i in range(0, len(params), PARAMS_PER_BATCH):
         client.log_batch(run_id, params=params[i : i + PARAMS_PER_BATCH])
     tags = {k: v for r in records if isinstance(r, Start | Tags) for k, v in r.tags.items()}

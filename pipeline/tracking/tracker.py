@@ -12,7 +12,19 @@ from typing import TYPE_CHECKING
 
 from pipeline import fsutil
 from pipeline.tracking import sink
-from pipeline.tracking.journal import JOURNAL, Artifact, Datasets, End, Metric, Record, RunId, Start, Tags, append
+from pipeline.tracking.journal import (
+    JOURNAL,
+    Artifact,
+    Datasets,
+    End,
+    Metric,
+    Params,
+    Record,
+    RunId,
+    Start,
+    Tags,
+    append,
+)
 from pipeline.tracking.store import few_retries, open_experiment, redact, safe_params
 
 if TYPE_CHECKING:
@@ -114,6 +126,12 @@ class Tracker:
         if not self.active:
             return
         self._record([Tags({k: str(v) for k, v in tags.items()})])
+
+    def log_params(self, params: dict[str, object]) -> None:
+        """Params with new keys (those a run started with keep their values)."""
+        if not self.active or not params:
+            return
+        self._record([Params(safe_params(params))])
 
     def log_datasets(self, records: Iterable[DatasetRecord]) -> None:
         """The run's data as MLflow dataset inputs (name, source, digest, rows, split as the

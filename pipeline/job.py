@@ -1,0 +1,113 @@
+"""What a job is: the settings, data, tokenizer, model and teacher it trains with.
+
+A job's record is written into each of its checkpoints (and into output_dir, for the job once it
+finished), so that resume=auto can tell a job from another one given the same output_dir
+(same_job.py compares two records). The cheap part (settings, global batch, precision, data
+fingerprints) is known before any data or model is loaded; the tokenizer, the model's
+architecture and the teacher's weights once they are built.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline import features
+from pipeline.config import Config, flatten
+from pipeline.fsutil import write_json
+from pipeline.runtime import precision
+from pipeline.runtime.dist import Runtime
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from pipeline.tasks.base import Task
+
+FILE = "job.json"
+CONFIG_BOOKKEEPING = ("_name_or_path", "transformers_version", "dtype", "torch_dtype", "architectures")
+"""Model config fields that do not change what the model computes: a model moved or re-saved is the same."""
+FINGERPRINTED_SPLITS = ("train", "dev")
+"""The splits a job's optimization and model selection read (test is only evaluated at the end)."""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    config: dict[str, Any]
+    """The resolved config, flattened to dotted keys."""
+    global_batch: str
+    """Rows (or tokens, with train.batch_tokens) per optimizer step over all ranks."""
+    world_size: int
+    backend: str
+    """torch | deepspeed: whose checkpoint layout the job writes."""
+    precision: str
+    """The resolved precision policy (precision=auto is bf16 on one machine, fp32 on another)."""
+    data: dict[str, dict[str, str]]
+    """Split -> {"file": what the config names, "fingerprint": a content hash or hub fingerprint}."""
+    tokenizer: str | None = None
+    architecture: dict[str, Any] | None = None
+    """The model's config (bookkeeping left out) and a digest of its parameters' names and shapes."""
+    teacher: str | None = None
+    """Under distillation: a digest of the teacher's config and weights."""
+    accepted: list[str] = field(default_factory=list)
+    """Changes a resumed job was told to accept (accept_changes), one line each, oldest first."""
+
+    def built(self, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, teacher: PreTrainedModel | None
+              ) -> JobRecord:
+        """The record completed with what build_stage made."""
+        return dataclasses.replace(self, tokenizer=features.tokenizer_identity(tokenizer),
+                                   architecture=architecture(model),
+                                   teacher=fingerprint(teacher, weights=True) if teacher is not None else None)
+
+    def write(self, directory: Path) -> None:
+        write_json(Path(directory) / FILE, dataclasses.asdict(self))
+
+
+def read(directory: Path) -> JobRecord | None:
+    """The record in directory (a checkpoint or an output_dir); None if it has none."""
+    path = Path(directory) / FILE
+    if not path.is_file():
+        return None
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    names = {f.name for f in dataclasses.fields(JobRecord)}
+    return JobRecord(**{k: v for k, v in raw.items() if k in names})
+
+
+def describe(cfg: Config, task: Task, rt: Runtime) -> JobRecord:
+    """The part of a job's record known before data and models load (cfg resolved for the stage:
+    stage.resolve_config)."""
+    t = cfg.train
+    per_rank = f"{t.batch_tokens * t.grad_accum} tokens" if t.batch_tokens else f"{t.batch_size * t.grad_accum} rows"
+    amount, unit = per_rank.split()
+    return JobRecord(
+        config=json.loads(json.dumps(flatten(cfg.to_dict()), default=str)),  # as JSON reads it back
+        global_batch=f"{int(amount) * rt.world_size} {unit}", world_size=rt.world_size,
+        backend="deepspeed" if rt.backend == "deepspeed" else "torch",
+        precision=precision.resolve(cfg.precision, rt.device).name,
+        data={split: data_identity(task, getattr(cfg.data, split), split) for split in FINGERPRINTED_SPLITS})
+
+
+def data_identity(task: Task, spec: str | None, split: str) -> dict[str, str]:
+    """The split's file (as the config names it, or the built-in sample file) and its fingerprint:
+    a file's sha256 (remembered, so a warm start does not read it again) or a hub dataset's."""
+    return {"file": spec or f"the built-in {task.name} {split} set",
+            "fingerprint": features.source_identity(task, spec, split)}
+
+
+def architecture(model: PreTrainedModel) -> dict[str, Any]:
+    config = {k: v for k, v in model.config.to_dict().items() if k not in CONFIG_BOOKKEEPING}
+    return {**json.loads(json.dumps(config, default=str)), "parameters": fingerprint(model, weights=False)}
+
+
+def fingerprint(model: PreTrainedModel, weights: bool) -> str:
+    """sha256 of the model's config and its parameters' names and shapes (and values, with weights)."""
+    h = hashlib.sha256()
+    config = {k: v for k, v in model.config.to_dict().items() if k not in CONFIG_BOOKKEEPING}
+    h.update(json.dumps(config, sort_keys=True, default=str).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(f"{name}{tuple(tensor.shape)}".encode())
+        if weights:
+            h.update(tensor.detach().float().cpu().numpy().tobytes())
+    return "sha256:" + h.hexdigest()

@@ -1,0 +1,182 @@
+"""resume=auto continues the same job, never another: a checkpoint's job record against the job
+asked for now (job.py), compared before anything heavy is loaded.
+
+What may differ: the keys in SAFE (logging, tracking, checkpoint cadence, workers, timeouts:
+nothing the optimization reads) and the split of the global batch into processes, micro-batches
+and accumulation steps (the fallback to fewer devices), as long as the global batch stays. Any
+other change stops the job in one line naming each key with its old and new value, unless the
+user lists it in accept_changes: then the job goes on and its run says so (a tag and a param
+per change).
+"""
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pipeline import job, names
+from pipeline.errors import UserError
+from pipeline.job import JobRecord
+from pipeline.outputs import METRICS, finished_metrics
+from pipeline.runtime import dist
+
+if TYPE_CHECKING:
+    from pipeline.runtime.dist import Runtime
+    from pipeline.tracking import Tracker
+
+log = logging.getLogger("pipeline")
+
+SAFE = ("train.log_every", "train.save_every", "train.keep_checkpoints", "train.num_workers",
+        "train.eval_batch_size", "train.max_nonfinite", "train.compile", "train.pad_to_multiple_of", "tracking.*",
+        "resume", "accept_changes", "output_dir", "fallback", "dist_timeout")
+"""Config keys a resumed job may change: none of them changes what is optimized or how."""
+COMPARED_ELSEWHERE = ("train.batch_size", "train.grad_accum", "requested_world_size", "backend", "precision", "data.*",
+                      "model", "kd.teacher")
+"""Config keys compared through what they make: the global batch, the checkpoint layout (torch or
+DeepSpeed), the resolved precision, the data's fingerprints, the model's architecture and
+tokenizer, the teacher's weights (a file or model moved is the same one)."""
+LENGTH_KEYS = ("train.epochs", "train.max_steps")
+
+
+@dataclass(frozen=True)
+class Change:
+    key: str
+    old: Any
+    new: Any
+
+    def __str__(self) -> str:
+        if self.key.startswith("data."):
+            return (f"{self.key}: {self.new['file']} changed (fingerprint {_short(self.old['fingerprint'])} -> "
+                    f"{_short(self.new['fingerprint'])})")
+        if self.key in ("tokenizer", "kd.teacher"):
+            return f"{self.key}: changed ({_short(self.old)} -> {_short(self.new)})"
+        return f"{self.key}: {_shown(self.old)} -> {_shown(self.new)}"
+
+
+def changes(old: JobRecord, new: JobRecord) -> list[Change]:
+    """What differs between two records, in a stable order; the tokenizer and teacher only where
+    both records have them (the new one has them once the stage is built)."""
+    found = [Change(k, old.config.get(k, _UNSET), new.config.get(k, _UNSET))
+             for k in sorted(set(old.config) | set(new.config))
+             if not _matches(k, SAFE + COMPARED_ELSEWHERE) and old.config.get(k, _UNSET) != new.config.get(k, _UNSET)]
+    found += [Change(name, getattr(old, name), getattr(new, name)) for name in ("global_batch", "precision")
+              if getattr(old, name) != getattr(new, name)]
+    found += [Change(f"data.{split}", old.data[split], new.data[split]) for split in sorted(new.data)
+              if split in old.data and old.data[split]["fingerprint"] != new.data[split]["fingerprint"]]
+    for name, key in (("tokenizer", "tokenizer"), ("teacher", "kd.teacher")):
+        if getattr(old, name) and getattr(new, name) and getattr(old, name) != getattr(new, name):
+            found.append(Change(key, getattr(old, name), getattr(new, name)))
+    return found
+
+
+def check(ckpt: Path, old: JobRecord | None, new: JobRecord, accept: list[str]) -> list[Change]:
+    """The changes the user accepted (to record on the run); a UserError naming the checkpoint for
+    a record missing, a model that does not fit, a DeepSpeed checkpoint on another world size,
+    or a change not accepted."""
+    where = f"resume: checkpoint {ckpt}"
+    if old is None:
+        raise UserError(f"{where}: written by an older version, without the record of its job; "
+                        "resume=never starts over, or use another output_dir")
+    if old.backend != new.backend:
+        raise UserError(f"{where}: written by the {old.backend} backend, asked to resume under {new.backend}; "
+                        f"resume with backend={old.backend}, or resume=never starts over")
+    if old.backend == "deepspeed" and old.world_size != new.world_size:
+        raise UserError(f"{where}: a DeepSpeed checkpoint of {old.world_size} processes (its ZeRO optimizer state "
+                        f"is split among them); launch {old.world_size} processes to resume it")
+    if old.architecture and new.architecture and old.architecture != new.architecture:
+        raise UserError(f"{where}: the model no longer matches it ({_architecture_change(old, new)}); resume with "
+                        "the model it was trained from, or resume=never starts over")
+    found = changes(old, new)
+    refused = [c for c in found if c.key not in accept]
+    if refused:
+        keys = ",".join(c.key for c in found)
+        raise UserError(f"{where}: trained with other settings: {'; '.join(map(str, refused))}. resume=never "
+                        f"starts over; another output_dir starts a new job; accept_changes={keys} continues this "
+                        "one anyway (the run is tagged as mixed)")
+    return found
+
+
+def check_finished(out: Path, old: JobRecord | None, new: JobRecord) -> None:
+    """A finished job is not continued: asked for more epochs or steps, or with other settings,
+    a UserError saying how to go on (nothing for a job finished before job records existed)."""
+    found = changes(old, new) if old else []
+    if not found:
+        return
+    longer = [c for c in found if c.key in LENGTH_KEYS]
+    if longer and len(longer) == len(found):
+        raise UserError(f"resume: {out} holds a finished job ({'; '.join(map(str, longer))}): a finished job is not "
+                        f"extended (its learning rate has decayed to zero); to train on from its best model, "
+                        f"model={out / 'best'} with another output_dir")
+    raise UserError(f"resume: {out} holds a finished job trained with other settings: {'; '.join(map(str, found))}. "
+                    "resume=never starts over; another output_dir starts a new job")
+
+
+def finished(out: Path, planned: JobRecord, rt: Runtime) -> dict | None:
+    """Collective: the final metrics of a job that finished in out (None if none did), or on every
+    rank the UserError of check_finished when this is not that job."""
+    outcome: tuple[str | None, dict | None] = (None, None)
+    if rt.is_main and (out / METRICS).is_file():
+        try:
+            check_finished(out, job.read(out), planned)
+            outcome = (None, finished_metrics(out, rt))
+        except UserError as e:
+            outcome = (str(e), None)
+    error, metrics = dist.broadcast_object(outcome)
+    if error is not None:
+        raise UserError(error)
+    return metrics
+
+
+def carry_accepted(old: JobRecord, new: JobRecord, accepted: list[Change], step: int) -> JobRecord:
+    """The new record, with every change accepted so far (the checkpoint's and these)."""
+    return dataclasses.replace(new, accepted=[*old.accepted, *(f"{c} (at step {step})" for c in accepted)])
+
+
+def record_accepted(tracker: Tracker, record: JobRecord, accepted: list[Change], step: int) -> None:
+    """A resumed job that goes on with changes says so: a warning line, a tag listing every change
+    accepted in the run's life, a param per change (MLflow keeps a param's first value: these
+    are new keys)."""
+    log.warning("resume: continuing with changed settings (accept_changes): %s; the run mixes them and is "
+                "tagged %s", "; ".join(map(str, accepted)), names.TAG_RESUMED_WITH_CHANGES)
+    tracker.set_tags({names.TAG_RESUMED_WITH_CHANGES: " | ".join(record.accepted)})
+    tracker.log_params({f"resumed_at_step_{step}.{c.key}": f"{_value(c.old)} -> {_value(c.new)}" for c in accepted})
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "(unset)"
+
+
+_UNSET = _Unset()
+
+
+def _matches(key: str, patterns: tuple[str, ...]) -> bool:
+    return any(fnmatch.fnmatchcase(key, p) for p in patterns)
+
+
+def _shown(value: Any) -> str:
+    return repr(value) if isinstance(value, _Unset) else str(value)
+
+
+def _value(value: Any) -> str:
+    """A change's side as a param shows it: a data split's fingerprint, else the value."""
+    return _short(value["fingerprint"]) if isinstance(value, dict) and "fingerprint" in value else _shown(value)
+
+
+def _short(fingerprint: str) -> str:
+    """A fingerprint as a person compares it: sha256:0123456789ab, a hub fingerprint's last part."""
+    if fingerprint.startswith("hub:"):
+        return fingerprint.rsplit("|", 1)[-1][:16]
+    kind, sep, digest = fingerprint.partition(":")
+    return f"{kind}:{digest[:12]}" if sep else fingerprint[:12]
+
+
+def _architecture_change(old: JobRecord, new: JobRecord) -> str:
+    keys = sorted(k for k in set(old.architecture) | set(new.architecture)
+                  if old.architecture.get(k) != new.architecture.get(k))
+    shown = [f"{k} {old.architecture.get(k, _UNSET)} -> {new.architecture.get(k, _UNSET)}" for k in keys
+             if k != "parameters"][:3]
+    return ", ".join(shown) or "parameter names or shapes differ"
