@@ -12,7 +12,7 @@ import os
 import sys
 import warnings
 
-from pipeline.errors import UserError
+from pipeline.errors import MachineError, UserError
 from pipeline.runtime import collector
 
 HELP = {"-h", "--help"}
@@ -69,9 +69,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
-        full = _disk_full(e)
+        full = str(e) if isinstance(e, MachineError) else _disk_full(e)
         if full is not None:  # the environment failed, not the input: exit 1, but one line
-            print(f"error: {full}", file=sys.stderr)
+            if rank == 0:
+                print(f"error: {full}", file=sys.stderr)
             return 1
         from pipeline.train import Preempted
 

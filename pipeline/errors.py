@@ -7,3 +7,8 @@ class UserError(Exception):
     The message is one line that names the thing (key, file, row) and the reason;
     the CLI prints it without a traceback and exits with code 2.
     """
+
+
+class MachineError(Exception):
+    """The machine or its files failed, not the input (a checkpoint that passed its checks but
+    cannot be loaded): one line, exit code 1."""

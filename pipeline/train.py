@@ -29,6 +29,7 @@ from pipeline.best_model import BestModel
 from pipeline.checkpoint import Checkpoint, Stateful
 from pipeline.config import Config
 from pipeline.data import Loaders, build_loaders, describe_datasets, real_rows, shaped_collate
+from pipeline.errors import MachineError
 from pipeline.evaluation import evaluate
 from pipeline.flops import FlopModel, step_flop_model
 from pipeline.fsutil import write_json
@@ -213,8 +214,13 @@ def resume(lp: Loop, ckpt: Checkpoint, bundle: dict) -> None:
     """Model, optimizer, every part of the loop's state and the RNG from a checkpoint; the best
     model's weights from best/."""
     s = lp.s
-    s.backend.load(ckpt.path)
-    checkpoint.restore(bundle, lp.parts())
+    try:  # the job's record matched (same_job): a failure here is the files' or the libraries'
+        s.backend.load(ckpt.path)
+        checkpoint.restore(bundle, lp.parts())
+    except (RuntimeError, KeyError, ValueError, OSError) as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        raise MachineError(f"resume: checkpoint {ckpt.path}: cannot be loaded ({reason}); resume=never starts "
+                           "over") from e
     ckpt.restore_rng(s.rt.rank)
     lp.best.restore_weights(s.out, s.backend)
     if s.rt.is_main:

@@ -18,7 +18,7 @@ import transformers
 from pipeline import best_model, checkpoint, names, train
 from pipeline.best_model import BestModel
 from pipeline.config import load_config
-from pipeline.errors import UserError
+from pipeline.errors import MachineError, UserError
 from pipeline.job import JobRecord
 from pipeline.optim import build_optimizer
 from pipeline.runtime import precision
@@ -268,3 +268,16 @@ def test_the_best_model_keeps_the_best_weights_on_disk_and_counts_evaluations_si
     assert restored.state_dict() == best.state_dict()
     for k, v in kept.items():
         torch.testing.assert_close(restored.weights[k], v, msg=k)
+
+
+def test_a_checkpoint_that_matches_its_job_but_cannot_be_loaded_is_one_line(tmp_path):
+    lp = make_loop(tmp_path, ["train.save_every=1"], micro_batches=2)
+    train.train_epoch(lp, 0, threading.Event())
+    ckpt = checkpoint.latest(tmp_path)
+    state = torch.load(ckpt.path / "backend.pt", weights_only=True)
+    state["model"]["head.weight"] = torch.zeros(5, 8)  # saved by a model of another shape
+    torch.save(state, ckpt.path / "backend.pt")
+    fresh = make_loop(tmp_path, ["train.save_every=1"], micro_batches=2)
+    with pytest.raises(MachineError, match=r"^resume: checkpoint .*step-00000001: cannot be loaded \(Error") as e:
+        train.resume(fresh, ckpt, ckpt.load_bundle())
+    assert "\n" not in str(e.value)
