@@ -20,6 +20,7 @@ from pipeline.config import Config, flatten
 from pipeline.fsutil import write_json
 from pipeline.runtime import precision
 from pipeline.runtime.dist import Runtime
+from pipeline.tracking.store import redact_config
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -36,7 +37,7 @@ FINGERPRINTED_SPLITS = ("train", "dev")
 @dataclass(frozen=True)
 class JobRecord:
     config: dict[str, Any]
-    """The resolved config, flattened to dotted keys."""
+    """The resolved config, flattened to dotted keys, secrets masked."""
     global_batch: str
     """Rows (or tokens, with train.batch_tokens) per optimizer step over all ranks."""
     world_size: int
@@ -82,7 +83,8 @@ def describe(cfg: Config, task: Task, rt: Runtime) -> JobRecord:
     per_rank = f"{t.batch_tokens * t.grad_accum} tokens" if t.batch_tokens else f"{t.batch_size * t.grad_accum} rows"
     amount, unit = per_rank.split()
     return JobRecord(
-        config=json.loads(json.dumps(flatten(cfg.to_dict()), default=str)),  # as JSON reads it back
+        # redacted as config.yaml is (no secrets in output_dir), and as JSON reads it back
+        config=json.loads(json.dumps(flatten(redact_config(cfg.to_dict())), default=str)),
         global_batch=f"{int(amount) * rt.world_size} {unit}", world_size=rt.world_size,
         backend="deepspeed" if rt.backend == "deepspeed" else "torch",
         precision=precision.resolve(cfg.precision, rt.device).name,
