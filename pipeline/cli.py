@@ -19,7 +19,7 @@ HELP = {"-h", "--help"}
 USAGE = """usage:
   python -m pipeline train   [CONFIG.yaml] [key=value ...]   one training stage
   python -m pipeline distill [CONFIG.yaml] [key=value ...]   one knowledge-distillation stage
-  python -m pipeline study STUDY.yaml [--dry-run] [k=v ...]  run a matrix of stages, then the report
+  python -m pipeline study STUDY.yaml [--jobs N] [k=v ...]   run a matrix of stages, then the report
   python -m pipeline report --experiment NAME [--out DIR]    tables and charts of a study's runs
   python -m pipeline ui [--experiment NAME] [--host H]       MLflow UI on the tracking store
   python -m pipeline sync RUN_DIR|FILE.jsonl [--uri URI]    upload a run's journal to MLflow

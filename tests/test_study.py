@@ -1,11 +1,12 @@
 """The study runner and the comparison report.
 
 A small study (sentiment, FP32 vs AMP, two seeds, plus a cell that crashes and one that needs
-it) runs end to end: its report's numbers are the runs' own, the crash is reported as failed
-and the rest completes, a second invocation skips what finished, the parent run holds the
-children, and `pipeline ui` serves the experiment (to headless Chromium too). The report is also
-checked on hand-built runs with known figures, and bad study files fail with one line naming
-file and key.
+it) runs end to end, two cells at a time (`--jobs 2`, through the MLflow server the runner starts
+on the store): every run holds every figure its job wrote, its report's numbers are the runs'
+own, the crash is reported as failed and the rest completes, a second invocation (one cell at a
+time) skips what finished, the parent run holds the children, and `pipeline ui` serves the
+experiment (to headless Chromium too). The report is also checked on hand-built runs with known
+figures, and bad study files fail with one line naming file and key.
 """
 import json
 import math
@@ -49,7 +50,7 @@ def child_runs(db, experiment):
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    """The small study, run twice (the second time resumes it)."""
+    """The small study, run twice: two cells at a time, then one at a time (it resumes the first)."""
     tmp = tmp_path_factory.mktemp("study")
     db = tracking_db(tmp)
     spec = {
@@ -71,7 +72,7 @@ def study(tmp_path_factory):
     path = tmp / "tiny.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     t0 = time.perf_counter()
-    first = run_cli("study", path)
+    first = run_cli("study", path, "--jobs", "2")
     t1 = time.perf_counter()
     runs_after_first = {r.info.run_id for r in mlflow_runs(db, STUDY)}
     second = run_cli("study", path)
@@ -102,6 +103,41 @@ def test_study_runs_every_cell_and_records_the_crash(study):
     assert "no such file" in outcome["reason"]
     assert json.loads(parent.data.tags[names.CELL_TAG_PREFIX + "sentiment-needs_broken"])["status"] == "failed"
     assert parent.info.status == "FAILED"  # a cell failed; the next invocation retries it
+
+
+@pytest.mark.slow
+def test_concurrent_cells_lose_nothing_in_tracking(study):
+    """Two stages at once wrote through the study's MLflow server: each run holds every record of
+    its job's journal (each metric point, at its step) and every final figure of metrics.json."""
+    from pipeline.tracking import read_journal
+    from pipeline.tracking.journal import Metric
+
+    client = client_for(study["db"])
+    runs = {r.data.tags["cell"]: r for r in child_runs(study["db"], STUDY)}
+    for cell in FINISHED:
+        run = runs[cell]
+        points = [r for r in read_journal(study["outputs"] / cell / "journal.jsonl") if isinstance(r, Metric)]
+        assert points
+        for key in {p.key for p in points}:
+            logged = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+            assert logged == sorted((p.step, p.value) for p in points if p.key == key), (cell, key)
+        final = json.loads((study["outputs"] / cell / "metrics.json").read_text())
+        for key, value in final.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                assert run.data.metrics[key] == pytest.approx(value, rel=1e-12), (cell, key)
+
+
+@pytest.mark.slow
+def test_cells_ran_side_by_side_with_one_progress_line_per_start_and_end(study):
+    log = study["first"].stdout + study["first"].stderr
+    assert re.search(r"\[0/6 done, 2 running\] sentiment-\S+: started on CPU \(log: ", log)
+    for cell in FINISHED:
+        assert re.search(rf"\[\d/6 done, \d running\] {cell}: finished in [\d.]+s on CPU", log)
+        # the stage's own output stays in its log: two at once would interleave on the console
+        kept = (study["outputs"] / "_logs" / f"{cell}.log").read_text()
+        assert kept.startswith("+ ") and "samples/s over" in kept
+    assert "samples/s over" not in log
+    assert log.index("sentiment-broken: failed") < log.index("sentiment-needs_broken: not run")
 
 
 @pytest.mark.slow

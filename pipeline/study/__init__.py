@@ -1,10 +1,17 @@
-"""`python -m pipeline study STUDY.yaml [--dry-run] [key=value ...]`: run a matrix of stages.
+"""`python -m pipeline study STUDY.yaml [--jobs N] [--executor local|slurm] [--dry-run] [key=value ...]`:
+run a matrix of stages.
 
 Every cell of the matrix is one stage (`train` or `distill`) in its own process, started
 through its launcher (none, torchrun, deepspeed), logged as a child of the study's one MLflow
 parent run, with its outputs in OUTPUT_ROOT/STUDY/CELL. A cell that crashes is recorded (exit
 code and last line, on the parent run) and the study goes on; cells that already finished are
 skipped, so running a study again resumes it. At the end the comparison report is written.
+
+`--jobs N` runs up to N ready cells at once on this node (default: one per visible GPU, one on
+a machine without GPUs), each on GPUs of its own (`CUDA_VISIBLE_DEVICES`: one for a
+single-process cell, nproc for a torchrun or deepspeed cell); the cells then track through one
+MLflow server on the study's sqlite store. `--executor slurm` submits each cell as a Slurm job
+instead (`slurm` in the study file), and a last job that writes the report (`--report-only`).
 
 Study file (YAML):
 
@@ -14,6 +21,11 @@ Study file (YAML):
     overrides: [train.epochs=2]      # every cell; a list of key=value or a mapping
     output_root: outputs             # optional (default outputs)
     report_dir: reports/wikiqa_kd    # optional (default reports/NAME)
+    slurm:                           # --executor slurm only: what each cell's job asks for
+      partition: gpu                 #   required there
+      time: "04:00:00"               #   a cell's time limit (quoted: YAML reads 4:00:00 as a number)
+      account: proj1                 #   optional: account, qos, cpus_per_task, mem, extra: [--constraint=h100]
+      gpus_per_node: 8               #   GPUs of a cell whose nproc is auto/gpu (others: their nproc); 0: CPU jobs
     launcher: none                   # none | torchrun | deepspeed, or a mapping:
                                      #   {type: torchrun, nproc: 2, nnodes: 1, rdzv_endpoint: HOST:PORT}
                                      #   {type: deepspeed, nproc: 8, config: ds_configs/zero2.json}
@@ -44,10 +56,11 @@ from __future__ import annotations
 
 import argparse
 
+from pipeline.errors import UserError
 from pipeline.study.parser import load_study
-from pipeline.study.runner import dry_run, run_study
+from pipeline.study.runner import dry_run, report_only, run_study
 
-__all__ = ["main", "load_study", "dry_run", "run_study"]
+__all__ = ["main", "load_study", "dry_run", "report_only", "run_study"]
 
 
 def main(args: list[str]) -> int:
@@ -55,8 +68,24 @@ def main(args: list[str]) -> int:
     parser.add_argument("study", help="study file (YAML); see launch/studies/")
     parser.add_argument("overrides", nargs="*", help="key=value applied to every cell (after the study file's)")
     parser.add_argument("--dry-run", action="store_true", help="print the cells and their commands; run nothing")
-    opts = parser.parse_intermixed_args(args)  # overrides may come before or after --dry-run
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="cells at once on this node (default: one per visible GPU; 1 without GPUs)")
+    parser.add_argument("--executor", choices=("local", "slurm"), default="local",
+                        help="local: run the cells here; slurm: submit each cell as a Slurm job (sbatch)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="record the cells' outcomes from their outputs and write the report; run nothing")
+    opts = parser.parse_intermixed_args(args)  # overrides may come before or after the options
+    if opts.jobs is not None and opts.jobs < 1:
+        raise UserError(f"study: --jobs {opts.jobs}: must be >= 1")
+    if opts.jobs is not None and opts.executor == "slurm":
+        raise UserError("study: --jobs: with --executor slurm, Slurm decides how many cells run at once")
     study, cells = load_study(opts.study, opts.overrides)
     if opts.dry_run:
         return dry_run(study, cells)
-    return run_study(study, cells)
+    if opts.report_only:
+        return report_only(study, cells)
+    if opts.executor == "slurm":
+        from pipeline.study.slurm import submit_study
+
+        return submit_study(study, cells, opts.overrides)
+    return run_study(study, cells, opts.jobs)

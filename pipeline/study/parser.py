@@ -11,10 +11,23 @@ import yaml
 
 from pipeline.errors import UserError
 from pipeline.study.plan import plan_cells
-from pipeline.study.spec import AXES, COMMANDS, LAUNCHERS, Block, Cell, Launcher, Procedure, Study, study_error
+from pipeline.study.spec import (
+    AXES,
+    COMMANDS,
+    LAUNCHERS,
+    Block,
+    Cell,
+    Launcher,
+    Procedure,
+    SlurmSettings,
+    Study,
+    study_error,
+)
 
 STUDY_KEYS = ("name", "description", "config", "overrides", "launcher", "procedures", "matrix", "output_root",
-              "report_dir")
+              "report_dir", "slurm")
+SLURM_TEXT = ("partition", "time", "account", "qos", "mem", "report_time")
+SLURM_COUNTS = ("cpus_per_task", "gpus_per_node")
 
 
 def load_study(path: str | Path, extra: list[str] = ()) -> tuple[Study, list[Cell]]:
@@ -80,7 +93,26 @@ class _Parser:
             extra=[(self.check_override(a, "command line"), "command line") for a in extra],
             launcher=self.launcher(raw.get("launcher"), "launcher"), procedures=procedures, blocks=blocks,
             output_root=Path(raw.get("output_root") or "outputs"),
-            report_dir=Path(raw.get("report_dir") or f"reports/{name}"))
+            report_dir=Path(raw.get("report_dir") or f"reports/{name}"), slurm=self.slurm(raw.get("slurm")))
+
+    def slurm(self, raw: object) -> SlurmSettings:
+        if raw is None:
+            return SlurmSettings()
+        known = (*SLURM_TEXT, *SLURM_COUNTS, "extra")
+        if not isinstance(raw, dict):
+            self.fail("slurm", f"expected a mapping with {', '.join(known)}")
+        for k, v in raw.items():
+            if k not in known:
+                self.fail(f"slurm.{k}", f"unknown key (expected one of {', '.join(known)})")
+            if k in SLURM_TEXT and not (isinstance(v, str) and v.strip() and not any(c.isspace() for c in v)):
+                # an unquoted 4:00:00 is YAML's sexagesimal integer: the quotes keep it a time
+                self.fail(f"slurm.{k}", f"{v!r}: expected one word of text (quote times: \"04:00:00\")")
+            if k in SLURM_COUNTS and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                self.fail(f"slurm.{k}", f"{v!r}: must be an integer >= 0")
+        extra = raw.get("extra") or []
+        if not isinstance(extra, list) or not all(isinstance(e, str) and e.startswith("-") for e in extra):
+            self.fail("slurm.extra", "expected a list of sbatch options (--constraint=h100)")
+        return SlurmSettings(**{k: v for k, v in raw.items() if k != "extra"}, extra=extra)
 
     def procedure(self, name: str, spec: object) -> Procedure:
         key = f"procedures.{name}"

@@ -1,5 +1,6 @@
-"""Running a planned study: each cell's stage process, its outcome on the study's MLflow parent run,
-and the report at the end. A dry run prints the cells' commands instead.
+"""Running a planned study on this node: each cell's stage process (several at once with --jobs),
+its outcome on the study's MLflow parent run, and the report at the end. A dry run prints the
+cells' commands instead; `slurm.py` submits them to Slurm.
 """
 from __future__ import annotations
 
@@ -7,11 +8,10 @@ import contextlib
 import json
 import logging
 import os
+import queue
 import shlex
 import signal
-import subprocess
-import sys
-import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,6 +23,9 @@ from pipeline.names import (
     TAG_STUDY,
     TAG_STUDY_FILE,
 )
+from pipeline.study.cell_process import CellProcess, Ended, LastLine
+from pipeline.study.devices import describe
+from pipeline.study.schedule import Schedule
 from pipeline.study.spec import Cell, Study
 
 if TYPE_CHECKING:
@@ -40,8 +43,56 @@ def dry_run(study: Study, cells: list[Cell]) -> int:
     return 0
 
 
-def run_study(study: Study, cells: list[Cell]) -> int:
-    from pipeline import report, ui
+def run_study(study: Study, cells: list[Cell], jobs: int | None = None) -> int:
+    """Run the cells on this node, up to `jobs` at once (default: one per GPU, one on a CPU), each
+    on GPUs of its own; then the report. Returns 0, 1 (a cell failed) or 143 (SIGTERM)."""
+    from mlflow import MlflowClient
+
+    from pipeline.study.devices import DevicePool, default_jobs, visible_gpus
+
+    gpus = visible_gpus()
+    jobs = jobs or default_jobs(gpus)
+    pool = DevicePool(gpus)
+    pool.check(cells)
+    base, uri, client, experiment_id, parent, previous = _open_study(study, cells)
+    log.info("study %s: %d cells, up to %d at once on %s; parent MLflow run %s in %s", study.name, len(cells), jobs,
+             f"{len(gpus)} GPU(s)" if gpus else "the CPU", parent, uri)
+    outcomes = {c.name: _skipped(client, experiment_id, study, c) for c in cells}
+    outcomes = {name: o for name, o in outcomes.items() if o is not None}
+    try:
+        with _sigterm_stops(), _tracking_for_cells(study, uri, jobs, len(cells) - len(outcomes)) as cell_uri:
+            # while a server serves the store, it is the store's one writer: the runner writes through it too
+            live = client if cell_uri == uri else MlflowClient(tracking_uri=cell_uri)
+            schedule = Schedule(cells, outcomes, jobs, pool)
+            for i, cell in enumerate((c for c in cells if c.name in outcomes), 1):
+                log.info("[%d/%d done, 0 running] %s: finished before; skipped", i, len(cells), cell.name)
+                _record(live, parent, cell, outcomes[cell.name], previous)
+            _run_schedule(live, experiment_id, study, schedule, parent, previous, cell_uri if cell_uri != uri else None)
+            outcomes = schedule.outcomes
+    except BaseException as e:
+        client.set_terminated(parent, status="KILLED")
+        if isinstance(e, Stopped):
+            log.warning("study %s: stopped by SIGTERM; run it again to resume", study.name)
+            return 143  # 128 + SIGTERM, as a stage that stopped on TERM
+        raise
+    return _finish(client, study, cells, outcomes, parent, uri, base.tracking.uri)
+
+
+def report_only(study: Study, cells: list[Cell]) -> int:
+    """Record what the cells' outputs say (finished, failed and why, not run) on the parent run and
+    write the report; start nothing. The last job of a study on Slurm runs this."""
+    base, uri, client, experiment_id, parent, previous = _open_study(study, cells)
+    outcomes: dict[str, dict] = {}
+    for cell in cells:
+        outcome = _skipped(client, experiment_id, study, cell) or _outcome_from_outputs(study, cell, outcomes)
+        outcome.pop("skipped", None)  # it ran under this submission's jobs
+        outcomes[cell.name] = outcome
+        _record(client, parent, cell, outcome, previous)
+    return _finish(client, study, cells, outcomes, parent, uri, base.tracking.uri)
+
+
+def _open_study(study: Study, cells: list[Cell]):
+    """The study's base config, store URI, client, experiment, parent run, and the cells' previous entries."""
     from pipeline.config import load_config
     from pipeline.tracking import open_experiment, resolve_uri
 
@@ -50,21 +101,13 @@ def run_study(study: Study, cells: list[Cell]) -> int:
     client, experiment_id = open_experiment(uri, study.name)
     parent = open_parent(client, experiment_id, study)
     previous = publish_plan(client, parent, cells)
-    log.info("study %s: %d cells; parent MLflow run %s in %s", study.name, len(cells), parent, uri)
-    outcomes: dict[str, dict] = {}
-    try:
-        with _sigterm_stops():
-            for i, cell in enumerate(cells, 1):
-                outcome = _run_cell(client, experiment_id, study, cell, parent, outcomes, f"[{i}/{len(cells)}]")
-                outcomes[cell.name] = outcome
-                before = previous.get(cell.name, {}) if outcome.get("skipped") else {}  # its first run's wall time
-                client.set_tag(parent, CELL_TAG_PREFIX + cell.name, json.dumps({**before, **cell.plan, **outcome}))
-    except BaseException as e:
-        client.set_terminated(parent, status="KILLED")
-        if isinstance(e, Stopped):
-            log.warning("study %s: stopped by SIGTERM; run it again to resume", study.name)
-            return 143  # 128 + SIGTERM, as a stage that stopped on TERM
-        raise
+    return base, uri, client, experiment_id, parent, previous
+
+
+def _finish(client: MlflowClient, study: Study, cells: list[Cell], outcomes: dict[str, dict], parent: str, uri: str,
+            configured_uri: str | None) -> int:
+    from pipeline import report, ui
+
     failed = [n for n, o in outcomes.items() if o["status"] != "finished"]
     client.log_metric(parent, STUDY_CELLS_FINISHED, len(cells) - len(failed))
     client.log_metric(parent, STUDY_CELLS_FAILED, len(failed))
@@ -73,8 +116,129 @@ def run_study(study: Study, cells: list[Cell]) -> int:
     log.info("study %s: %d/%d cells finished%s; report in %s", study.name, len(cells) - len(failed), len(cells),
              f" (failed: {', '.join(failed)})" if failed else "", out / "report.md")
     if len(failed) < len(cells):
-        log.info("compare the cells in the MLflow UI: %s", ui.command(base.tracking.uri, study=study.name))
+        log.info("compare the cells in the MLflow UI: %s", ui.command(configured_uri, study=study.name))
     return 1 if failed else 0
+
+
+def _record(client: MlflowClient, parent: str, cell: Cell, outcome: dict, previous: dict[str, dict]) -> None:
+    """The cell's plan and outcome as its tag on the parent run."""
+    before = previous.get(cell.name, {}) if outcome.get("skipped") else {}  # its first run's wall time
+    client.set_tag(parent, CELL_TAG_PREFIX + cell.name, json.dumps({**before, **cell.plan, **outcome}))
+
+
+def _skipped(client: MlflowClient, experiment_id: str, study: Study, cell: Cell) -> dict | None:
+    """The outcome of a cell that finished before (its run, or its output), else None."""
+    run_id = finished_run(client, experiment_id, study, cell)
+    if _finished_before(cell) or run_id:
+        return {"status": "finished", "exit_code": 0, "run_id": run_id, "skipped": True}
+    return None
+
+
+@contextlib.contextmanager
+def _tracking_for_cells(study: Study, uri: str, jobs: int, to_run: int) -> Iterator[str]:
+    """The URI the cells track to: the store itself while one runs at a time, else an MLflow
+    server on it (store_server.py says why)."""
+    if jobs == 1 or to_run <= 1:
+        yield uri
+        return
+    from pipeline.study.store_server import serving
+
+    with serving(uri, _logs(study) / "_mlflow_server.log") as served:
+        if served != uri:
+            log.info("study %s: cells track to an MLflow server on the store: %s", study.name, served)
+        yield served
+
+
+def _run_schedule(client: MlflowClient, experiment_id: str, study: Study, schedule: Schedule, parent: str,
+                  previous: dict[str, dict], served: str | None) -> None:
+    """Start what may start, record what ends, until every cell is settled. One cell at a time,
+    its output goes to the console as well as its log; several, only to their logs (the console
+    gets one line per start and end)."""
+    ended: queue.Queue[Ended] = queue.Queue()
+    running: dict[str, tuple[Cell, CellProcess, list[str]]] = {}
+    echo = schedule.jobs == 1
+    try:
+        while not schedule.done:
+            for cell, broken in schedule.blocked():
+                outcome = {"status": "failed", "exit_code": None, "reason": f"needs {', '.join(broken)}, which failed"}
+                schedule.settle(cell, outcome)
+                log.warning("%s %s: not run: it needs %s, which failed", schedule.count(), cell.name,
+                            ", ".join(broken))
+                _record(client, parent, cell, outcome, previous)
+            for cell, gpus in schedule.startable():
+                args = [*cell.args(), f"tracking.parent_run_id={parent}"]
+                if served:
+                    args.append(f"tracking.uri={served}")
+                cmd = cell.launcher.command(cell.command, args, f"{study.name}-{cell.name}", gpus)
+                env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+                if gpus:
+                    env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+                process = CellProcess(cell.name, cmd, env, _logs(study) / f"{cell.name}.log", echo, ended)
+                running[cell.name] = (cell, process, gpus)
+                where = describe(gpus)
+                if echo:
+                    log.info("%s %s: started on %s: %s", schedule.count(), cell.name, where, shlex.join(cmd))
+                else:
+                    log.info("%s %s: started on %s (log: %s)", schedule.count(), cell.name, where, process.log_path)
+                process.start()
+            if not running:
+                continue
+            end = ended.get()
+            cell, process, gpus = running.pop(end.name)
+            process.join()
+            outcome = _outcome(client, experiment_id, study, cell, end)
+            schedule.settle(cell, outcome)
+            where = describe(gpus)
+            if end.exit_code == 0:
+                log.info("%s %s: finished in %.1fs on %s", schedule.count(), cell.name, end.wall_s, where)
+            else:
+                log.warning("%s %s: failed with exit code %d after %.1fs on %s: %s (log: %s)", schedule.count(),
+                            cell.name, end.exit_code, end.wall_s, where, end.last_line, process.log_path)
+            _record(client, parent, cell, outcome, previous)
+    except BaseException as e:
+        # Ctrl-C reached the stages too (same process group); a SIGTERM of the study is passed on
+        # to every running stage, which checkpoints at its next step, so the next invocation resumes it
+        for _, process, _ in running.values():
+            if not isinstance(e, KeyboardInterrupt):
+                process.stop()
+        for _, process, _ in running.values():
+            process.join()
+        raise
+
+
+def _outcome(client: MlflowClient, experiment_id: str, study: Study, cell: Cell, end: Ended) -> dict:
+    wall = round(end.wall_s, 1)
+    if end.exit_code == 0:
+        return {"status": "finished", "exit_code": 0, "run_id": finished_run(client, experiment_id, study, cell),
+                "wall_s": wall}
+    return {"status": "failed", "exit_code": end.exit_code, "reason": end.last_line[:300], "wall_s": wall}
+
+
+def _outcome_from_outputs(study: Study, cell: Cell, outcomes: dict[str, dict]) -> dict:
+    """A cell that did not finish, as its job left it: the exit code its job wrote beside its log
+    (`exit_file`), else why it never ran."""
+    broken = [n for n in cell.needs if outcomes.get(n, {}).get("status") != "finished"]
+    code_file, log_path = exit_file(study, cell), _logs(study) / f"{cell.name}.log"
+    if not code_file.is_file():
+        why = (f"needs {', '.join(broken)}, which failed" if broken else
+               f"no exit code: its job was cancelled, ran out of time or never started (log: {log_path})")
+        return {"status": "failed", "exit_code": None, "reason": why}
+    last = LastLine()
+    if log_path.is_file():
+        with log_path.open(encoding="utf-8", errors="replace") as f:
+            for line in f:
+                last.see(line)
+    code = int(code_file.read_text().strip() or -1)
+    return {"status": "failed", "exit_code": code, "reason": (last.text or "finished without a run")[:300]}
+
+
+def exit_file(study: Study, cell: Cell) -> Path:
+    """Where a cell's Slurm job writes its exit code."""
+    return _logs(study) / f"{cell.name}.exit"
+
+
+def _logs(study: Study) -> Path:
+    return study.output_root / study.name / "_logs"
 
 
 def open_parent(client: MlflowClient, experiment_id: str, study: Study) -> str:
@@ -118,69 +282,9 @@ def finished_run(client: MlflowClient, experiment_id: str, study: Study, cell: C
     return runs[0].info.run_id if runs else None
 
 
-def _run_cell(client: MlflowClient, experiment_id: str, study: Study, cell: Cell, parent: str, outcomes: dict,
-              counter: str) -> dict:
-    run_id = finished_run(client, experiment_id, study, cell)
-    if _finished_before(cell) or run_id:
-        log.info("%s %s: finished before; skipped", counter, cell.name)
-        return {"status": "finished", "exit_code": 0, "run_id": run_id, "skipped": True}
-    broken = [n for n in cell.needs if outcomes.get(n, {}).get("status") != "finished"]
-    if broken:
-        log.warning("%s %s: not run: it needs %s, which failed", counter, cell.name, ", ".join(broken))
-        return {"status": "failed", "exit_code": None, "reason": f"needs {', '.join(broken)}, which failed"}
-    cmd = cell.launcher.command(cell.command, cell.args() + [f"tracking.parent_run_id={parent}"],
-                                f"{study.name}-{cell.name}")
-    log_path = study.output_root / study.name / "_logs" / f"{cell.name}.log"
-    log.info("%s %s: %s", counter, cell.name, shlex.join(cmd))
-    start = time.perf_counter()
-    code, last = _execute(cmd, log_path)
-    wall = time.perf_counter() - start
-    if code == 0:
-        run_id = finished_run(client, experiment_id, study, cell)
-        log.info("%s %s: finished in %.1fs", counter, cell.name, wall)
-        return {"status": "finished", "exit_code": 0, "run_id": run_id, "wall_s": round(wall, 1)}
-    log.warning("%s %s: failed with exit code %d after %.1fs: %s (log: %s)", counter, cell.name, code, wall, last,
-                log_path)
-    return {"status": "failed", "exit_code": code, "reason": last[:300], "wall_s": round(wall, 1)}
-
-
 def _finished_before(cell: Cell) -> bool:
     """A stage writes metrics.json (its final metrics) only once it has finished."""
     return (cell.output_dir / "metrics.json").is_file()
-
-
-def _execute(cmd: list[str], log_path: Path) -> tuple[int, str]:
-    """Run a stage, echoing its output and keeping it in log_path; (exit code, last error line)."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    last_line = last_error = ""
-    with log_path.open("w", encoding="utf-8") as f:
-        try:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
-                                    errors="replace")
-        except OSError as e:  # the launcher itself is missing (deepspeed not installed)
-            f.write(f"{e}\n")
-            return 127, f"cannot start {cmd[0]}: {e.strerror}"
-        try:
-            for line in proc.stdout:
-                sys.stdout.write(line)
-                f.write(line)
-                if line.strip():
-                    last_line = line.strip()
-                    if line.startswith("error") or "Error" in line:  # the CLI's one-line error, or a traceback's
-                        last_error = last_line
-            code = proc.wait()
-        except BaseException as e:
-            # Ctrl-C reached the stage too (same process group); a SIGTERM of the study is passed
-            # on, so the stage checkpoints at its next step and the next invocation resumes it
-            if not isinstance(e, KeyboardInterrupt) and proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-            for line in proc.stdout:  # drain, so the stage never blocks on a full pipe
-                sys.stdout.write(line)
-                f.write(line)
-            proc.wait()
-            raise
-    return code, last_error or last_line
 
 
 class Stopped(Exception):

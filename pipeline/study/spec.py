@@ -37,7 +37,9 @@ class Launcher:
     config: str | None = None
     """DeepSpeed JSON config (deepspeed only)."""
 
-    def command(self, stage: str, args: list[str], rdzv_id: str) -> list[str]:
+    def command(self, stage: str, args: list[str], rdzv_id: str, gpus: list[str] | None = None) -> list[str]:
+        """The command line; `gpus`: the GPU indices the cell was given (the deepspeed launcher is
+        told them with --include: given --num_gpus it takes GPUs 0..N-1 whatever is visible)."""
         module = ["-m", "pipeline", stage, *args]
         if self.kind == "torchrun":
             head = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(self.nproc)]
@@ -50,7 +52,8 @@ class Launcher:
             return head + module
         if self.kind == "deepspeed":
             exe = Path(sys.executable).with_name("deepspeed")  # the launcher beside this interpreter
-            head = [str(exe) if exe.exists() else "deepspeed", "--num_gpus", str(self.nproc)]
+            head = [str(exe) if exe.exists() else "deepspeed"]
+            head += ["--include", f"localhost:{','.join(gpus)}"] if gpus else ["--num_gpus", str(self.nproc)]
             if self.nnodes > 1:
                 head += ["--num_nodes", str(self.nnodes)]
             return head + ["--module", "pipeline", stage, *args]
@@ -88,6 +91,25 @@ class Block:
 
 
 @dataclass
+class SlurmSettings:
+    """The study file's `slurm` mapping: what every cell's job asks Slurm for (`--executor slurm`)."""
+
+    partition: str | None = None
+    time: str | None = None
+    """A cell's time limit, in Slurm's format (HH:MM:SS, D-HH:MM:SS)."""
+    account: str | None = None
+    qos: str | None = None
+    cpus_per_task: int | None = None
+    mem: str | None = None
+    gpus_per_node: int | None = None
+    """GPUs of a cell whose launcher's nproc is auto/gpu (other cells ask for their nproc); 0: CPU jobs."""
+    extra: list[str] = field(default_factory=list)
+    """More sbatch options, each as on the command line (--constraint=h100)."""
+    report_time: str = "00:30:00"
+    """The time limit of the job that writes the report after the last cell."""
+
+
+@dataclass
 class Study:
     name: str
     path: Path
@@ -100,6 +122,7 @@ class Study:
     blocks: list[Block]
     output_root: Path
     report_dir: Path
+    slurm: SlurmSettings = field(default_factory=SlurmSettings)
 
 
 @dataclass

@@ -84,7 +84,32 @@ def open_client(uri: str) -> MlflowClient:
     from mlflow.tracking import MlflowClient
 
     with _store_lock(uri):
-        return MlflowClient(tracking_uri=uri)  # creates (or checks) the store
+        client = MlflowClient(tracking_uri=uri)  # creates (or checks) the store
+    client.log_inputs = _retry_dataset_race(client.log_inputs)
+    return client
+
+
+DATASET_RACE = ("UNIQUE constraint failed: datasets", "duplicate key value violates unique constraint")
+
+
+def _retry_dataset_race(log_inputs: Any) -> Any:
+    """MLflow's log_inputs looks a dataset up, then inserts it if absent: two runs logging the same
+    dataset at once (a study's cells side by side) both insert, and the second fails on the unique
+    key, its transaction rolled back. Again, the dataset is found and only linked to the run."""
+    import time
+
+    from mlflow.exceptions import MlflowException
+
+    def logged(*args: Any, **kwargs: Any) -> Any:
+        for attempt in range(3):
+            try:
+                return log_inputs(*args, **kwargs)
+            except MlflowException as e:
+                if attempt == 2 or not any(text in str(e) for text in DATASET_RACE):
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+
+    return logged
 
 
 @contextlib.contextmanager

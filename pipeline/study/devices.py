@@ -1,0 +1,81 @@
+"""Which devices a study's cells get when several run at once on one node.
+
+A cell takes as many GPUs as it starts processes (one for a single-process cell, `nproc` for a
+torchrun or deepspeed cell) and sees only those (`CUDA_VISIBLE_DEVICES`), so inside it the
+fallback rules count its own devices. On a machine without GPUs there is nothing to hand out:
+cells share the CPU and only the number running at once (`--jobs`) is limited.
+"""
+from __future__ import annotations
+
+import os
+
+from pipeline.errors import UserError
+from pipeline.study.spec import Cell
+
+
+def visible_gpus() -> list[str]:
+    """The GPU ids this process may hand out, as CUDA_VISIBLE_DEVICES names them (indices or
+    UUIDs); the GPUs torch sees when it is unset. Empty on a machine without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        ids = [i.strip() for i in listed.split(",") if i.strip()]
+        return ids[: torch.cuda.device_count()]
+    return [str(i) for i in range(torch.cuda.device_count())]
+
+
+def width(cell: Cell, gpus: int) -> int:
+    """How many GPUs a cell uses on its node: its processes per node, or all of them for
+    torchrun's auto/gpu/cpu (the launcher decides at start)."""
+    if cell.launcher.kind == "none":
+        return 1
+    return cell.launcher.nproc if isinstance(cell.launcher.nproc, int) else gpus
+
+
+def default_jobs(gpus: list[str]) -> int:
+    """One cell per GPU; on a CPU one at a time (each cell's torch already uses every core)."""
+    return max(1, len(gpus))
+
+
+class DevicePool:
+    """The node's free GPUs; a cell takes the lowest free ids it needs and gives them back."""
+
+    def __init__(self, gpus: list[str]):
+        self.gpus = list(gpus)
+        self.free = list(gpus)
+
+    def check(self, cells: list[Cell]) -> None:
+        """Refuse, before anything runs, a cell that could never get its devices."""
+        if not self.gpus:
+            return
+        for cell in cells:
+            need = width(cell, len(self.gpus))
+            if need > len(self.gpus):
+                raise UserError(f"study: cell {cell.name} needs {need} GPUs ({cell.launcher.describe()}) but "
+                                f"{len(self.gpus)} are visible ({','.join(self.gpus)})")
+            if cell.launcher.kind == "deepspeed":
+                named = [g for g in self.gpus if not g.isdigit()]
+                if named:  # its launcher's --include takes indices only
+                    raise UserError(f"study: cell {cell.name}: the deepspeed launcher takes GPU indices, not "
+                                    f"{named[0]!r} (CUDA_VISIBLE_DEVICES); use indices or a torchrun launcher")
+
+    def take(self, cell: Cell) -> list[str] | None:
+        """The GPUs for `cell`, or None while too few are free; [] on a CPU machine."""
+        if not self.gpus:
+            return []
+        need = width(cell, len(self.gpus))
+        if need > len(self.free):
+            return None
+        taken, self.free = self.free[:need], self.free[need:]
+        return taken
+
+    def give_back(self, ids: list[str]) -> None:
+        order = {g: i for i, g in enumerate(self.gpus)}
+        self.free = sorted(self.free + ids, key=order.__getitem__)
+
+
+def describe(ids: list[str]) -> str:
+    return f"GPU {','.join(ids)}" if ids else "CPU"
