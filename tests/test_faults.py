@@ -14,7 +14,7 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from helpers import FAST, ROOT, assert_same_result, free_port, mlflow_runs, run_cli, tracking_db, wait_for
-from pipeline import checkpoint, cli, fsutil
+from pipeline import checkpoint, cli, fsutil, names
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.outputs import start_over
@@ -26,7 +26,8 @@ SINGLE = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
 # dropout stays on: a resume must restore every rank's RNG to continue bit-exactly. train/loss is
 # logged only at the end, so its window spans every kill below: it must survive in the checkpoint
 JOB = [*FAST, "train.epochs=2", "train.save_every=10", "train.log_every=1000"]
-STEPS_PER_EPOCH = 75  # 2400 samples, batch 32, one process (38 per rank under 2-process DDP)
+STEPS_PER_EPOCH = 75  # 2400 samples, batch 32, one process
+STEPS_PER_EPOCH_DDP = 38  # 1200 samples a rank under 2-process DDP
 
 
 def start_cli(*args, log):
@@ -194,6 +195,29 @@ def test_a_worker_killed_then_the_whole_job_killed_resumes_to_identical_results(
     assert_same_result(uninterrupted_ddp, out)
     (mlrun,) = mlflow_runs(db, "pipeline")  # the restarted group and the new job continued one run
     assert mlrun.info.status == "FINISHED" and mlrun.data.tags["world_size"] == "2"
+
+
+@pytest.mark.slow
+def test_a_two_process_job_killed_mid_epoch_resumes_on_one_process_at_the_same_rows(tmp_path):
+    """The fallback after a lost device: a 2-process DDP job is SIGKILLed after a checkpoint in its
+    first epoch and resumed by one plain process with requested_world_size=2 (grad_accum 2, the
+    same global batch). The position is kept in optimizer steps, so the first epoch still ends
+    after its 38 steps (evaluated at step 38, as the uninterrupted job is) and the job at 76."""
+    out, db = tmp_path / "out", tracking_db(tmp_path)
+    job = [*JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}"]
+    agent = start_torchrun("train", *job, log=tmp_path / "log")
+    wait_for(lambda: newest_step(out) >= 10 or agent.poll() is not None, what="a first checkpoint")
+    kill_all(agent)
+    assert 10 <= newest_step(out) < 38
+
+    result = run_cli("train", *job, "resume=auto", "requested_world_size=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "train.grad_accum 1 -> 2 keeps the global batch of 2 processes" in result.stderr
+    assert "resumed from" in result.stderr
+    (mlrun,) = mlflow_runs(db, "pipeline")
+    assert mlrun.info.status == "FINISHED" and mlrun.data.tags["world_size"] == "1"
+    history = MlflowClient(f"sqlite:///{db}").get_metric_history(mlrun.info.run_id, names.eval_metric("macro_f1"))
+    assert sorted(m.step for m in history) == [STEPS_PER_EPOCH_DDP, 2 * STEPS_PER_EPOCH_DDP]
 
 
 # ---------------------------------------------------------------------- a finished job, a lost one
