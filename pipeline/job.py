@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 FILE = "job.json"
 CONFIG_BOOKKEEPING = ("_name_or_path", "transformers_version", "dtype", "torch_dtype", "architectures")
 """Model config fields that do not change what the model computes: a model moved or re-saved is the same."""
+SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+              "max_position_embeddings", "type_vocab_size")
+"""Config sizes that shape a transformer's parameters (the common names of Hugging Face configs)."""
 FINGERPRINTED_SPLITS = ("train", "dev")
 """The splits a job's optimization and model selection read (test is only evaluated at the end)."""
 
@@ -49,7 +52,7 @@ class JobRecord:
     """Split -> {"file": what the config names, "fingerprint": a content hash or hub fingerprint}."""
     tokenizer: str | None = None
     architecture: dict[str, Any] | None = None
-    """The model's config (bookkeeping left out) and a digest of its parameters' names and shapes."""
+    """architecture(): what the checkpoint's weights need of the model."""
     teacher: str | None = None
     """Under distillation: a digest of the teacher's config and weights."""
     accepted: list[str] = field(default_factory=list)
@@ -84,7 +87,8 @@ def describe(cfg: Config, task: Task, rt: Runtime) -> JobRecord:
     amount, unit = per_rank.split()
     return JobRecord(
         # redacted as config.yaml is (no secrets in output_dir), and as JSON reads it back
-        config=json.loads(json.dumps(flatten(redact_config(cfg.to_dict())), default=str)),
+        config=json.loads(json.dumps({k: v for k, v in flatten(redact_config(cfg.to_dict())).items() if v != {}},
+                                     default=str)),  # an empty mapping (model_config={}) is no key
         global_batch=f"{int(amount) * rt.world_size} {unit}", world_size=rt.world_size,
         backend="deepspeed" if rt.backend == "deepspeed" else "torch",
         precision=precision.resolve(cfg.precision, rt.device).name,
@@ -99,15 +103,21 @@ def data_identity(task: Task, spec: str | None, split: str) -> dict[str, str]:
 
 
 def architecture(model: PreTrainedModel) -> dict[str, Any]:
-    config = {k: v for k, v in model.config.to_dict().items() if k not in CONFIG_BOOKKEEPING}
-    return {**json.loads(json.dumps(config, default=str)), "parameters": fingerprint(model, weights=False)}
+    """What a checkpoint's weights need of the model: its type, the sizes that shape its parameters
+    (to name in a message), and a digest of every parameter's name and shape. Not dropout or other
+    settings, which the config's keys carry."""
+    config = model.config.to_dict()
+    return {"model_type": config.get("model_type"), **{k: config[k] for k in SHAPE_KEYS if k in config},
+            "parameters": fingerprint(model, weights=False, config=False)}
 
 
-def fingerprint(model: PreTrainedModel, weights: bool) -> str:
-    """sha256 of the model's config and its parameters' names and shapes (and values, with weights)."""
+def fingerprint(model: PreTrainedModel, weights: bool, config: bool = True) -> str:
+    """sha256 of the model's parameters' names and shapes, with `weights` their values, with
+    `config` its config (bookkeeping left out)."""
     h = hashlib.sha256()
-    config = {k: v for k, v in model.config.to_dict().items() if k not in CONFIG_BOOKKEEPING}
-    h.update(json.dumps(config, sort_keys=True, default=str).encode())
+    if config:
+        kept = {k: v for k, v in model.config.to_dict().items() if k not in CONFIG_BOOKKEEPING}
+        h.update(json.dumps(kept, sort_keys=True, default=str).encode())
     for name, tensor in sorted(model.state_dict().items()):
         h.update(f"{name}{tuple(tensor.shape)}".encode())
         if weights:

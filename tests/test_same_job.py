@@ -202,14 +202,17 @@ def test_safe_keys_and_the_split_of_the_global_batch_may_change(preset_job, tmp_
 @pytest.mark.slow
 def test_accepted_changes_continue_and_the_run_says_it_mixes_two_settings(preset_job, tmp_path, caplog):
     j = preset_job.copy(tmp_path)
-    final = j.resume("train.lr=1e-2", "accept_changes=train.lr")
+    final = j.resume("train.lr=1e-2", "model_config.hidden_dropout_prob=0",
+                     "accept_changes=train.lr,model_config.hidden_dropout_prob")
     assert final[names.TRAIN_STEPS] == 20
     (run,) = mlflow_runs(tracking_db(j.root), "pipeline")
     assert run.info.status == "FINISHED"
-    assert run.data.tags[names.TAG_RESUMED_WITH_CHANGES] == "train.lr: 0.001 -> 0.01 (at step 7)"
+    assert run.data.tags[names.TAG_RESUMED_WITH_CHANGES] == (
+        "model_config.hidden_dropout_prob: (unset) -> 0 (at step 7) | train.lr: 0.001 -> 0.01 (at step 7)")
     assert run.data.params[f"resumed_at_step_{PREEMPT_AT + 1}.train.lr"] == "0.001 -> 0.01"
     assert run.data.params["train.lr"] == "0.001"  # MLflow keeps the first value: the tag and param say the rest
-    assert "continuing with changed settings (accept_changes): train.lr: 0.001 -> 0.01" in caplog.text
+    assert ("continuing with changed settings (accept_changes): model_config.hidden_dropout_prob: (unset) -> 0; "
+            "train.lr: 0.001 -> 0.01") in caplog.text
 
 
 @pytest.mark.slow
