@@ -113,12 +113,13 @@ def run_locked(s: Stage, planned: JobRecord, ckpt: Checkpoint | None, resuming: 
     """Resume from the checkpoint, once the model and teacher built match it, or start over; the
     stage, in its MLflow run."""
     record = planned.built(s.tokenizer, s.model, s.distiller.teacher if s.distiller else None)
-    accepted = same_job.check(ckpt.path, job.read(ckpt.path), record, s.cfg.accepted_changes) if ckpt else []
+    trained = job.read(ckpt.path) if ckpt else None
+    accepted = same_job.check(ckpt.path, trained, record, s.cfg.accepted_changes) if ckpt else []
     bundle = ckpt.load_bundle() if ckpt else None
     if ckpt is None:
         outputs.start_over(s.out, s.rt, s.uri, resuming)
     else:
-        record = same_job.carry_accepted(job.read(ckpt.path), record, accepted, bundle["parts"]["progress"]["step"])
+        record = same_job.carry_accepted(trained, record, accepted, bundle["parts"]["progress"]["step"])
     if s.rt.is_main:
         record.write(s.out)  # the job a later resume=auto compares with once it finished
     tracker, run_id = start_stage_run(s.cfg, s.rt, s.uri, StageRun(
