@@ -47,8 +47,8 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    epochs: int = 3
-    """Passes over the training set."""
+    epochs: int | None = None
+    """Passes over the training set; unset: the task's (3; error_cls 5), filled in by resolve()."""
     max_steps: int = -1
     """Stop after this many optimizer steps; -1 runs all epochs."""
     batch_size: int = 16
@@ -58,8 +58,8 @@ class TrainConfig:
     grad_accum: int = 1
     """Micro-batches per optimizer step; gradients are all-reduced only on the last one."""
     lr: float | None = None
-    """Peak learning rate of AdamW; unset: 3e-4 for presets (trained from scratch), else 5e-5
-    (filled in by resolve())."""
+    """Peak learning rate of AdamW; unset: 3e-4 for presets (trained from scratch), else the task's
+    (5e-5; WikiQA 1e-4) (filled in by resolve())."""
     warmup_ratio: float = 0.1
     """Fraction of optimizer steps with linear warm-up; then linear decay to zero."""
     weight_decay: float = 0.01
@@ -192,7 +192,7 @@ class Config:
         _one_of("precision", self.precision)
         _one_of("backend", self.backend)
         t = self.train
-        _check("train.epochs", t.epochs, t.epochs >= 1, "must be >= 1")
+        _check("train.epochs", t.epochs, t.epochs is None or t.epochs >= 1, "must be >= 1")
         _check("train.max_steps", t.max_steps, t.max_steps == -1 or t.max_steps >= 1, "must be -1 or >= 1")
         _check("train.batch_size", t.batch_size, t.batch_size >= 1, "must be >= 1")
         _check("train.eval_batch_size", t.eval_batch_size, t.eval_batch_size >= 1, "must be >= 1")
@@ -232,11 +232,14 @@ class Config:
                 ) -> Config:
         """A copy with the derived defaults filled in: output_dir; once the model is known, the
         learning rate (random-init presets need a larger step than fine-tuning does); once the
-        task is, whether batches are grouped by length; once the device is (cuda | cpu), what
-        compiles and how batches are shaped and loaded."""
+        task is, the epochs and whether batches are grouped by length; once the device is (cuda |
+        cpu), what compiles and how batches are shaped and loaded."""
         train = self.train
         if train.lr is None and model_spec is not None:
-            train = dataclasses.replace(train, lr=3e-4 if model_spec.startswith("preset:") else 5e-5)
+            pretrained = task.pretrained_lr if task is not None else 5e-5  # per task: Task.pretrained_lr
+            train = dataclasses.replace(train, lr=3e-4 if model_spec.startswith("preset:") else pretrained)
+        if train.epochs is None and task is not None:
+            train = dataclasses.replace(train, epochs=task.epochs)
         if train.group_by_length is None and task is not None:
             train = dataclasses.replace(train, group_by_length=task.group_by_length)
         if device_type is not None:

@@ -29,6 +29,9 @@ class Evaluation:
     """The task's metrics by short name, including "main" (and "loss" where the model gives one)."""
     predictions: object | None = None
     """The gathered predictions (row i = feature i), only with keep=True (for Task.report)."""
+    stall: str | None = None
+    """With keep=True: why the predictions are a collapsed solution (Task.stall: one class for
+    every row, no entity, ...), or None; pipeline/collapse.py tags the run with it."""
 
     @property
     def main(self) -> float:
@@ -38,7 +41,7 @@ class Evaluation:
 @torch.no_grad()
 def evaluate(module: torch.nn.Module, loader: DataLoader, task: Task, policy: PrecisionPolicy, rt: Runtime,
              examples: list[dict], features: datasets.Dataset | PreparedFeatures, keep: bool = False) -> Evaluation:
-    """Task metrics on a split; with keep=True also the gathered predictions.
+    """Task metrics on a split; with keep=True also the gathered predictions and Task.stall's verdict.
 
     no_grad, not inference_mode: tensors a module caches while evaluating (ZeRO-3's gathered
     parameters, lazily built buffers) must stay usable by the training step that follows."""
@@ -66,4 +69,6 @@ def evaluate(module: torch.nn.Module, loader: DataLoader, task: Task, policy: Pr
     scores["main"] = scores[task.main_metric]
     if any(g[2] for g in gathered):
         scores["loss"] = sum(g[2] for g in gathered) / sum(len(g[0]) for g in gathered)
-    return Evaluation(scores, predictions if keep else None)
+    if not keep:
+        return Evaluation(scores)
+    return Evaluation(scores, predictions, task.stall(predictions, examples, features))

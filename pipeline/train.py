@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from pipeline import checkpoint, features, job, lock, names, outputs, same_job
+from pipeline import checkpoint, collapse, features, job, lock, names, outputs, same_job
 from pipeline.best_model import BestModel
 from pipeline.checkpoint import Checkpoint, Stateful
 from pipeline.config import Config
@@ -352,6 +352,7 @@ def finish(lp: Loop) -> dict[str, float]:
         s.backend.load_full_state_dict(lp.best.weights)
     test = evaluate(s.backend.module, lp.loaders.test, s.task, s.policy, s.rt, s.examples["test"],
                     s.features["test"], keep=True)
+    collapse.flag_stall(test, lp.tracker, "test", s.rt.is_main)
     final = {**lp.best.metrics, **{names.test_metric(k): v for k, v in test.scores.items()},
              names.TRAIN_LOSS: lp.losses.last_loss, names.TRAIN_STEPS: progress.step,
              **s.meters.final_metrics(lp.best.time_to_best), **lp.losses.amp_metrics(s.backend.loss_scale)}

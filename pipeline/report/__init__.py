@@ -22,6 +22,7 @@ from pathlib import Path
 from pipeline.errors import UserError
 from pipeline.report.charts import plot_amp, plot_kd
 from pipeline.report.collect import read_cells
+from pipeline.report.compare import comparisons
 from pipeline.report.markdown import render
 from pipeline.report.tables import amp_display, amp_table, kd_display, kd_table, seed_stats
 
@@ -60,7 +61,7 @@ def write_report(uri: str, experiment: str, out: str | Path | None = None) -> Pa
     amp_display(amp).to_csv(out / "amp_table.csv", index=False)
     kd_display(kd).to_csv(out / "kd_table.csv", index=False)
     stats.to_csv(out / "seed_stats.csv", index=False)
-    charts = plot_amp(amp, out) + plot_kd(kd, out)
+    charts = plot_amp(amp, out) + plot_kd(kd, out, comparisons(cells) if not cells.empty else [])
     text = render(experiment, redact(uri), parent.info.run_id if parent else None, cells, amp, kd, stats, charts)
     (out / "report.md").write_text(text, encoding="utf-8")
     if parent is not None:

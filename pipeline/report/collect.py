@@ -18,6 +18,8 @@ from pipeline.names import (
     TAG_PROCEDURE,
     TAG_REPORT_TABLES,
     TAG_REQUESTED_WORLD_SIZE,
+    TAG_STALL_REASON,
+    TAG_STALLED,
     TAG_STUDY,
     TEST,
     TEST_MAIN,
@@ -30,8 +32,9 @@ if TYPE_CHECKING:
 
 ROW_COLUMNS = ["cell", "task", "model", "procedure", "stage", "seed", "precision_requested", "precision",
                "precision_mode", "role", "tables", "needs", "launcher", "status", "exit_code", "reason", "run_id",
-               "device_type", "energy_available", "main_source", "memory", "test_scores", *COLUMNS]
-"""The columns of a cell row (cells.csv)."""
+               "device_type", "energy_available", "main_source", "memory", "test_scores", "stalled", *COLUMNS]
+"""The columns of a cell row (cells.csv); stalled: why the run's predictions collapsed (its
+stall_reason tag), "" for a run that learned or was not checked."""
 
 
 def read_cells(client: MlflowClient, experiment_id: str):
@@ -104,7 +107,9 @@ def _row(client: MlflowClient, name: str, plan: dict | None, run: Run | None) ->
         "reason": plan.get("reason", "") if status == "failed" else "",
         "run_id": run.info.run_id if run else plan.get("run_id"),
         "device_type": tags.get("device_type"), "energy_available": tags.get("energy_available"),
-        "main_source": None, "memory": None, "test_scores": "", **{f: math.nan for f in COLUMNS},
+        "main_source": None, "memory": None, "test_scores": "",
+        "stalled": (tags.get(TAG_STALL_REASON) or "stalled") if tags.get(TAG_STALLED) == "true" else "",
+        **{f: math.nan for f in COLUMNS},
     }
     if status == "finished":  # metrics of failed runs are partial: never reported
         row.update(_metrics(client, run))

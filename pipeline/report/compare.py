@@ -92,6 +92,14 @@ def _needed(rows: pd.DataFrame, procedure_of: dict) -> set[str]:
     return {procedure_of.get(name) for needs in rows.needs.dropna() for name in str(needs).split(",") if name}
 
 
+def stalled(rows: pd.DataFrame) -> pd.Series:
+    """Per row: whether its run was tagged stalled (the column holds the stall reason; blank, None
+    or NaN for a run that learned or was never checked)."""
+    if "stalled" not in rows:
+        return pd.Series(False, index=rows.index)
+    return rows["stalled"].map(lambda v: isinstance(v, str) and v != "")
+
+
 def stats(rows: pd.DataFrame, column: str) -> tuple[int, float, float]:
     """(finished runs with a value in the column, mean, sample std; std NaN below 2 runs)."""
     values = rows[rows.status == "finished"][column].astype(float).dropna()

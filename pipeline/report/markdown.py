@@ -6,12 +6,25 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
-from pipeline.names import ENERGY_JOULES, EVAL_MAIN, PEAK_MEM_ALLOCATED, PEAK_RSS, TEST_MAIN, TRAIN_TIME, test_metric
+from pipeline.names import (
+    ENERGY_JOULES,
+    EVAL_MAIN,
+    PEAK_MEM_ALLOCATED,
+    PEAK_RSS,
+    TAG_STALL_REASON,
+    TAG_STALLED,
+    TEST_MAIN,
+    TRAIN_TIME,
+    test_metric,
+)
 from pipeline.report.columns import AMP_DELTAS, TEST_COLUMNS
 from pipeline.report.compare import SPREAD_FACTOR, comparisons
 from pipeline.report.tables import amp_display, kd_display
 from pipeline.report.verdicts import amp_sentence, kd_sentences
 
+STALLED_NOTE = (f"- stalled runs: runs tagged `{TAG_STALLED}=true`, whose best model's test predictions collapsed "
+                "(one class for every row, a common class never predicted, no entity, no candidate called correct; "
+                f"`{TAG_STALL_REASON}` says which): a mean with one in it is no comparison of recipes.")
 TEST_LABELS = ("P", "R", "F1", "MAP", "MRR")
 """The KD table's column headers of TEST_COLUMNS, in their order."""
 
@@ -61,8 +74,17 @@ def _identical(seeds: str) -> str:
     return "" if pairs in ("", "0") else "all" if same == pairs else "none" if same == "0" else f"{same} of {pairs}"
 
 
-def _pct(value: float | str) -> str:
-    return value if isinstance(value, str) else f"{value:+.1f}%"
+def _pct(value: float | str, spread: float = math.nan, beyond: str = "") -> str:
+    """A delta in %, ± its seed spread, and "within the spread" where the verdict says so."""
+    if isinstance(value, str):
+        return value
+    text = f"{value:+.1f}%" if math.isnan(spread) else f"{value:+.1f}% ± {spread:.1f}%"
+    return text + (" (within the spread)" if beyond == "no" else "")
+
+
+def _stalled_runs(fp32: int, amp: int) -> str:
+    """"FP32 1, AMP 0": stalled runs per side, or "" where none stalled."""
+    return f"FP32 {fp32}, AMP {amp}" if fp32 or amp else ""
 
 
 def md_table(df: pd.DataFrame) -> str:
@@ -110,11 +132,14 @@ def _amp_section(amp: pd.DataFrame, charts: list[str], findings: list[str]) -> l
         "AMP epoch s": [_fmt(v, s, 2) for v, s in zip(shown.amp_epoch_time_s, shown.amp_epoch_time_s_std)],
         "FP32 energy J": [_fmt(v, s, 1) for v, s in zip(shown.fp32_energy_j, shown.fp32_energy_j_std)],
         "AMP energy J": [_fmt(v, s, 1) for v, s in zip(shown.amp_energy_j, shown.amp_energy_j_std)],
-        "speed-up": [_pct(v) for v in shown.speedup_pct],
-        "memory reduction": [_pct(v) for v in shown.mem_reduction_pct],
+        "speed-up": [_pct(v, s, b) for v, s, b in zip(shown.speedup_pct, amp.speedup_pct_spread,
+                                                      amp.speedup_pct_beyond)],
+        "memory reduction": [_pct(v, s, b) for v, s, b in zip(shown.mem_reduction_pct, amp.mem_reduction_pct_spread,
+                                                              amp.mem_reduction_pct_beyond)],
         "retention": [_retention(v, s, i) for v, s, i in zip(shown.retention_pct, shown.retention_spread_pct,
                                                             shown.identical_seeds)],
         "identical test scores": [_identical(v) for v in shown.identical_seeds],
+        "stalled runs": [_stalled_runs(f, a) for f, a in zip(amp.fp32_stalled, amp.amp_stalled)],
         "FP32 runs": shown.fp32_seeds, "AMP runs": shown.amp_seeds,
     })
     if (shown.procedure != "train").any():
@@ -126,10 +151,12 @@ def _amp_section(amp: pd.DataFrame, charts: list[str], findings: list[str]) -> l
              f"- peak memory: `{PEAK_MEM_ALLOCATED}` on CUDA, `{PEAK_RSS}` (process peak RSS) on CPU; "
              "the memory column says which.",
              "- speed-up = AMP samples/s / FP32 samples/s - 1; memory reduction = 1 - AMP peak / FP32 peak; "
-             "retention = AMP main / FP32 main, ± the pooled std of the two sides in % of the FP32 mean. With "
+             "retention = AMP main / FP32 main; each ± the pooled std of the two sides in % of the FP32 mean, "
+             f"\"within the spread\" where the difference is at most {SPREAD_FACTOR:g} x that std. With "
              "several seeds: means, ± the sample std; runs: finished / planned; identical test scores: seeds "
              "whose FP32 and AMP runs have equal test scores in every metric, of those run in both.",
-             f"- energy: `{ENERGY_JOULES}` (NVML); n/a where the run is tagged energy_available=false.", ""]
+             f"- energy: `{ENERGY_JOULES}` (NVML); n/a where the run is tagged energy_available=false.",
+             STALLED_NOTE, ""]
     lines += [f"![{c}]({c})" for c in charts if c != "kd.png"] + [""]
     return lines
 
@@ -146,13 +173,15 @@ def _kd_section(kd: pd.DataFrame, charts: list[str], findings: list[str]) -> lis
         "energy J": [_fmt(v, s, 1) for v, s in zip(shown.energy_j, shown.energy_j_std)],
         **{label: [_fmt(v, s, 4) for v, s in zip(shown[f"test_{k}"], shown[f"test_{k}_std"])]
            for label, k in zip(TEST_LABELS, TEST_COLUMNS)},
+        "stalled runs": [str(n) if n else "" for n in kd.stalled],
         "runs": shown.seeds,
     })
     lines = ["## Knowledge distillation procedures", "", md_table(table), "",
              *[f"- {line}" for line in findings], "",
              f"- wall time: `{TRAIN_TIME}` (training steps only); P/R/F1: `{test_metric('precision')}`, "
              f"`{test_metric('recall')}`, `{test_metric('f1')}` (the positive class for WikiQA); MAP/MRR: "
-             f"`{test_metric('map')}`, `{test_metric('mrr')}`; n/a where the task has no such metric.", ""]
+             f"`{test_metric('map')}`, `{test_metric('mrr')}`; n/a where the task has no such metric.", STALLED_NOTE,
+             ""]
     if "kd.png" in charts:
         lines += ["![kd.png](kd.png)", ""]
     return lines
@@ -176,6 +205,6 @@ def _seed_section(stats: pd.DataFrame) -> list[str]:
 
 def _cells_section(cells: pd.DataFrame) -> list[str]:
     listing = cells[["cell", "procedure", "task", "model", "precision", "seed", "launcher", "status", "exit_code",
-                     "reason", "run_id"]].copy()
+                     "reason", "stalled", "run_id"]].copy()
     listing["exit_code"] = ["" if pd.isna(v) else int(v) for v in listing.exit_code]
     return ["## Cells", "", md_table(listing), ""]

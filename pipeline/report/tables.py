@@ -9,7 +9,7 @@ import math
 import pandas as pd
 
 from pipeline.report.columns import AMP_COLUMNS, AMP_DELTAS, COLUMNS, KD_COLUMNS, KD_SHOWN, SPREAD_COLUMNS
-from pipeline.report.compare import Comparison, amp_pairs, comparisons, difference, identical_scores
+from pipeline.report.compare import Comparison, amp_pairs, comparisons, difference, identical_scores, stalled
 
 
 def _aggregate(rows: pd.DataFrame) -> dict:
@@ -20,7 +20,8 @@ def _aggregate(rows: pd.DataFrame) -> dict:
                                            else "running" if (rows.status == "running").any() else "missing"),
            "precision": "/".join(sorted(set(ok.precision.dropna()))) or "/".join(sorted(set(rows.precision_requested))),
            "memory": "/".join(sorted(set(ok.memory.dropna()))),
-           "energy_na": bool(len(ok)) and (ok.energy_available == "false").all()}
+           "energy_na": bool(len(ok)) and (ok.energy_available == "false").all(),
+           "stalled": stalled_runs(ok)}
     for f in COLUMNS:
         values = ok[f].astype(float).dropna()
         agg[f] = values.mean() if len(values) else math.nan
@@ -28,10 +29,22 @@ def _aggregate(rows: pd.DataFrame) -> dict:
     return agg
 
 
+def stalled_runs(rows: pd.DataFrame) -> int:
+    """Runs tagged stalled (their predictions collapsed: pipeline/collapse.py)."""
+    return int(stalled(rows).sum())
+
+
+DELTA_SOURCES = {"speedup_pct": "samples_per_s", "mem_reduction_pct": "peak_mem_mb", "retention_pct": "main"}
+"""Each AMP delta and the column it compares: its spread and verdict come from that column's seeds."""
+
+
 def amp_table(cells: pd.DataFrame) -> pd.DataFrame:
-    """One row per task x model (x procedure): FP32 and AMP columns (means over seeds) and deltas;
-    retention_spread_pct is the pooled std of the main metric in % of the FP32 mean (2+ seeds a
-    side), identical_seeds "k/n": n seeds run on both sides, k of them with equal test scores."""
+    """One row per task x model (x procedure): FP32 and AMP columns (means over seeds) and deltas.
+    Per delta D (speed-up, memory reduction, retention), D_spread is the pooled std of the column
+    it compares in % of the FP32 mean (2+ seeds a side; retention_spread_pct for retention) and
+    D_beyond the verdict: yes / no (the difference is within SPREAD_FACTOR x the pooled std) / ""
+    (fewer than 2 seeds a side). identical_seeds "k/n": n seeds run on both sides, k of them with
+    equal test scores; fp32_stalled, amp_stalled: runs whose predictions collapsed."""
     rows = []
     for (task, model, procedure), fp32, amp in amp_pairs(cells):
         f, a = _aggregate(fp32), _aggregate(amp)
@@ -46,7 +59,12 @@ def amp_table(cells: pd.DataFrame) -> pd.DataFrame:
         row["mem_reduction_pct"] = (1 - _ratio(a["peak_mem_mb"], f["peak_mem_mb"])) * 100
         row["retention_pct"] = _ratio(a["main"], f["main"]) * 100
         pair = Comparison(task, "", "amp", "fp32", a["precision"], fp32, amp, model=model)
-        row["retention_spread_pct"] = _ratio(difference(pair, "main")["pooled_std"], f["main"]) * 100
+        for delta, column in DELTA_SOURCES.items():
+            d = difference(pair, column)
+            spread = "retention_spread_pct" if delta == "retention_pct" else f"{delta}_spread"
+            row[spread] = _ratio(d["pooled_std"], f[column]) * 100
+            row[f"{delta}_beyond"] = d["exceeds_spread"]
+        row["fp32_stalled"], row["amp_stalled"] = f["stalled"], a["stalled"]
         row["identical_seeds"] = "{1}/{0}".format(*identical_scores(pair))
         rows.append(row)
     return pd.DataFrame(rows)
@@ -67,7 +85,7 @@ def kd_table(cells: pd.DataFrame) -> pd.DataFrame:
                "model": "/".join(dict.fromkeys(g.model.dropna())), "precision": agg["precision"],
                "role": "/".join(sorted(set(g.role) - {""})), "launcher": "/".join(dict.fromkeys(g.launcher.dropna())),
                "memory": agg["memory"], "status": agg["status"], "seeds": f"{agg['n']}/{agg['of']}",
-               "energy_na": agg["energy_na"]}
+               "energy_na": agg["energy_na"], "stalled": agg["stalled"]}
         for col in KD_COLUMNS:
             row[col], row[f"{col}_std"] = agg[col], agg[f"{col}_std"]
         rows.append(row)

@@ -4,14 +4,16 @@ Per FP32/AMP pair: how much of the FP32 main metric AMP kept, ± the seed spread
 FP32 mean, and whether the difference is larger than the spread; or that the two gave identical
 test scores (then no percentage: 100% of a saturated score says nothing about AMP). Per distilled
 student: its main metric against its teacher's and the baseline's, beyond the spread or within
-it, and the share of the baseline-to-teacher gap that distillation recovered.
+it, and the share of the baseline-to-teacher gap that distillation recovered. A comparison with
+a stalled run on either side (its predictions collapsed: pipeline/collapse.py) says so: its
+difference is the stall's, not the recipes'.
 """
 from __future__ import annotations
 
 import math
 
 from pipeline.errors import UserError
-from pipeline.report.compare import SPREAD_FACTOR, Comparison, difference, identical_scores
+from pipeline.report.compare import SPREAD_FACTOR, Comparison, difference, identical_scores, stalled
 
 METRIC_NAMES = {"macro_f1": "macro-F1", "f1": "F1"}
 
@@ -39,8 +41,28 @@ def _seeds(pairs: int) -> str:
     return "the one seed run in both" if pairs == 1 else f"each of the {pairs} seeds run in both"
 
 
+def stall_note(c: Comparison) -> str:
+    """" Not a real comparison: ..." when a finished run on either side stalled, else ""."""
+    sides = [(side, _stalled(rows)) for side, rows in ((c.reference, c.ref), (c.compared, c.cmp))]
+    counted = [f"{k} of {n} {side} run(s)" for side, (k, n) in sides if k]
+    if not counted:
+        return ""
+    return (f" Not a real comparison: {' and '.join(counted)} stalled (predictions collapsed to fewer classes: "
+            "the `stalled` tag), so the difference is the stall's, not the recipes'.")
+
+
+def _stalled(rows) -> tuple[int, int]:
+    """(stalled, finished) runs."""
+    done = rows[rows.status == "finished"]
+    return int(stalled(done).sum()), len(done)
+
+
 def amp_sentence(c: Comparison) -> str:
-    """One FP32/AMP pair in words."""
+    """One FP32/AMP pair in words, and whether a stalled run makes it no comparison."""
+    return _amp_sentence(c) + stall_note(c)
+
+
+def _amp_sentence(c: Comparison) -> str:
     d, name = difference(c, "main"), metric_name(c.task)
     # FP32 vs AMP of one model, or a KD procedure's AMP run vs its FP32 one
     amp, fp32 = (f"AMP ({c.compared})", "FP32") if c.kind == "amp" else (f"{c.compared} (AMP)", c.reference)
@@ -89,7 +111,7 @@ def kd_sentences(found: list[Comparison]) -> list[str]:
         gap = _gap_recovered(c, found) if c.kind == "baseline" else ""
         lines.append(f"{c.task}: {c.compared} scored {name} {_mean(d['compared_mean'], d['compared_std'])} vs "
                      f"{_mean(d['reference_mean'], d['reference_std'])} for {relation} `{c.reference}` "
-                     f"({diff:+.4f}): {verdict}{gap}.")
+                     f"({diff:+.4f}): {verdict}{gap}.{stall_note(c)}")
     return lines
 
 

@@ -45,6 +45,13 @@ class Task(ABC):
     group_by_length: ClassVar[bool] = False
     """train.group_by_length when the config leaves it unset: True only where grouped batches kept
     the dev score within the seed spread (benchmarks/README.md has the runs)."""
+    epochs: ClassVar[int] = 3
+    """train.epochs when the config leaves it unset: 3 unless the task's default config stalled on
+    some seeds of 10 within 3 (benchmarks/README.md, "Recipes over seeds")."""
+    pretrained_lr: ClassVar[float] = 5e-5
+    """train.lr for a pretrained model (hub id or local directory) when the config leaves it unset:
+    the BERT fine-tuning recipe's 5e-5 unless the task's runs showed it too small
+    (benchmarks/README.md, "Recipes over seeds"). Presets trained from scratch take 3e-4."""
 
     state_attributes: ClassVar[tuple[str, ...]] = ()
     """Attributes that load() or featurize() set and later steps read (NER's tag set, the
@@ -156,6 +163,13 @@ class Task(ABC):
         """A human-readable per-class report (logged as an artifact)."""
         return ""
 
+    def stall(self, predictions: dict[str, np.ndarray], examples: list[dict],
+              features: datasets.Dataset) -> str | None:
+        """Why these predictions are a collapsed solution rather than a trained one (one class
+        for every row, a common class never predicted, no entity), in a few words; None when
+        they are not, or when the task has no such test. A stalled run's scores compare no recipe."""
+        return None
+
     # ------------------------------------------------------------------ distillation
     kd_outputs: ClassVar[dict[str, bool]] = {"logits": False}
     """Model outputs the KD loss compares, and whether each is per token ([B, L, ...])."""
@@ -164,6 +178,20 @@ class Task(ABC):
                  batch: dict[str, torch.Tensor]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(student logits, teacher logits) pairs, rows = the distributions to match."""
         return [(student_outputs["logits"], teacher["logits"])]
+
+
+def missing_classes(predicted: np.ndarray, gold: np.ndarray, n_classes: int) -> list[int]:
+    """The classes the predictions never name although the gold labels hold them: all of them
+    but the one predicted when every row got one class; else those with at least half a uniform
+    share of the gold rows (1 / (2 * n_classes)): a rare class a model misses is a weak model,
+    a common one it never predicts is a collapsed one."""
+    seen = set(np.unique(gold).tolist())
+    named = set(np.unique(predicted).tolist())
+    if len(named) == 1 and len(seen) > 1:
+        return sorted(seen - named)
+    counts = np.bincount(np.asarray(gold, dtype=np.int64), minlength=n_classes)
+    common = {c for c in seen if counts[c] * 2 * n_classes >= len(gold)}
+    return sorted(common - named)
 
 
 def logits_to_numpy(t: torch.Tensor) -> np.ndarray:

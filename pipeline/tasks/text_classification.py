@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from sklearn.metrics import accuracy_score, classification_report, f1_score
 
-from pipeline.tasks.base import Task, logits_to_numpy
+from pipeline.tasks.base import Task, logits_to_numpy, missing_classes
 
 if TYPE_CHECKING:
     import datasets
@@ -91,6 +91,13 @@ class TextClassificationTask(Task):
             f"{self.extra_average}_f1": float(f1_score(y_true, y_pred, average=self.extra_average, labels=labels,
                                                        zero_division=0)),
         }
+
+    def stall(self, predictions: dict[str, np.ndarray], examples: list[dict],
+              features: datasets.Dataset) -> str | None:
+        predicted = predictions["logits"].argmax(-1)
+        missing = missing_classes(predicted, np.array([e["label"] for e in examples]), len(self.labels))
+        return (f"predicts only {', '.join(self.labels[c] for c in np.unique(predicted))}, never "
+                f"{', '.join(self.labels[c] for c in missing)}") if missing else None
 
     def report(self, predictions: dict[str, np.ndarray], examples: list[dict], features: datasets.Dataset) -> str:
         return classification_report([e["label"] for e in examples], predictions["logits"].argmax(-1),

@@ -1,0 +1,33 @@
+"""Per-task recipe defaults: the learning rate a pretrained model gets when train.lr is unset
+follows the task (WikiQA's sentence encoder needs 1e-4 to learn within the default epochs on the
+built-in data; benchmarks/README.md, "Recipes over seeds"); presets trained from scratch keep
+3e-4; the epochs follow the task too (error_cls's default stalled on 4 seeds in 10 in 3 epochs,
+none in 5); a set value always wins."""
+import pytest
+
+from pipeline.config import load_config
+from pipeline.tasks import get_task
+
+
+@pytest.mark.parametrize("task, model, lr", [
+    ("wikiqa", "sentence-transformers/all-MiniLM-L6-v2", 1e-4),
+    ("sentiment", "csebuetnlp/banglabert", 5e-5),
+    ("ner", "csebuetnlp/banglabert", 5e-5),
+    ("wikiqa", "preset:bangla-tiny", 3e-4),
+    ("sentiment", "preset:bangla-small", 3e-4),
+])
+def test_unset_lr_follows_the_task_and_the_model_kind(task, model, lr):
+    cfg = load_config(None, [f"task={task}"])
+    assert cfg.train.lr is None
+    assert cfg.resolve(model, get_task(task)).train.lr == pytest.approx(lr)
+
+
+def test_a_set_lr_wins():
+    cfg = load_config(None, ["task=wikiqa", "train.lr=2e-5"])
+    assert cfg.resolve("sentence-transformers/all-MiniLM-L6-v2", get_task("wikiqa")).train.lr == pytest.approx(2e-5)
+
+
+@pytest.mark.parametrize("task, epochs", [("error_cls", 5), ("sentiment", 3), ("ner", 3), ("wikiqa", 3), ("qa", 3)])
+def test_unset_epochs_follow_the_task_and_a_set_value_wins(task, epochs):
+    assert load_config(None, [f"task={task}"]).resolve(None, get_task(task)).train.epochs == epochs
+    assert load_config(None, [f"task={task}", "train.epochs=2"]).resolve(None, get_task(task)).train.epochs == 2
