@@ -97,7 +97,7 @@ def stalled(rows: pd.DataFrame) -> pd.Series:
     or NaN for a run that learned or was never checked)."""
     if "stalled" not in rows:
         return pd.Series(False, index=rows.index)
-    return rows["stalled"].map(lambda v: isinstance(v, str) and v != "")
+    return rows["stalled"].map(lambda v: isinstance(v, str) and v != "").astype(bool)  # an empty map is object
 
 
 def stats(rows: pd.DataFrame, column: str) -> tuple[int, float, float]:
