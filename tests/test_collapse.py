@@ -1,4 +1,4 @@
-"""A stalled run is named as such (issue 32): each task's test for collapsed predictions on
+"""A stalled run is named as such: each task's test for collapsed predictions on
 hand-built predictions (one class for every row, a common class never predicted, no candidate
 called correct, no entity), and the run's tags and warning line."""
 import logging

@@ -1,4 +1,4 @@
-"""The report's charts carry the spread the tables carry, and stalled runs are marked (issue 32),
+"""The report's charts carry the spread the tables carry, and stalled runs are marked,
 on hand-built cell rows (no MLflow): the demo's AMP speed-up of +4.9% is within its seed spread
 and says so; a comparison with a stalled run says it is none; a run's stalled tag reaches its row."""
 import json
