@@ -24,7 +24,7 @@ import yaml
 from helpers import FAST, ROOT, mlflow_runs, run_cli, tracking_db
 from pipeline import names
 from pipeline.errors import UserError
-from pipeline.study.devices import DevicePool, width
+from pipeline.study.devices import DevicePool, cpu_threads, width
 from pipeline.study.schedule import Schedule
 from pipeline.study.spec import Cell, Launcher
 
@@ -259,3 +259,10 @@ def test_a_dataset_logged_by_two_runs_at_once_is_linked_not_lost():
     assert calls == ["run", "run"]
     with pytest.raises(MlflowException, match="other"):
         _retry_dataset_race(lambda *a, **k: (_ for _ in ()).throw(MlflowException("other")))("run")
+
+
+def test_cells_side_by_side_on_a_cpu_split_its_cores():
+    """N cells at once on a CPU each take cores / N threads (a torchrun cell's processes share its part)."""
+    assert cpu_threads(cell("one"), jobs=2, cores=16) == 8
+    assert cpu_threads(cell("ddp", Launcher("torchrun", 2)), jobs=2, cores=16) == 4
+    assert cpu_threads(cell("many"), jobs=4, cores=2) == 1

@@ -24,7 +24,7 @@ from pipeline.names import (
     TAG_STUDY_FILE,
 )
 from pipeline.study.cell_process import CellProcess, Ended, LastLine
-from pipeline.study.devices import describe
+from pipeline.study.devices import cpu_threads, describe
 from pipeline.study.schedule import Schedule
 from pipeline.study.spec import Cell, Study
 
@@ -173,6 +173,8 @@ def _run_schedule(client: MlflowClient, experiment_id: str, study: Study, schedu
                 env = {**os.environ, "PYTHONUNBUFFERED": "1"}
                 if gpus:
                     env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+                elif schedule.jobs > 1 and "OMP_NUM_THREADS" not in os.environ:  # cells side by side on the CPU
+                    env["OMP_NUM_THREADS"] = str(cpu_threads(cell, schedule.jobs))
                 process = CellProcess(cell.name, cmd, env, _logs(study) / f"{cell.name}.log", echo, ended)
                 running[cell.name] = (cell, process, gpus)
                 where = describe(gpus)
