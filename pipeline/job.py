@@ -20,6 +20,7 @@ from pipeline.config import Config, flatten
 from pipeline.fsutil import write_json
 from pipeline.runtime import precision
 from pipeline.runtime.dist import Runtime
+from pipeline.teacher_cache import computing_config
 from pipeline.tracking.store import redact_config
 
 if TYPE_CHECKING:
@@ -28,8 +29,6 @@ if TYPE_CHECKING:
     from pipeline.tasks.base import Task
 
 FILE = "job.json"
-CONFIG_BOOKKEEPING = ("_name_or_path", "transformers_version", "dtype", "torch_dtype", "architectures")
-"""Model config fields that do not change what the model computes: a model moved or re-saved is the same."""
 SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
               "max_position_embeddings", "type_vocab_size")
 """Config sizes that shape a transformer's parameters (the common names of Hugging Face configs)."""
@@ -116,8 +115,7 @@ def fingerprint(model: PreTrainedModel, weights: bool, config: bool = True) -> s
     `config` its config (bookkeeping left out)."""
     h = hashlib.sha256()
     if config:
-        kept = {k: v for k, v in model.config.to_dict().items() if k not in CONFIG_BOOKKEEPING}
-        h.update(json.dumps(kept, sort_keys=True, default=str).encode())
+        h.update(json.dumps(computing_config(model), sort_keys=True, default=str).encode())
     for name, tensor in sorted(model.state_dict().items()):
         h.update(f"{name}{tuple(tensor.shape)}".encode())
         if weights:

@@ -64,10 +64,9 @@ def resolve_config(cfg: Config, stage: str, rt: Runtime) -> tuple[Config, Task]:
 def build_stage(cfg: Config, stage: str, rt: Runtime) -> Stage:
     """Everything that can be the user's fault, before a run or an output exists."""
     policy = precision.resolve(cfg.precision, rt.device)
-    planned, task = resolve_config(cfg, stage, rt)
-    cfg = cfg.resolve(device_type=rt.device.type)
+    cfg, task = resolve_config(cfg, stage, rt)
     # a DeepSpeed config is read and checked before data and models load (minutes on a real job)
-    backend = make_backend(rt, policy, planned.train, cfg.deepspeed)
+    backend = make_backend(rt, policy, cfg.train, cfg.deepspeed)
     # the training split is prepared once per node and memory-mapped: its size, digest and texts
     # here, not its rows; dev/test keep their examples (the metrics read them)
     examples = {"train": features.prepare_train(task, cfg.data.train, rt),
@@ -81,7 +80,6 @@ def build_stage(cfg: Config, stage: str, rt: Runtime) -> Stage:
     else:
         model_spec = cfg.model or task.default_model
         tokenizer, model = models.build(model_spec, task, train_texts, cfg.model_config, cfg.train.max_length)
-    cfg = cfg.resolve(model_spec, task)
     prepared = {split: features.prepare_features(task, split, getattr(cfg.data, split), examples[split], tokenizer,
                                                  cfg.train.max_length, rt) for split in SPLITS}
     examples["train"].release()  # the builder's rows: the features are on disk now

@@ -34,7 +34,12 @@ GATHER_CHUNK_BYTES = 64 * 2**20
 """Bytes per rank per all_gather: the gathered cache never sits on a GPU all at once."""
 DIGEST_CHUNK_ROWS = 65536
 CONFIG_BOOKKEEPING = ("_name_or_path", "transformers_version", "dtype", "torch_dtype", "architectures")
-"""Teacher config fields that do not change its outputs: a teacher moved or re-saved still hits."""
+"""Model config fields that do not change its outputs: a model moved or re-saved is the same."""
+
+
+def computing_config(model: PreTrainedModel) -> dict:
+    """The model's config without CONFIG_BOOKKEEPING: what its outputs depend on besides its weights."""
+    return {k: v for k, v in model.config.to_dict().items() if k not in CONFIG_BOOKKEEPING}
 
 
 def read_inputs(features: datasets.Dataset | PreparedFeatures) -> tuple[np.ndarray, bytes]:
@@ -61,8 +66,7 @@ def cache_key(teacher: PreTrainedModel, task: Task, policy_name: str, max_length
     tokenizer object or where it was loaded from: the ids are what the teacher sees."""
     h = hashlib.sha256()
     h.update(f"{task.name}|{max_length}|{sorted(task.options.items())}|{policy_name}".encode())
-    config = {k: v for k, v in teacher.config.to_dict().items() if k not in CONFIG_BOOKKEEPING}
-    h.update(repr(sorted(config.items())).encode())
+    h.update(repr(sorted(computing_config(teacher).items())).encode())
     for name, tensor in sorted(teacher.state_dict().items()):
         h.update(name.encode())
         h.update(tensor.detach().float().cpu().numpy().tobytes())
