@@ -235,6 +235,22 @@ def test_post_processing_picks_the_best_span_over_windows_and_the_null_answer(to
     assert get_task("qa", {**QA_OPTIONS, "max_answer_length": 1}).postprocess(wide, examples, features)[0] != two_tokens
 
 
+def test_a_model_that_answers_no_question_is_stalled(tokenizer):
+    """The null-answer plateau: "" for every question scores the unanswerable share of F1."""
+    task = get_task("qa", QA_OPTIONS)
+    examples = long_examples()  # one answerable question, one unanswerable
+    features = task.featurize(examples, tokenizer, 32, "dev")
+    answer = [i for i, o in enumerate(features[1]["offset_mapping"]) if o and LONG[o[0]:o[1]] == "৪২"][0]
+    null_everywhere = logits_for(features, [(f, 0, 0, 3.0) for f in range(3)])
+    assert task.stall(null_everywhere, examples, features) == "no question answered"
+    # one answer given, even a wrong one, is a model that points at spans: not stalled
+    assert task.stall(logits_for(features, [(1, answer, answer, 5.0)]), examples, features) is None
+    # a split with no answerable question: "" everywhere is the right answer
+    unanswerable = [examples[1]]
+    only = task.featurize(unanswerable, tokenizer, 32, "dev")
+    assert task.stall(logits_for(only, [(0, 0, 0, 3.0)]), unanswerable, only) is None
+
+
 def test_predictions_have_a_fixed_width_whatever_the_batch(tokenizer):
     import torch
     from transformers.modeling_outputs import QuestionAnsweringModelOutput

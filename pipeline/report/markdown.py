@@ -23,7 +23,8 @@ from pipeline.report.tables import amp_display, kd_display
 from pipeline.report.verdicts import amp_sentence, kd_sentences
 
 STALLED_NOTE = (f"- stalled runs: runs tagged `{TAG_STALLED}=true`, whose best model's test predictions collapsed "
-                "(one class for every row, a common class never predicted, no entity, no candidate called correct; "
+                "(one class for every row, a common class never predicted, no entity, no candidate called correct, "
+                "no question answered; "
                 f"`{TAG_STALL_REASON}` says which): a mean with one in it is no comparison of recipes.")
 TEST_LABELS = ("P", "R", "F1", "MAP", "MRR")
 """The KD table's column headers of TEST_COLUMNS, in their order."""

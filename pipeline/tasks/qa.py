@@ -221,6 +221,16 @@ class QaTask(Task):
                         best[ex] = (score, context[offsets[s][0]:offsets[e][1]])
         return ["" if null[k] > score else text for k, (score, text) in enumerate(best)]
 
+    def stall(self, predictions: dict[str, np.ndarray], examples: list[dict],
+              features: datasets.Dataset) -> str | None:
+        """Every question answered "" although some have an answer: the null-answer plateau a
+        model trained from scratch sits on first (F1 = the unanswerable share, HasAns 0)."""
+        if not any(e["answers"]["text"] for e in examples):
+            return None
+        if any(self.postprocess(predictions, examples, features)):
+            return None
+        return "no question answered"
+
     def metrics(self, predictions: dict[str, np.ndarray], examples: list[dict],
                 features: datasets.Dataset) -> dict[str, float]:
         return squad_v2_scores(self.postprocess(predictions, examples, features),
