@@ -48,7 +48,7 @@ class DataConfig:
 @dataclass
 class TrainConfig:
     epochs: int | None = None
-    """Passes over the training set; unset: the task's (3; error_cls 5), filled in by resolve()."""
+    """Passes over the training set; unset: the task's (3; error_cls 5, qa 8), filled in by resolve()."""
     max_steps: int = -1
     """Stop after this many optimizer steps; -1 runs all epochs."""
     batch_size: int = 16
