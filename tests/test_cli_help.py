@@ -41,7 +41,8 @@ def test_train_help_lists_every_key_with_its_default_and_meaning():
     for key, default in KEYS.items():
         assert f"\n  {key} = {default}  [" in out, key
     flat = " ".join(out.split())
-    assert "train.epochs = unset [int | None] Passes over the training set; unset: the task's (3; error_cls 5, qa 8)" in flat
+    assert ("train.epochs = unset [int | None] Passes over the training set; unset: the task's "
+            "(3; error_cls 5, qa 8)") in flat
     assert "precision = fp32 [fp32 | tf32 | fp16 | bf16 | auto] fp32 (strict, TF32 off)" in flat
     for section in config_reference.sections():  # every docstring's text, whitespace aside
         for key in section.keys:
