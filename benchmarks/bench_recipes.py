@@ -14,21 +14,13 @@ import time
 
 import torch
 
-from common import WORK, pipeline_run, quiet, save
+from common import WORK, pipeline_run, quiet, save, seed_list
 
 
 def contender(spec: str) -> tuple[str, list[str]]:
     """NAME:k=v,k=v -> (name, overrides)."""
     name, _, overrides = spec.partition(":")
     return name, [o for o in overrides.split(",") if o]
-
-
-def seeds(spec: str) -> list[int]:
-    """"1-10" or "1,3,5"."""
-    if "-" in spec:
-        low, high = spec.split("-")
-        return list(range(int(low), int(high) + 1))
-    return [int(s) for s in spec.split(",")]
 
 
 @functools.cache
@@ -55,7 +47,7 @@ def main():
     torch.set_num_threads(args.threads)
     quiet()
     runs: dict[str, list[dict]] = {}
-    for seed in seeds(args.seeds):
+    for seed in seed_list(args.seeds):
         for name, overrides in map(contender, args.contenders):
             start = time.perf_counter()
             metrics = pipeline_run([*args.overrides, *overrides, f"seed={seed}"])

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import transformers
 
-from common import WORK, pipeline_run, quiet, save
+from common import WORK, pipeline_run, quiet, save, seed_list
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 BATCH, LR, EPOCHS, MAX_LENGTH = 16, 1e-4, 2, 128
@@ -99,11 +99,6 @@ def pipeline(precision: str, seed: int) -> dict:
             "dev_f1_per_epoch": f1s, "dev_map_last_epoch": maps[-1]}
 
 
-def seeds(spec: str) -> list[int]:
-    low, _, high = spec.partition("-")
-    return list(range(int(low), int(high or low) + 1))
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", default="1-4")
@@ -115,7 +110,7 @@ def main():
     torch.set_num_threads(args.threads)
     runs: dict[str, list[dict]] = {}
     for precision in args.precisions.split(","):
-        for i, seed in enumerate(seeds(args.seeds)):
+        for i, seed in enumerate(seed_list(args.seeds)):
             # alternate who goes first, so a slow drift of the shared machine favours neither
             order = (("pipeline", pipeline), ("Trainer", trainer))[:: 1 if i % 2 == 0 else -1]
             for name, contender in order:

@@ -124,6 +124,14 @@ def long_sentiment_file(rows: int = 2400, median_words: float = 30, sigma: float
     return path
 
 
+def seed_list(spec: str) -> list[int]:
+    """--seeds as a list: "1-10" (a range, both ends included) or "1,3,5"."""
+    if "-" in spec:
+        low, high = spec.split("-")
+        return list(range(int(low), int(high) + 1))
+    return [int(s) for s in spec.split(",")]
+
+
 def pipeline_run(overrides: list[str], stage: str = "train") -> dict:
     """One stage through the real pipeline (train.run), in this process; its figures."""
     from pipeline import train
