@@ -10,7 +10,7 @@ import functools
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
@@ -18,9 +18,7 @@ from pipeline.config_reference import did_you_mean, dotted_keys
 from pipeline.config_types import coerce
 from pipeline.errors import UserError
 from pipeline.tasks import REGISTRY
-
-if TYPE_CHECKING:
-    from pipeline.tasks.base import Task
+from pipeline.tasks.base import Task
 
 TASKS = tuple(REGISTRY)  # the task registry is the one list of task names
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "auto")
@@ -236,7 +234,7 @@ class Config:
         cpu), what compiles and how batches are shaped and loaded."""
         train = self.train
         if train.lr is None and model_spec is not None:
-            pretrained = task.pretrained_lr if task is not None else 5e-5  # per task: Task.pretrained_lr
+            pretrained = (task or Task).pretrained_lr
             train = dataclasses.replace(train, lr=3e-4 if model_spec.startswith("preset:") else pretrained)
         if train.epochs is None and task is not None:
             train = dataclasses.replace(train, epochs=task.epochs)
