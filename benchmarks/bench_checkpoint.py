@@ -57,7 +57,7 @@ def timed(fn) -> float:
 
 
 def one_rep(backend, root: Path, rep: int) -> dict:
-    from pipeline import checkpoint
+    from pipeline.loop import checkpoint
 
     out = root / f"rep{rep}"
     state = {"scheduler": {"last_epoch": 1}, "loop": {"step": rep}}

@@ -1,4 +1,4 @@
-"""Data preparation (pipeline/features.py): a sentiment training file of generated rows prepared
+"""Data preparation (pipeline/data/features.py): a sentiment training file of generated rows prepared
 cold (empty cache: read, validate, normalize, train the preset tokenizer, tokenize, save) and warm
 (the same fingerprint: memory-map), by 1 and by 2 ranks (torchrun, gloo), at 10k, 100k and 1M
 rows; beside it the in-memory path without the prepared cache (read + normalize + tokenize in
@@ -98,7 +98,7 @@ def probe(args) -> None:
     cache (`in-memory`); this rank's figures to OUT/rank-R.json."""
     import torch.distributed as torch_dist
 
-    from pipeline import features
+    from pipeline.data import features
     from pipeline.models import preset_tokenizer
     from pipeline.runtime import dist
     from pipeline.tasks import get_task

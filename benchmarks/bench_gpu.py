@@ -71,7 +71,7 @@ def build(arch: str, device):
 def steps_for(step, seconds: float, device, min_steps: int) -> int:
     """Steps that fill `seconds`, from a synchronized timing of a few warm-up steps; the timed window
     then runs that many steps with no clock reads or syncs of the benchmark's own in between."""
-    from pipeline import telemetry
+    from pipeline.measure import telemetry
 
     telemetry.synchronize(device)
     start = time.perf_counter()
@@ -91,7 +91,7 @@ def profile_steps(step, steps: int, device) -> dict:
     """Per step: wall ms, GPU-busy ms (kernel time) and kernel ms by kind, from torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
-    from pipeline import telemetry
+    from pipeline.measure import telemetry
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     telemetry.synchronize(device)
@@ -122,7 +122,7 @@ def profile_steps(step, steps: int, device) -> dict:
 
 
 def cell(arch, precision_name, batch, length, seconds, min_steps, device, mode="eager", profile=0) -> dict:
-    from pipeline import telemetry
+    from pipeline.measure import telemetry
     from pipeline.runtime import compiler, precision
     from pipeline.runtime.dist import Runtime
     from pipeline.runtime.torch_backend import TorchBackend

@@ -1,7 +1,7 @@
 """A recipe over seeds: does it learn on every seed, or do some stall? Each contender (a set of
 config overrides) is trained once per seed through the real pipeline in this process; per run the
 best dev main metric, the test main metric (and test MAP where the task has it) and whether the
-run was tagged stalled (pipeline/collapse.py: the best model's test predictions collapsed).
+run was tagged stalled (pipeline/measure/stall.py: the best model's test predictions collapsed).
 Per contender: dev mean ± std, minimum, and stalled seeds out of the seeds run.
     python benchmarks/bench_recipes.py --name recipes-sentiment --seeds 1-10 \
         --overrides task=sentiment model=preset:bangla-tiny train.epochs=3 train.batch_size=32 train.max_length=64 \

@@ -31,7 +31,7 @@ def worker(args) -> None:
     import torch.distributed as torch_dist
 
     from pipeline.config import load_config
-    from pipeline.distill import Distiller, load_teacher
+    from pipeline.kd.distill import Distiller, load_teacher
     from pipeline.runtime import dist
     from pipeline.runtime.dist import Runtime
     from pipeline.runtime.precision import PrecisionPolicy

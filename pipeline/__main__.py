@@ -1,9 +1,9 @@
-from pipeline.runtime import collector
+from pipeline.runtime import gc_pause
 
-collector.pause_for_setup()  # before the imports: see pipeline/runtime/collector.py
+gc_pause.pause_for_setup()  # before the imports: see pipeline/runtime/gc_pause.py
 
 from pipeline.cli import main  # noqa: E402
 
 code = main()
-collector.skip_final_collection()
+gc_pause.skip_final_collection()
 raise SystemExit(code)

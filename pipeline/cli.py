@@ -13,7 +13,7 @@ import sys
 import warnings
 
 from pipeline.errors import MachineError, UserError
-from pipeline.runtime import collector
+from pipeline.runtime import gc_pause
 
 HELP = {"-h", "--help"}
 USAGE = """usage:
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     if command in ("train", "distill") and HELP.intersection(rest):
         return _stage_help(command)
     if command not in ("train", "distill"):  # a stage turns it on once set up; the others now
-        collector.resume_after_setup()
+        gc_pause.resume_after_setup()
     try:
         if command in ("train", "distill"):
             return _stage(command, rest)
@@ -100,22 +100,22 @@ def _stage(command: str, args: list[str]) -> int:
 
 def _stage_help(command: str) -> int:
     """Usage and every config key; before the collector and the config, as asking must not fail."""
-    from pipeline import config_reference
+    from pipeline.config import reference
 
-    print(config_reference.help_text(command), end="")
+    print(reference.help_text(command), end="")
     return 0
 
 
 def _config_reference(args: list[str]) -> int:
-    from pipeline import config_reference
+    from pipeline.config import reference
 
     if HELP.intersection(args):
-        print(f"usage: python -m pipeline config-reference\n\nPrints {config_reference.PAGE} (Markdown); "
-              f"regenerate the page with: {config_reference.REGENERATE}")
+        print(f"usage: python -m pipeline config-reference\n\nPrints {reference.PAGE} (Markdown); "
+              f"regenerate the page with: {reference.REGENERATE}")
         return 0
     if args:
         raise UserError(f"config-reference: takes no arguments (got {' '.join(args)})")
-    print(config_reference.markdown(), end="")
+    print(reference.markdown(), end="")
     return 0
 
 

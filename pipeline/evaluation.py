@@ -8,14 +8,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from pipeline.data import real_rows
+from pipeline.data.loaders import real_rows
 from pipeline.runtime import dist
 
 if TYPE_CHECKING:
     import datasets
     from torch.utils.data import DataLoader
 
-    from pipeline.prepared import PreparedFeatures
+    from pipeline.data.prepared import PreparedFeatures
     from pipeline.runtime.dist import Runtime
     from pipeline.runtime.precision import PrecisionPolicy
     from pipeline.tasks.base import Task
@@ -31,7 +31,7 @@ class Evaluation:
     """The gathered predictions (row i = feature i), only with keep=True (for Task.report)."""
     stall: str | None = None
     """With keep=True: why the predictions are a collapsed solution (Task.stall: one class for
-    every row, no entity, ...), or None; pipeline/collapse.py tags the run with it."""
+    every row, no entity, ...), or None; pipeline/measure/stall.py tags the run with it."""
 
     @property
     def main(self) -> float:

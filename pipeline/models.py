@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 import torch
 from transformers import AutoConfig, AutoTokenizer, BertConfig, PreTrainedTokenizerFast
 
+from pipeline.data.features import update_texts_hash
 from pipeline.errors import UserError
-from pipeline.features import update_texts_hash
 from pipeline.fsutil import atomic_dir, cache_root
 from pipeline.tasks.base import Task
 

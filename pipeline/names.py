@@ -74,7 +74,7 @@ TAG_REPORT_TABLES = "report_tables"  # a study cell's run: the report tables it 
 PARENT_TAG = "study_parent"  # "true" on a study's parent run
 TAG_STUDY_FILE = "study_file"  # the parent run: the study file it ran
 CELL_TAG_PREFIX = "cell."  # parent-run tag per cell: its plan and outcome, as JSON
-TAG_STALLED = "stalled"  # true | false: the best model's test predictions collapsed (pipeline/collapse.py)
+TAG_STALLED = "stalled"  # true | false: the best model's test predictions collapsed (pipeline/measure/stall.py)
 TAG_STALL_REASON = "stall_reason"  # how they collapsed, e.g. "no entity predicted" (stalled runs only)
 
 # ---------------------------------------------------------------- a study's parent run

@@ -10,9 +10,11 @@ import torch
 import transformers
 from transformers import PreTrainedTokenizerBase
 
-from pipeline import features, models
+from pipeline import models
 from pipeline.config import Config
-from pipeline.distill import Distiller, build_distillation
+from pipeline.data import features
+from pipeline.kd.distill import Distiller, build_distillation
+from pipeline.measure.telemetry import StageMeters
 from pipeline.runtime import precision
 from pipeline.runtime.backend import Backend
 from pipeline.runtime.dist import Runtime
@@ -20,7 +22,6 @@ from pipeline.runtime.factory import make_backend
 from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.tasks import get_task
 from pipeline.tasks.base import SPLITS, Task
-from pipeline.telemetry import StageMeters
 from pipeline.tracking import resolve_uri
 
 

@@ -24,23 +24,27 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from pipeline import checkpoint, collapse, features, job, lock, names, outputs, same_job
-from pipeline.best_model import BestModel
-from pipeline.checkpoint import Checkpoint, Stateful
+from pipeline import names
 from pipeline.config import Config
-from pipeline.data import Loaders, build_loaders, describe_datasets, real_rows, shaped_collate
+from pipeline.data import features
+from pipeline.data.loaders import Loaders, build_loaders, describe_datasets, real_rows, shaped_collate
 from pipeline.errors import MachineError
 from pipeline.evaluation import evaluate
-from pipeline.flops import FlopModel, step_flop_model
 from pipeline.fsutil import write_json
-from pipeline.job import JobRecord
-from pipeline.optim import build_optimizer, give_back
-from pipeline.progress import Progress
-from pipeline.runtime import collector, dist
+from pipeline.jobs import job_record, lock, outputs, same_job
+from pipeline.jobs.job_record import JobRecord
+from pipeline.loop import checkpoint
+from pipeline.loop.best_model import BestModel
+from pipeline.loop.checkpoint import Checkpoint, Stateful
+from pipeline.loop.optim import build_optimizer, give_back
+from pipeline.loop.progress import Progress
+from pipeline.loop.step_losses import StepLosses
+from pipeline.measure import stall
+from pipeline.measure.flops import FlopModel, step_flop_model
+from pipeline.runtime import dist, gc_pause
 from pipeline.runtime.dist import AgreedFlag
 from pipeline.runtime.fallback import fit_to_world
 from pipeline.stage import Stage, build_stage, resolve_config
-from pipeline.step_losses import StepLosses
 from pipeline.tracking import StageRun, Tracker, start_stage_run, what_ran
 
 log = logging.getLogger("pipeline")
@@ -95,13 +99,13 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
         restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # elastic restart
         resuming = cfg.resume == "auto" or restarted
         # what this job is, known before any data or model loads: a resume of another job stops here
-        planned = job.describe(*resolve_config(cfg, stage, rt), rt)
+        planned = job_record.describe(*resolve_config(cfg, stage, rt), rt)
         finished = same_job.finished(out, planned, rt) if resuming else None
         if finished is not None:
             return finished
         ckpt = checkpoint.latest(out) if resuming else None
         if ckpt is not None:
-            same_job.check(ckpt.path, job.read(ckpt.path), planned, cfg.accepted_changes)
+            same_job.check(ckpt.path, job_record.read(ckpt.path), planned, cfg.accepted_changes)
         s = build_stage(cfg, stage, rt)
         with lock.job_lock(s.out, rt):  # a second job into output_dir: UserError, nothing touched
             return run_locked(s, planned, ckpt, resuming)
@@ -113,7 +117,7 @@ def run_locked(s: Stage, planned: JobRecord, ckpt: Checkpoint | None, resuming: 
     """Resume from the checkpoint, once the model and teacher built match it, or start over; the
     stage, in its MLflow run."""
     record = planned.built(s.tokenizer, s.model, s.distiller.teacher if s.distiller else None)
-    trained = job.read(ckpt.path) if ckpt else None
+    trained = job_record.read(ckpt.path) if ckpt else None
     accepted = same_job.check(ckpt.path, trained, record, s.cfg.accepted_changes) if ckpt else []
     bundle = ckpt.load_bundle() if ckpt else None
     if ckpt is None:
@@ -130,7 +134,7 @@ def run_locked(s: Stage, planned: JobRecord, ckpt: Checkpoint | None, resuming: 
         same_job.record_accepted(tracker, record, accepted, bundle["parts"]["progress"]["step"])
     tracker.log_datasets(describe_datasets(s.cfg.data, s.task, s.examples))
     tracker.set_tags({names.TAG_DATA_CACHE: features.cache_outcome(s.examples["train"], s.features)})
-    collector.resume_after_setup()  # the CLI paused it through set-up (runtime/collector.py)
+    gc_pause.resume_after_setup()  # the CLI paused it through set-up (runtime/gc_pause.py)
     try:
         with dist.sigterm_flag() as preempt:
             final = fit(setup_loop(s, tracker, run_id, record), preempt, ckpt, bundle)
@@ -352,7 +356,7 @@ def finish(lp: Loop) -> dict[str, float]:
         s.backend.load_full_state_dict(lp.best.weights)
     test = evaluate(s.backend.module, lp.loaders.test, s.task, s.policy, s.rt, s.examples["test"],
                     s.features["test"], keep=True)
-    collapse.flag_stall(test, lp.tracker, "test", s.rt.is_main)
+    stall.flag_stall(test, lp.tracker, "test", s.rt.is_main)
     final = {**lp.best.metrics, **{names.test_metric(k): v for k, v in test.scores.items()},
              names.TRAIN_LOSS: lp.losses.last_loss, names.TRAIN_STEPS: progress.step,
              **s.meters.final_metrics(lp.best.time_to_best), **lp.losses.amp_metrics(s.backend.loss_scale)}

@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 
 from helpers import ROOT, run_cli
-from pipeline import config_reference
 from pipeline.cli import main
-from pipeline.config import Config, load_config
+from pipeline.config import Config, load_config, reference
 from pipeline.errors import UserError
 
 
@@ -44,7 +43,7 @@ def test_train_help_lists_every_key_with_its_default_and_meaning():
     assert ("train.epochs = unset [int | None] Passes over the training set; unset: the task's "
             "(3; error_cls 5, qa 8)") in flat
     assert "precision = fp32 [fp32 | tf32 | fp16 | bf16 | auto] fp32 (strict, TF32 off)" in flat
-    for section in config_reference.sections():  # every docstring's text, whitespace aside
+    for section in reference.sections():  # every docstring's text, whitespace aside
         for key in section.keys:
             assert key.meaning and key.meaning in flat, f"{key.key}: no docstring under the field"
 
@@ -101,9 +100,9 @@ def test_near_miss_in_a_config_file(tmp_path: Path):
 def test_the_reference_page_is_up_to_date(capsys: pytest.CaptureFixture[str]):
     assert main(["config-reference"]) == 0
     generated = capsys.readouterr().out
-    assert generated == config_reference.markdown()
-    page = (ROOT / config_reference.PAGE).read_text(encoding="utf-8")
-    assert page == generated, f"{config_reference.PAGE} is stale; regenerate it: {config_reference.REGENERATE}"
+    assert generated == reference.markdown()
+    page = (ROOT / reference.PAGE).read_text(encoding="utf-8")
+    assert page == generated, f"{reference.PAGE} is stale; regenerate it: {reference.REGENERATE}"
     rows = {cells[1].strip(" `"): cells[3].strip() for line in page.splitlines() if line.startswith("| `")
             for cells in [re.split(r"(?<!\\)\|", line)]}  # an escaped pipe is part of a cell
     assert rows == {key: "*unset*" if default == "unset" else f"`{default}`" for key, default in KEYS.items()}

@@ -6,8 +6,8 @@ import logging
 import numpy as np
 
 from pipeline import names
-from pipeline.collapse import flag_stall, stall_tags
 from pipeline.evaluation import Evaluation
+from pipeline.measure.stall import flag_stall, stall_tags
 from pipeline.tasks import get_task
 from pipeline.tasks.base import missing_classes
 

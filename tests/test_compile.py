@@ -12,15 +12,16 @@ from transformers import BertConfig, BertForSequenceClassification, BertForToken
 
 from helpers import free_port
 from pipeline import names
-from pipeline.config import load_config, resolve_device_defaults
-from pipeline.data import IGNORED, ShapedCollate, real_rows
+from pipeline.config import load_config
+from pipeline.config.schema import resolve_device_defaults
+from pipeline.data.loaders import IGNORED, ShapedCollate, real_rows
 from pipeline.errors import UserError
 from pipeline.evaluation import evaluate
+from pipeline.measure.telemetry import StageMeters
 from pipeline.runtime import compiler, precision
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.torch_backend import TorchBackend
 from pipeline.tasks.qa import QaTask
-from pipeline.telemetry import StageMeters
 
 CPU = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
 TINY = dict(vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)

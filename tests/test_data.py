@@ -8,7 +8,7 @@ import pytest
 from helpers import FAST, tracking_db
 from pipeline import names
 from pipeline.config import load_config
-from pipeline.data import TokenBatchSampler
+from pipeline.data.loaders import TokenBatchSampler
 from pipeline.errors import UserError
 
 _rng = random.Random(0)

@@ -25,9 +25,10 @@ from helpers import (
     tracking_db,
     wait_for,
 )
-from pipeline import checkpoint, names
+from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
+from pipeline.loop import checkpoint
 from pipeline.runtime import dist, precision
 from pipeline.runtime.deepspeed_backend import (
     DeepSpeedBackend,

@@ -11,10 +11,11 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from helpers import FAST, ROOT, free_port, mlflow_runs, run_cli, tracking_db
-from pipeline import distill, names, teacher_cache
+from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.fsutil import cache_root
+from pipeline.kd import distill, teacher_cache
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.tasks import get_task

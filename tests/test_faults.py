@@ -14,10 +14,11 @@ import torch
 from mlflow.tracking import MlflowClient
 
 from helpers import FAST, ROOT, assert_same_result, free_port, mlflow_runs, run_cli, tracking_db, wait_for
-from pipeline import checkpoint, cli, fsutil, names
+from pipeline import cli, fsutil, names
 from pipeline.config import load_config
 from pipeline.errors import UserError
-from pipeline.outputs import start_over
+from pipeline.jobs.outputs import start_over
+from pipeline.loop import checkpoint
 from pipeline.runtime.dist import Runtime
 from pipeline.tracking import Tracker, sync
 from pipeline.train import Diverged, run

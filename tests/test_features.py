@@ -1,4 +1,4 @@
-"""Prepared data (pipeline/features.py): features cached on disk are the features the task makes,
+"""Prepared data (pipeline/data/features.py): features cached on disk are the features the task makes,
 a warm start reads and tokenizes nothing again, the fingerprint follows exactly what changes the
 features, an unreadable entry is rebuilt, and under torchrun one rank per node does the work."""
 import hashlib
@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from helpers import ROOT
-from pipeline import features
 from pipeline.config import load_config
+from pipeline.data import features
 from pipeline.errors import UserError
 from pipeline.models import preset_tokenizer
 from pipeline.runtime.dist import Runtime

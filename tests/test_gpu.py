@@ -151,7 +151,7 @@ def test_cached_teacher_rows_reach_the_gpu_from_pinned_memory():
 
     from torch.profiler import ProfilerActivity, profile
 
-    from pipeline.distill import Distiller
+    from pipeline.kd.distill import Distiller
 
     distiller = Distiller.__new__(Distiller)  # only the cache lookup is under test
     distiller.cached = {"logits": torch.randn(4096, 48, 9).half()}

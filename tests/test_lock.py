@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow  # every test starts a process
 
 HOLD = """
 import sys, time
-from pipeline import lock
+from pipeline.jobs import lock
 held = lock.acquire(sys.argv[1])
 print("locked", flush=True)
 if sys.argv[2] == "die":
@@ -33,8 +33,8 @@ def holder(path, mode):
 
 
 def test_a_held_lock_refuses_a_second_holder_and_a_dead_holders_lock_is_taken_over(tmp_path, caplog):
-    from pipeline import lock
     from pipeline.errors import UserError
+    from pipeline.jobs import lock
 
     alive = holder(tmp_path, "hold")
     with pytest.raises(UserError, match=rf"output_dir={tmp_path}: in use by another job \(pid {alive.pid} on host "):

@@ -15,16 +15,17 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from pipeline import best_model, checkpoint, names, train
-from pipeline.best_model import BestModel
+from pipeline import names, train
 from pipeline.config import load_config
 from pipeline.errors import MachineError, UserError
-from pipeline.job import JobRecord
-from pipeline.optim import build_optimizer
+from pipeline.jobs.job_record import JobRecord
+from pipeline.loop import best_model, checkpoint
+from pipeline.loop.best_model import BestModel
+from pipeline.loop.optim import build_optimizer
+from pipeline.measure.telemetry import StageMeters
 from pipeline.runtime import precision
 from pipeline.runtime.backend import StepResult
 from pipeline.runtime.dist import AgreedFlag, Runtime
-from pipeline.telemetry import StageMeters
 
 CPU = torch.device("cpu")
 

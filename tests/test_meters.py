@@ -8,7 +8,7 @@ import torch
 
 from helpers import FAST, tracking_db
 from pipeline import names
-from pipeline.telemetry import EnergyMeter, StageMeters
+from pipeline.measure.telemetry import EnergyMeter, StageMeters
 
 CPU = torch.device("cpu")
 
@@ -92,7 +92,7 @@ def test_throughput_is_the_same_with_and_without_mid_epoch_saves(tmp_path, monke
 
 
 def test_mfu_peak_is_the_most_specific_device_entry():
-    from pipeline.telemetry import peak_tflops
+    from pipeline.measure.telemetry import peak_tflops
 
     assert peak_tflops("NVIDIA H200", "bf16") == 989.4
     assert peak_tflops("NVIDIA H200 NVL", "bf16") == 835.5  # not the SXM part's peak
@@ -112,7 +112,7 @@ def bert_training_flops(rows: int, length: int, hidden: int, layers: int, labels
 def test_step_flops_match_the_analytic_bert_count_for_every_batch_shape():
     import transformers
 
-    from pipeline.flops import FlopModel, count_flops
+    from pipeline.measure.flops import FlopModel, count_flops
 
     hidden, layers, labels = 64, 2, 3
     model = transformers.BertForSequenceClassification(transformers.BertConfig(

@@ -37,10 +37,11 @@ from model_families import (
     build_hub_cache,
     write_narrow,
 )
-from pipeline import cli, distill, models, names
+from pipeline import cli, models, names
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.fsutil import cache_root
+from pipeline.kd import distill
 from pipeline.tasks import REGISTRY, get_task
 from pipeline.train import run
 

@@ -14,8 +14,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import BertConfig
 
-from pipeline import best_model, distill, models
+from pipeline import models
 from pipeline.config import load_config
+from pipeline.kd import distill
+from pipeline.loop import best_model
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.tasks import get_task

@@ -7,7 +7,7 @@ import torch
 import transformers
 
 from pipeline.errors import UserError
-from pipeline.optim import give_back
+from pipeline.loop.optim import give_back
 from pipeline.runtime import precision
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.torch_backend import TorchBackend

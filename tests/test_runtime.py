@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader
 from pipeline import models
 from pipeline.errors import UserError
 from pipeline.evaluation import evaluate
-from pipeline.runtime import collector, dist
+from pipeline.runtime import dist, gc_pause
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.tasks import get_task
@@ -125,19 +125,19 @@ def collector_restored():
 
 
 def test_set_up_runs_without_the_collector_and_the_loop_with_set_ups_objects_frozen(collector_restored):
-    collector.pause_for_setup()  # as `python -m pipeline` does before importing anything
+    gc_pause.pause_for_setup()  # as `python -m pipeline` does before importing anything
     assert not gc.isenabled()
     made = [[] for _ in range(1000)]  # what set-up leaves alive
-    collector.resume_after_setup()
+    gc_pause.resume_after_setup()
     assert gc.isenabled() and gc.get_freeze_count() >= len(made)  # walked by no collection
     frozen = gc.get_freeze_count()
-    collector.resume_after_setup()  # a second call (the next stage's) changes nothing
+    gc_pause.resume_after_setup()  # a second call (the next stage's) changes nothing
     assert gc.get_freeze_count() == frozen
 
 
 def test_a_caller_that_did_not_pause_the_collector_keeps_its_own_setting(collector_restored):
-    collector.resume_after_setup()  # run() called from a notebook or a test: collector on
+    gc_pause.resume_after_setup()  # run() called from a notebook or a test: collector on
     assert gc.isenabled() and gc.get_freeze_count() == 0
     gc.disable()  # a caller that turned it off itself
-    collector.resume_after_setup()
+    gc_pause.resume_after_setup()
     assert not gc.isenabled() and gc.get_freeze_count() == 0

@@ -12,10 +12,12 @@ import pytest
 import torch
 
 from helpers import FAST, mlflow_runs, run_cli, tracking_db
-from pipeline import checkpoint, job, models, names, same_job, train
+from pipeline import models, names, train
 from pipeline.config import load_config
-from pipeline.data import ResumableSampler
+from pipeline.data.loaders import ResumableSampler
 from pipeline.errors import UserError
+from pipeline.jobs import job_record, same_job
+from pipeline.loop import checkpoint
 from pipeline.tasks import get_task
 from pipeline.tasks.samples import ensure_samples
 
@@ -172,17 +174,17 @@ def test_a_teacher_that_changed_under_its_student_is_refused(local_job, tmp_path
 
 
 def test_an_older_checkpoint_without_its_jobs_record_is_refused_in_one_line(tmp_path):
-    record = job.JobRecord({}, "32 rows", 1, "torch", "fp32", {})
+    record = job_record.JobRecord({}, "32 rows", 1, "torch", "fp32", {})
     with pytest.raises(UserError, match=r"^resume: checkpoint /x: written by an older version"):
         same_job.check(Path("/x"), None, record, [])
 
 
 def test_a_deepspeed_checkpoint_resumes_only_on_its_world_size():
-    two = job.JobRecord({}, "32 rows", 2, "deepspeed", "bf16", {})
-    one = job.JobRecord({}, "32 rows", 1, "deepspeed", "bf16", {})
+    two = job_record.JobRecord({}, "32 rows", 2, "deepspeed", "bf16", {})
+    one = job_record.JobRecord({}, "32 rows", 1, "deepspeed", "bf16", {})
     with pytest.raises(UserError, match="a DeepSpeed checkpoint of 2 processes .* launch 2 processes"):
         same_job.check(Path("/c"), two, one, [])
-    torch_two, torch_one = (job.JobRecord({}, "32 rows", n, "torch", "bf16", {}) for n in (2, 1))
+    torch_two, torch_one = (job_record.JobRecord({}, "32 rows", n, "torch", "bf16", {}) for n in (2, 1))
     assert same_job.check(Path("/c"), torch_two, torch_one, []) == []
 
 
@@ -240,7 +242,7 @@ def record(**changes):
                 global_batch="64 rows", world_size=2, backend="torch", precision="bf16",
                 data={"train": {"file": "a.tsv", "fingerprint": "sha256:" + "a" * 64}})
     config = {**base.pop("config"), **changes.pop("config", {})}
-    return job.JobRecord(config=config, **{**base, **changes})
+    return job_record.JobRecord(config=config, **{**base, **changes})
 
 
 def test_what_counts_as_a_change():
@@ -283,11 +285,11 @@ def test_a_position_in_optimizer_steps_is_the_same_rows_on_one_process_or_two(gr
 
 
 def checkpoint_job(j):
-    return job.read(checkpoint.latest(j.root / "out").path)
+    return job_record.read(checkpoint.latest(j.root / "out").path)
 
 
 def test_a_record_survives_its_file(tmp_path):
     r = record(tokenizer="t", architecture={"hidden_size": 8, "parameters": "sha256:x"}, accepted=["a"])
     r.write(tmp_path)
-    assert job.read(tmp_path) == r
-    assert json.loads((tmp_path / job.FILE).read_text())["global_batch"] == "64 rows"
+    assert job_record.read(tmp_path) == r
+    assert json.loads((tmp_path / job_record.FILE).read_text())["global_batch"] == "64 rows"

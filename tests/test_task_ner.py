@@ -291,7 +291,7 @@ def test_ner_under_two_process_ddp(tmp_path):
 def test_misaligned_labels_collapse_the_score(tmp_path):
     """A pipeline that puts each word's tag on its neighbour (labels shifted by one word, a
     classic alignment bug) scores far below the aligned one on the same budget: the sample set
-    shows a broken alignment as a collapse. Observed: 0.85 aligned, 0.01 shifted."""
+    shows a broken alignment as a stall. Observed: 0.85 aligned, 0.01 shifted."""
     task = get_task("ner")
     rows = json.loads(ensure_samples("ner", task.write_samples)["train"].read_text(encoding="utf-8"))
     for r in rows:

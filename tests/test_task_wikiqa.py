@@ -239,7 +239,7 @@ def test_wikiqa_learns_above_chance(tmp_path, prec):
     assert "MAP" in (out / "report.txt").read_text()
     (mlrun,) = mlflow_runs(db, "t")
     assert mlrun.data.tags["task"] == "wikiqa" and mlrun.data.tags["precision"] == prec
-    assert mlrun.data.tags[names.TAG_STALLED] == "false"  # it learned: collapse.flag_stall said so
+    assert mlrun.data.tags[names.TAG_STALLED] == "false"  # it learned: stall.flag_stall said so
     assert {names.eval_metric("f1"), names.eval_metric("map"), names.eval_metric("mrr"), names.test_metric("precision"),
             names.test_metric("recall")} <= set(mlrun.data.metrics)
 

@@ -250,7 +250,7 @@ def test_a_journal_replays_into_a_new_run(tmp_path):
 def test_a_live_run_and_its_journal_replayed_elsewhere_are_the_same_run(tmp_path):
     """The Tracker applies each record it journals the way sync replays them: the run it logs
     live and the run sync makes of its journal on another store hold the same record."""
-    from pipeline.data import DatasetRecord
+    from pipeline.data.loaders import DatasetRecord
     from pipeline.tracking import Tracker
 
     live, replayed = f"sqlite:///{tracking_db(tmp_path, 'live.db')}", f"sqlite:///{tracking_db(tmp_path, 're.db')}"

@@ -111,7 +111,7 @@ def test_missing_local_model_is_a_user_error(tmp_path):
 def test_length_grouping_covers_the_epoch_once_and_cuts_padding():
     import random
 
-    from pipeline.data import ResumableSampler
+    from pipeline.data.loaders import ResumableSampler
 
     rng = random.Random(0)
     lengths = [rng.randint(4, 120) for _ in range(403)]
@@ -146,7 +146,7 @@ def test_length_grouped_batches_come_in_random_order_longest_first():
     error shows at once) and the rest come in a seeded random order."""
     import random
 
-    from pipeline.data import length_grouped_batches
+    from pipeline.data.loaders import length_grouped_batches
 
     rng = random.Random(0)
     lengths = [rng.randint(4, 120) for _ in range(403)]

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from pipeline import names
-from pipeline.config import TrainConfig, resolve_device_defaults
+from pipeline.config.schema import TrainConfig, resolve_device_defaults
 from pipeline.errors import UserError
 from pipeline.runtime.backend import StepResult
 from pipeline.runtime.compiler import allow_shapes, compile_kwargs

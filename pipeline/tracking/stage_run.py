@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from pipeline import fsutil, names, telemetry
+from pipeline import fsutil, names
 from pipeline.config import Config, flatten
+from pipeline.measure import telemetry
 from pipeline.runtime import dist
 from pipeline.runtime.dist import Runtime
 from pipeline.tracking.store import redact_config

@@ -29,7 +29,7 @@ from pipeline.tracking.store import few_retries, open_experiment, redact, safe_p
 
 if TYPE_CHECKING:
     from pipeline.config import TrackingConfig
-    from pipeline.data import DatasetRecord
+    from pipeline.data.loaders import DatasetRecord
 
 log = logging.getLogger("pipeline")
 

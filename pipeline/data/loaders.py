@@ -19,8 +19,8 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from pipeline.config import DataConfig, TrainConfig
-from pipeline.features import examples_digest, sequence_lengths
-from pipeline.prepared import PreparedFeatures, TrainRows
+from pipeline.data.features import examples_digest, sequence_lengths
+from pipeline.data.prepared import PreparedFeatures, TrainRows
 from pipeline.runtime.dist import Runtime
 from pipeline.tasks import samples
 from pipeline.tasks.readers import HUB_SPLIT

@@ -8,8 +8,8 @@ import logging
 import shutil
 from pathlib import Path
 
-from pipeline import best_model
 from pipeline.fsutil import write_json, write_text
+from pipeline.loop import best_model
 from pipeline.runtime import dist
 from pipeline.runtime.dist import Runtime
 from pipeline.tracking import JOURNAL, Tracker, settle_abandoned_run

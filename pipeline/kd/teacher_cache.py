@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import datasets
     from transformers import PreTrainedModel
 
-    from pipeline.prepared import PreparedFeatures
+    from pipeline.data.prepared import PreparedFeatures
     from pipeline.tasks.base import Task
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")

@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from pipeline.config_reference import did_you_mean, dotted_keys
-from pipeline.config_types import coerce
+from pipeline.config.coerce import coerce
+from pipeline.config.keys import did_you_mean, dotted_keys
 from pipeline.errors import UserError
 from pipeline.tasks import REGISTRY
 from pipeline.tasks.base import Task

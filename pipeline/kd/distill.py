@@ -20,10 +20,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from pipeline import best_model, models, teacher_cache
+from pipeline import models
 from pipeline.config import Config, KDConfig
 from pipeline.errors import UserError
 from pipeline.fsutil import cache_root
+from pipeline.kd import teacher_cache
+from pipeline.loop import best_model
 from pipeline.runtime import dist
 from pipeline.runtime.compiler import compile_module
 from pipeline.runtime.dist import Runtime

@@ -1,30 +1,31 @@
 """The configuration's reference, read from the config dataclasses themselves: every dotted key
 with its type, default and meaning, the meaning being the attribute docstring under the field in
-pipeline/config.py, so that text is written once. It is what `train --help` and `distill --help`
+pipeline/config/schema.py, so that text is written once. It is what `train --help` and `distill --help`
 print, and what docs/configuration.md holds; it also names the nearest valid key or choice when
 one is misspelt.
 
 Regenerate the page after changing a field: python -m pipeline config-reference > docs/configuration.md
 
-The module imports nothing of the pipeline at load time: config.py imports it for the near miss.
+Validation's near-miss hint is keys.py's: the schema imports that, not this module.
 """
 from __future__ import annotations
 
 import ast
 import dataclasses
-import difflib
 import functools
 import inspect
 import textwrap
 import types
 import typing
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
+
+from pipeline.config.keys import fields_of
+from pipeline.config.schema import CHOICES, Config
 
 PAGE = "docs/configuration.md"
 REGENERATE = f"python -m pipeline config-reference > {PAGE}"
 UNSET = "unset"  # the word the docstrings use for a None default
-NEAR = 0.6  # difflib's own default cutoff: below it, suggestions are mostly unrelated words
 
 INTRO = """\
 A stage's configuration is these keys' defaults, then the YAML file CONFIG.yaml if one is given (a
@@ -56,36 +57,16 @@ class Section(NamedTuple):
     keys: list[Key]
 
 
-def dotted_keys(cls: type, prefix: str = "") -> list[str]:
-    """Every dotted key of a config dataclass, sections included: train, train.lr, ..."""
-    out: list[str] = []
-    for f, kind in _fields(cls):
-        out.append(prefix + f.name)
-        if dataclasses.is_dataclass(kind):
-            out += dotted_keys(kind, f"{prefix}{f.name}.")
-    return out
 
 
-def did_you_mean(word: str, candidates: Iterable[str], default: str | None = None) -> str:
-    """' (did you mean X?)' naming the candidate(s) nearest to word, else ''. Dotted names are
-    compared by their last part, first among word's siblings (train.batch_sise: train.batch_size),
-    then among all candidates (lr: train.lr); an empty word gets the default, if one is given."""
-    if not word.strip():
-        return f" (leave the key out for its default, {default})" if default is not None else ""
-    candidates = list(candidates)
-    parent, _, leaf = word.rpartition(".")
-    siblings = [c for c in candidates if c.rpartition(".")[0] == parent]
-    near = _nearest(leaf, siblings) or _nearest(leaf, [c for c in candidates if c != word])
-    return f" (did you mean {' or '.join(near)}?)" if near else ""
 
 
 def sections() -> list[Section]:
     """The configuration's keys, grouped: top-level keys first, then one section per dataclass."""
-    from pipeline.config import CHOICES, Config  # here, not at the top: config.py imports this module
 
     top = Section("", "Keys at the top level of the configuration.", [])
     out = [top]
-    for f, kind in _fields(Config):
+    for f, kind in fields_of(Config):
         if dataclasses.is_dataclass(kind):
             out.append(Section(f.name, _meaning(Config, f.name), list(_keys(kind, f"{f.name}.", CHOICES))))
         else:
@@ -114,7 +95,7 @@ def help_text(command: str) -> str:
 
 def markdown() -> str:
     """docs/configuration.md: the same keys, a table per section."""
-    lines = [f"<!-- Generated from the docstrings in pipeline/config.py by `{REGENERATE}`;",
+    lines = [f"<!-- Generated from the docstrings in pipeline/config/schema.py by `{REGENERATE}`;",
              "     edit those and regenerate (tests/test_cli_help.py fails while this page is stale). -->",
              "", "# Configuration", "", f"Regenerate this page with `{REGENERATE}`.",
              "Every key is also listed by `python -m pipeline train --help`.", "", INTRO]
@@ -129,21 +110,12 @@ def markdown() -> str:
 # ---------------------------------------------------------------- internals
 
 
-def _nearest(word: str, candidates: list[str]) -> list[str]:
-    """The candidates whose last dotted part is nearest to word (ties all kept), if near enough."""
-    scores = {c: difflib.SequenceMatcher(None, word.lower(), c.rpartition(".")[2].lower()).ratio()
-              for c in candidates}
-    best = max(scores.values(), default=0.0)
-    return [c for c, score in scores.items() if score == best] if best >= NEAR else []
 
 
-def _fields(cls: type) -> list[tuple[dataclasses.Field, Any]]:
-    hints = typing.get_type_hints(cls)
-    return [(f, hints[f.name]) for f in dataclasses.fields(cls)]
 
 
 def _keys(cls: type, prefix: str, choices: Mapping[str, tuple[str, ...]]) -> Iterator[Key]:
-    for f, kind in _fields(cls):
+    for f, kind in fields_of(cls):
         yield _key(cls, f, kind, prefix, choices)
 
 

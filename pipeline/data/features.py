@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.data.prepared import PreparedFeatures, TrainRows
 from pipeline.errors import UserError
 from pipeline.fsutil import atomic_dir, cache_root, file_sha256, write_json
-from pipeline.prepared import PreparedFeatures, TrainRows
 from pipeline.runtime import dist
 from pipeline.runtime.dist import Runtime
 

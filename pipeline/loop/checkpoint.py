@@ -31,7 +31,7 @@ from pipeline.errors import UserError
 from pipeline.runtime import dist
 
 if TYPE_CHECKING:
-    from pipeline.job import JobRecord
+    from pipeline.jobs.job_record import JobRecord
 
 log = logging.getLogger("pipeline")
 MANIFEST = "manifest.json"

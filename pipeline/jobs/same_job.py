@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline import job, names
+from pipeline import names
 from pipeline.errors import UserError
-from pipeline.job import JobRecord
-from pipeline.outputs import METRICS, finished_metrics
+from pipeline.jobs import job_record
+from pipeline.jobs.job_record import JobRecord
+from pipeline.jobs.outputs import METRICS, finished_metrics
 from pipeline.runtime import dist
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ def finished(out: Path, planned: JobRecord, rt: Runtime) -> dict | None:
     outcome: tuple[str | None, dict | None] = (None, None)
     if rt.is_main and (out / METRICS).is_file():
         try:
-            check_finished(out, job.read(out), planned)
+            check_finished(out, job_record.read(out), planned)
             outcome = (None, finished_metrics(out, rt))
         except UserError as e:
             outcome = (str(e), None)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from pipeline import names
-from pipeline.flops import FlopModel
+from pipeline.measure.flops import FlopModel
 from pipeline.runtime import compiler, dist
 
 

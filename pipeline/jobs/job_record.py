@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline import features
 from pipeline.config import Config, flatten
+from pipeline.data import features
 from pipeline.fsutil import write_json
+from pipeline.kd.teacher_cache import computing_config
 from pipeline.runtime import precision
 from pipeline.runtime.dist import Runtime
-from pipeline.teacher_cache import computing_config
 from pipeline.tracking.store import redact_config
 
 if TYPE_CHECKING:

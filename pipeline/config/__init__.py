@@ -1,0 +1,20 @@
+"""The configuration: dataclasses whose fields carry their meaning (schema.py), the text of a YAML
+value or override read as its field's type (coerce.py), dotted keys and the near-miss hint
+(keys.py), and the reference that --help and docs/configuration.md print (reference.py).
+
+May import: pipeline.errors, and the task registry's names (pipeline.tasks, whose __init__ imports
+only errors when loaded): no torch, no transformers. What a job derives from its config (the
+settled plan) is pipeline.jobs.settle's.
+"""
+from pipeline.config.schema import (
+    CHOICES,
+    Config,
+    DataConfig,
+    KDConfig,
+    TrackingConfig,
+    TrainConfig,
+    flatten,
+    load_config,
+)
+
+__all__ = ["CHOICES", "Config", "DataConfig", "KDConfig", "TrackingConfig", "TrainConfig", "flatten", "load_config"]

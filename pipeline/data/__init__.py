@@ -1,0 +1,5 @@
+"""The data path: a task's examples and features prepared once per node as memory-mapped Arrow
+(features, prepared), then sampled, batched and collated into the loaders (loaders).
+
+May import: errors, names, fsutil, layout, config, runtime, tasks.
+"""
