@@ -59,10 +59,25 @@ NONFINITE_LOSSES = "amp/nonfinite_losses"
 # ---------------------------------------------------------------- tags
 # Every stage run carries these (values: see the README); the study runner adds `study` and
 # `procedure`, and marks its own parent run with PARENT_TAG.
-RUN_TAGS = ("task", "model", "precision", "precision_requested", "backend", "launcher", "world_size",
-            "num_nodes", "stage", "procedure", "device", "device_type", "seed", "study", "energy_available")
+TAG_TASK = "task"
+TAG_MODEL = "model"
+TAG_PRECISION = "precision"  # the resolved policy: fp32 | tf32 | fp16 | bf16
+TAG_PRECISION_REQUESTED = "precision_requested"  # the config's precision key (auto included)
+TAG_BACKEND = "backend"  # single | ddp | deepspeed
+TAG_LAUNCHER = "launcher"  # none | torchrun | deepspeed
+TAG_WORLD_SIZE = "world_size"
+TAG_NUM_NODES = "num_nodes"
+TAG_STAGE = "stage"  # train | distill
+TAG_DEVICE = "device"  # the device's name
+TAG_DEVICE_TYPE = "device_type"  # cuda | cpu
+TAG_SEED = "seed"
+TAG_ENERGY_AVAILABLE = "energy_available"  # true | false: NVML's energy counter on some rank
 TAG_STUDY = "study"
 TAG_PROCEDURE = "procedure"
+RUN_TAGS = (TAG_TASK, TAG_MODEL, TAG_PRECISION, TAG_PRECISION_REQUESTED, TAG_BACKEND, TAG_LAUNCHER, TAG_WORLD_SIZE,
+            TAG_NUM_NODES, TAG_STAGE, TAG_PROCEDURE, TAG_DEVICE, TAG_DEVICE_TYPE, TAG_SEED, TAG_STUDY,
+            TAG_ENERGY_AVAILABLE)
+TAG_PARENT_RUN = "mlflow.parentRunId"  # MLflow's own: nests a run under its parent in the UI
 TAG_KD_CACHE = "kd_cache"  # hit | miss | off
 TAG_DATA_CACHE = "data_cache"  # hit | miss | partial: the prepared-features cache (features.py)
 TAG_PRECISION_MODE = "precision_mode"  # autocast | pure16 | fp32: how 16-bit compute was done

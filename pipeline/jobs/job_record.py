@@ -19,6 +19,7 @@ from pipeline.config import Config, flatten
 from pipeline.data import features
 from pipeline.fsutil import write_json
 from pipeline.kd.teacher_cache import computing_config
+from pipeline.layout import CheckpointFiles
 from pipeline.runtime import precision
 from pipeline.runtime.dist import Runtime
 from pipeline.tracking.store import redact_config
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
     from pipeline.tasks.base import Task
 
-FILE = "job.json"
+FILE = CheckpointFiles.JOB  # the same name in output_dir: OutputDir.JOB
 SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
               "max_position_embeddings", "type_vocab_size")
 """Config sizes that shape a transformer's parameters (the common names of Hugging Face configs)."""

@@ -26,12 +26,12 @@ import time
 from pathlib import Path
 
 from pipeline.errors import UserError
+from pipeline.layout import OutputDir
 from pipeline.runtime import dist
 from pipeline.runtime.dist import Runtime
 
 log = logging.getLogger("pipeline")
 
-LOCK_FILE = ".lock"
 NO_LOCKS = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 """The file system cannot lock (some network mounts)."""
 
@@ -57,7 +57,7 @@ def acquire(output_dir: Path) -> OutputLock:
     """Lock output_dir for this process; UserError naming the holder if another job has it."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / LOCK_FILE
+    path = OutputDir(out).lock
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # an existing file is not changed
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -114,7 +114,7 @@ def job_lock(output_dir: Path, rt: Runtime):
 def _busy(out: Path) -> str | None:
     """The error message if a live job holds out's lock, else None (nothing is created)."""
     try:
-        fd = os.open(out / LOCK_FILE, os.O_RDONLY)
+        fd = os.open(OutputDir(out).lock, os.O_RDONLY)
     except OSError:
         return None  # no lock file (or no output_dir): nobody holds it
     try:

@@ -9,19 +9,17 @@ import shutil
 from pathlib import Path
 
 from pipeline.fsutil import write_json, write_text
-from pipeline.loop import best_model
+from pipeline.layout import OutputDir
 from pipeline.runtime import dist
 from pipeline.runtime.dist import Runtime
-from pipeline.tracking import JOURNAL, Tracker, settle_abandoned_run
+from pipeline.tracking import Tracker, settle_abandoned_run
 
 log = logging.getLogger("pipeline")
-METRICS, REPORT = "metrics.json", "report.txt"
-"""Written last by a job that finished: its final metrics and the task's report on the test split."""
 
 
 def finished_metrics(out: Path, rt: Runtime) -> dict | None:
     """A job that finished wrote metrics.json last: its metrics (on rank 0), else None."""
-    path = out / METRICS
+    path = OutputDir(out).metrics
     if not rt.is_main or not path.is_file():
         return None
     log.info("%s: this job finished before (%s); nothing to do. To train again: resume=never "
@@ -35,9 +33,9 @@ def start_over(out: Path, rt: Runtime, uri: str, resuming: bool) -> None:
     resume=auto continues this job; the previous job's run, if it never ended, is synced from its
     journal and marked FAILED (its journal kept aside if the store cannot take it)."""
     if rt.is_main:
-        leftovers = [name for name in ("checkpoints", best_model.BEST, METRICS, REPORT) if (out / name).exists()]
+        leftovers = [name for name in OutputDir.PREVIOUS_JOB if (out / name).exists()]
         removing = f" (removing {', '.join(leftovers)})" if leftovers else ""
-        if resuming and (leftovers or (out / JOURNAL).is_file()):
+        if resuming and (leftovers or OutputDir(out).journal.is_file()):
             log.warning("resume=auto: no usable checkpoint in %s; starting over%s", out, removing)
         elif leftovers:
             log.warning("%s holds a previous job's outputs; resume=never: starting over%s", out, removing)
@@ -56,9 +54,10 @@ def start_over(out: Path, rt: Runtime, uri: str, resuming: bool) -> None:
 def write_final(out: Path, metrics: dict[str, float], report: str, tracker: Tracker, log_model: bool) -> None:
     """Rank 0: the final metrics and the report, into output_dir and the run (with best/, if asked);
     metrics.json last of all, so its presence says the job finished."""
-    write_text(out / REPORT, report)
-    write_json(out / METRICS, metrics)
-    for name in (METRICS, REPORT):
-        tracker.log_artifact(out / name)
+    layout = OutputDir(out)
+    write_text(layout.report, report)
+    write_json(layout.metrics, metrics)
+    for path in (layout.metrics, layout.report):
+        tracker.log_artifact(path)
     if log_model:
-        tracker.log_artifact(best_model.directory(out), best_model.BEST)
+        tracker.log_artifact(layout.best, OutputDir.BEST)

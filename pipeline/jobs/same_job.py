@@ -21,7 +21,8 @@ from pipeline import names
 from pipeline.errors import UserError
 from pipeline.jobs import job_record
 from pipeline.jobs.job_record import JobRecord
-from pipeline.jobs.outputs import METRICS, finished_metrics
+from pipeline.jobs.outputs import finished_metrics
+from pipeline.layout import OutputDir
 from pipeline.runtime import dist
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ def finished(out: Path, planned: JobRecord, rt: Runtime) -> dict | None:
     """Collective: the final metrics of a job that finished in out (None if none did), or on every
     rank the UserError of check_finished when this is not that job."""
     outcome: tuple[str | None, dict | None] = (None, None)
-    if rt.is_main and (out / METRICS).is_file():
+    if rt.is_main and OutputDir(out).metrics.is_file():
         try:
             check_finished(out, job_record.read(out), planned)
             outcome = (None, finished_metrics(out, rt))

@@ -13,13 +13,14 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from pipeline import names
 from pipeline.fsutil import atomic_dir
+from pipeline.layout import OutputDir
 from pipeline.runtime.backend import Backend
 
-BEST = "best"
+BEST = OutputDir.BEST
 
 
 def directory(output_dir: Path) -> Path:
-    return Path(output_dir) / BEST
+    return OutputDir(output_dir).best
 
 
 def model_dir_of(output_dir: Path) -> Path | None:

@@ -28,13 +28,14 @@ import torch
 
 from pipeline import fsutil
 from pipeline.errors import UserError
+from pipeline.layout import CheckpointFiles, OutputDir
 from pipeline.runtime import dist
 
 if TYPE_CHECKING:
     from pipeline.jobs.job_record import JobRecord
 
 log = logging.getLogger("pipeline")
-MANIFEST = "manifest.json"
+MANIFEST = CheckpointFiles.MANIFEST
 FORMAT = 3
 """state.pt's layout (collect): a bundle of another format is refused in one line."""
 
@@ -66,7 +67,7 @@ class Checkpoint:
 
     def load_state(self) -> dict:
         """What save() was given as `state`, as saved."""
-        return torch.load(self.path / "state.pt", map_location="cpu", weights_only=True)
+        return torch.load(self.path / CheckpointFiles.STATE, map_location="cpu", weights_only=True)
 
     def load_bundle(self) -> dict:
         """The bundle of collect(); a checkpoint of another format is the user's to move aside."""
@@ -77,7 +78,7 @@ class Checkpoint:
         return bundle
 
     def restore_rng(self, rank: int) -> None:
-        path = self.path / f"rng-rank{rank}.pt"
+        path = self.path / CheckpointFiles.rng(rank)
         if not path.is_file():  # a job restarted with more ranks: new ranks keep their seeds
             log.warning("checkpoint %s has no RNG state for rank %d", self.path.name, rank)
             return
@@ -85,7 +86,7 @@ class Checkpoint:
 
 
 def directory(output_dir: Path) -> Path:
-    return Path(output_dir) / "checkpoints"
+    return OutputDir(output_dir).checkpoints
 
 
 def save(output_dir: Path, step: int, state: dict, rank: int, keep: int,
@@ -94,20 +95,19 @@ def save(output_dir: Path, step: int, state: dict, rank: int, keep: int,
     `job`: what the job trains with (job.json), which a resume compares before loading the rest.
 
     A failure on any rank (DiskFull on a full disk) removes the temporary directory and raises."""
-    root = directory(output_dir)
-    final = root / f"step-{step:08d}"
-    tmp = root / f".step-{step:08d}.tmp"
+    layout = OutputDir(output_dir)
+    final, tmp = layout.checkpoint(step), layout.checkpoint_in_progress(step)
     try:
         with fsutil.writing(tmp):
             if rank == 0:
                 remove_partial(output_dir)  # leftovers of saves that were killed
                 tmp.mkdir(parents=True)
             dist.barrier()
-            save_torch(rng_state(), tmp / f"rng-rank{rank}.pt")
+            save_torch(rng_state(), tmp / CheckpointFiles.rng(rank))
             if write_backend is not None:
                 write_backend(tmp, rank)
             if rank == 0:
-                save_torch(state, tmp / "state.pt")
+                save_torch(state, tmp / CheckpointFiles.STATE)
                 if job is not None:
                     job.write(tmp)
             dist.barrier()
@@ -136,8 +136,7 @@ def save_torch(obj: object, path: Path) -> None:
 
 def remove_partial(output_dir: Path) -> None:
     """Temporary directories of saves that were killed or failed (they only take space)."""
-    root = directory(output_dir)
-    for tmp in root.glob(".step-*.tmp") if root.is_dir() else []:
+    for tmp in OutputDir(output_dir).checkpoints_in_progress():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -158,8 +157,7 @@ def latest(output_dir: Path) -> Checkpoint | None:
 def complete(output_dir: Path) -> list[Checkpoint]:
     """Checkpoints with a manifest (i.e. fully written), oldest first."""
     found = []
-    root = directory(output_dir)
-    for path in sorted(root.glob("step-*")) if root.is_dir() else []:
+    for path in OutputDir(output_dir).checkpoint_dirs():
         try:
             found.append(Checkpoint(path, int(json.loads((path / MANIFEST).read_text())["step"])))
         except (OSError, ValueError, KeyError):

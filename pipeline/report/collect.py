@@ -13,14 +13,25 @@ from pipeline.names import (
     EVAL_MAIN,
     PARENT_TAG,
     TAG_CELL,
+    TAG_DEVICE_TYPE,
+    TAG_ENERGY_AVAILABLE,
     TAG_FALLBACK,
+    TAG_LAUNCHER,
+    TAG_MODEL,
+    TAG_PARENT_RUN,
+    TAG_PRECISION,
     TAG_PRECISION_MODE,
+    TAG_PRECISION_REQUESTED,
     TAG_PROCEDURE,
     TAG_REPORT_TABLES,
     TAG_REQUESTED_WORLD_SIZE,
+    TAG_SEED,
+    TAG_STAGE,
     TAG_STALL_REASON,
     TAG_STALLED,
     TAG_STUDY,
+    TAG_TASK,
+    TAG_WORLD_SIZE,
     TEST,
     TEST_MAIN,
 )
@@ -48,7 +59,7 @@ def read_cells(client: MlflowClient, experiment_id: str):
         plan = {k[len(CELL_TAG_PREFIX):]: json.loads(v) for k, v in parent.data.tags.items()
                 if k.startswith(CELL_TAG_PREFIX)}
         study = parent.data.tags.get(TAG_STUDY)
-        children = [r for r in children if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id
+        children = [r for r in children if r.data.tags.get(TAG_PARENT_RUN) == parent.info.run_id
                     or (study and r.data.tags.get(TAG_STUDY) == study)]
     by_cell = defaultdict(list)
     for r in children:
@@ -81,24 +92,24 @@ def _row(client: MlflowClient, name: str, plan: dict | None, run: Run | None) ->
     plan = plan or {}
     tags = run.data.tags if run else {}
     status = _status(plan, run)
-    requested = str(plan.get("precision") or tags.get("precision_requested") or tags.get("precision") or "")
-    procedure = plan.get("procedure") or tags.get(TAG_PROCEDURE) or tags.get("stage") or "train"
+    requested = str(plan.get("precision") or tags.get(TAG_PRECISION_REQUESTED) or tags.get(TAG_PRECISION) or "")
+    procedure = plan.get("procedure") or tags.get(TAG_PROCEDURE) or tags.get(TAG_STAGE) or "train"
     tables = plan.get("tables")
     if tables is None:  # a run the study runner did not plan: its tag, else a guess from the procedure
         tag = tags.get(TAG_REPORT_TABLES)
         tables = [t for t in tag.split(",") if t in ("amp", "kd")] if tag else (
             ["amp"] + (["kd"] if procedure not in ("train", "") else []))
-    launcher = plan.get("launcher") or (f"{tags['launcher']} x{tags.get('world_size', '?')}" if "launcher" in tags
+    launcher = plan.get("launcher") or (f"{tags[TAG_LAUNCHER]} x{tags.get(TAG_WORLD_SIZE, '?')}" if TAG_LAUNCHER in tags
                                         else "")
     if tags.get(TAG_FALLBACK) == "true" and "fallback" not in launcher:  # torchrun's surplus ranks left
-        launcher += f" (fallback: {tags.get('world_size')} of {tags.get(TAG_REQUESTED_WORLD_SIZE)} processes)"
+        launcher += f" (fallback: {tags.get(TAG_WORLD_SIZE)} of {tags.get(TAG_REQUESTED_WORLD_SIZE)} processes)"
     # DeepSpeed's fp16 casts the whole model (pure16): never in one column with autocast fp16
     mode = tags.get(TAG_PRECISION_MODE, "")
-    ran = tags.get("precision") or requested
+    ran = tags.get(TAG_PRECISION) or requested
     row = {
-        "cell": name, "task": plan.get("task") or tags.get("task"), "model": plan.get("model") or tags.get("model"),
-        "procedure": procedure, "stage": plan.get("command") or tags.get("stage"),
-        "seed": plan.get("seed", tags.get("seed")), "precision_requested": requested,
+        "cell": name, "task": plan.get("task") or tags.get(TAG_TASK), "model": plan.get("model") or tags.get(TAG_MODEL),
+        "procedure": procedure, "stage": plan.get("command") or tags.get(TAG_STAGE),
+        "seed": plan.get("seed", tags.get(TAG_SEED)), "precision_requested": requested,
         "precision": f"{ran} (pure16)" if mode == "pure16" else ran, "precision_mode": mode,
         "role": "amp" if requested in AMP_PRECISIONS else "fp32" if requested in FP32_PRECISIONS else "",
         "tables": ",".join(tables), "needs": ",".join(plan.get("needs") or []), "launcher": launcher,
@@ -106,7 +117,7 @@ def _row(client: MlflowClient, name: str, plan: dict | None, run: Run | None) ->
         "exit_code": plan.get("exit_code") if status == "failed" else (0 if status == "finished" else None),
         "reason": plan.get("reason", "") if status == "failed" else "",
         "run_id": run.info.run_id if run else plan.get("run_id"),
-        "device_type": tags.get("device_type"), "energy_available": tags.get("energy_available"),
+        "device_type": tags.get(TAG_DEVICE_TYPE), "energy_available": tags.get(TAG_ENERGY_AVAILABLE),
         "main_source": None, "memory": None, "test_scores": "",
         "stalled": (tags.get(TAG_STALL_REASON) or "stalled") if tags.get(TAG_STALLED) == "true" else "",
         **{f: math.nan for f in COLUMNS},
@@ -138,7 +149,7 @@ def _metrics(client: MlflowClient, run: Run) -> dict:
         if metric in m:
             values.update(peak_mem_mb=m[metric], memory=kind)
             break
-    if run.data.tags.get("energy_available") == "false":
+    if run.data.tags.get(TAG_ENERGY_AVAILABLE) == "false":
         values["energy_j"] = math.nan
     # every test score but the loss, to tell two runs that predicted the same from two that differ
     scores = {k: v for k, v in sorted(m.items()) if k.startswith(TEST) and k not in (TEST_MAIN, f"{TEST}loss")}

@@ -41,6 +41,7 @@ import torch
 from pipeline import names
 from pipeline.config.schema import TrainConfig, resolve_device_defaults
 from pipeline.errors import UserError
+from pipeline.layout import CheckpointFiles, OutputDir
 from pipeline.runtime.backend import StepResult
 from pipeline.runtime.compiler import allow_shapes, compile_kwargs
 from pipeline.runtime.dist import Runtime
@@ -239,10 +240,11 @@ class DeepSpeedBackend:
     # ------------------------------------------------------------------ state
     def save(self, directory: Path, rank: int) -> None:
         """Collective: DeepSpeed's own checkpoint (every rank writes its ZeRO partitions)."""
-        self.engine.save_checkpoint(str(directory), tag="engine", save_latest=False)
+        self.engine.save_checkpoint(str(directory), tag=CheckpointFiles.ENGINE, save_latest=False)
 
     def load(self, directory: Path) -> None:
-        path, _ = self.engine.load_checkpoint(str(directory), tag="engine", load_lr_scheduler_states=False)
+        path, _ = self.engine.load_checkpoint(str(directory), tag=CheckpointFiles.ENGINE,
+                                              load_lr_scheduler_states=False)
         if path is None:
             raise RuntimeError(f"DeepSpeed could not load its checkpoint from {directory}")
 
@@ -261,7 +263,7 @@ class DeepSpeedBackend:
 
     @property
     def extra_artifacts(self) -> dict[str, object]:
-        return {"deepspeed_config.json": self.ds_config}
+        return {OutputDir.DEEPSPEED_CONFIG: self.ds_config}
 
     @property
     def extra_tags(self) -> dict[str, str]:

@@ -9,6 +9,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from pipeline import names
+from pipeline.layout import CheckpointFiles
 from pipeline.runtime.backend import StepResult
 from pipeline.runtime.compiler import compile_module
 from pipeline.runtime.dist import Runtime
@@ -98,11 +99,11 @@ class TorchBackend:
             state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
             if self.scaler:
                 state["scaler"] = self.scaler.state_dict()
-            with open(Path(directory) / "backend.pt", "wb") as f:  # a file object keeps ENOSPC's errno
+            with open(Path(directory) / CheckpointFiles.BACKEND, "wb") as f:  # a file object keeps ENOSPC's errno
                 torch.save(state, f)
 
     def load(self, directory: Path) -> None:
-        state = torch.load(Path(directory) / "backend.pt", map_location=self.rt.device, weights_only=True)
+        state = torch.load(Path(directory) / CheckpointFiles.BACKEND, map_location=self.rt.device, weights_only=True)
         self.module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler and "scaler" in state:

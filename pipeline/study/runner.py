@@ -15,11 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.layout import OutputDir
 from pipeline.names import (
     CELL_TAG_PREFIX,
     PARENT_TAG,
     STUDY_CELLS_FAILED,
     STUDY_CELLS_FINISHED,
+    TAG_CELL,
     TAG_STUDY,
     TAG_STUDY_FILE,
 )
@@ -278,15 +280,16 @@ def publish_plan(client: MlflowClient, parent: str, cells: list[Cell]) -> dict[s
 
 
 def finished_run(client: MlflowClient, experiment_id: str, study: Study, cell: Cell) -> str | None:
-    runs = client.search_runs([experiment_id], f"tags.{TAG_STUDY} = '{study.name}' and tags.cell = '{cell.name}' "
-                              "and attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"],
+    runs = client.search_runs([experiment_id], f"tags.{TAG_STUDY} = '{study.name}' and "
+                              f"tags.{TAG_CELL} = '{cell.name}' and attributes.status = 'FINISHED'",
+                              order_by=["attributes.start_time DESC"],
                               max_results=1)
     return runs[0].info.run_id if runs else None
 
 
 def _finished_before(cell: Cell) -> bool:
     """A stage writes metrics.json (its final metrics) only once it has finished."""
-    return (cell.output_dir / "metrics.json").is_file()
+    return OutputDir(cell.output_dir).metrics.is_file()
 
 
 class Stopped(Exception):

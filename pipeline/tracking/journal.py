@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from pipeline import fsutil
+from pipeline.layout import OutputDir
 
 log = logging.getLogger("pipeline")
 
-JOURNAL = "journal.jsonl"
+JOURNAL = OutputDir.JOURNAL
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.errors import UserError
+from pipeline.layout import OutputDir
 from pipeline.tracking import sink
 from pipeline.tracking.journal import JOURNAL, End, Record, RunId, Start, Synced, append, read_journal
 from pipeline.tracking.store import few_retries, open_experiment, redact, resolve_uri
@@ -86,7 +86,7 @@ def settle_abandoned_run(output_dir: Path, uri: str) -> str | None:
     try:
         return sync(output_dir, uri)
     except Exception as e:  # noqa: BLE001 - a dead server must not stop the new job
-        kept = path.with_name(f"journal.abandoned-{time.strftime('%Y%m%d-%H%M%S')}.jsonl")
+        kept = OutputDir(output_dir).abandoned_journal()
         os.replace(path, kept)
         log.warning("tracking: could not upload the previous job's journal (%s); kept as %s: "
                     "python -m pipeline sync %s --uri URI", sink.reason(e), kept, kept)

@@ -11,6 +11,7 @@ import yaml
 
 from pipeline import fsutil, names
 from pipeline.config import Config, flatten
+from pipeline.layout import OutputDir
 from pipeline.measure import telemetry
 from pipeline.runtime import dist
 from pipeline.runtime.dist import Runtime
@@ -69,7 +70,7 @@ def start_stage_run(cfg: Config, rt: Runtime, uri: str, run: StageRun) -> tuple[
     try:
         params = {**flatten(resolved), **{k: v for k, v in run.ran.get("params", {}).items() if v is not None}}
         tracker.start(uri, cfg.tracking.experiment, run_name, tags, params, resume_run_id=run.resume_run_id)
-        tracker.log_artifact(out / "config.yaml")
+        tracker.log_artifact(OutputDir(out).config)
         run_id = dist.broadcast_object(tracker.run_id)
         if cfg.tracking.system_metrics and rt.local_rank == 0:
             node = rt.rank // max(1, rt.world_size // rt.num_nodes)
@@ -86,7 +87,7 @@ def write_config(cfg: Config, rt: Runtime, uri: str) -> dict[str, Any]:
     run's params or in output_dir/config.yaml, which rank 0 writes."""
     resolved = redact_config({**cfg.to_dict(), "tracking": {**cfg.to_dict()["tracking"], "uri": uri}})
     if rt.is_main:
-        fsutil.write_text(Path(cfg.output_dir) / "config.yaml",
+        fsutil.write_text(OutputDir(cfg.output_dir).config,
                           yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True))
     return resolved
 
@@ -95,15 +96,16 @@ def run_tags(cfg: Config, rt: Runtime, run: StageRun) -> dict[str, object]:
     """The run's tags: where and how it ran, the backend's tags, then the config's tracking.tags
     (which win), and the parent run of a study's cell."""
     tags = {
-        "task": cfg.task, "model": run.model_spec, "precision": run.precision, "precision_requested": cfg.precision,
-        "backend": rt.backend, "launcher": rt.launcher, "world_size": rt.world_size,
-        names.TAG_FALLBACK: "true" if rt.fallback else "false",
+        names.TAG_TASK: cfg.task, names.TAG_MODEL: run.model_spec, names.TAG_PRECISION: run.precision,
+        names.TAG_PRECISION_REQUESTED: cfg.precision, names.TAG_BACKEND: rt.backend, names.TAG_LAUNCHER: rt.launcher,
+        names.TAG_WORLD_SIZE: rt.world_size, names.TAG_FALLBACK: "true" if rt.fallback else "false",
         names.TAG_REQUESTED_WORLD_SIZE: rt.requested_world_size or rt.world_size,
-        "num_nodes": rt.num_nodes, "stage": run.stage, names.TAG_PROCEDURE: run.stage,
-        "device": telemetry.device_name(rt.device), "device_type": rt.device.type, "seed": cfg.seed,
-        names.TAG_STUDY: "", "energy_available": "true" if run.energy_available else "false",
+        names.TAG_NUM_NODES: rt.num_nodes, names.TAG_STAGE: run.stage, names.TAG_PROCEDURE: run.stage,
+        names.TAG_DEVICE: telemetry.device_name(rt.device), names.TAG_DEVICE_TYPE: rt.device.type,
+        names.TAG_SEED: cfg.seed, names.TAG_STUDY: "",
+        names.TAG_ENERGY_AVAILABLE: "true" if run.energy_available else "false",
         **telemetry.environment_tags(), **run.ran.get("tags", {}), **cfg.tracking.tags,
     }
     if cfg.tracking.parent_run_id:
-        tags["mlflow.parentRunId"] = cfg.tracking.parent_run_id
+        tags[names.TAG_PARENT_RUN] = cfg.tracking.parent_run_id
     return tags

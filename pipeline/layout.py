@@ -1,0 +1,122 @@
+"""The layout of an output_dir: every file and folder name a job writes there, in one place.
+
+OUTPUT_DIR/
+  .lock               one job at a time (jobs/lock.py)
+  config.yaml         the config as the job resolved it (tracking/stage_run.py)
+  job.json            what the job trains with (jobs/job_record.py), for a resume=auto once it finished
+  journal.jsonl       every param, tag, metric and artifact as produced (tracking/journal.py);
+  journal.abandoned-STAMP.jsonl   a previous job's journal its store could not take
+  checkpoints/step-NNNNNNNN/      (loop/checkpoint.py; CheckpointFiles below)
+  best/               the best model, a Hugging Face model directory in fp32 (loop/best_model.py)
+  metrics.json        the final metrics, written last: its presence says the job finished
+  report.txt          the task's report on the test split
+  deepspeed_config.json   the resolved DeepSpeed config (under DeepSpeed)
+
+Imports nothing of the pipeline: every layer may use it.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+class CheckpointFiles:
+    """The names inside one checkpoint directory."""
+
+    STATE = "state.pt"
+    """Every part of the loop's state by name (checkpoint.collect), rank 0."""
+    JOB = "job.json"
+    """What the job trains with, compared by a resume before anything else is loaded."""
+    BACKEND = "backend.pt"
+    """The torch backend's model, optimizer and loss scaler."""
+    ENGINE = "engine"
+    """DeepSpeed's own checkpoint tag (a folder)."""
+    MANIFEST = "manifest.json"
+    """sha256 of every file, written last."""
+
+    @staticmethod
+    def rng(rank: int) -> str:
+        return f"rng-rank{rank}.pt"
+
+
+class OutputDir:
+    """A job's output directory: the path of everything it holds."""
+
+    LOCK = ".lock"
+    CONFIG = "config.yaml"
+    JOB = "job.json"
+    JOURNAL = "journal.jsonl"
+    CHECKPOINTS = "checkpoints"
+    BEST = "best"
+    METRICS = "metrics.json"
+    REPORT = "report.txt"
+    DEEPSPEED_CONFIG = "deepspeed_config.json"
+    PREVIOUS_JOB = (CHECKPOINTS, BEST, METRICS, REPORT)
+    """What a job that starts over removes, so nothing of two jobs mixes (the journal is settled)."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.root / name
+
+    def __fspath__(self) -> str:
+        return str(self.root)
+
+    def __str__(self) -> str:
+        return str(self.root)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, OutputDir) and other.root == self.root
+
+    def __hash__(self) -> int:
+        return hash(self.root)
+
+    @property
+    def lock(self) -> Path:
+        return self.root / self.LOCK
+
+    @property
+    def config(self) -> Path:
+        return self.root / self.CONFIG
+
+    @property
+    def job(self) -> Path:
+        return self.root / self.JOB
+
+    @property
+    def journal(self) -> Path:
+        return self.root / self.JOURNAL
+
+    def abandoned_journal(self) -> Path:
+        """Where a previous job's journal goes when its store cannot take it (`pipeline sync FILE`)."""
+        return self.root / f"journal.abandoned-{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / self.CHECKPOINTS
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints / f"step-{step:08d}"
+
+    def checkpoint_in_progress(self, step: int) -> Path:
+        """A save's temporary directory, renamed to checkpoint(step) when complete."""
+        return self.checkpoints / f".step-{step:08d}.tmp"
+
+    def checkpoints_in_progress(self) -> list[Path]:
+        return sorted(self.checkpoints.glob(".step-*.tmp")) if self.checkpoints.is_dir() else []
+
+    def checkpoint_dirs(self) -> list[Path]:
+        return sorted(self.checkpoints.glob("step-*")) if self.checkpoints.is_dir() else []
+
+    @property
+    def best(self) -> Path:
+        return self.root / self.BEST
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / self.METRICS
+
+    @property
+    def report(self) -> Path:
+        return self.root / self.REPORT
