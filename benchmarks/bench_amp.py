@@ -1,4 +1,4 @@
-"""1. bf16 AMP vs FP32 training throughput through the pipeline: same model, batch, lengths.
+"""bf16 AMP vs FP32 training throughput through the pipeline: same model, batch, lengths.
 
 (Peak memory is left out on CPU: the process's peak RSS only grows across in-process runs.)
 Target: >= 1.4x on a CPU with AMX/AVX512-BF16 (a bare loop gives about 1.4-1.6x there).

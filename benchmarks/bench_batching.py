@@ -1,4 +1,4 @@
-"""4. Fixed max_length padding (as the paper did) vs dynamic padding vs dynamic padding with
+"""Fixed max_length padding (as the paper did) vs dynamic padding vs dynamic padding with
 length-grouped batches (train.group_by_length): tokens computed and training samples/s.
 
 The sample sets are short sentences (median ~9 tokens), so this uses a long-tailed length

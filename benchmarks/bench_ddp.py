@@ -1,4 +1,4 @@
-"""6. DDP: 2 processes vs 1 on the same global batch, and the all-reduce share of a step.
+"""DDP: 2 processes vs 1 on the same global batch, and the all-reduce share of a step.
 
 The long-tailed sentiment comments of common.long_sentiment_file. Throughput: the real
 launchers (`python -m pipeline train` vs `torchrun --nproc_per_node 2`),

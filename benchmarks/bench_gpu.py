@@ -1,7 +1,7 @@
 """The paper's table on a GPU: the real architectures built from config with random weights
 (speed and memory do not depend on the weights), strict fp32 (TF32 off), tf32, fp16 and bf16
 autocast, batch 16, 32, 64, sequence 128 and 256: samples/s, peak memory, TFLOP/s and MFU,
-energy per sample and mean power. `make bench-gpu` runs it; results/gpu-DEVICE.json names the GPU.
+energy per sample and mean power. `make bench-gpu` runs it; results/gpu-MACHINE-DATE.json names the GPU.
 
 The step is the pipeline's: its PrecisionPolicy (autocast, matmul mode) and TorchBackend
 (GradScaler for fp16, unscale, clipping, skipped-step detection), AdamW on fp32 master weights.
@@ -230,7 +230,7 @@ def parse_args():
                         help="comma-separated: eager, default, reduce-overhead, max-autotune (train.compile's modes)")
     parser.add_argument("--profile", action="store_true", help="profile each cell: GPU-busy vs wall, kernel kinds")
     parser.add_argument("--profile-steps", type=int, default=10)
-    parser.add_argument("--name", default="gpu", help="results/NAME-DEVICE.json")
+    parser.add_argument("--name", default="gpu", help="the benchmark's name in results/NAME-MACHINE-DATE.json")
     parser.add_argument("--quick", action="store_true", help="tiny model on this machine's device, as a smoke run")
     args = parser.parse_args()
     if args.quick:

@@ -1,4 +1,4 @@
-"""5. Distillation cost per epoch: the teacher-logit cache vs a live teacher vs the plain student.
+"""Distillation cost per epoch: the teacher-logit cache vs a live teacher vs the plain student.
 
 WikiQA samples, teacher all-MiniLM-L6-v2 (6 layers), student from_teacher:2; the plain student
 is the same 2-layer architecture trained alone (model_config.num_hidden_layers=2). One epoch

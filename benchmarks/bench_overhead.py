@@ -1,37 +1,42 @@
-"""2. Pipeline overhead vs a bare PyTorch loop, and 3. the pipeline vs the Hugging Face Trainer.
+"""Pipeline overhead vs a bare PyTorch loop, and the pipeline vs the Hugging Face Trainer.
 
-Same model (built by the pipeline's model factory, same seed), same features and collator (the
-long-tailed sentiment comments of common.long_sentiment_file), same
-batch, precision, AdamW + linear warm-up/decay and clipping. Throughput: training steps only
-(no evaluation), each timed from the first batch drawn to the last optimizer step.
+Same model (built by the pipeline's model factory, same seed: common.build_model), same features
+(the long-tailed sentiment comments of common.long_sentiment_file), same batch, precision, AdamW +
+linear warm-up/decay and clipping; the Trainer is trainer_contender.run on the pipeline's recipe.
+Throughput: training steps only (no evaluation), each timed from the first batch drawn to the last
+optimizer step.
 Targets: pipeline within 5% of the bare loop; at least equal to the Trainer, with the same dev
 score within noise (full runs of --score-epochs epochs, best dev epoch of each, one seed per
 repetition).
     python benchmarks/bench_overhead.py [--reps 3] [--steps 60] [--precision bf16]
 """
 import statistics
-import tempfile
 import time
 
 import torch
 import transformers
 from torch.utils.data import DataLoader
 
-from common import WORK, alternate, bare_step, long_sentiment_file, median, parser, pipeline_run, quiet, ratio, save
+import trainer_contender
+from common import (
+    alternate,
+    bare_step,
+    build_model,
+    long_sentiment_file,
+    median,
+    parser,
+    pipeline_run,
+    quiet,
+    ratio,
+    save,
+)
 
 TASK, MODEL, LR = "sentiment", "preset:bangla-small", 3e-4
 
 
 def build(max_length, seed=0):
-    from pipeline import models
-    from pipeline.tasks import get_task
-
-    task = get_task(TASK)
-    examples = {"train": task.load(str(long_sentiment_file()), "train"), "dev": task.load(None, "dev")}
-    transformers.set_seed(seed)  # the pipeline seeds the same way before building the model
-    tokenizer, model = models.build(MODEL, task, task.texts(examples["train"]), {}, max_length)
-    features = {split: task.featurize(examples[split], tokenizer, max_length, split) for split in examples}
-    return task, examples, tokenizer, model, features
+    """The model, tokenizer and features every contender starts from."""
+    return build_model(TASK, MODEL, max_length, seed, train=str(long_sentiment_file()))
 
 
 def bare_loop(args) -> dict:
@@ -54,50 +59,21 @@ def bare_loop(args) -> dict:
     return {"samples_per_s": samples / (time.perf_counter() - start)}
 
 
-class _Clock(transformers.TrainerCallback):
-    """Training time only, as the pipeline counts it: evaluations are subtracted."""
-
-    def __init__(self):
-        self.start = self.eval_start = self.eval_seconds = 0.0
-        self.elapsed = None
-
-    def on_train_begin(self, *_, **__):
-        self.start = time.perf_counter()
-
-    def on_epoch_end(self, *_, **__):
-        self.eval_start = time.perf_counter()
-
-    def on_evaluate(self, *_, **__):
-        self.eval_seconds += time.perf_counter() - self.eval_start
-
-    def on_train_end(self, *_, **__):
-        self.elapsed = time.perf_counter() - self.start - self.eval_seconds
-
-
 def trainer(args, epochs: int | None = None, seed: int = 0) -> dict:
+    """The Trainer on the pipeline's recipe: --steps steps, or whole epochs evaluated after each."""
     task, examples, tokenizer, model, features = build(args.max_length, seed)
 
     def compute_metrics(prediction):
         return task.metrics({"logits": prediction.predictions}, examples["dev"], features["dev"])
 
-    clock = _Clock()
-    training = transformers.TrainingArguments(
-        output_dir=tempfile.mkdtemp(dir=WORK), per_device_train_batch_size=args.batch_size,
-        per_device_eval_batch_size=64, learning_rate=LR, warmup_steps=0.1, weight_decay=0.01, max_grad_norm=1.0,
-        lr_scheduler_type="linear", bf16=args.precision == "bf16", use_cpu=True, seed=seed, data_seed=seed,
-        max_steps=-1 if epochs else args.steps, num_train_epochs=epochs or 1,
-        eval_strategy="epoch" if epochs else "no", save_strategy="no", logging_strategy="no", report_to=[],
-        disable_tqdm=True, dataloader_num_workers=0)
-    t = transformers.Trainer(model=model, args=training, train_dataset=features["train"].remove_columns("idx"),
-                             eval_dataset=features["dev"].remove_columns("idx"),
-                             data_collator=transformers.DataCollatorWithPadding(tokenizer),
-                             compute_metrics=compute_metrics if epochs else None, callbacks=[clock])
-    t.train()
-    steps = t.state.global_step
-    figures = {"samples_per_s": steps * args.batch_size / clock.elapsed}  # the last batch may be short
+    done = trainer_contender.run(
+        model, tokenizer, features["train"], precision=args.precision, seed=seed, epochs=epochs,
+        max_steps=None if epochs else args.steps, eval_set=features["dev"] if epochs else None,
+        compute_metrics=compute_metrics if epochs else None, per_device_eval_batch_size=64,
+        **trainer_contender.recipe(args.batch_size, LR))
+    figures = {"samples_per_s": done.samples_per_s}
     if epochs:
-        figures["dev_macro_f1"] = max(h["eval_macro_f1"] for h in t.state.log_history if "eval_macro_f1" in h)
-        figures["samples_per_s"] = len(features["train"]) * epochs / clock.elapsed
+        figures["dev_macro_f1"] = done.best("macro_f1")
     return figures
 
 

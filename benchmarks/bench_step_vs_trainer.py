@@ -8,38 +8,21 @@ The question: does the pipeline's bf16 path cost more than the Trainer's (bf16 g
 """
 import argparse
 import statistics
-import tempfile
 
 import torch
-import transformers
 
-from bench_overhead import _Clock
-from common import WORK, markdown_table, pipeline_run, quiet, save
+import trainer_contender
+from common import build_model, markdown_table, pipeline_run, quiet, save
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
-BATCH, LR = 16, 1e-4
+BATCH, LR, MAX_LENGTH = 16, 1e-4, 128
 
 
 def trainer(precision: str, steps: int, seed: int) -> float:
-    from pipeline import models
-    from pipeline.tasks import get_task
-
-    task = get_task("wikiqa")
-    examples = {split: task.load(None, split) for split in ("train", "dev")}
-    transformers.set_seed(seed)
-    tokenizer, model = models.build(MODEL, task, task.texts(examples["train"]), {}, 128)
-    train_set = task.featurize(examples["train"], tokenizer, 128, "train").remove_columns("idx")
-    clock = _Clock()
-    args = transformers.TrainingArguments(
-        output_dir=tempfile.mkdtemp(dir=WORK), per_device_train_batch_size=BATCH, learning_rate=LR,
-        warmup_steps=0.1, weight_decay=0.01, max_grad_norm=1.0, lr_scheduler_type="linear",
-        bf16=precision == "bf16", use_cpu=not torch.cuda.is_available(), seed=seed, data_seed=seed,
-        max_steps=steps, eval_strategy="no", save_strategy="no", logging_strategy="no", report_to=[],
-        disable_tqdm=True)
-    t = transformers.Trainer(model=model, args=args, train_dataset=train_set, callbacks=[clock],
-                             data_collator=transformers.DataCollatorWithPadding(tokenizer))
-    t.train()
-    return t.state.global_step * BATCH / clock.elapsed
+    _, _, tokenizer, model, features = build_model("wikiqa", MODEL, MAX_LENGTH, seed, splits=("train",))
+    done = trainer_contender.run(model, tokenizer, features["train"], precision=precision, seed=seed,
+                                 max_steps=steps, **trainer_contender.recipe(BATCH, LR))
+    return done.samples_per_s
 
 
 def pipeline(precision: str, steps: int, seed: int) -> float:

@@ -1,4 +1,4 @@
-"""9. The teacher pass (filling the teacher-logit cache): 1 rank vs 2 ranks on the same data.
+"""The teacher pass (filling the teacher-logit cache): 1 rank vs 2 ranks on the same data.
 
 Long-tailed sentiment comments (common.long_sentiment_file), a 6-layer 384-wide teacher
 (preset:bangla-base, seeded: the same weights in every process), --max-length 128. Each launch

@@ -52,7 +52,7 @@ def main():
                                                              "graphs:train.compile=reduce-overhead"])
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--reps", type=int, default=1)
-    parser.add_argument("--name", default="train", help="results/NAME-DEVICE.json")
+    parser.add_argument("--name", default="train", help="the benchmark's name in results/NAME-MACHINE-DATE.json")
     parser.add_argument("--quick", action="store_true", help="CPU smoke run: 1 epoch of preset:bangla-tiny")
     args = parser.parse_args()
     if args.quick:

@@ -6,8 +6,8 @@ repetition, dev macro-F1 of the best epoch compared against the spread between s
 Contenders:
 - pipeline defaults: `train task=sentiment` as shipped (batch 16, lr 3e-4 for a preset, warm-up
   0.1, weight decay 0.01, length grouping: the sentiment task's default);
-- pipeline defaults without grouping: the same with train.group_by_length=false (issue 17 item 3:
-  does grouping change the dev score beyond the seed spread?);
+- pipeline defaults without grouping: the same with train.group_by_length=false (does
+  grouping change the dev score beyond the seed spread?);
 - Trainer defaults: TrainingArguments as shipped (batch 8, lr 5e-5, no warm-up, no weight decay,
   fused AdamW, random sampling);
 - best: both at batch 32, lr 3e-4, warm-up 0.1, weight decay 0.01, length grouping;
@@ -19,16 +19,17 @@ Target: pipeline defaults >= 1.25x the Trainer's samples/s at an equal dev score
 the compiled Trainer in bf16.
     python benchmarks/bench_vs_trainer.py [--seeds 3] [--epochs 2] [--precision bf16]
     python benchmarks/bench_vs_trainer.py --precision bf16 --only "pipeline defaults" "Trainer compiled"  # a GPU
+With --only, the results file names the contenders run: vs_trainer-bf16-pipeline-trainer-compiled-MACHINE-DATE.json.
 """
+import re
 import statistics
-import tempfile
 
 import torch
-import transformers
 
-from bench_overhead import MODEL, TASK, _Clock, build
-from common import WORK, alternate, long_sentiment_file, parser, pipeline_run, quiet, save
+import trainer_contender
+from common import alternate, build_model, long_sentiment_file, parser, pipeline_run, quiet, save
 
+TASK, MODEL = "sentiment", "preset:bangla-small"
 BEST = {"batch_size": 32, "lr": 3e-4, "warmup": 0.1, "weight_decay": 0.01, "grouped": True}
 
 
@@ -42,39 +43,34 @@ def pipeline(args, seed: int, overrides: list[str]) -> dict:
 
 
 def trainer(args, seed: int, best: bool, compiled: bool = False) -> dict:
-    from pipeline.runtime import compiler
-
+    """The Trainer as shipped (TrainingArguments' defaults), at the best settings (grouped), or
+    compiled on the pipeline's recipe at --batch-size."""
     torch._dynamo.reset()
-    task, examples, tokenizer, model, features = build(args.max_length, seed)
+    task, _, tokenizer, model, features = build_model(TASK, MODEL, args.max_length, seed,
+                                                      train=str(long_sentiment_file()))
 
     def compute_metrics(prediction):
         # the labels in the order the Trainer evaluated: with group_by_length it reorders the dev set too
         return task.metrics({"logits": prediction.predictions}, [{"label": int(y)} for y in prediction.label_ids],
                             None)
 
-    tuned = dict(per_device_train_batch_size=BEST["batch_size"], learning_rate=BEST["lr"],
-                 warmup_steps=BEST["warmup"], weight_decay=BEST["weight_decay"],
-                 train_sampling_strategy="group_by_length") if best else {}
+    tuned = {}
+    if best:
+        tuned = trainer_contender.recipe(BEST["batch_size"], BEST["lr"], BEST["warmup"], BEST["weight_decay"])
     if compiled:  # the pipeline's recipe, compiled
-        tuned = dict(per_device_train_batch_size=args.batch_size, learning_rate=BEST["lr"],
-                     warmup_steps=BEST["warmup"], weight_decay=BEST["weight_decay"], torch_compile=True)
-    clock = _Clock()
-    training = transformers.TrainingArguments(
-        output_dir=tempfile.mkdtemp(dir=WORK), bf16=args.precision == "bf16", use_cpu=not torch.cuda.is_available(),
-        seed=seed, data_seed=seed, num_train_epochs=args.epochs, eval_strategy="epoch", save_strategy="no",
-        logging_strategy="no", report_to=[], disable_tqdm=True, **tuned)
-    train_set = features["train"].remove_columns("idx")
-    if best:  # the Trainer's grouping reads a length column, or measures every row itself
-        train_set = train_set.add_column("length", [len(ids) for ids in train_set["input_ids"]])
-    t = transformers.Trainer(model=model, args=training, train_dataset=train_set,
-                             eval_dataset=features["dev"].remove_columns("idx"),
-                             data_collator=transformers.DataCollatorWithPadding(tokenizer),
-                             compute_metrics=compute_metrics, callbacks=[clock])
-    compiling = compiler.compile_seconds()
-    t.train()
-    compiling = compiler.compile_seconds() - compiling  # evaluation's compilations included: a bound
-    return {"samples_per_s": len(train_set) * args.epochs / (clock.elapsed - compiling), "compile_s": compiling,
-            "dev_macro_f1": max(h["eval_macro_f1"] for h in t.state.log_history if "eval_macro_f1" in h)}
+        tuned = {**trainer_contender.recipe(args.batch_size, BEST["lr"], BEST["warmup"], BEST["weight_decay"]),
+                 "torch_compile": True}
+    done = trainer_contender.run(model, tokenizer, features["train"], precision=args.precision, seed=seed,
+                                 epochs=args.epochs, eval_set=features["dev"], compute_metrics=compute_metrics,
+                                 group_by_length=best and BEST["grouped"], **tuned)
+    return {"samples_per_s": done.samples_per_s, "compile_s": done.compile_s,
+            "dev_macro_f1": done.best("macro_f1")}
+
+
+def slug(contender: str) -> str:
+    """A contender in a results file's name: "Trainer compiled" -> trainer-compiled, "pipeline
+    defaults" -> pipeline."""
+    return re.sub(r"[^a-z0-9]+", "-", contender.lower().replace("defaults", "")).strip("-")
 
 
 def summary(runs: list[dict]) -> dict:
@@ -101,7 +97,7 @@ def main():
         "Trainer best": lambda seed: trainer(args, seed, best=True),
         "Trainer compiled": lambda seed: trainer(args, seed, best=False, compiled=True),
     }
-    if args.only:  # a part of the table, written to its own file
+    if args.only:  # a part of the table
         contenders = {name: fn for name, fn in contenders.items() if name in args.only}
     # one seed per round, the same seed for every contender in it: the seed spread is the noise
     seeds = {name: iter(range(args.seeds)) for name in contenders}
@@ -110,8 +106,11 @@ def main():
     rows = [{"contender": name, **summary(r)} for name, r in runs.items()]
     by_name = {row["contender"]: row for row in rows}
     baseline = "Trainer compiled" if "Trainer compiled" in by_name else "Trainer defaults"
+    result = f"vs_trainer-{args.precision}"
+    if args.only:  # a part of the table: the results file names its contenders
+        result += "".join(f"-{slug(c)}" for c in contenders)
     if not {"pipeline defaults", baseline} <= set(by_name):  # no target to judge
-        save(f"vs_trainer-{args.precision}-only", rows, list(rows[0]), vars(args), runs)
+        save(result, rows, list(rows[0]), vars(args), runs)
         return
 
     def paired(a, b):  # median of per-seed ratios (the two ran in the same round)
@@ -134,10 +133,9 @@ def main():
         grouped, plain = by_name["pipeline defaults"], by_name["pipeline defaults without grouping"]
         plain["target"] = (f"grouping moves dev macro-F1 by {grouped['dev macro-F1'] - plain['dev macro-F1']:+.3f} "
                            f"(seed spread {max(plain['dev macro-F1 spread'], grouped['dev macro-F1 spread']):.3f})")
-    device = "-gpu" if torch.cuda.is_available() else ""
     columns = ["contender", "samples/s", "samples/s spread", "dev macro-F1", "dev macro-F1 spread", "compile s",
                "vs Trainer", "target"]
-    save(f"vs_trainer-{args.precision}{device}", rows, columns, vars(args), runs)
+    save(result, rows, columns, vars(args), runs)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Shared by the benchmark scripts: the machine description, alternating repetitions with
-medians, the pipeline run in-process, and the results file.
+"""Shared by the benchmark scripts (benchmarks/*.py and benchmarks/studies/*.py): the machine
+description, alternating repetitions with medians, the model and features every contender starts
+from, the pipeline run in-process, and the results file (`result_path`: NAME-MACHINE-DATE.json).
 
 These machines are shared and noisy, so every benchmark measures ratios within one run: the
 contenders alternate (A B A B ...) and each figure is a median over repetitions; a ratio is the
@@ -12,6 +13,7 @@ import json
 import logging
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
@@ -22,9 +24,49 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+"""The performance benchmarks' results."""
+STUDY_RESULTS = ROOT / "benchmarks" / "studies" / "results"
+"""The recipe and seed studies' results (benchmarks/studies/)."""
 sys.path.insert(0, str(ROOT))
 WORK = Path(tempfile.mkdtemp(prefix="bench-"))
 os.environ.setdefault("PIPELINE_CACHE", str(WORK / "cache"))
+
+
+def cpuinfo() -> dict[str, str]:
+    """/proc/cpuinfo's fields (the last processor's: all alike), {} where there is none."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return {}
+    return {key.strip(): value.strip() for key, value in (line.split(":", 1) for line in lines if ":" in line)}
+
+
+def machine_slug() -> str:
+    """The machine part of a results file's name: the GPU's name on a CUDA machine (`h100-80gb-hbm3`),
+    else the CPU's bf16 support: `cpu-avx512bf16` where the CPU has AVX512-BF16 (the flag lscpu shows
+    as avx512_bf16), `cpu-avx2` otherwise (or `cpu-ARCH` without AVX2)."""
+    if torch.cuda.is_available():
+        name = re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name(0).lower()).strip("-")
+        return name.removeprefix("nvidia-")
+    flags = cpuinfo().get("flags", "").split()
+    if "avx512_bf16" in flags:
+        return "cpu-avx512bf16"
+    return "cpu-avx2" if "avx2" in flags else f"cpu-{platform.machine().lower()}"
+
+
+def result_path(name: str, results: Path = RESULTS) -> Path:
+    """Where a run of benchmark NAME writes its figures: RESULTS/NAME-MACHINE-DATE.json (today's
+    date), NAME being the benchmark and the parameters its runs differ in (`overhead-bf16`,
+    `recipes-qa-epochs8-seeds1-10`)."""
+    return results / f"{name}-{machine_slug()}-{datetime.date.today().isoformat()}.json"
+
+
+def seeds_label(seeds: list[int]) -> str:
+    """Seeds as a results file names them: `seeds1-10` (a range), `seeds3+5+6+9`, `seeds42`."""
+    seeds = sorted(seeds)
+    if len(seeds) > 1 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"seeds{seeds[0]}-{seeds[-1]}"
+    return "seeds" + "+".join(map(str, seeds))
 
 
 def machine() -> dict:
@@ -33,11 +75,7 @@ def machine() -> dict:
 
     from pipeline.runtime import precision
 
-    try:
-        cpuinfo = dict(line.split(":", 1) for line in Path("/proc/cpuinfo").read_text().splitlines() if ":" in line)
-    except OSError:
-        cpuinfo = {}
-    fields = {key.strip(): value.strip() for key, value in cpuinfo.items()}  # the last processor's (all alike)
+    fields = cpuinfo()
     cpu = fields.get("model name") or platform.processor() or platform.machine()
     flags = fields.get("flags", "")
     return {
@@ -96,6 +134,25 @@ def bare_step(model, optimizer, batch: dict, precision: str) -> None:
     optimizer.zero_grad(set_to_none=True)
 
 
+def build_model(task_name: str, model: str, max_length: int, seed: int = 0, train: str | None = None,
+                splits: tuple[str, ...] = ("train", "dev")):
+    """What every contender of a comparison starts from: the task's examples (the training file
+    `train`, else the built-in sample set), the model and tokenizer from the pipeline's model
+    factory seeded as the pipeline seeds before building one, and each split's features.
+    -> (task, examples, tokenizer, model, features)."""
+    import transformers
+
+    from pipeline import models
+    from pipeline.tasks import get_task
+
+    task = get_task(task_name)
+    examples = {split: task.load(train if split == "train" else None, split) for split in splits}
+    transformers.set_seed(seed)
+    tokenizer, model = models.build(model, task, task.texts(examples["train"]), {}, max_length)
+    features = {split: task.featurize(examples[split], tokenizer, max_length, split) for split in splits}
+    return task, examples, tokenizer, model, features
+
+
 def long_sentiment_file(rows: int = 2400, median_words: float = 30, sigma: float = 0.7, seed: int = 0) -> Path:
     """A sentiment training file in the BLP-2023 format whose comments have a long-tailed length
     (log-normal word counts), like social-media text; the built-in sample set's one-sentence
@@ -143,6 +200,16 @@ def pipeline_run(overrides: list[str], stage: str = "train") -> dict:
     return train.run(cfg, stage)
 
 
+def last_run():
+    """The newest MLflow run of pipeline_run's experiment (its tags, its metric history)."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{WORK}/mlflow.db")
+    experiment = client.get_experiment_by_name("bench")
+    (run,) = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"], max_results=1)
+    return client, run
+
+
 def quiet() -> None:
     logging.basicConfig(level=logging.WARNING)
     for name in ("pipeline", "mlflow", "transformers", "alembic", "deepspeed", "torch"):
@@ -164,14 +231,15 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
     return "\n".join(lines)
 
 
-def save(name: str, rows: list[dict], columns: list[str], settings: dict, runs: dict | None = None) -> Path:
-    """Print the table and write benchmarks/results/NAME-DEVICE.json (the machine included)."""
+def save(name: str, rows: list[dict], columns: list[str], settings: dict, runs: dict | None = None,
+         results: Path = RESULTS) -> Path:
+    """Print the table and write result_path(name, results): NAME-MACHINE-DATE.json, the machine,
+    command, settings, every repetition and the table in it."""
     info = machine()
-    device = (info["gpu"] or "cpu").replace(" ", "-").lower()
     table = markdown_table(rows, columns)
     print(f"\n{name} on {info['gpu'] or info['cpu']} ({info['cores']} cores)\n{table}\n")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}-{device}.json"
+    path = result_path(name, results)
+    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {"benchmark": name, "date": datetime.datetime.now().isoformat(timespec="seconds"),
                "command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": info,
                "settings": settings, "rows": rows, "table": table, "runs": runs or {}}

@@ -125,8 +125,8 @@ def main():
     ratios = [f"bf16/fp32 {key}" for key in ("samples_per_s", "cpu samples_per_s")]
     for name in ratios:
         rows[1][name] = ratio(result["bf16"], result["fp32"], name.removeprefix("bf16/fp32 "))
-    threads = f"{args.threads}thread" if args.threads else "default-threads"
-    save(f"profile-step-{args.data}-{threads}", rows, list(rows[0]) + ratios, vars(args),
+    threads = f"-threads{args.threads}" if args.threads else ""  # none: torch's default
+    save(f"profile-step-{args.data}{threads}", rows, list(rows[0]) + ratios, vars(args),
          {"runs": result, "profiles": profiles})
 
 

@@ -1,71 +1,84 @@
-"""A stage's parts, built before anything is written: config, device, precision, backend, data,
-tokenizer and model (with the teacher under distillation), and the meters. Everything that can
-be the user's fault fails here, before any MLflow run or output exists."""
+"""A stage's parts, built before anything is written: the backend, the data, tokenizer and model
+(with the teacher and its logits under distillation), the job's record completed with them and,
+when resuming, the checkpoint confirmed against them. Everything that can be the user's fault
+fails here, before any MLflow run or output exists. The plan (jobs/settle.py) decided the rest.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import transformers
 from transformers import PreTrainedTokenizerBase
 
 from pipeline import models
-from pipeline.config import Config
+from pipeline.config.schema import SettledConfig
 from pipeline.data import features
+from pipeline.data.loaders import shaped_collate
+from pipeline.jobs.job_record import JobRecord
+from pipeline.jobs.resume import Resume, Resumed, StartOver
+from pipeline.jobs.settle import Plan
 from pipeline.kd.distill import Distiller, build_distillation
-from pipeline.measure.telemetry import StageMeters
-from pipeline.runtime import precision
+from pipeline.layout import OutputDir
 from pipeline.runtime.backend import Backend
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.factory import make_backend
 from pipeline.runtime.precision import PrecisionPolicy
-from pipeline.tasks import get_task
 from pipeline.tasks.base import SPLITS, Task
 from pipeline.tracking import resolve_uri
 
 
 @dataclass(frozen=True)
 class Stage:
-    """What build_stage() creates, before any MLflow run or output exists."""
+    """What build_stage() creates, before any MLflow run or output exists; nothing here changes
+    afterwards (what the run changes is the Loop's)."""
 
-    cfg: Config
-    rt: Runtime
-    kind: str
-    """train | distill."""
-    policy: PrecisionPolicy
-    task: Task
+    plan: Plan
     examples: dict
     features: dict
     tokenizer: PreTrainedTokenizerBase
     model: torch.nn.Module
-    """The model being trained, unwrapped (Loop.wrapped is what the backend made of it)."""
+    """The model being trained, on its device, unwrapped: the one handle to it (Loop.wrapped is what
+    the backend made of it, to call forward on)."""
     model_spec: str
     backend: Backend
     distiller: Distiller | None
-    meters: StageMeters
-    """Owns the job's throughput, energy and FLOP totals."""
+    """Under distillation: the KD loss, with the teacher's logits cached or the teacher live."""
+    record: JobRecord
+    """What the job trains with, its tokenizer, model and teacher included (same_job.py compares it)."""
+    start: Resumed | StartOver
+    """From where the job starts: a checkpoint confirmed against this stage, or over."""
     uri: str
 
     @property
-    def out(self) -> Path:
-        return Path(self.cfg.output_dir)
+    def cfg(self) -> SettledConfig:
+        return self.plan.cfg
+
+    @property
+    def rt(self) -> Runtime:
+        return self.plan.rt
+
+    @property
+    def kind(self) -> str:
+        return self.plan.kind
+
+    @property
+    def task(self) -> Task:
+        return self.plan.task
+
+    @property
+    def policy(self) -> PrecisionPolicy:
+        return self.plan.policy
+
+    @property
+    def out(self) -> OutputDir:
+        return self.plan.out
 
 
-def resolve_config(cfg: Config, stage: str, rt: Runtime) -> tuple[Config, Task]:
-    """The config with every default filled in for this device, task and kind of model, before
-    any data or model loads. The distill stage's default student (from_teacher:N) needs the
-    teacher, but only the kind of model matters to the defaults resolve() fills."""
-    cfg = cfg.resolve(device_type=rt.device.type)  # compile, batch shapes, loader workers for this device
-    task = get_task(cfg.task, cfg.task_options)
-    planned_spec = cfg.model or (task.default_model if stage == "train" else "from_teacher:")
-    return cfg.resolve(planned_spec, task), task
-
-
-def build_stage(cfg: Config, stage: str, rt: Runtime) -> Stage:
+def build_stage(plan: Plan, start: Resume | StartOver) -> Stage:
     """Everything that can be the user's fault, before a run or an output exists."""
-    policy = precision.resolve(cfg.precision, rt.device)
-    cfg, task = resolve_config(cfg, stage, rt)
+    cfg, rt, task, policy = plan.cfg, plan.rt, plan.task, plan.policy
+    policy.apply_matmul_mode()  # the stage's one process-wide setting, applied as it starts
     # a DeepSpeed config is read and checked before data and models load (minutes on a real job)
     backend = make_backend(rt, policy, cfg.train, cfg.deepspeed)
     # the training split is prepared once per node and memory-mapped: its size, digest and texts
@@ -76,7 +89,7 @@ def build_stage(cfg: Config, stage: str, rt: Runtime) -> Stage:
     transformers.set_seed(cfg.seed)  # identical initial weights on every rank
     train_texts = examples["train"].texts
     distiller = None
-    if stage == "distill":
+    if plan.kind == "distill":
         model_spec, tokenizer, model, distiller = build_distillation(cfg, task, policy, rt, train_texts)
     else:
         model_spec = cfg.model or task.default_model
@@ -84,5 +97,12 @@ def build_stage(cfg: Config, stage: str, rt: Runtime) -> Stage:
     prepared = {split: features.prepare_features(task, split, getattr(cfg.data, split), examples[split], tokenizer,
                                                  cfg.train.max_length, rt) for split in SPLITS}
     examples["train"].release()  # the builder's rows: the features are on disk now
-    return Stage(cfg, rt, stage, policy, task, examples, prepared, tokenizer, model, model_spec, backend,
-                 distiller, StageMeters(rt.device, policy.name, rt.world_size, cfg.train.compile != "off"), uri)
+    record = plan.record.built(tokenizer, model, distiller.teacher if distiller else None)
+    if isinstance(start, Resume):  # the checkpoint against the model, tokenizer and teacher built
+        start = start.confirm(record, cfg.accepted_changes)
+        record = start.record
+    model.to(rt.device)  # parameters stay fp32: autocast casts per op (fp32 master weights)
+    if distiller is not None:  # the teacher's logits for the whole training set, once (cached on disk)
+        collate = shaped_collate(task.collator(tokenizer), cfg.train, tokenizer.pad_token_id)
+        distiller.prepare(prepared["train"], collate, cfg.train.max_length, tokenizer)
+    return Stage(plan, examples, prepared, tokenizer, model, model_spec, backend, distiller, record, start, uri)

@@ -1,11 +1,12 @@
 """The training loop: one stage, in any launch mode and precision, readable top to bottom.
 
-run() builds the stage first (stage.py: whatever can be the user's fault fails before any run or
-output exists), locks output_dir and resumes, starts over or, for a finished job, does nothing.
-The phases run in the order written: set up the loop, resume, train an epoch, end the epoch
-(evaluate, keep the best model, checkpoint), finish (test with the best model). The Backend hides
-single/DDP/DeepSpeed; the loop's state lives in parts that save and restore themselves, which a
-checkpoint collects by name (Loop.parts); pipeline/names.py spells every metric's name.
+run() settles the job into its plan (jobs/settle.py), decides from where it starts (jobs/resume.py:
+finished, resume or start over) and builds the stage (stage.py: whatever can be the user's fault
+fails before any run or output exists); then it locks output_dir and trains. The phases run in the
+order written: set up the loop, resume, train an epoch, end the epoch (evaluate, keep the best
+model, checkpoint), finish (test with the best model). The Backend hides single/DDP/DeepSpeed;
+every piece of the loop's mutable state is the Loop's, in parts that save and restore themselves,
+which a checkpoint collects by name (Loop.parts); pipeline/names.py spells every metric's name.
 """
 from __future__ import annotations
 
@@ -13,9 +14,7 @@ import contextlib
 import functools
 import logging
 import math
-import os
 import sys
-import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,24 +26,25 @@ from tqdm.auto import tqdm
 from pipeline import names
 from pipeline.config import Config
 from pipeline.data import features
-from pipeline.data.loaders import Loaders, build_loaders, describe_datasets, real_rows, shaped_collate
+from pipeline.data.loaders import Loaders, build_loaders, describe_datasets, real_rows
 from pipeline.errors import MachineError
 from pipeline.evaluation import evaluate
 from pipeline.fsutil import write_json
-from pipeline.jobs import job_record, lock, outputs, same_job
-from pipeline.jobs.job_record import JobRecord
+from pipeline.jobs import lock, outputs, resume, same_job
+from pipeline.jobs.settle import settle
+from pipeline.layout import OutputDir
 from pipeline.loop import checkpoint
 from pipeline.loop.best_model import BestModel
-from pipeline.loop.checkpoint import Checkpoint, Stateful
+from pipeline.loop.checkpoint import Stateful
 from pipeline.loop.optim import build_optimizer, give_back
 from pipeline.loop.progress import Progress
 from pipeline.loop.step_losses import StepLosses
 from pipeline.measure import stall
 from pipeline.measure.flops import FlopModel, step_flop_model
+from pipeline.measure.telemetry import StageMeters
 from pipeline.runtime import dist, gc_pause
 from pipeline.runtime.dist import AgreedFlag
-from pipeline.runtime.fallback import fit_to_world
-from pipeline.stage import Stage, build_stage, resolve_config
+from pipeline.stage import Stage, build_stage
 from pipeline.tracking import StageRun, Tracker, start_stage_run, what_ran
 
 log = logging.getLogger("pipeline")
@@ -63,27 +63,28 @@ class Diverged(RuntimeError):
 
 @dataclass
 class Loop:
-    """What the phases share once the stage's run is open (built once by setup_loop), and the
-    parts of the loop's state that a checkpoint collects."""
+    """Everything the run changes, built once by setup_loop: what the phases share and the parts of
+    the loop's state that a checkpoint collects (Loop.parts). The Stage beside it never changes."""
 
     s: Stage
     tracker: Tracker
     run_id: str | None
-    job: JobRecord
-    """What the job trains with: written into every checkpoint (same_job.py compares it)."""
     loaders: Loaders
     scheduler: torch.optim.lr_scheduler.LRScheduler
     wrapped: torch.nn.Module
     """The module to call forward on: the backend's wrapper (DDP, DeepSpeed engine) of s.model."""
     epochs: int
     total_steps: int
-    sigterm: AgreedFlag
+    preemption: AgreedFlag
+    """SIGTERM seen on this rank (its `raised` event), and the step at which every rank acts on it."""
+    meters: StageMeters
+    """The job's throughput, energy, memory and FLOP totals."""
     progress: Progress = field(default_factory=Progress)
     losses: StepLosses = field(default_factory=StepLosses)
     best: BestModel = field(default_factory=BestModel)
 
     def parts(self) -> dict[str, Stateful]:
-        return {"progress": self.progress, "losses": self.losses, "best": self.best, "meters": self.s.meters,
+        return {"progress": self.progress, "losses": self.losses, "best": self.best, "meters": self.meters,
                 "scheduler": self.scheduler}
 
 
@@ -93,51 +94,40 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
     if rt is None:  # a surplus torchrun rank under fallback: the others do the work
         return {}
     try:
-        cfg, rt = fit_to_world(cfg, rt)  # fewer processes than planned: same global batch
-        out = Path(cfg.resolve().output_dir)
-        lock.check_free(out, rt)  # a duplicate job fails before loading anything
-        restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # elastic restart
-        resuming = cfg.resume == "auto" or restarted
-        # what this job is, known before any data or model loads: a resume of another job stops here
-        planned = job_record.describe(*resolve_config(cfg, stage, rt), rt)
-        finished = same_job.finished(out, planned, rt) if resuming else None
-        if finished is not None:
-            return finished
-        ckpt = checkpoint.latest(out) if resuming else None
-        if ckpt is not None:
-            same_job.check(ckpt.path, job_record.read(ckpt.path), planned, cfg.accepted_changes)
-        s = build_stage(cfg, stage, rt)
-        with lock.job_lock(s.out, rt):  # a second job into output_dir: UserError, nothing touched
-            return run_locked(s, planned, ckpt, resuming)
+        plan = settle(cfg, stage, rt)
+        lock.check_free(plan.out.root, plan.rt)  # a duplicate job fails before loading anything
+        start = resume.decide(plan)  # a resume of another job stops here, before data or models load
+        if isinstance(start, resume.Finished):
+            return start.metrics
+        s = build_stage(plan, start)
+        with lock.job_lock(s.out.root, s.rt):  # a second job into output_dir: UserError, nothing touched
+            return run_locked(s)
     finally:
         dist.shutdown()
 
 
-def run_locked(s: Stage, planned: JobRecord, ckpt: Checkpoint | None, resuming: bool) -> dict[str, float]:
-    """Resume from the checkpoint, once the model and teacher built match it, or start over; the
-    stage, in its MLflow run."""
-    record = planned.built(s.tokenizer, s.model, s.distiller.teacher if s.distiller else None)
-    trained = job_record.read(ckpt.path) if ckpt else None
-    accepted = same_job.check(ckpt.path, trained, record, s.cfg.accepted_changes) if ckpt else []
-    bundle = ckpt.load_bundle() if ckpt else None
-    if ckpt is None:
-        outputs.start_over(s.out, s.rt, s.uri, resuming)
-    else:
-        record = same_job.carry_accepted(trained, record, accepted, bundle["parts"]["progress"]["step"])
+def run_locked(s: Stage) -> dict[str, float]:
+    """The stage in its MLflow run, from its checkpoint or from scratch (what a previous job left
+    in output_dir cleared first)."""
+    resumed = s.start if isinstance(s.start, resume.Resumed) else None
+    if resumed is None:
+        outputs.start_over(s.out.root, s.rt, s.uri, s.start.resuming)
     if s.rt.is_main:
-        record.write(s.out)  # the job a later resume=auto compares with once it finished
+        s.record.write(s.out.root)  # the job a later resume=auto compares with once it finished
+    meters = StageMeters(s.rt.device, s.policy.name, s.rt.world_size, s.cfg.train.compile != "off")
     tracker, run_id = start_stage_run(s.cfg, s.rt, s.uri, StageRun(
-        s.kind, s.model_spec, s.policy.name, s.meters.energy_available_anywhere(),
-        what_ran(s.cfg, s.rt, s.policy, s.backend, s.model_spec, s.kind), resumed=ckpt is not None,
-        resume_run_id=bundle["run_id"] if bundle else None))
-    if accepted:
-        same_job.record_accepted(tracker, record, accepted, bundle["parts"]["progress"]["step"])
+        s.kind, s.model_spec, s.policy.name, meters.energy_available_anywhere(),
+        what_ran(s.cfg, s.rt, s.policy, s.backend, s.model_spec, s.kind), resumed=resumed is not None,
+        resume_run_id=resumed.run_id if resumed else None))
+    if resumed is not None and resumed.accepted:
+        same_job.record_accepted(tracker, s.record, resumed.accepted, resumed.step)
     tracker.log_datasets(describe_datasets(s.cfg.data, s.task, s.examples))
     tracker.set_tags({names.TAG_DATA_CACHE: features.cache_outcome(s.examples["train"], s.features)})
     gc_pause.resume_after_setup()  # the CLI paused it through set-up (runtime/gc_pause.py)
+    preemption = AgreedFlag(s.rt.device)
     try:
-        with dist.sigterm_flag() as preempt:
-            final = fit(setup_loop(s, tracker, run_id, record), preempt, ckpt, bundle)
+        with dist.on_sigterm(preemption.raised):
+            final = fit(setup_loop(s, tracker, run_id, meters, preemption), resumed)
     except BaseException as e:
         tracker.end("KILLED" if isinstance(e, (KeyboardInterrupt, Preempted)) else "FAILED")
         raise
@@ -146,21 +136,21 @@ def run_locked(s: Stage, planned: JobRecord, ckpt: Checkpoint | None, resuming: 
     return final
 
 
-def fit(lp: Loop, preempt: threading.Event, ckpt: Checkpoint | None, bundle: dict | None) -> dict[str, float]:
+def fit(lp: Loop, resumed: resume.Resumed | None) -> dict[str, float]:
     """Train every epoch (from where a resumed job stopped), then test; returns the final metrics."""
-    if ckpt is not None:
-        resume(lp, ckpt, bundle)
+    if resumed is not None:
+        restore(lp, resumed)
     else:
         torch.manual_seed(lp.s.cfg.seed + lp.s.rt.rank)  # dropout differs per rank; data order does not
     for epoch in range(lp.progress.epoch, lp.epochs):
-        train_epoch(lp, epoch, preempt)
+        train_epoch(lp, epoch)
         if end_epoch(lp, epoch):
             break
     return finish(lp)
 
 
-def setup_loop(s: Stage, tracker: Tracker, run_id: str | None, record: JobRecord) -> Loop:
-    """Loaders, AdamW, the LR schedule, the backend's wrapper and the teacher's cache."""
+def setup_loop(s: Stage, tracker: Tracker, run_id: str | None, meters: StageMeters, preemption: AgreedFlag) -> Loop:
+    """Loaders, the FLOP model, AdamW, the LR schedule and the backend's wrapper."""
     t, rt = s.cfg.train, s.rt
     collate = s.task.collator(s.tokenizer)
     # compiled: short batches filled to full rows, so graphs replay (not under KD: its loss would count them)
@@ -169,20 +159,16 @@ def setup_loop(s: Stage, tracker: Tracker, run_id: str | None, record: JobRecord
     steps_per_epoch = math.ceil(len(loaders.train) / t.grad_accum)
     epochs = t.epochs if t.max_steps < 0 else math.ceil(t.max_steps / steps_per_epoch)  # max_steps wins, as in HF
     total_steps = steps_per_epoch * epochs if t.max_steps < 0 else t.max_steps
-
-    s.model.to(rt.device)  # parameters stay fp32: autocast casts per op (fp32 master weights)
-    if s.distiller is not None:  # the teacher's logits for the whole training set, once (cached on disk)
-        s.distiller.prepare(s.features["train"], shaped_collate(collate, t, s.tokenizer.pad_token_id), t.max_length,
-                            s.tokenizer)
+    if s.distiller is not None:
         tracker.set_tags({names.TAG_KD_CACHE: {True: "hit", False: "miss", None: "off"}[s.distiller.cache_hit]})
-    s.meters.flop_model = count_step_flops(s, collate)  # before the wrapper: no collective, no timer
+    meters.flop_model = count_step_flops(s, collate)  # before the wrapper: no collective, no timer
     optimizer, scheduler = build_optimizer(s.model, t, total_steps, fused=s.backend.fused_optimizer)
     wrapped = s.backend.prepare(s.model, optimizer)
     for name, content in s.backend.extra_artifacts.items():  # e.g. the resolved DeepSpeed config
         if rt.is_main:
             write_json(s.out / name, content)
             tracker.log_artifact(s.out / name)
-    return Loop(s, tracker, run_id, record, loaders, scheduler, wrapped, epochs, total_steps, AgreedFlag(rt.device))
+    return Loop(s, tracker, run_id, loaders, scheduler, wrapped, epochs, total_steps, preemption, meters)
 
 
 def count_step_flops(s: Stage, collate: Callable[[list[dict]], dict]) -> FlopModel:
@@ -215,24 +201,24 @@ def plain_step(s: Stage, batch: dict) -> None:
     forward_loss(s, s.model, inputs, idx).backward()
 
 
-def resume(lp: Loop, ckpt: Checkpoint, bundle: dict) -> None:
+def restore(lp: Loop, resumed: resume.Resumed) -> None:
     """Model, optimizer, every part of the loop's state and the RNG from a checkpoint; the best
     model's weights from best/."""
-    s = lp.s
+    s, ckpt = lp.s, resumed.checkpoint
     try:  # the job's record matched (same_job): a failure here is the files' or the libraries'
         s.backend.load(ckpt.path)
-        checkpoint.restore(bundle, lp.parts())
+        checkpoint.restore(resumed.bundle, lp.parts())
     except (RuntimeError, KeyError, ValueError, OSError) as e:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         raise MachineError(f"resume: checkpoint {ckpt.path}: cannot be loaded ({reason}); resume=never starts "
                            "over") from e
     ckpt.restore_rng(s.rt.rank)
-    lp.best.restore_weights(s.out, s.backend)
+    lp.best.restore_weights(s.out.root, s.backend)
     if s.rt.is_main:
         log.info("resumed from %s (epoch %d, step %d)", ckpt.path, lp.progress.epoch + 1, lp.progress.step)
 
 
-def train_epoch(lp: Loop, epoch: int, preempt: threading.Event) -> None:
+def train_epoch(lp: Loop, epoch: int) -> None:
     """This rank's shard of one epoch, an optimizer step every grad_accum micro-batches;
     a checkpoint every train.save_every steps, and one (then Preempted) on SIGTERM."""
     s, t, progress = lp.s, lp.s.cfg.train, lp.progress
@@ -240,7 +226,7 @@ def train_epoch(lp: Loop, epoch: int, preempt: threading.Event) -> None:
     start = progress.epoch_steps * t.grad_accum  # this rank's micro-batches already trained
     lp.loaders.start_epoch(epoch, start)
     lp.wrapped.train()
-    s.meters.start_epoch()
+    lp.meters.start_epoch()
     group_loss = 0.0
     micro_steps = len(lp.loaders.train)
     bar = tqdm(lp.loaders.train, desc=f"epoch {epoch + 1}/{lp.epochs}", leave=False, initial=start,
@@ -252,20 +238,20 @@ def train_epoch(lp: Loop, epoch: int, preempt: threading.Event) -> None:
         group_loss = group_loss + forward_backward(lp, batch, group_len, last_micro) / group_len
         if not last_micro:
             continue
-        stop = optimizer_step(lp, group_loss, epoch + (i + 1) / micro_steps, preempt, bar)
+        stop = optimizer_step(lp, group_loss, epoch + (i + 1) / micro_steps, bar)
         progress.epoch_steps += 1
         group_loss = 0.0
         if stop or (t.save_every and progress.step % t.save_every == 0 and i + 1 < micro_steps):
-            s.meters.pause()  # the save is not training time
+            lp.meters.pause()  # the save is not training time
             path = save_checkpoint(lp)
             if stop:
                 raise Preempted(f"SIGTERM: checkpoint {path} written at step {progress.step}")
-            s.meters.resume()
+            lp.meters.resume()
         if progress.step >= lp.total_steps:
             break
     bar.close()
-    if lp.sigterm.settle():  # a SIGTERM during the epoch's last step: the ranks agree only now
-        s.meters.pause()
+    if lp.preemption.settle():  # a SIGTERM during the epoch's last step: the ranks agree only now
+        lp.meters.pause()
         raise Preempted(f"SIGTERM: checkpoint {save_checkpoint(lp)} written at step {progress.step}")
 
 
@@ -275,7 +261,7 @@ def forward_backward(lp: Loop, batch: dict, group_len: int, last_micro: bool) ->
     idx = batch.pop("idx")
     rows, padded = real_rows(idx), batch["input_ids"].shape[1]  # filler rows (compiled jobs) are not counted
     mask = batch["attention_mask"]
-    s.meters.add_batch(rows, int(mask[:rows].sum()), padded)  # host tensors: no sync
+    lp.meters.add_batch(rows, int(mask[:rows].sum()), padded)  # host tensors: no sync
     # compiled: one graph whether or not a batch has padding (the mask check is traced, no sync)
     unpadded = s.cfg.train.compile == "off" and bool(mask.all())
     inputs = {k: v.to(s.rt.device, non_blocking=True) for k, v in batch.items()}
@@ -288,8 +274,7 @@ def forward_backward(lp: Loop, batch: dict, group_len: int, last_micro: bool) ->
     return loss.detach()
 
 
-def optimizer_step(lp: Loop, group_loss: torch.Tensor, epoch_progress: float, preempt: threading.Event,
-                   bar: tqdm) -> bool:
+def optimizer_step(lp: Loop, group_loss: torch.Tensor, epoch_progress: float, bar: tqdm) -> bool:
     """Step (the schedule only when the optimizer really stepped); the loss stays on the device
     until a log boundary, where the ranks' losses and non-finite flags are read in one collective;
     ranks agree on preemption one step after a SIGTERM without waiting for the device. True = stop now."""
@@ -298,10 +283,10 @@ def optimizer_step(lp: Loop, group_loss: torch.Tensor, epoch_progress: float, pr
     progress.step += 1
     lp.scheduler.step()  # provisional: a step the backend skipped is taken back when its flag is read
     lp.losses.pending.add(group_loss, result.stepped)
-    stop = lp.sigterm.poll(preempt.is_set())
+    stop = lp.preemption.poll()
     if progress.step % s.cfg.train.log_every == 0 or progress.step == lp.total_steps:
         take_pending_losses(lp)
-        s.meters.check_compiles()
+        lp.meters.check_compiles()
         loss = lp.losses.close_window()
         metrics = {names.TRAIN_LOSS: loss, names.TRAIN_LR: lp.scheduler.get_last_lr()[0],
                    names.TRAIN_GRAD_NORM: float(result.grad_norm), names.TRAIN_EPOCH: epoch_progress,
@@ -320,7 +305,7 @@ def take_pending_losses(lp: Loop) -> None:
     skipped, diverged_at = lp.losses.read(lp.progress.step, s.rt.world_size, s.cfg.train.max_nonfinite)
     give_back(lp.scheduler, skipped)
     if diverged_at is not None:
-        last = checkpoint.latest(s.out)
+        last = checkpoint.latest(s.out.root)
         raise Diverged(f"{lp.losses.nonfinite_streak} consecutive non-finite losses at step {diverged_at}; "
                        f"last good checkpoint: {last.path if last else 'none'}")
 
@@ -328,9 +313,9 @@ def take_pending_losses(lp: Loop) -> None:
 def end_epoch(lp: Loop, epoch: int) -> bool:
     """Epoch metrics, dev evaluation, the best model so far, a checkpoint; True = training is over."""
     s, progress = lp.s, lp.progress
-    metrics = s.meters.end_epoch()  # reduced over ranks
+    metrics = lp.meters.end_epoch()  # reduced over ranks
     take_pending_losses(lp)  # the epoch's non-finite count is complete
-    dev = evaluate(s.backend.module, lp.loaders.dev, s.task, s.policy, s.rt, s.examples["dev"], s.features["dev"])
+    dev = evaluate(s.model, lp.loaders.dev, s.task, s.policy, s.rt, s.examples["dev"], s.features["dev"])
     metrics.update({**lp.losses.amp_metrics(None), **{names.eval_metric(k): v for k, v in dev.scores.items()}})
     lp.tracker.log_metrics(metrics, progress.step)
     if s.rt.is_main:
@@ -338,7 +323,7 @@ def end_epoch(lp: Loop, epoch: int) -> bool:
                  progress.step, lp.losses.last_loss, s.task.main_metric, dev.main, metrics[names.SAMPLES_PER_S],
                  metrics[names.EPOCH_TIME])
     # keep the best model; stop when the main metric stops improving
-    lp.best.consider(dev.scores, s.meters.totals.train_seconds, s.backend, s.tokenizer, s.out, s.rt.is_main)
+    lp.best.consider(dev.scores, lp.meters.totals.train_seconds, s.backend, s.tokenizer, s.out.root, s.rt.is_main)
     done = progress.step >= lp.total_steps or epoch + 1 == lp.epochs
     early = bool(s.cfg.train.patience and lp.best.bad_evals >= s.cfg.train.patience)
     progress.epoch, progress.epoch_steps = epoch + 1, 0
@@ -354,19 +339,19 @@ def finish(lp: Loop) -> dict[str, float]:
     s, progress = lp.s, lp.progress
     if lp.best.weights is not None:  # None only if every evaluation scored NaN
         s.backend.load_full_state_dict(lp.best.weights)
-    test = evaluate(s.backend.module, lp.loaders.test, s.task, s.policy, s.rt, s.examples["test"],
+    test = evaluate(s.model, lp.loaders.test, s.task, s.policy, s.rt, s.examples["test"],
                     s.features["test"], keep=True)
-    stall.flag_stall(test, lp.tracker, "test", s.rt.is_main)
+    lp.tracker.set_tags(stall.flag(test.stall, "test", s.rt.is_main))
     final = {**lp.best.metrics, **{names.test_metric(k): v for k, v in test.scores.items()},
              names.TRAIN_LOSS: lp.losses.last_loss, names.TRAIN_STEPS: progress.step,
-             **s.meters.final_metrics(lp.best.time_to_best), **lp.losses.amp_metrics(s.backend.loss_scale)}
+             **lp.meters.final_metrics(lp.best.time_to_best), **lp.losses.amp_metrics(s.backend.loss_scale)}
     final = {k: v for k, v in final.items() if v is not None}
     lp.tracker.log_metrics({k: v for k, v in final.items() if not k.startswith(names.EVAL)}, progress.step)
     if s.rt.is_main:
         report = s.task.report(test.predictions, s.examples["test"], s.features["test"])
-        outputs.write_final(s.out, final, report, lp.tracker, s.cfg.tracking.log_model)
+        outputs.write_final(s.out.root, final, report, lp.tracker, s.cfg.tracking.log_model)
         log.info("test %s %.4f  |  %.1f samples/s over %.1fs of training  |  outputs in %s", s.task.main_metric,
-                 test.main, final[names.SAMPLES_PER_S], s.meters.totals.train_seconds, s.out)
+                 test.main, final[names.SAMPLES_PER_S], lp.meters.totals.train_seconds, s.out)
     return final
 
 
@@ -374,5 +359,6 @@ def save_checkpoint(lp: Loop) -> Path:
     """Collective: every part of the loop's state, the backend's state and every rank's RNG."""
     take_pending_losses(lp)  # the window holds every rank's losses since the last log
     s = lp.s
-    return checkpoint.save(s.out, lp.progress.step, checkpoint.collect(lp.parts(), lp.run_id), s.rt.rank,
-                           keep=s.cfg.train.keep_checkpoints, write_backend=s.backend.save, job=lp.job)
+    return checkpoint.save(s.out.root, lp.progress.step, checkpoint.collect(lp.parts(), lp.run_id), s.rt.rank,
+                           keep=s.cfg.train.keep_checkpoints, write_backend=s.backend.save,
+                           files={OutputDir.JOB: s.record.to_json()})

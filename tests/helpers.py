@@ -29,6 +29,16 @@ FAST = ["model=preset:bangla-tiny", "train.max_length=48", "train.batch_size=32"
         "tracking.system_metrics=false"]
 
 
+def settled_train(*overrides: str, device: str = "cpu"):
+    """A train section settled as a job on `device` settles it (the backends take only that)."""
+    from pipeline.config import load_config
+    from pipeline.jobs.settle import settle_config
+    from pipeline.tasks import get_task
+
+    cfg = load_config(None, list(overrides))
+    return settle_config(cfg, cfg.model or "preset:bangla-tiny", get_task(cfg.task), device).train
+
+
 def write_file(tmp_path, content, name):
     """A data file for reader tests: text as UTF-8, bytes as they are (to test bad encodings)."""
     path = tmp_path / name

@@ -13,10 +13,10 @@ from transformers import BertConfig, BertForSequenceClassification, BertForToken
 from helpers import free_port
 from pipeline import names
 from pipeline.config import load_config
-from pipeline.config.schema import resolve_device_defaults
 from pipeline.data.loaders import IGNORED, ShapedCollate, real_rows
 from pipeline.errors import UserError
 from pipeline.evaluation import evaluate
+from pipeline.jobs.settle import device_defaults
 from pipeline.measure.telemetry import StageMeters
 from pipeline.runtime import compiler, precision
 from pipeline.runtime.dist import Runtime
@@ -204,14 +204,13 @@ def test_evaluation_leaves_filler_rows_out_of_scores_and_loss():
 
 def test_device_defaults_follow_the_measurements():
     train = load_config(None, []).train
-    gpu, cpu = resolve_device_defaults(train, True), resolve_device_defaults(train, False)
-    assert (gpu.compile, gpu.pad_to_multiple_of, gpu.num_workers) == ("reduce-overhead", 16, 2)
-    assert (cpu.compile, cpu.pad_to_multiple_of, cpu.num_workers) == ("off", 1, 0)
-    eager_gpu = resolve_device_defaults(load_config(None, ["train.compile=off"]).train, True)
-    assert eager_gpu.pad_to_multiple_of == 1
-    mine = resolve_device_defaults(load_config(None, ["train.pad_to_multiple_of=32", "train.num_workers=0"]).train,
-                                   True)
-    assert (mine.pad_to_multiple_of, mine.num_workers) == (32, 0)
+    gpu, cpu = device_defaults(train, True), device_defaults(train, False)
+    assert gpu == {"compile": "reduce-overhead", "pad_to_multiple_of": 16, "num_workers": 2}
+    assert cpu == {"compile": "off", "pad_to_multiple_of": 1, "num_workers": 0}
+    eager_gpu = device_defaults(load_config(None, ["train.compile=off"]).train, True)
+    assert eager_gpu["pad_to_multiple_of"] == 1
+    mine = device_defaults(load_config(None, ["train.pad_to_multiple_of=32", "train.num_workers=0"]).train, True)
+    assert (mine["pad_to_multiple_of"], mine["num_workers"]) == (32, 0)
 
 
 @pytest.mark.parametrize("override, message", [

@@ -4,6 +4,7 @@ import pytest
 from helpers import run_cli
 from pipeline.config import flatten, load_config
 from pipeline.errors import UserError
+from pipeline.jobs.settle import settle_config
 from pipeline.tasks import get_task
 
 
@@ -16,7 +17,8 @@ def test_defaults_and_overrides_are_typed(tmp_path):
     assert cfg.train.epochs == 2 and cfg.train.batch_size == 8
     assert cfg.precision == "bf16" and cfg.kd.cache is False and cfg.data.dev is None
     assert cfg.model_config == {"hidden_dropout_prob": 0.0}
-    assert cfg.output_dir == "outputs/sentiment-bf16"
+    assert cfg.output_dir is None  # as the user left it; the job settles it
+    assert settle_config(cfg, "preset:bangla-tiny", get_task("sentiment"), "cpu").output_dir == "outputs/sentiment-bf16"
     assert flatten(cfg.to_dict())["train.lr"] == pytest.approx(1e-4)
 
 
@@ -27,7 +29,7 @@ def test_defaults_and_overrides_are_typed(tmp_path):
 ])
 def test_length_grouping_defaults_to_the_tasks_choice_and_an_explicit_value_wins(task, override, grouped):
     cfg = load_config(None, [f"task={task}", *override])
-    assert cfg.resolve("preset:bangla-tiny", get_task(task)).train.group_by_length is grouped
+    assert settle_config(cfg, "preset:bangla-tiny", get_task(task), "cpu").train.group_by_length is grouped
 
 
 @pytest.mark.parametrize("overrides, fragment", [

@@ -21,6 +21,7 @@ from helpers import (
     free_port,
     mlflow_runs,
     run_cli,
+    settled_train,
     torchrun,
     tracking_db,
     wait_for,
@@ -110,7 +111,7 @@ def test_auto_values_are_filled_and_conflicts_named():
 
 
 def test_bf16_is_torch_autocast_and_fp16_is_labelled_pure16():
-    train = load_config(None, []).train
+    train = settled_train()
     bf16 = resolve_ds_config(load_ds_config("ds_configs/zero2.json"), train, "bf16", 1, "zero2.json")
     assert bf16["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"}
     assert bf16["bf16"]["enabled"] is False and bf16["fp16"]["enabled"] is False  # no 16-bit module
@@ -168,7 +169,7 @@ def test_a_cpu_engine_starts_without_compiling_the_shm_all_reduce(deepspeed_proc
     a first run) for inference only; the pipeline's engine trains without it, through gloo."""
     from deepspeed.comm import comm as ds_comm
 
-    train = load_config(None, ["train.batch_size=4"]).train
+    train = settled_train("train.batch_size=4")
     backend = DeepSpeedBackend(deepspeed_process_group, precision.PrecisionPolicy("fp32", "cpu"), train,
                                "ds_configs/zero2.json")
     model = BertForSequenceClassification(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
@@ -187,7 +188,7 @@ def test_bf16_under_every_zero_stage_is_autocast_on_fp32_weights(deepspeed_proce
     step with its gradient norm, a non-finite step skipped, buckets sized from the model; and the
     fp16 loss scale readable from every ZeRO optimizer (the CPU accelerator trains no fp16: the
     engine is told it is in fp16 mode, a stand-in)."""
-    train = load_config(None, ["train.batch_size=4"]).train
+    train = settled_train("train.batch_size=4")
     backend = DeepSpeedBackend(deepspeed_process_group, precision.PrecisionPolicy("bf16", "cpu"), train,
                                f"ds_configs/zero{stage}.json")
     torch.manual_seed(0)
@@ -283,7 +284,7 @@ def test_a_compiled_engine_steps_like_an_eager_one(deepspeed_process_group):
                for i in range(3)]
     losses, keys = {}, {}
     for mode in ("off", "default"):
-        train = load_config(None, ["train.batch_size=4", f"train.compile={mode}"]).train
+        train = settled_train("train.batch_size=4", f"train.compile={mode}")
         backend = DeepSpeedBackend(deepspeed_process_group, precision.PrecisionPolicy("fp32", "cpu"), train,
                                    "ds_configs/zero2.json")
         torch.manual_seed(0)

@@ -17,6 +17,8 @@ from helpers import ROOT
 from pipeline.config import load_config
 from pipeline.data import features
 from pipeline.errors import UserError
+from pipeline.jobs.resume import StartOver
+from pipeline.jobs.settle import settle
 from pipeline.models import preset_tokenizer
 from pipeline.runtime.dist import Runtime
 from pipeline.tasks import get_task, samples
@@ -236,14 +238,17 @@ def test_a_warm_stage_neither_reads_the_training_file_nor_tokenizes(cache, tmp_p
     tokenizes again, without reading the training file again."""
     from pipeline.train import build_stage
 
+    def planned(cfg, rt):
+        return settle(cfg, "train", rt), StartOver(resuming=False)
+
     paths = sentiment_files(tmp_path / "data")
     calls = counting(monkeypatch)
-    cold = build_stage(stage_config(paths, tmp_path), "train", SINGLE)
+    cold = build_stage(*planned(stage_config(paths, tmp_path), SINGLE))
     assert sorted(calls["featurize"]) == ["dev", "test", "train"] and "train.tsv" in calls["read"]
     assert features.cache_outcome(cold.examples["train"], cold.features) == "miss"
 
     calls["read"].clear(), calls["featurize"].clear()
-    warm = build_stage(stage_config(paths, tmp_path), "train", SINGLE)
+    warm = build_stage(*planned(stage_config(paths, tmp_path), SINGLE))
     assert calls == {"read": ["dev.tsv", "test.tsv"], "featurize": []}
     for split in SPLITS:
         assert_same_columns(warm.features[split], cold.features[split])
@@ -251,7 +256,7 @@ def test_a_warm_stage_neither_reads_the_training_file_nor_tokenizes(cache, tmp_p
     assert features.cache_outcome(warm.examples["train"], warm.features) == "hit"
 
     calls["read"].clear()
-    shorter = build_stage(stage_config(paths, tmp_path, "train.max_length=24"), "train", SINGLE)
+    shorter = build_stage(*planned(stage_config(paths, tmp_path, "train.max_length=24"), SINGLE))
     assert calls == {"read": ["dev.tsv", "test.tsv"], "featurize": ["train", "dev", "test"]}
     assert features.cache_outcome(shorter.examples["train"], shorter.features) == "partial"
 
@@ -304,6 +309,8 @@ from pipeline.errors import UserError
 from pipeline.errors import UserError
 from pipeline.runtime import dist
 from pipeline.tasks.sentiment import SentimentTask
+from pipeline.jobs.resume import StartOver
+from pipeline.jobs.settle import settle
 from pipeline.train import build_stage
 
 calls = []
@@ -313,11 +320,12 @@ data, out = sys.argv[1], sys.argv[2]
 cfg = load_config(None, ["model=preset:bangla-tiny", "train.max_length=32", "backend=ddp", f"output_dir={out}",
                          *(f"data.{s}={data}/{s}.tsv" for s in ("train", "dev", "test"))])
 rt = dist.init("ddp")
-s = build_stage(cfg, "train", rt)
+s = build_stage(settle(cfg, "train", rt), StartOver(resuming=False))
 report = {"rank": rt.rank, "featurize": calls, "rows": len(s.features["train"]),
           "ids": sum(map(sum, s.features["train"]["input_ids"]))}
 try:  # a bad training file: local rank 0 reads it, every rank fails with its line
-    build_stage(load_config(None, [f"data.train={data}/bad.tsv", f"output_dir={out}"]), "train", rt)
+    build_stage(settle(load_config(None, [f"data.train={data}/bad.tsv", f"output_dir={out}"]), "train", rt),
+                StartOver(resuming=False))
 except UserError as e:
     report["error"] = str(e)
 with open(f"{out}-rank{rt.rank}.json", "w") as f:

@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from helpers import FAST, deepspeed, mlflow_runs, run_cli, torchrun, tracking_db
+from helpers import FAST, deepspeed, mlflow_runs, run_cli, settled_train, torchrun, tracking_db
 from pipeline import names
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -95,7 +95,6 @@ def test_zero2_and_zero3_hold_less_memory_than_ddp(tmp_path):
 def test_bf16_under_deepspeed_is_autocast_on_fp32_weights_on_cuda(monkeypatch):
     """The CPU test of every ZeRO stage (test_deepspeed.py), on the CUDA accelerator."""
     from helpers import free_port
-    from pipeline.config import load_config
     from pipeline.runtime import dist, precision
     from pipeline.runtime.deepspeed_backend import DeepSpeedBackend
 
@@ -109,7 +108,7 @@ def test_bf16_under_deepspeed_is_autocast_on_fp32_weights_on_cuda(monkeypatch):
         model = BertForSequenceClassification(BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                                                          intermediate_size=128, num_labels=3))
         backend = DeepSpeedBackend(rt, precision.resolve("bf16", rt.device),
-                                   load_config(None, ["train.batch_size=4"]).train, "ds_configs/zero3.json")
+                                   settled_train("train.batch_size=4", device="cuda"), "ds_configs/zero3.json")
         engine = backend.prepare(model.to(rt.device), torch.optim.AdamW(model.parameters()))
         seen = {}
         backend.module.bert.encoder.layer[0].output.LayerNorm.register_forward_hook(

@@ -6,7 +6,6 @@ around skipped updates, the non-finite streak, checkpoint cadence, preemption, a
 killed and resumed from its checkpoint ends exactly where the uninterrupted one does."""
 import contextlib
 import math
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,6 +18,8 @@ from pipeline import names, train
 from pipeline.config import load_config
 from pipeline.errors import MachineError, UserError
 from pipeline.jobs.job_record import JobRecord
+from pipeline.jobs.resume import Resumed, StartOver
+from pipeline.jobs.settle import Plan, settle_config
 from pipeline.loop import best_model, checkpoint
 from pipeline.loop.best_model import BestModel
 from pipeline.loop.optim import build_optimizer
@@ -135,19 +136,22 @@ class RecordingTracker:
 
 
 def make_loop(tmp_path, overrides=(), applied=(), micro_batches=6, epochs=1, total_steps=None):
-    cfg = load_config(None, [f"output_dir={tmp_path}", "train.lr=1e-2", "train.warmup_ratio=0", *overrides])
-    model = TinyClassifier()
-    backend = InProcessBackend(applied)
-    s = train.Stage(cfg, Runtime("none", "single", 0, 0, 1, 1, CPU), "train", precision.resolve("fp32", CPU),
-                    ClassifyTask(), {}, {}, None, model, "tiny", backend, None, StageMeters(CPU, "fp32", 1), "")
-    loaders = Batches(micro_batches)
-    steps = total_steps or math.ceil(micro_batches / cfg.train.grad_accum) * epochs
-    optimizer, scheduler = build_optimizer(model, cfg.train, steps, fused=False)
-    wrapped = backend.prepare(model, optimizer)
+    cfg = load_config(None, [f"output_dir={tmp_path}", "train.lr=1e-2", "train.warmup_ratio=0", "train.epochs=1",
+                             "train.group_by_length=false", *overrides])
+    rt, task, policy = Runtime("none", "single", 0, 0, 1, 1, CPU), ClassifyTask(), precision.resolve("fp32", CPU)
+    settled = settle_config(cfg, "tiny", task, "cpu")
     record = JobRecord(config={}, global_batch=f"{4 * cfg.train.grad_accum} rows", world_size=1, backend="torch",
                        precision="fp32", data={})
-    return train.Loop(s, RecordingTracker(), None, record, loaders, scheduler, wrapped, epochs, steps,
-                      AgreedFlag(CPU))
+    model = TinyClassifier()
+    backend = InProcessBackend(applied)
+    plan = Plan(settled, rt, "train", task, policy, record)
+    s = train.Stage(plan, {}, {}, None, model, "tiny", backend, None, record, StartOver(resuming=False), "")
+    loaders = Batches(micro_batches)
+    steps = total_steps or math.ceil(micro_batches / cfg.train.grad_accum) * epochs
+    optimizer, scheduler = build_optimizer(model, settled.train, steps, fused=False)
+    wrapped = backend.prepare(model, optimizer)
+    return train.Loop(s, RecordingTracker(), None, loaders, scheduler, wrapped, epochs, steps, AgreedFlag(CPU),
+                      StageMeters(CPU, "fp32", 1))
 
 
 def logged(lp, name):
@@ -156,15 +160,15 @@ def logged(lp, name):
 
 def test_an_optimizer_step_every_grad_accum_micro_batches_the_last_group_short(tmp_path):
     lp = make_loop(tmp_path, ["train.grad_accum=2", "train.log_every=1"], micro_batches=5)
-    train.train_epoch(lp, 0, threading.Event())
+    train.train_epoch(lp, 0)
     assert (lp.progress.step, lp.progress.epoch_steps, lp.s.backend.steps) == (3, 3, 3)
     assert sorted(logged(lp, names.TRAIN_LOSS)) == [1, 2, 3]
-    assert lp.s.meters.throughput.samples == 5 * 4
+    assert lp.meters.throughput.samples == 5 * 4
 
 
 def test_a_skipped_update_is_given_back_to_the_schedule_when_its_flag_is_read(tmp_path):
     lp = make_loop(tmp_path, ["train.log_every=4"], applied=[True, False, True, True], micro_batches=8)
-    train.train_epoch(lp, 0, threading.Event())
+    train.train_epoch(lp, 0)
     reference = torch.optim.SGD([torch.zeros(1)], lr=1e-2)
     schedule = transformers.get_linear_schedule_with_warmup(reference, 0, 8)
     for _ in range(3):  # the three updates applied by step 4
@@ -177,21 +181,21 @@ def test_a_skipped_update_is_given_back_to_the_schedule_when_its_flag_is_read(tm
 
 def test_a_streak_of_non_finite_losses_stops_the_job_at_the_step_that_completed_it(tmp_path):
     lp = make_loop(tmp_path, ["train.log_every=10", "train.max_nonfinite=3"], total_steps=6)
-    preempt, bar = threading.Event(), SimpleNamespace(set_postfix=lambda **_: None)
+    bar = SimpleNamespace(set_postfix=lambda **_: None)
     for loss in (1.0, math.nan, 2.0, math.nan, math.nan):  # a finite loss breaks the first streak
-        train.optimizer_step(lp, torch.tensor(loss), 0.5, preempt, bar)
+        train.optimizer_step(lp, torch.tensor(loss), 0.5, bar)
     with pytest.raises(train.Diverged, match="3 consecutive non-finite losses at step 6; last good checkpoint: none"):
-        train.optimizer_step(lp, torch.tensor(math.inf), 0.5, preempt, bar)  # step 6: the last, so read now
+        train.optimizer_step(lp, torch.tensor(math.inf), 0.5, bar)  # step 6: the last, so read now
     assert (lp.losses.nonfinite, lp.losses.nonfinite_streak) == (4, 3)
 
 
 def test_checkpoints_every_save_every_steps_inside_the_epoch_and_one_on_sigterm(tmp_path):
     lp = make_loop(tmp_path, ["train.save_every=2", "train.keep_checkpoints=5"], micro_batches=6)
-    train.train_epoch(lp, 0, threading.Event())
+    train.train_epoch(lp, 0)
     assert [c.step for c in checkpoint.complete(tmp_path)] == [2, 4]  # not 6: the epoch's end saves or finishes
 
     lp = make_loop(tmp_path / "preempted", micro_batches=6)
-    preempt = threading.Event()
+    preempt = lp.preemption.raised
     real_step = lp.s.backend.step
 
     def step_then_signal():
@@ -201,7 +205,7 @@ def test_checkpoints_every_save_every_steps_inside_the_epoch_and_one_on_sigterm(
 
     lp.s.backend.step = step_then_signal
     with pytest.raises(train.Preempted, match="written at step 3"):
-        train.train_epoch(lp, 0, preempt)
+        train.train_epoch(lp, 0)
     assert checkpoint.latest(tmp_path / "preempted").step == 3
 
 
@@ -209,23 +213,24 @@ def test_a_job_preempted_and_resumed_ends_exactly_where_the_uninterrupted_one_do
     overrides = ["train.log_every=2", "train.grad_accum=2"]
     whole = make_loop(tmp_path / "whole", overrides, micro_batches=8, epochs=2)
     for epoch in range(2):
-        train.train_epoch(whole, epoch, threading.Event())
+        train.train_epoch(whole, epoch)
         whole.progress.epoch, whole.progress.epoch_steps = epoch + 1, 0
 
     first = make_loop(tmp_path / "cut", overrides, micro_batches=8, epochs=2)
-    train.train_epoch(first, 0, threading.Event())
+    train.train_epoch(first, 0)
     first.progress.epoch, first.progress.epoch_steps = 1, 0
-    preempt = threading.Event()
+    preempt = first.preemption.raised
     real_step = first.s.backend.step
     first.s.backend.step = lambda: (preempt.set(), real_step())[1]
     with pytest.raises(train.Preempted):
-        train.train_epoch(first, 1, preempt)  # stopped after the second epoch's first step
+        train.train_epoch(first, 1)  # stopped after the second epoch's first step
 
     ckpt = checkpoint.latest(tmp_path / "cut")
     second = make_loop(tmp_path / "cut", overrides, micro_batches=8, epochs=2)  # a fresh process's objects
-    train.resume(second, ckpt, ckpt.load_bundle())
+    bundle = ckpt.load_bundle()
+    train.restore(second, Resumed(ckpt, bundle, second.s.record, []))
     assert (second.progress.epoch, second.progress.epoch_steps, second.progress.step) == (1, 1, 5)
-    train.train_epoch(second, 1, threading.Event())
+    train.train_epoch(second, 1)
 
     assert second.progress.step == whole.progress.step == 8
     assert second.scheduler.state_dict() == whole.scheduler.state_dict()
@@ -273,12 +278,12 @@ def test_the_best_model_keeps_the_best_weights_on_disk_and_counts_evaluations_si
 
 def test_a_checkpoint_that_matches_its_job_but_cannot_be_loaded_is_one_line(tmp_path):
     lp = make_loop(tmp_path, ["train.save_every=1"], micro_batches=2)
-    train.train_epoch(lp, 0, threading.Event())
+    train.train_epoch(lp, 0)
     ckpt = checkpoint.latest(tmp_path)
     state = torch.load(ckpt.path / "backend.pt", weights_only=True)
     state["model"]["head.weight"] = torch.zeros(5, 8)  # saved by a model of another shape
     torch.save(state, ckpt.path / "backend.pt")
     fresh = make_loop(tmp_path, ["train.save_every=1"], micro_batches=2)
     with pytest.raises(MachineError, match=r"^resume: checkpoint .*step-00000001: cannot be loaded \(Error") as e:
-        train.resume(fresh, ckpt, ckpt.load_bundle())
+        train.restore(fresh, Resumed(ckpt, ckpt.load_bundle(), fresh.s.record, []))
     assert "\n" not in str(e.value)

@@ -128,9 +128,11 @@ def test_policy_resolution_on_cpu(monkeypatch):
 
 def test_fp32_is_strict_and_tf32_allows_tensor_cores():
     cpu = torch.device("cpu")
-    precision.resolve("tf32", cpu)
+    tf32 = precision.resolve("tf32", cpu)
+    assert torch.get_float32_matmul_precision() == "highest"  # resolving a policy changes nothing
+    tf32.apply_matmul_mode()
     assert torch.get_float32_matmul_precision() == "high" and torch.backends.cudnn.allow_tf32
-    precision.resolve("fp32", cpu)
+    precision.resolve("fp32", cpu).apply_matmul_mode()
     assert torch.get_float32_matmul_precision() == "highest" and not torch.backends.cudnn.allow_tf32
 
 

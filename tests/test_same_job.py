@@ -176,16 +176,16 @@ def test_a_teacher_that_changed_under_its_student_is_refused(local_job, tmp_path
 def test_an_older_checkpoint_without_its_jobs_record_is_refused_in_one_line(tmp_path):
     record = job_record.JobRecord({}, "32 rows", 1, "torch", "fp32", {})
     with pytest.raises(UserError, match=r"^resume: checkpoint /x: written by an older version"):
-        same_job.check(Path("/x"), None, record, [])
+        same_job.check_settings(Path("/x"), None, record, [])
 
 
 def test_a_deepspeed_checkpoint_resumes_only_on_its_world_size():
     two = job_record.JobRecord({}, "32 rows", 2, "deepspeed", "bf16", {})
     one = job_record.JobRecord({}, "32 rows", 1, "deepspeed", "bf16", {})
     with pytest.raises(UserError, match="a DeepSpeed checkpoint of 2 processes .* launch 2 processes"):
-        same_job.check(Path("/c"), two, one, [])
+        same_job.check_settings(Path("/c"), two, one, [])
     torch_two, torch_one = (job_record.JobRecord({}, "32 rows", n, "torch", "bf16", {}) for n in (2, 1))
-    assert same_job.check(Path("/c"), torch_two, torch_one, []) == []
+    assert same_job.check_settings(Path("/c"), torch_two, torch_one, []) == []
 
 
 # ------------------------------------------------------------------ what may change

@@ -10,7 +10,7 @@ import functools
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -18,12 +18,13 @@ from pipeline.config.coerce import coerce
 from pipeline.config.keys import did_you_mean, dotted_keys
 from pipeline.errors import UserError
 from pipeline.tasks import REGISTRY
-from pipeline.tasks.base import Task
 
 TASKS = tuple(REGISTRY)  # the task registry is the one list of task names
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "auto")
 BACKENDS = ("auto", "single", "ddp", "deepspeed")
 COMPILE_MODES = ("auto", "off", "default", "reduce-overhead", "max-autotune")
+CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune"]
+"""train.compile once settled: never auto."""
 CHOICES = {"task": TASKS, "precision": PRECISIONS, "backend": BACKENDS, "train.compile": COMPILE_MODES,
            "resume": ("never", "auto")}  # the keys with a fixed set of values: validate() and the reference
 
@@ -46,7 +47,7 @@ class DataConfig:
 @dataclass
 class TrainConfig:
     epochs: int | None = None
-    """Passes over the training set; unset: the task's (3; error_cls 5, qa 8), filled in by resolve()."""
+    """Passes over the training set; unset: the task's (3; error_cls 5, qa 8), settled when the job starts."""
     max_steps: int = -1
     """Stop after this many optimizer steps; -1 runs all epochs."""
     batch_size: int = 16
@@ -57,7 +58,7 @@ class TrainConfig:
     """Micro-batches per optimizer step; gradients are all-reduced only on the last one."""
     lr: float | None = None
     """Peak learning rate of AdamW; unset: 3e-4 for presets (trained from scratch), else the task's
-    (5e-5; WikiQA 1e-4) (filled in by resolve())."""
+    (5e-5; WikiQA 1e-4) (settled when the job starts)."""
     warmup_ratio: float = 0.1
     """Fraction of optimizer steps with linear warm-up; then linear decay to zero."""
     weight_decay: float = 0.01
@@ -174,7 +175,7 @@ class Config:
     settings, and says so (tag resumed_with_changes, a param per change)."""
     output_dir: str | None = None
     """Where config.yaml, metrics.json, best/ and the journal go; unset = outputs/TASK-PRECISION
-    (filled in by resolve())."""
+    (settled when the job starts)."""
     data: DataConfig = field(default_factory=DataConfig)
     """The data files: one per split, each a file in the dataset's format or a hub dataset."""
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -226,25 +227,6 @@ class Config:
             raise UserError(f"config: deepspeed={self.deepspeed}: no such file")
         return self
 
-    def resolve(self, model_spec: str | None = None, task: Task | None = None, device_type: str | None = None
-                ) -> Config:
-        """A copy with the derived defaults filled in: output_dir; once the model is known, the
-        learning rate (random-init presets need a larger step than fine-tuning does); once the
-        task is, the epochs and whether batches are grouped by length; once the device is (cuda |
-        cpu), what compiles and how batches are shaped and loaded."""
-        train = self.train
-        if train.lr is None and model_spec is not None:
-            pretrained = (task or Task).pretrained_lr
-            train = dataclasses.replace(train, lr=3e-4 if model_spec.startswith("preset:") else pretrained)
-        if train.epochs is None and task is not None:
-            train = dataclasses.replace(train, epochs=task.epochs)
-        if train.group_by_length is None and task is not None:
-            train = dataclasses.replace(train, group_by_length=task.group_by_length)
-        if device_type is not None:
-            train = resolve_device_defaults(train, device_type == "cuda")
-        return dataclasses.replace(self, train=train,
-                                   output_dir=self.output_dir or f"outputs/{self.task}-{self.precision}")
-
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
@@ -253,22 +235,39 @@ class Config:
         return [name.strip() for name in (self.accept_changes or "").split(",") if name.strip()]
 
 
+@dataclass(kw_only=True)
+class SettledTrain(TrainConfig):
+    """TrainConfig with every derived default filled in (pipeline.jobs.settle makes it, once per
+    job): what an unset key or `auto` turned into on this device, for this task and model."""
+
+    epochs: int
+    lr: float
+    pad_to_multiple_of: int
+    compile: CompileMode
+    group_by_length: bool
+    num_workers: int
+
+    def __post_init__(self) -> None:
+        unsettled = [k for k in ("epochs", "lr", "pad_to_multiple_of", "group_by_length", "num_workers")
+                     if getattr(self, k) is None] + (["compile"] if self.compile == "auto" else [])
+        if unsettled:
+            raise ValueError(f"SettledTrain: {', '.join(unsettled)} not settled")
+
+
+@dataclass(kw_only=True)
+class SettledConfig(Config):
+    """Config with its train section settled and output_dir known: what config.yaml and the run's
+    params show, and what every part of a job reads (pipeline.jobs.settle.Plan.cfg)."""
+
+    train: SettledTrain
+    output_dir: str
+
+
+def default_output_dir(cfg: Config) -> str:
+    return cfg.output_dir or f"outputs/{cfg.task}-{cfg.precision}"
+
+
 ACCEPTABLE = (*dotted_keys(Config), *RECORD_PARTS)
-
-
-def resolve_device_defaults(train: TrainConfig, gpu: bool) -> TrainConfig:
-    """The device-dependent defaults (benchmarks/README.md, "Compile and batch shapes"): on a GPU
-    CUDA graphs (reduce-overhead) and 2 loader workers, as a small or medium step there is bound
-    by the host's kernel launches and collation; on a CPU no compilation (inductor's warm-up costs
-    minutes there and its steps were no faster) and no workers. A compiled job pads lengths to
-    at most 8 buckets; an eager one pads to the longest row only (on short rows a multiple of 8 added
-    tokens and no speed)."""
-    mode = train.compile if train.compile != "auto" else ("reduce-overhead" if gpu else "off")
-    multiple = train.pad_to_multiple_of
-    if multiple is None:
-        multiple = max(8, train.max_length // 64 * 8) if mode != "off" else 1
-    workers = train.num_workers if train.num_workers is not None else (2 if gpu else 0)
-    return dataclasses.replace(train, compile=mode, pad_to_multiple_of=multiple, num_workers=workers)
 
 
 def load_config(path: str | None = None, overrides: list[str] = ()) -> Config:
@@ -291,7 +290,7 @@ def load_config(path: str | None = None, overrides: list[str] = ()) -> Config:
         if not sep or not key:
             raise UserError(f"config: override {item!r}: expected key=value")
         _set_dotted(cfg, key.strip(), value)
-    return cfg.validate().resolve()
+    return cfg.validate()
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

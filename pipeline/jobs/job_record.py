@@ -15,13 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.config import Config, flatten
+from pipeline.config import flatten
+from pipeline.config.schema import SettledConfig
 from pipeline.data import features
 from pipeline.fsutil import write_json
 from pipeline.kd.teacher_cache import computing_config
 from pipeline.layout import CheckpointFiles
-from pipeline.runtime import precision
 from pipeline.runtime.dist import Runtime
+from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.tracking.store import redact_config
 
 if TYPE_CHECKING:
@@ -65,8 +66,11 @@ class JobRecord:
                                    architecture=architecture(model),
                                    teacher=fingerprint(teacher, weights=True) if teacher is not None else None)
 
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
     def write(self, directory: Path) -> None:
-        write_json(Path(directory) / FILE, dataclasses.asdict(self))
+        write_json(Path(directory) / FILE, self.to_json())
 
 
 def read(directory: Path) -> JobRecord | None:
@@ -79,9 +83,8 @@ def read(directory: Path) -> JobRecord | None:
     return JobRecord(**{k: v for k, v in raw.items() if k in names})
 
 
-def describe(cfg: Config, task: Task, rt: Runtime) -> JobRecord:
-    """The part of a job's record known before data and models load (cfg resolved for the stage:
-    stage.resolve_config)."""
+def describe(cfg: SettledConfig, task: Task, rt: Runtime, policy: PrecisionPolicy) -> JobRecord:
+    """The part of a job's record known before data and models load (settle.settle makes it)."""
     t = cfg.train
     per_rank = f"{t.batch_tokens * t.grad_accum} tokens" if t.batch_tokens else f"{t.batch_size * t.grad_accum} rows"
     amount, unit = per_rank.split()
@@ -91,7 +94,7 @@ def describe(cfg: Config, task: Task, rt: Runtime) -> JobRecord:
                                      default=str)),  # an empty mapping (model_config={}) is no key
         global_batch=f"{int(amount) * rt.world_size} {unit}", world_size=rt.world_size,
         backend="deepspeed" if rt.backend == "deepspeed" else "torch",
-        precision=precision.resolve(cfg.precision, rt.device).name,
+        precision=policy.name,
         data={split: data_identity(task, getattr(cfg.data, split), split) for split in FINGERPRINTED_SPLITS})
 
 

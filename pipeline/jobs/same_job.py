@@ -10,7 +10,6 @@ per change).
 """
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import logging
 from dataclasses import dataclass
@@ -59,8 +58,12 @@ class Change:
 
 
 def changes(old: JobRecord, new: JobRecord) -> list[Change]:
-    """What differs between two records, in a stable order; the tokenizer and teacher only where
-    both records have them (the new one has them once the stage is built)."""
+    """What differs between two records, in a stable order: the settings, then what was built."""
+    return settings_changes(old, new) + built_changes(old, new)
+
+
+def settings_changes(old: JobRecord, new: JobRecord) -> list[Change]:
+    """What differs in the part of the records known before data and models load."""
     found = [Change(k, old.config.get(k, _UNSET), new.config.get(k, _UNSET))
              for k in sorted(set(old.config) | set(new.config))
              if not _matches(k, SAFE + COMPARED_ELSEWHERE) and old.config.get(k, _UNSET) != new.config.get(k, _UNSET)]
@@ -68,16 +71,23 @@ def changes(old: JobRecord, new: JobRecord) -> list[Change]:
               if getattr(old, name) != getattr(new, name)]
     found += [Change(f"data.{split}", old.data[split], new.data[split]) for split in sorted(new.data)
               if split in old.data and old.data[split]["fingerprint"] != new.data[split]["fingerprint"]]
+    return found
+
+
+def built_changes(old: JobRecord, new: JobRecord) -> list[Change]:
+    """The tokenizer and teacher, where both records have them (the new one has them once the
+    stage is built)."""
+    found = []
     for name, key in (("tokenizer", "tokenizer"), ("teacher", "kd.teacher")):
         if getattr(old, name) and getattr(new, name) and getattr(old, name) != getattr(new, name):
             found.append(Change(key, getattr(old, name), getattr(new, name)))
     return found
 
 
-def check(ckpt: Path, old: JobRecord | None, new: JobRecord, accept: list[str]) -> list[Change]:
-    """The changes the user accepted (to record on the run); a UserError naming the checkpoint for
-    a record missing, a model that does not fit, a DeepSpeed checkpoint on another world size,
-    or a change not accepted."""
+def check_settings(ckpt: Path, old: JobRecord | None, new: JobRecord, accept: list[str]) -> list[Change]:
+    """Before data and models load: the settings' changes the user accepted (to record on the run);
+    a UserError naming the checkpoint for a record missing, another backend, a DeepSpeed
+    checkpoint on another world size, or a change not accepted."""
     where = f"resume: checkpoint {ckpt}"
     if old is None:
         raise UserError(f"{where}: written by an older version, without the record of its job; "
@@ -88,10 +98,20 @@ def check(ckpt: Path, old: JobRecord | None, new: JobRecord, accept: list[str]) 
     if old.backend == "deepspeed" and old.world_size != new.world_size:
         raise UserError(f"{where}: a DeepSpeed checkpoint of {old.world_size} processes (its ZeRO optimizer state "
                         f"is split among them); launch {old.world_size} processes to resume it")
+    return _accepted(where, settings_changes(old, new), accept)
+
+
+def check_built(ckpt: Path, old: JobRecord, new: JobRecord, accept: list[str]) -> list[Change]:
+    """Once the stage is built: the model must fit the checkpoint's weights (a UserError if not);
+    the tokenizer's and teacher's changes the user accepted, or a UserError naming them."""
+    where = f"resume: checkpoint {ckpt}"
     if old.architecture and new.architecture and old.architecture != new.architecture:
         raise UserError(f"{where}: the model no longer matches it ({_architecture_change(old, new)}); resume with "
                         "the model it was trained from, or resume=never starts over")
-    found = changes(old, new)
+    return _accepted(where, built_changes(old, new), accept)
+
+
+def _accepted(where: str, found: list[Change], accept: list[str]) -> list[Change]:
     refused = [c for c in found if c.key not in accept]
     if refused:
         keys = ",".join(c.key for c in found)
@@ -130,11 +150,6 @@ def finished(out: Path, planned: JobRecord, rt: Runtime) -> dict | None:
     if error is not None:
         raise UserError(error)
     return metrics
-
-
-def carry_accepted(old: JobRecord, new: JobRecord, accepted: list[Change], step: int) -> JobRecord:
-    """The new record, with every change accepted so far (the checkpoint's and these)."""
-    return dataclasses.replace(new, accepted=[*old.accepted, *(f"{c} (at step {step})" for c in accepted)])
 
 
 def record_accepted(tracker: Tracker, record: JobRecord, accepted: list[Change], step: int) -> None:

@@ -2,7 +2,7 @@
 
 Layout: OUTPUT_DIR/checkpoints/step-00000123/ with `state.pt` (every part of the loop's state by
 name, collected from parts that save and restore themselves; rank 0), `job.json` (what the job
-trains with: job.py; rank 0), what the backend writes
+trains with: jobs/job_record.py; rank 0), what the backend writes
 (`backend.pt`: model, optimizer, loss scaler; or DeepSpeed's own engine checkpoint under
 `engine/`), `rng-rank{R}.pt` (every rank's RNG states) and `manifest.json` (sha256 of each
 file), written last. Every file goes into a temporary directory that is fsync'ed (files, then
@@ -21,7 +21,7 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -30,9 +30,6 @@ from pipeline import fsutil
 from pipeline.errors import UserError
 from pipeline.layout import CheckpointFiles, OutputDir
 from pipeline.runtime import dist
-
-if TYPE_CHECKING:
-    from pipeline.jobs.job_record import JobRecord
 
 log = logging.getLogger("pipeline")
 MANIFEST = CheckpointFiles.MANIFEST
@@ -90,9 +87,11 @@ def directory(output_dir: Path) -> Path:
 
 
 def save(output_dir: Path, step: int, state: dict, rank: int, keep: int,
-         write_backend: Callable[[Path, int], None] | None = None, job: JobRecord | None = None) -> Path:
+         write_backend: Callable[[Path, int], None] | None = None, files: Mapping[str, dict] | None = None
+         ) -> Path:
     """Collective: every rank calls it at the same step boundary; write_backend(dir, rank) too.
-    `job`: what the job trains with (job.json), which a resume compares before loading the rest.
+    `files`: JSON files rank 0 writes beside the state (job.json: what the job trains with, which
+    a resume compares before loading the rest).
 
     A failure on any rank (DiskFull on a full disk) removes the temporary directory and raises."""
     layout = OutputDir(output_dir)
@@ -108,8 +107,8 @@ def save(output_dir: Path, step: int, state: dict, rank: int, keep: int,
                 write_backend(tmp, rank)
             if rank == 0:
                 save_torch(state, tmp / CheckpointFiles.STATE)
-                if job is not None:
-                    job.write(tmp)
+                for name, content in (files or {}).items():
+                    fsutil.write_json(tmp / name, content)
             dist.barrier()
             if rank == 0:
                 files = {str(p.relative_to(tmp)): fsutil.file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}

@@ -7,27 +7,23 @@ its cells.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from pipeline import names
-
-if TYPE_CHECKING:
-    from pipeline.evaluation import Evaluation
-    from pipeline.tracking import Tracker
 
 log = logging.getLogger("pipeline")
 
 
-def stall_tags(reason: str | None) -> dict[str, str]:
-    """The run's tags for a stall reason (None: not stalled)."""
+def tags(reason: str | None) -> dict[str, str]:
+    """The run's tags for a stall reason (Task.stall's verdict; None: not stalled)."""
     if reason is None:
         return {names.TAG_STALLED: "false"}
     return {names.TAG_STALLED: "true", names.TAG_STALL_REASON: reason}
 
 
-def flag_stall(evaluation: Evaluation, tracker: Tracker, split: str, is_main: bool) -> None:
-    """Tag the run with whether `evaluation`'s predictions collapsed; warn when they did."""
-    tracker.set_tags(stall_tags(evaluation.stall))
-    if evaluation.stall is not None and is_main:
+def flag(reason: str | None, split: str, is_main: bool) -> dict[str, str]:
+    """The run's tags for a stall reason; one warning line (the main rank's) when the best model's
+    predictions on `split` collapsed."""
+    if reason is not None and is_main:
         log.warning("stalled: the best model's %s predictions collapsed (%s); this run's scores compare no recipe",
-                    split, evaluation.stall)
+                    split, reason)
+    return tags(reason)

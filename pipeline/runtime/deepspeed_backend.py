@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from pipeline import names
-from pipeline.config.schema import TrainConfig, resolve_device_defaults
+from pipeline.config.schema import SettledTrain, TrainConfig
 from pipeline.errors import UserError
 from pipeline.layout import CheckpointFiles, OutputDir
 from pipeline.runtime.backend import StepResult
@@ -168,11 +168,10 @@ def skip_the_shm_all_reduce_build() -> None:
 class DeepSpeedBackend:
     """Launched by the deepspeed launcher (or torchrun with backend=deepspeed): ZeRO stages 0-3."""
 
-    def __init__(self, rt: Runtime, policy: PrecisionPolicy, train: TrainConfig, config_path: str | None):
+    def __init__(self, rt: Runtime, policy: PrecisionPolicy, train: SettledTrain, config_path: str | None):
         """config_path: the DeepSpeed JSON (the `deepspeed` key); None uses ds_configs/zero2.json."""
         self.rt = rt
         self.policy = policy
-        train = resolve_device_defaults(train, rt.device.type == "cuda")  # train.compile=auto -> this device's
         self.source = config_path or str(DEFAULT_CONFIG)
         self.ds_config = resolve_ds_config(load_ds_config(config_path), train, policy.name, rt.world_size,
                                            self.source)

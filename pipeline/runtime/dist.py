@@ -220,15 +220,15 @@ def broadcast_object(obj: T) -> T:
 
 
 @contextlib.contextmanager
-def sigterm_flag():
-    """SIGTERM (Slurm time limit, spot preemption) sets a flag the loop checks at step boundaries."""
-    flag = threading.Event()
+def on_sigterm(raised: threading.Event):
+    """SIGTERM (Slurm time limit, spot preemption) sets `raised` while the block runs; the loop
+    acts on it at a step boundary (AgreedFlag)."""
     if threading.current_thread() is not threading.main_thread():
-        yield flag
+        yield
         return
-    previous = signal.signal(signal.SIGTERM, lambda *_: flag.set())
+    previous = signal.signal(signal.SIGTERM, lambda *_: raised.set())
     try:
-        yield flag
+        yield
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -241,9 +241,12 @@ class AgreedFlag:
 
     def __init__(self, device: torch.device):
         self.device = device
+        self.raised = threading.Event()
+        """Set on this rank (on_sigterm's handler); every rank acts on it at the same step."""
         self._pending: tuple | None = None
 
-    def poll(self, local: bool) -> bool:
+    def poll(self) -> bool:
+        local = self.raised.is_set()
         if not torch.distributed.is_initialized():
             return local
         agreed = self._finish()

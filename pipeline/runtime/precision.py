@@ -77,7 +77,8 @@ def cuda_supports_bf16() -> bool:
 
 
 def resolve(requested: str, device: torch.device) -> PrecisionPolicy:
-    """Turn the `precision` key into a policy for this device, refusing what it cannot run."""
+    """Turn the `precision` key into a policy for this device, refusing what it cannot run; no
+    process-wide setting changes here (PrecisionPolicy.apply_matmul_mode, when a stage starts)."""
     kind = device.type
     if requested == "auto":
         if kind == "cuda":
@@ -92,6 +93,4 @@ def resolve(requested: str, device: torch.device) -> PrecisionPolicy:
         raise UserError("precision=fp16: this CPU has no fp16 kernels (oneDNN reports none); use bf16 or fp32")
     if requested == "tf32" and kind == "cuda" and torch.cuda.get_device_capability(device)[0] < 8:
         raise UserError("precision=tf32: needs an Ampere or newer GPU; use fp32 or fp16")
-    policy = PrecisionPolicy(requested, kind)
-    policy.apply_matmul_mode()
-    return policy
+    return PrecisionPolicy(requested, kind)  # a stage applies its matmul mode when it starts

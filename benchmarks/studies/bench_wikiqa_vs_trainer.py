@@ -7,17 +7,22 @@ orders). Per run: dev F1 and MAP after each epoch, the pipeline's selected epoch
 and on the Trainer's last dev predictions how many candidates share a score with another of their
 question and what MAP would be if ties were broken in file order (the optimistic order on WikiQA,
 whose files list a question's sentences in document order) - the size of a tie-handling artefact.
-    python benchmarks/bench_wikiqa_vs_trainer.py --seeds 1-4 --precisions bf16,fp32
+Both sides' Trainer is trainer_contender.run; results in
+benchmarks/studies/results/wikiqa_vs_trainer-PRECISIONS-SEEDS-MACHINE-DATE.json.
+    python benchmarks/studies/bench_wikiqa_vs_trainer.py --seeds 1-10 --precisions bf16,fp32
 """
 import argparse
 import statistics
-import tempfile
+import sys
+from pathlib import Path
 
 import numpy as np
 import torch
-import transformers
 
-from common import WORK, pipeline_run, quiet, save, seed_list
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py, trainer_contender.py
+
+import trainer_contender  # noqa: E402
+from common import STUDY_RESULTS, build_model, last_run, pipeline_run, quiet, save, seed_list, seeds_label  # noqa: E402
 
 MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 BATCH, LR, EPOCHS, MAX_LENGTH = 16, 1e-4, 2, 128
@@ -46,15 +51,7 @@ def map_in_file_order(qids: list, labels: np.ndarray, scores: np.ndarray) -> flo
 
 
 def trainer(precision: str, seed: int) -> dict:
-    from pipeline import models
-    from pipeline.tasks import get_task
-
-    task = get_task("wikiqa")
-    examples = {split: task.load(None, split) for split in ("train", "dev")}
-    transformers.set_seed(seed)
-    tokenizer, model = models.build(MODEL, task, task.texts(examples["train"]), {}, MAX_LENGTH)
-    features = {split: task.featurize(examples[split], tokenizer, MAX_LENGTH, split).remove_columns("idx")
-                for split in examples}
+    task, examples, tokenizer, model, features = build_model("wikiqa", MODEL, MAX_LENGTH, seed)
     qids = [e["qid"] for e in examples["dev"]]
     epochs = []
 
@@ -67,16 +64,9 @@ def trainer(precision: str, seed: int) -> dict:
                                                            score)})
         return m
 
-    args = transformers.TrainingArguments(
-        output_dir=tempfile.mkdtemp(dir=WORK), per_device_train_batch_size=BATCH, per_device_eval_batch_size=64,
-        learning_rate=LR, warmup_steps=0.1, weight_decay=0.01, max_grad_norm=1.0, lr_scheduler_type="linear",
-        num_train_epochs=EPOCHS, bf16=precision == "bf16", use_cpu=not torch.cuda.is_available(), seed=seed,
-        data_seed=seed, eval_strategy="epoch", save_strategy="no", logging_strategy="no", report_to=[],
-        disable_tqdm=True)
-    t = transformers.Trainer(model=model, args=args, train_dataset=features["train"], eval_dataset=features["dev"],
-                             data_collator=transformers.DataCollatorWithPadding(tokenizer),
-                             compute_metrics=compute_metrics)
-    t.train()
+    trainer_contender.run(model, tokenizer, features["train"], precision=precision, seed=seed, epochs=EPOCHS,
+                          eval_set=features["dev"], compute_metrics=compute_metrics, per_device_eval_batch_size=64,
+                          **trainer_contender.recipe(BATCH, LR))
     last = epochs[-1]
     return {"dev_f1": last["f1"], "dev_map": last["map"], "dev_map_per_epoch": [e["map"] for e in epochs],
             "dev_f1_per_epoch": [e["f1"] for e in epochs], "tied": last["tied"],
@@ -84,15 +74,11 @@ def trainer(precision: str, seed: int) -> dict:
 
 
 def pipeline(precision: str, seed: int) -> dict:
-    from mlflow import MlflowClient
-
     final = pipeline_run(["task=wikiqa", f"model={MODEL}", f"train.batch_size={BATCH}", f"train.lr={LR}",
                           "train.warmup_ratio=0.1", "train.weight_decay=0.01", f"train.epochs={EPOCHS}",
                           f"train.max_length={MAX_LENGTH}", "train.eval_batch_size=64", f"precision={precision}",
                           f"seed={seed}"])
-    client = MlflowClient(tracking_uri=f"sqlite:///{WORK}/mlflow.db")
-    experiment = client.get_experiment_by_name("bench")
-    (run,) = client.search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"], max_results=1)
+    client, run = last_run()
     maps = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "eval/map"), key=lambda m: m.step)]
     f1s = [m.value for m in sorted(client.get_metric_history(run.info.run_id, "eval/f1"), key=lambda m: m.step)]
     return {"dev_f1": final["eval/f1"], "dev_map": final["eval/map"], "dev_map_per_epoch": maps,
@@ -104,13 +90,15 @@ def main():
     parser.add_argument("--seeds", default="1-4")
     parser.add_argument("--precisions", default="bf16")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--name", default="wikiqa_vs_trainer", help="results/NAME-DEVICE.json")
+    parser.add_argument("--name", default="wikiqa_vs_trainer",
+                        help="the results file's first part (it adds the precisions, seeds, machine and date)")
     args = parser.parse_args()
     quiet()
     torch.set_num_threads(args.threads)
     runs: dict[str, list[dict]] = {}
+    seeds = seed_list(args.seeds)
     for precision in args.precisions.split(","):
-        for i, seed in enumerate(seed_list(args.seeds)):
+        for i, seed in enumerate(seeds):
             # alternate who goes first, so a slow drift of the shared machine favours neither
             order = (("pipeline", pipeline), ("Trainer", trainer))[:: 1 if i % 2 == 0 else -1]
             for name, contender in order:
@@ -130,9 +118,10 @@ def main():
                 row[f"{key} per seed"] = " ".join(f"{v:.3f}" if isinstance(v, float) else str(v) for v in values)
         rows.append(row)
     columns = list(dict.fromkeys(k for row in rows for k in row))
-    save(args.name, rows, columns, {"model": MODEL, "batch": BATCH, "lr": LR, "epochs": EPOCHS,
-                                              "max_length": MAX_LENGTH, "seeds": args.seeds,
-                                              "precisions": args.precisions, "threads": args.threads}, runs)
+    settings = {"model": MODEL, "batch": BATCH, "lr": LR, "epochs": EPOCHS, "max_length": MAX_LENGTH,
+                "seeds": args.seeds, "precisions": args.precisions, "threads": args.threads}
+    save(f"{args.name}-{args.precisions.replace(',', '+')}-{seeds_label(seeds)}", rows, columns, settings, runs,
+         results=STUDY_RESULTS)
 
 
 if __name__ == "__main__":

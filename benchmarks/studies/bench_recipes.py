@@ -2,19 +2,23 @@
 config overrides) is trained once per seed through the real pipeline in this process; per run the
 best dev main metric, the test main metric (and test MAP where the task has it) and whether the
 run was tagged stalled (pipeline/measure/stall.py: the best model's test predictions collapsed).
-Per contender: dev mean ± std, minimum, and stalled seeds out of the seeds run.
-    python benchmarks/bench_recipes.py --name recipes-sentiment --seeds 1-10 \
+Per contender: dev mean ± std, minimum, and stalled seeds out of the seeds run. The results go to
+benchmarks/studies/results/NAME-SEEDS-MACHINE-DATE.json (SEEDS: `seeds1-10`, `seeds3+5+6+9`).
+    python benchmarks/studies/bench_recipes.py --name recipes-sentiment-demo-fp32 --seeds 1-10 \
         --overrides task=sentiment model=preset:bangla-tiny train.epochs=3 train.batch_size=32 train.max_length=64 \
-        --contenders before:train.lr=1e-3 after:
+        train.lr=1e-3 precision=fp32 --contenders before: after:model_config.initializer_range=0.05
 """
 import argparse
-import functools
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from common import WORK, pipeline_run, quiet, save, seed_list
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+
+from common import STUDY_RESULTS, last_run, pipeline_run, quiet, save, seed_list, seeds_label  # noqa: E402
 
 
 def contender(spec: str) -> tuple[str, list[str]]:
@@ -23,35 +27,24 @@ def contender(spec: str) -> tuple[str, list[str]]:
     return name, [o for o in overrides.split(",") if o]
 
 
-@functools.cache
-def client():
-    from mlflow import MlflowClient
-
-    return MlflowClient(tracking_uri=f"sqlite:///{WORK}/mlflow.db")
-
-
-def last_run_tags() -> dict:
-    experiment = client().get_experiment_by_name("bench")
-    (run,) = client().search_runs([experiment.experiment_id], order_by=["attributes.start_time DESC"], max_results=1)
-    return run.data.tags
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--overrides", nargs="*", default=[], help="for every run, e.g. task=ner")
     parser.add_argument("--contenders", nargs="+", default=["default:"])
     parser.add_argument("--seeds", default="1-10")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (one core each run)")
-    parser.add_argument("--name", default="recipes", help="results/NAME-DEVICE.json")
+    parser.add_argument("--name", default="recipes",
+                        help="the study: recipes-TASK-CONFIG (the results file adds the seeds, machine and date)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     quiet()
     runs: dict[str, list[dict]] = {}
-    for seed in seed_list(args.seeds):
+    seeds = seed_list(args.seeds)
+    for seed in seeds:
         for name, overrides in map(contender, args.contenders):
             start = time.perf_counter()
             metrics = pipeline_run([*args.overrides, *overrides, f"seed={seed}"])
-            tags = last_run_tags()
+            tags = last_run()[1].data.tags
             run = {"seed": seed, "dev": metrics.get("eval/main"), "test": metrics.get("test/main"),
                    "test_map": metrics.get("test/map"), "stalled": tags.get("stalled") == "true",
                    "stall_reason": tags.get("stall_reason", ""), "wall_s": time.perf_counter() - start}
@@ -71,10 +64,11 @@ def main():
                      "test MAP mean": statistics.mean(maps) if maps else None,
                      "test MAP std": statistics.stdev(maps) if len(maps) > 1 else None,
                      "dev per seed": " ".join(f"{v:.3f}" for v in dev)})
-    save(args.name, rows, ["contender", "overrides", "seeds", "dev mean", "dev std", "dev min", "stalled",
-                           "test MAP mean", "test MAP std", "dev per seed"],
+    columns = ["contender", "overrides", "seeds", "dev mean", "dev std", "dev min", "stalled", "test MAP mean",
+               "test MAP std", "dev per seed"]
+    save(f"{args.name}-{seeds_label(seeds)}", rows, columns,
          {"overrides": args.overrides, "contenders": args.contenders, "seeds": args.seeds, "threads": args.threads},
-         runs)
+         runs, results=STUDY_RESULTS)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,96 @@
+"""The one entry point of the resume decision: what a job does with its output_dir.
+
+`decide(plan)` answers, before any data or model loads: the job finished already (`Finished`: its
+metrics, nothing to do), continue from the newest usable checkpoint (`Resume`), or start over
+(`StartOver`). A resume of another job, or of a finished job asked for more, stops here in one
+line (same_job.py says what may differ). Once the stage is built, `Resume.confirm` compares what
+only a built stage knows (the model's architecture, the tokenizer, the teacher's weights) and
+loads the checkpoint's bundle; `start_over` clears what a previous job left (outputs.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from pipeline.jobs import job_record, same_job
+from pipeline.jobs.job_record import JobRecord
+from pipeline.jobs.outputs import start_over
+from pipeline.jobs.same_job import Change
+from pipeline.jobs.settle import Plan
+from pipeline.loop import checkpoint
+from pipeline.loop.checkpoint import Checkpoint
+
+__all__ = ["Finished", "Resume", "Resumed", "StartOver", "decide", "start_over"]
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The job finished in output_dir before: its final metrics."""
+
+    metrics: dict
+
+
+@dataclass(frozen=True)
+class StartOver:
+    """No checkpoint to continue from."""
+
+    resuming: bool
+    """resume=auto was asked for (and found nothing usable): start_over says so."""
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """A checkpoint confirmed against the built stage: what the loop restores and records."""
+
+    checkpoint: Checkpoint
+    bundle: dict
+    """state.pt: the loop's parts and the run id (checkpoint.collect)."""
+    record: JobRecord
+    """The job's record from now on, with every change accepted in its life."""
+    accepted: list[Change]
+    """The changes accepted by this resume (recorded on the run)."""
+
+    @property
+    def step(self) -> int:
+        return self.bundle["parts"]["progress"]["step"]
+
+    @property
+    def run_id(self) -> str | None:
+        return self.bundle["run_id"]
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Continue from `checkpoint`, whose job's settings match the plan (or the changes are accepted)."""
+
+    checkpoint: Checkpoint
+    trained: JobRecord
+    """The checkpoint's record of its job."""
+    accepted: list[Change]
+    """The settings' changes accepted (accept_changes)."""
+
+    def confirm(self, built: JobRecord, accept: list[str]) -> Resumed:
+        """Collective: the built stage against the checkpoint (a UserError if the model no longer fits
+        or the tokenizer or teacher changed unaccepted), then the checkpoint's bundle."""
+        accepted = [*self.accepted, *same_job.check_built(self.checkpoint.path, self.trained, built, accept)]
+        bundle = self.checkpoint.load_bundle()
+        step = bundle["parts"]["progress"]["step"]
+        carried = [*self.trained.accepted, *(f"{c} (at step {step})" for c in accepted)]
+        return Resumed(self.checkpoint, bundle, dataclasses.replace(built, accepted=carried), accepted)
+
+
+def decide(plan: Plan) -> Finished | Resume | StartOver:
+    """Collective: what this job does with its output_dir; a UserError when it may do nothing."""
+    restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # an elastic restart resumes
+    if plan.cfg.resume != "auto" and not restarted:
+        return StartOver(resuming=False)
+    metrics = same_job.finished(plan.out.root, plan.record, plan.rt)
+    if metrics is not None:
+        return Finished(metrics)
+    ckpt = checkpoint.latest(plan.out.root)
+    if ckpt is None:
+        return StartOver(resuming=True)
+    trained = job_record.read(ckpt.path)
+    accepted = same_job.check_settings(ckpt.path, trained, plan.record, plan.cfg.accepted_changes)
+    return Resume(ckpt, trained, accepted)

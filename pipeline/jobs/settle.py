@@ -1,0 +1,96 @@
+"""A job settled once: the raw config and the runtime turned into a typed plan.
+
+`settle()` is the one place a job's derived values are decided, before any data or model loads:
+the world it runs on (the fallback to fewer devices: runtime/fallback.py), the precision policy,
+the task, every default an unset key or `auto` stands for (output_dir; with the device, the
+compile mode, the padding multiple and the loader workers; with the task and the kind of model,
+the learning rate, the epochs and length grouping), and the job's record (job_record.py) a
+resume compares. Every later reader takes the plan: `Plan.cfg` is a `SettledConfig`, whose types
+say that nothing in it is unset or `auto`. Resolving changes no process-wide setting: the
+stage applies the matmul mode when it starts (stage.build_stage).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.config import Config
+from pipeline.config.schema import SettledConfig, SettledTrain, TrainConfig, default_output_dir
+from pipeline.jobs.job_record import JobRecord, describe
+from pipeline.layout import OutputDir
+from pipeline.runtime import precision
+from pipeline.runtime.dist import Runtime
+from pipeline.runtime.fallback import fit_to_world
+from pipeline.runtime.precision import PrecisionPolicy
+from pipeline.tasks import get_task
+from pipeline.tasks.base import Task
+
+KINDS = ("train", "distill")
+PRESET_LR = 3e-4
+"""The learning rate of presets trained from scratch: a larger step than fine-tuning takes."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a job is, decided once (settle)."""
+
+    cfg: SettledConfig
+    rt: Runtime
+    """The runtime the job runs on (after the fallback to the devices there are)."""
+    kind: str
+    """train | distill."""
+    task: Task
+    policy: PrecisionPolicy
+    record: JobRecord
+    """The job asked for, known before any data or model loads (JobRecord.built completes it)."""
+
+    @property
+    def out(self) -> OutputDir:
+        return OutputDir(self.cfg.output_dir)
+
+
+def settle(cfg: Config, kind: str, rt: Runtime) -> Plan:
+    """The job's plan from its validated config and the runtime (a UserError for what this device
+    cannot run). The distill stage's default student (from_teacher:N) needs the teacher, but only
+    the kind of model matters to the defaults decided here."""
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r}: must be one of {KINDS}")
+    cfg, rt = fit_to_world(cfg, rt)  # fewer processes than planned: same global batch
+    policy = precision.resolve(cfg.precision, rt.device)
+    task = get_task(cfg.task, cfg.task_options)
+    planned_model = cfg.model or (task.default_model if kind == "train" else "from_teacher:")
+    settled = settle_config(cfg, planned_model, task, rt.device.type)
+    return Plan(settled, rt, kind, task, policy, describe(settled, task, rt, policy))
+
+
+def settle_config(cfg: Config, model_spec: str, task: Task, device_type: str) -> SettledConfig:
+    """The config with every derived default filled in for this model, task and device (cuda | cpu)."""
+    t = cfg.train
+    train = SettledTrain(**{**_fields(t), **device_defaults(t, device_type == "cuda"),
+                            "lr": t.lr if t.lr is not None else (
+                                PRESET_LR if model_spec.startswith("preset:") else task.pretrained_lr),
+                            "epochs": t.epochs if t.epochs is not None else task.epochs,
+                            "group_by_length": t.group_by_length if t.group_by_length is not None
+                            else task.group_by_length})
+    return SettledConfig(**{**_fields(cfg), "train": train, "output_dir": default_output_dir(cfg)})
+
+
+def device_defaults(train: TrainConfig, gpu: bool) -> dict[str, Any]:
+    """The device-dependent defaults (benchmarks/README.md, "Compile and batch shapes"): on a GPU
+    CUDA graphs (reduce-overhead) and 2 loader workers, as a small or medium step there is bound
+    by the host's kernel launches and collation; on a CPU no compilation (inductor's warm-up costs
+    minutes there and its steps were no faster) and no workers. A compiled job pads lengths to
+    at most 8 buckets; an eager one pads to the longest row only (on short rows a multiple of 8 added
+    tokens and no speed)."""
+    mode = train.compile if train.compile != "auto" else ("reduce-overhead" if gpu else "off")
+    multiple = train.pad_to_multiple_of
+    if multiple is None:
+        multiple = max(8, train.max_length // 64 * 8) if mode != "off" else 1
+    workers = train.num_workers if train.num_workers is not None else (2 if gpu else 0)
+    return {"compile": mode, "pad_to_multiple_of": multiple, "num_workers": workers}
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields, shallow (nested sections stay the same objects)."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
