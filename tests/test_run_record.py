@@ -18,15 +18,29 @@ pytestmark = pytest.mark.slow
 def finished(tmp_path_factory):
     from mlflow.tracking import MlflowClient
 
-    from pipeline.train import run
+    from pipeline import train
+    from pipeline.jobs import settle
+    from pipeline.runtime import precision as policies
 
     tmp = tmp_path_factory.mktemp("record")
     uri = f"sqlite:///{tracking_db(tmp)}"
-    run(load_config(None, [*FAST, "precision=auto", "train.max_steps=3", "train.grad_accum=2",
-                           f"output_dir={tmp / 'out'}", f"tracking.uri={uri}", "tracking.experiment=rec"]))
+    counted = {"settle_config": 0, "resolve": 0}
+    with pytest.MonkeyPatch.context() as mp:  # every resolution the job makes, counted
+        for module, name in ((settle, "settle_config"), (policies, "resolve")):
+            real = getattr(module, name)
+            mp.setattr(module, name, lambda *a, _real=real, _name=name, **k: counted.__setitem__(
+                _name, counted[_name] + 1) or _real(*a, **k))
+        train.run(load_config(None, [*FAST, "precision=auto", "train.max_steps=3", "train.grad_accum=2",
+                                     f"output_dir={tmp / 'out'}", f"tracking.uri={uri}", "tracking.experiment=rec"]))
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("rec")
-    return {"out": tmp / "out", "experiment": experiment, "run": client.search_runs([experiment.experiment_id])[0]}
+    return {"out": tmp / "out", "experiment": experiment, "run": client.search_runs([experiment.experiment_id])[0],
+            "resolutions": counted}
+
+
+def test_the_job_is_settled_once(finished):
+    """One plan per job: the config's derived defaults and the precision policy are decided once."""
+    assert finished["resolutions"] == {"settle_config": 1, "resolve": 1}
 
 
 def test_the_experiment_is_a_model_training_experiment(finished):
