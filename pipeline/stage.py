@@ -5,6 +5,7 @@ fails here, before any MLflow run or output exists. The plan (jobs/settle.py) de
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,7 @@ from pipeline.jobs.resume import Resume, Resumed, StartOver
 from pipeline.jobs.settle import Plan
 from pipeline.kd.distill import Distiller, build_distillation
 from pipeline.layout import OutputDir
+from pipeline.measure.flops import FlopModel, step_flop_model
 from pipeline.runtime.backend import Backend
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.factory import make_backend
@@ -73,6 +75,34 @@ class Stage:
     @property
     def out(self) -> OutputDir:
         return self.plan.out
+
+    def forward_loss(self, call: torch.nn.Module, inputs: dict, idx: torch.Tensor, unpadded: bool = False
+                     ) -> torch.Tensor:
+        """Forward of `call` (self.model or its wrapper) under the precision policy, then the task's
+        loss of the batch, or under distillation the KD loss (of self.model's kd_projection).
+        `unpadded`: the batch has no padding, so the model gets no attention mask (the losses still
+        read it): with a mask, transformers' SDPA path asks the device whether it is all ones, a host
+        sync per step."""
+        forward_kwargs = self.distiller.forward_kwargs if self.distiller is not None else {}
+        model_inputs = {k: v for k, v in inputs.items() if k != "attention_mask"} if unpadded else inputs
+        with self.policy.autocast():
+            outputs = call(**model_inputs, **forward_kwargs)
+        if self.distiller is None:
+            return self.task.loss(outputs, inputs)
+        return self.distiller.loss(outputs, inputs, idx, self.model)  # the backends wrap self.model itself
+
+    def step_flop_model(self, collate: Callable[[list[dict]], dict]) -> FlopModel:
+        """FLOPs of one training row at a few padded lengths, each counted on a real single-row step
+        of the unwrapped model, the loss included (KD: the live teacher or the cached logits)."""
+        rows = self.features["train"]
+        return step_flop_model(self.model, features.sequence_lengths(rows), lambda i: collate([rows[i]]),
+                               self._plain_step, self.rt.device)
+
+    def _plain_step(self, batch: dict) -> None:
+        """Forward, loss and backward of the unwrapped model, as the loop computes them."""
+        idx = batch.pop("idx")
+        inputs = {k: v.to(self.rt.device) for k, v in batch.items()}
+        self.forward_loss(self.model, inputs, idx).backward()
 
 
 def build_stage(plan: Plan, start: Resume | StartOver) -> Stage:

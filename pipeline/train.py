@@ -11,12 +11,10 @@ which a checkpoint collects by name (Loop.parts); pipeline/names.py spells every
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import math
 import sys
 import warnings
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,7 +38,6 @@ from pipeline.loop.optim import build_optimizer, give_back
 from pipeline.loop.progress import Progress
 from pipeline.loop.step_losses import StepLosses
 from pipeline.measure import stall
-from pipeline.measure.flops import FlopModel, step_flop_model
 from pipeline.measure.telemetry import StageMeters
 from pipeline.runtime import dist, gc_pause
 from pipeline.runtime.dist import AgreedFlag
@@ -122,7 +119,8 @@ def run_locked(s: Stage) -> dict[str, float]:
     if resumed is not None and resumed.accepted:
         same_job.record_accepted(tracker, s.record, resumed.accepted, resumed.step)
     tracker.log_datasets(describe_datasets(s.cfg.data, s.task, s.examples))
-    tracker.set_tags({names.TAG_DATA_CACHE: features.cache_outcome(s.examples["train"], s.features)})
+    tracker.set_tags({names.TAG_DATA_CACHE: features.cache_outcome(s.examples["train"], s.features),
+                      **({names.TAG_KD_CACHE: s.distiller.cache_outcome} if s.distiller else {})})
     gc_pause.resume_after_setup()  # the CLI paused it through set-up (runtime/gc_pause.py)
     preemption = AgreedFlag(s.rt.device)
     try:
@@ -159,9 +157,7 @@ def setup_loop(s: Stage, tracker: Tracker, run_id: str | None, meters: StageMete
     steps_per_epoch = math.ceil(len(loaders.train) / t.grad_accum)
     epochs = t.epochs if t.max_steps < 0 else math.ceil(t.max_steps / steps_per_epoch)  # max_steps wins, as in HF
     total_steps = steps_per_epoch * epochs if t.max_steps < 0 else t.max_steps
-    if s.distiller is not None:
-        tracker.set_tags({names.TAG_KD_CACHE: {True: "hit", False: "miss", None: "off"}[s.distiller.cache_hit]})
-    meters.flop_model = count_step_flops(s, collate)  # before the wrapper: no collective, no timer
+    meters.flop_model = s.step_flop_model(collate)  # before the wrapper: no collective, no timer
     optimizer, scheduler = build_optimizer(s.model, t, total_steps, fused=s.backend.fused_optimizer)
     wrapped = s.backend.prepare(s.model, optimizer)
     for name, content in s.backend.extra_artifacts.items():  # e.g. the resolved DeepSpeed config
@@ -169,36 +165,6 @@ def setup_loop(s: Stage, tracker: Tracker, run_id: str | None, meters: StageMete
             write_json(s.out / name, content)
             tracker.log_artifact(s.out / name)
     return Loop(s, tracker, run_id, loaders, scheduler, wrapped, epochs, total_steps, preemption, meters)
-
-
-def count_step_flops(s: Stage, collate: Callable[[list[dict]], dict]) -> FlopModel:
-    """FLOPs of one training row at a few padded lengths, each counted on a real single-row step
-    of the unwrapped model, the loss included (KD: the live teacher or the cached logits)."""
-    rows = s.features["train"]
-    return step_flop_model(s.model, features.sequence_lengths(rows), lambda i: collate([rows[i]]),
-                           functools.partial(plain_step, s), s.rt.device)
-
-
-def forward_loss(s: Stage, call: torch.nn.Module, inputs: dict, idx: torch.Tensor, unpadded: bool = False
-                 ) -> torch.Tensor:
-    """Forward of `call` (s.model or its wrapper) under the precision policy, then the task's loss
-    of the batch, or under distillation the KD loss (of s.model's kd_projection). `unpadded`: the
-    batch has no padding, so the model gets no attention mask (the losses still read it): with a
-    mask, transformers' SDPA path asks the device whether it is all ones, a host sync per step."""
-    forward_kwargs = s.distiller.forward_kwargs if s.distiller is not None else {}
-    model_inputs = {k: v for k, v in inputs.items() if k != "attention_mask"} if unpadded else inputs
-    with s.policy.autocast():
-        outputs = call(**model_inputs, **forward_kwargs)
-    if s.distiller is None:
-        return s.task.loss(outputs, inputs)
-    return s.distiller.loss(outputs, inputs, idx, s.model)  # the backends wrap s.model itself: one object
-
-
-def plain_step(s: Stage, batch: dict) -> None:
-    """Forward, loss and backward of the unwrapped model, as forward_backward computes them."""
-    idx = batch.pop("idx")
-    inputs = {k: v.to(s.rt.device) for k, v in batch.items()}
-    forward_loss(s, s.model, inputs, idx).backward()
 
 
 def restore(lp: Loop, resumed: resume.Resumed) -> None:
@@ -269,7 +235,7 @@ def forward_backward(lp: Loop, batch: dict, group_len: int, last_micro: bool) ->
         torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs may be overwritten now
     # No gradient all-reduce on accumulation micro-steps: only the last one syncs.
     with contextlib.nullcontext() if last_micro else s.backend.no_sync():
-        loss = forward_loss(s, lp.wrapped, inputs, idx, unpadded)
+        loss = s.forward_loss(lp.wrapped, inputs, idx, unpadded)
         s.backend.backward(loss / group_len)
     return loss.detach()
 

@@ -151,6 +151,11 @@ class Distiller:
         self.cache_hit: bool | None = None
 
     # ------------------------------------------------------------------ cache
+    @property
+    def cache_outcome(self) -> str:
+        """The run's kd_cache tag: hit | miss | off (the teacher runs live)."""
+        return {True: "hit", False: "miss", None: "off"}[self.cache_hit]
+
     def prepare(self, features: datasets.Dataset, collate: Callable[[list[dict]], dict], max_length: int,
                 tokenizer: PreTrainedTokenizerBase) -> None:
         """The teacher's outputs for every training feature, from the cache or computed once, each
