@@ -30,6 +30,7 @@ def leaf_keys(obj: object, prefix: str = "") -> dict[str, str]:
 KEYS = leaf_keys(Config())
 
 
+@pytest.mark.slow  # starts the CLI's process
 def test_train_help_lists_every_key_with_its_default_and_meaning():
     result = run_cli("train", "--help")  # the real entry point, once: it must not read --help as a config file
     assert result.returncode == 0, result.stderr

@@ -65,6 +65,7 @@ def make_distiller(teacher, cfg_overrides=()):
                              CPU, teacher)
 
 
+@pytest.mark.slow  # three teacher passes, over 2 s
 def test_teacher_logit_cache_hits_misses_and_invalidates():
     from pipeline import models
 

@@ -176,6 +176,7 @@ def test_a_large_training_file_is_read_and_written_piece_by_piece(cache, tmp_pat
     assert [p.name for p in (cache / "features").iterdir()] == ["sources"]  # nothing half-written
 
 
+@pytest.mark.slow  # starts worker processes
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="worker processes need 2 cores")
 @pytest.mark.parametrize("task_name", ["ner", "qa"])  # normalized word by word; per example
 def test_worker_processes_read_and_tokenize_as_one_process_does(monkeypatch, task_name):

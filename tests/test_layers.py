@@ -7,6 +7,8 @@ import ast
 import subprocess
 import sys
 
+import pytest
+
 from helpers import ROOT
 
 PACKAGE = ROOT / "pipeline"
@@ -26,6 +28,13 @@ EXCEPTIONS = {
     # the task registry is the one list of task names; its __init__ imports only errors when loaded
     ("pipeline.config.schema", "pipeline.tasks"),
 }
+
+
+NEVER = [  # within their layers, beyond the order: these packages start or read jobs, never run them
+    ("pipeline.study", "pipeline.stage"), ("pipeline.study", "pipeline.train"),
+    ("pipeline.report", "pipeline.stage"), ("pipeline.report", "pipeline.train"),
+    ("pipeline.ui", "pipeline.train"), ("pipeline.runtime", "pipeline.tasks"),
+]
 
 
 def module_name(path) -> str:
@@ -63,6 +72,12 @@ def test_every_module_imports_only_its_own_layer_or_lower_ones():
     upward = [f"{m} (layer {layer(m)}) imports {i} (layer {layer(i)})" for m in sorted(MODULES) if m != "pipeline"
               for i in sorted(imports(m)) if layer(i) > layer(m) and (m, i) not in EXCEPTIONS]
     assert not upward, "\n".join(upward)
+
+
+def test_a_study_a_report_and_the_ui_never_import_the_loop():
+    found = [f"{m} imports {i}" for m in sorted(MODULES) for i in sorted(imports(m))
+             for a, b in NEVER if (m == a or m.startswith(a + ".")) and (i == b or i.startswith(b + "."))]
+    assert not found, "\n".join(found)
 
 
 def test_no_import_cycle_even_through_deferred_imports():
@@ -104,6 +119,7 @@ def test_the_checker_sees_an_upward_import_and_a_cycle(tmp_path, monkeypatch):
             raise AssertionError(f"{check.__name__} passed on {expected}")
 
 
+@pytest.mark.slow  # starts a Python process
 def test_the_config_layer_loads_without_torch_or_transformers():
     code = ("import sys; import pipeline.config, pipeline.config.reference; "
             "print(sorted(m for m in ('torch', 'transformers', 'pipeline.tasks.base') if m in sys.modules))")

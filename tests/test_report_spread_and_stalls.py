@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
+from pipeline.report.cells import ROW_COLUMNS, _row
 from pipeline.report.charts import bar_text, kd_marks, plot_amp
-from pipeline.report.collect import ROW_COLUMNS, _row
 from pipeline.report.compare import comparisons
 from pipeline.report.markdown import _pct
 from pipeline.report.tables import amp_table, kd_table

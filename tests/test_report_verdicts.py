@@ -7,7 +7,7 @@ import math
 
 import pandas as pd
 
-from pipeline.report.collect import ROW_COLUMNS
+from pipeline.report.cells import ROW_COLUMNS
 from pipeline.report.compare import comparisons, identical_scores
 from pipeline.report.verdicts import amp_sentence, kd_sentences
 
@@ -105,7 +105,7 @@ def test_a_fallback_run_says_so_in_its_row():
     """The tags a fallback run carries (fewer processes than planned) show in the cell's launcher."""
     from types import SimpleNamespace
 
-    from pipeline.report.collect import _row
+    from pipeline.report.cells import _row
 
     tags = {"launcher": "torchrun", "world_size": "1", "fallback": "true", "requested_world_size": "8",
             "precision": "fp16", "precision_mode": "pure16"}

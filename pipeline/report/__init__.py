@@ -12,6 +12,9 @@ It also logs them as artifacts (report/) of the study's parent run.
 
 A failed or missing run shows as "failed" or "missing" in every table, never as a number;
 a metric a run could not measure (energy on a CPU) shows as "n/a".
+
+May import: everything below the report layer except stage and train (it reads MLflow, never a
+running job); it imports tracking and the task registry.
 """
 from __future__ import annotations
 
@@ -20,8 +23,8 @@ import logging
 from pathlib import Path
 
 from pipeline.errors import UserError
+from pipeline.report.cells import read_cells
 from pipeline.report.charts import plot_amp, plot_kd
-from pipeline.report.collect import read_cells
 from pipeline.report.compare import comparisons
 from pipeline.report.markdown import render
 from pipeline.report.tables import amp_display, amp_table, kd_display, kd_table, seed_stats

@@ -51,6 +51,9 @@ command-line overrides, and last the runner's own (output_dir, tracking.*).
 
 Which report table a cell feeds: the AMP table (FP32 vs AMP per task x model) when its block
 has two or more precisions; the KD table (per procedure) when its block has a procedures axis.
+
+May import: config, runtime.dist, tasks, names, tracking, report, ui: a study starts stages as
+processes and never imports the loop (stage, train).
 """
 from __future__ import annotations
 

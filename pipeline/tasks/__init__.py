@@ -1,5 +1,10 @@
-"""Task registry: `task=NAME` -> the Task class, imported on first use (so that reading the
-names, as the config's validation does, costs no torch or transformers import)."""
+"""The tasks: the Task interface (base), one module per task, the readers and worker processes they
+share, and the built-in sample sets (samples/). This module is the registry: `task=NAME` -> the
+Task class, imported on first use (so that reading the names, as the config's validation does,
+costs no torch or transformers import).
+
+May import: errors, names, fsutil, layout, config; this module itself only errors when loaded.
+"""
 from __future__ import annotations
 
 import importlib

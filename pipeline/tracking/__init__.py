@@ -8,6 +8,9 @@ even because the journal itself cannot be written, ends its run FAILED (or KILLE
 store: the tracking URI and the MLflow client; journal: the record types and their file;
 sink: records into an MLflow run; tracker: live logging; stage_run: a stage's run as a job
 opens it; replay: `pipeline sync`, replaying a journal.
+
+May import: the layers below it (errors ... config, runtime, tasks, loop, measure, data, models,
+evaluation, kd); never jobs, stage, train, report, study or the CLI.
 """
 from pipeline.tracking.journal import JOURNAL, read_journal
 from pipeline.tracking.replay import settle_abandoned_run, sync
