@@ -133,6 +133,7 @@ def cell(arch, precision_name, batch, length, seconds, min_steps, device, mode="
         torch.cuda.empty_cache()
     telemetry.reset_peak_memory(device)
     policy = precision.resolve(precision_name, device)
+    policy.apply_matmul_mode()  # strict fp32 (TF32 off) or tf32, process-wide, as a stage applies it
     torch.manual_seed(0)
     model = build(arch, device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
@@ -247,6 +248,10 @@ def main():
     if device.type != "cuda" and not args.quick:
         raise SystemExit("bench_gpu.py needs a CUDA device (--quick runs a CPU smoke version)")
     precisions = args.precisions.split(",")
+    if args.quick and device.type == "cpu":
+        from pipeline.runtime.precision import cpu_supports_bf16
+
+        precisions = [p for p in precisions if p != "bf16" or cpu_supports_bf16()]  # an AVX2-only CPU: fp32
     modes = args.compile.split(",")
     rows = []
     for arch in args.models.split(","):

@@ -47,8 +47,8 @@ class PhaseClock:
                  "fb": train.forward_backward, "backward": torch_backend.TorchBackend.backward,
                  "step": torch_backend.TorchBackend.step}
 
-        def loaders(features, collate, *args):
-            return saved["build_loaders"](features, self.wrap("collate", collate), *args)
+        def loaders(features, collate, *args, **kwargs):
+            return saved["build_loaders"](features, self.wrap("collate", collate), *args, **kwargs)
 
         def epoch(*args):
             t0, c0 = time.perf_counter(), time.process_time()
