@@ -1,6 +1,6 @@
 """Per-task recipe defaults: the learning rate a pretrained model gets when train.lr is unset
 follows the task (WikiQA's sentence encoder needs 1e-4 to learn within the default epochs on the
-built-in data; benchmarks/README.md, "Recipes over seeds"); presets trained from scratch keep
+built-in data; benchmarks/studies/README.md, "Recipes over seeds"); presets trained from scratch keep
 3e-4; the epochs follow the task too (error_cls's default stalled on 4 seeds in 10 in 3 epochs,
 none in 5; QA's sat near the null answer in 3); a set value always wins."""
 import pytest

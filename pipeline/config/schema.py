@@ -83,7 +83,7 @@ class TrainConfig:
     same epoch contents; 2-2.5x the samples/s on long-tailed comments. Unset: the task's default
     (Task.group_by_length), on where grouping kept the dev score within the seed spread and off
     where it did not (WikiQA's question-answer pairs: test MAP 0.79 vs 0.86) or was not measured
-    - benchmarks/README.md."""
+    - benchmarks/studies/README.md."""
     batch_tokens: int = 0
     """Batches by tokens instead of rows (fairseq's max_tokens): similar lengths together, each
     batch's padded size (longest x rows) within this budget; 0 = train.batch_size rows per batch.

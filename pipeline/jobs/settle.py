@@ -77,7 +77,7 @@ def settle_config(cfg: Config, model_spec: str, task: Task, device_type: str) ->
 
 
 def device_defaults(train: TrainConfig, gpu: bool) -> dict[str, Any]:
-    """The device-dependent defaults (benchmarks/README.md, "Compile and batch shapes"): on a GPU
+    """The device-dependent defaults (benchmarks/results/train-*.json, compile-*.json): on a GPU
     CUDA graphs (reduce-overhead) and 2 loader workers, as a small or medium step there is bound
     by the host's kernel launches and collation; on a CPU no compilation (inductor's warm-up costs
     minutes there and its steps were no faster) and no workers. A compiled job pads lengths to

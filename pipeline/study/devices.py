@@ -38,7 +38,7 @@ def width(cell: Cell, gpus: int) -> int:
 def cpu_threads(cell: Cell, jobs: int, cores: int | None = None) -> int:
     """Threads for each process of a cell that shares the CPU with jobs - 1 others: the cores split
     evenly (each torch process would take every core, and N cells at once oversubscribe them:
-    bf16 cells measured 7.5x slower that way on 2 cores, benchmarks/README.md)."""
+    bf16 cells measured 7.5x slower that way on 2 cores, benchmarks/results/study_jobs-*.json)."""
     return max(1, (cores or os.cpu_count() or 1) // (jobs * max(1, width(cell, 1))))
 
 

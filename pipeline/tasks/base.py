@@ -44,14 +44,14 @@ class Task(ABC):
     they are saved as (and maps over it on disk), so the builder drops their Python rows first."""
     group_by_length: ClassVar[bool] = False
     """train.group_by_length when the config leaves it unset: True only where grouped batches kept
-    the dev score within the seed spread (benchmarks/README.md has the runs)."""
+    the dev score within the seed spread (benchmarks/results/train-bucketing-TASK-*.json)."""
     epochs: ClassVar[int] = 3
     """train.epochs when the config leaves it unset: 3 unless the task's default config stalled on
-    some seeds of 10 within 3 (benchmarks/README.md, "Recipes over seeds")."""
+    some seeds of 10 within 3 (benchmarks/studies/results/recipes-TASK-*-seeds1-10-*.json)."""
     pretrained_lr: ClassVar[float] = 5e-5
     """train.lr for a pretrained model (hub id or local directory) when the config leaves it unset:
     the BERT fine-tuning recipe's 5e-5 unless the task's runs showed it too small
-    (benchmarks/README.md, "Recipes over seeds"). Presets trained from scratch take 3e-4."""
+    (benchmarks/studies/results/recipes-TASK-*.json). Presets trained from scratch take 3e-4."""
 
     state_attributes: ClassVar[tuple[str, ...]] = ()
     """Attributes that load() or featurize() set and later steps read (NER's tag set, the

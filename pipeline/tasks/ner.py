@@ -58,7 +58,7 @@ class NerTask(Task):
     """Grouped batches lowered the dev entity F1 beyond the seed spread (0.75 vs 0.86, 3 seeds) by
     what they put together, not by the loss or the order: on the sample set a sentence's length
     names its template, so a grouped batch held 7.6 tag patterns against 20.3 shuffled, and F1 fell
-    as the sorted chunk grew (benchmarks/README.md, "Length grouping and NER"); real NER data,
+    as the sorted chunk grew (benchmarks/results/train-bucketing-ner-*.json); real NER data,
     whose lengths say less, was not measured."""
 
     state_attributes = ("labels", "max_length", "_loaded")

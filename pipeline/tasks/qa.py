@@ -51,7 +51,7 @@ class QaTask(Task):
     then learns to point at the span next to the question's words; the distractors of the
     answer's own kind keep it below the ceiling. The default (preset:bangla-small, lr 3e-4, batch
     16) needs about 600 steps for that on the sample set's 1,200 questions: 8 epochs (3 ended near
-    F1 0.2; benchmarks/README.md, "Recipes over seeds"). Real squad_bn has tens of times the
+    F1 0.2: benchmarks/studies/results/recipes-qa-epochs{3,8}-*.json). Real squad_bn has tens of times the
     questions, so 3 epochs there already take tens of times those steps: train.epochs=3 saves
     the rest (not measured on it)."""
 

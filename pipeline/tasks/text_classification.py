@@ -33,7 +33,7 @@ class TextClassificationTask(Task):
     CHUNK_ROWS = 50_000
     """Rows a file is read, validated and normalized in at a time: enough for the normalizer's
     worker processes (PARALLEL_ROWS) to pay; it sets the builder's heap peak (239 MiB at 100k rows
-    of long comments, 285 MiB at 1M: benchmarks/README.md, data preparation)."""
+    of long comments, 285 MiB at 1M: benchmarks/results/data_prep-*.json)."""
 
     @abstractmethod
     def table_rows(self, path: Path) -> Iterator[tuple[int, dict]]:

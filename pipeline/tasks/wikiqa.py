@@ -52,7 +52,7 @@ class WikiQaTask(Task):
     pretrained_lr = 1e-4
     """At 5e-5 the default model (a sentence encoder with a new 2-class head) called no candidate
     correct for whole epochs on some seeds; 1e-4 learned on every seed of 1-10 in the default 3
-    epochs (benchmarks/README.md, "Recipes over seeds"). Real WikiQA (20k pairs, 17x the sample
+    epochs (benchmarks/studies/results/recipes-wikiqa-default-lr-seeds*.json). Real WikiQA (20k pairs, 17x the sample
     set's steps per epoch) was not measured."""
 
     # ------------------------------------------------------------------ data
