@@ -39,10 +39,10 @@ test: lint browser
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu
 
-# The tests that neither train nor start a process, in one process (29 s on a 2-core machine):
-# the `slow` marker (pyproject.toml) marks the rest
+# The tests that neither train nor start a process nor take over ~2 s (the `slow` marker,
+# pyproject.toml, marks the rest), on the same workers as `make test`, one file each at a time
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 
 # Headless Chromium (Debian's package) for the MLflow UI browser test; without it (no root, no
 # apt) that test is skipped with its reason and everything else runs.

@@ -300,6 +300,7 @@ def test_a_lost_job_that_never_reached_mlflow_is_uploaded_when_the_next_starts_o
                                                                                  "second-job": "FAILED"}
 
 
+@pytest.mark.slow  # an MLflow store and two refused connections, over 2 s
 def test_a_journal_torn_by_a_kill_mid_append_still_syncs_its_whole_lines(tmp_path, monkeypatch):
     """SIGKILL during an append leaves half a JSON line at the end of the journal. The resumed
     job's next record starts on a fresh line, and sync uploads every whole record."""

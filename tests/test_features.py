@@ -60,7 +60,8 @@ def assert_same_columns(a, b):
         assert a.data.column(name).combine_chunks().equals(b.data.column(name).combine_chunks()), name
 
 
-@pytest.mark.parametrize("task_name", ["sentiment", "ner", "qa", "error_cls", "wikiqa"])
+@pytest.mark.parametrize("task_name", ["sentiment", "ner", pytest.param("qa", marks=pytest.mark.slow),  # QA: over 2 s
+                                       "error_cls", "wikiqa"])
 def test_cached_features_are_the_features_the_task_makes(cache, task_name):
     """Cold (built) and warm (memory-mapped) features equal task.featurize over the examples as
     read, column by column; the tokenizer trained on the cached texts is the one the rows give."""
