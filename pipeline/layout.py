@@ -44,7 +44,8 @@ class OutputDir:
 
     LOCK = ".lock"
     CONFIG = "config.yaml"
-    JOB = "job.json"
+    JOB = CheckpointFiles.JOB
+    """The same record as in each checkpoint: the job once it finished."""
     JOURNAL = "journal.jsonl"
     CHECKPOINTS = "checkpoints"
     BEST = "best"
@@ -60,17 +61,8 @@ class OutputDir:
     def __truediv__(self, name: str) -> Path:
         return self.root / name
 
-    def __fspath__(self) -> str:
-        return str(self.root)
-
     def __str__(self) -> str:
         return str(self.root)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, OutputDir) and other.root == self.root
-
-    def __hash__(self) -> int:
-        return hash(self.root)
 
     @property
     def lock(self) -> Path:
@@ -79,10 +71,6 @@ class OutputDir:
     @property
     def config(self) -> Path:
         return self.root / self.CONFIG
-
-    @property
-    def job(self) -> Path:
-        return self.root / self.JOB
 
     @property
     def journal(self) -> Path:

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 
 from pipeline import names
 from pipeline.config import Config
+from pipeline.config.schema import default_output_dir
 from pipeline.data import features
 from pipeline.data.loaders import Loaders, build_loaders, describe_datasets, real_rows
 from pipeline.errors import MachineError
@@ -30,7 +31,7 @@ from pipeline.evaluation import evaluate
 from pipeline.fsutil import write_json
 from pipeline.jobs import lock, outputs, resume, same_job
 from pipeline.jobs.settle import settle
-from pipeline.layout import OutputDir
+from pipeline.layout import CheckpointFiles
 from pipeline.loop import checkpoint
 from pipeline.loop.best_model import BestModel
 from pipeline.loop.checkpoint import Stateful
@@ -91,8 +92,8 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
     if rt is None:  # a surplus torchrun rank under fallback: the others do the work
         return {}
     try:
+        lock.check_free(Path(default_output_dir(cfg)), rt)  # a duplicate job fails before reading anything
         plan = settle(cfg, stage, rt)
-        lock.check_free(plan.out.root, plan.rt)  # a duplicate job fails before loading anything
         start = resume.decide(plan)  # a resume of another job stops here, before data or models load
         if isinstance(start, resume.Finished):
             return start.metrics
@@ -327,4 +328,4 @@ def save_checkpoint(lp: Loop) -> Path:
     s = lp.s
     return checkpoint.save(s.out.root, lp.progress.step, checkpoint.collect(lp.parts(), lp.run_id), s.rt.rank,
                            keep=s.cfg.train.keep_checkpoints, write_backend=s.backend.save,
-                           files={OutputDir.JOB: s.record.to_json()})
+                           files={CheckpointFiles.JOB: s.record.to_json()})

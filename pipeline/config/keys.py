@@ -10,6 +10,7 @@ from typing import Any
 
 NEAR = 0.6  # difflib's own default cutoff: below it, suggestions are mostly unrelated words
 
+
 def dotted_keys(cls: type, prefix: str = "") -> list[str]:
     """Every dotted key of a config dataclass, sections included: train, train.lr, ..."""
     out: list[str] = []

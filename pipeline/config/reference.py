@@ -1,8 +1,7 @@
 """The configuration's reference, read from the config dataclasses themselves: every dotted key
 with its type, default and meaning, the meaning being the attribute docstring under the field in
 pipeline/config/schema.py, so that text is written once. It is what `train --help` and `distill --help`
-print, and what docs/configuration.md holds; it also names the nearest valid key or choice when
-one is misspelt.
+print, and what docs/configuration.md holds.
 
 Regenerate the page after changing a field: python -m pipeline config-reference > docs/configuration.md
 
@@ -57,13 +56,8 @@ class Section(NamedTuple):
     keys: list[Key]
 
 
-
-
-
-
 def sections() -> list[Section]:
     """The configuration's keys, grouped: top-level keys first, then one section per dataclass."""
-
     top = Section("", "Keys at the top level of the configuration.", [])
     out = [top]
     for f, kind in fields_of(Config):
@@ -108,10 +102,6 @@ def markdown() -> str:
 
 
 # ---------------------------------------------------------------- internals
-
-
-
-
 
 
 def _keys(cls: type, prefix: str, choices: Mapping[str, tuple[str, ...]]) -> Iterator[Key]:

@@ -33,9 +33,10 @@ def start_over(out: Path, rt: Runtime, uri: str, resuming: bool) -> None:
     resume=auto continues this job; the previous job's run, if it never ended, is synced from its
     journal and marked FAILED (its journal kept aside if the store cannot take it)."""
     if rt.is_main:
-        leftovers = [name for name in OutputDir.PREVIOUS_JOB if (out / name).exists()]
+        layout = OutputDir(out)
+        leftovers = [name for name in OutputDir.PREVIOUS_JOB if (layout / name).exists()]
         removing = f" (removing {', '.join(leftovers)})" if leftovers else ""
-        if resuming and (leftovers or OutputDir(out).journal.is_file()):
+        if resuming and (leftovers or layout.journal.is_file()):
             log.warning("resume=auto: no usable checkpoint in %s; starting over%s", out, removing)
         elif leftovers:
             log.warning("%s holds a previous job's outputs; resume=never: starting over%s", out, removing)

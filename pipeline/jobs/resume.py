@@ -5,7 +5,7 @@ metrics, nothing to do), continue from the newest usable checkpoint (`Resume`), 
 (`StartOver`). A resume of another job, or of a finished job asked for more, stops here in one
 line (same_job.py says what may differ). Once the stage is built, `Resume.confirm` compares what
 only a built stage knows (the model's architecture, the tokenizer, the teacher's weights) and
-loads the checkpoint's bundle; `start_over` clears what a previous job left (outputs.py).
+loads the checkpoint's bundle (a job that starts over clears output_dir: outputs.start_over).
 """
 from __future__ import annotations
 
@@ -15,13 +15,12 @@ from dataclasses import dataclass
 
 from pipeline.jobs import job_record, same_job
 from pipeline.jobs.job_record import JobRecord
-from pipeline.jobs.outputs import start_over
 from pipeline.jobs.same_job import Change
 from pipeline.jobs.settle import Plan
 from pipeline.loop import checkpoint
 from pipeline.loop.checkpoint import Checkpoint
 
-__all__ = ["Finished", "Resume", "Resumed", "StartOver", "decide", "start_over"]
+__all__ = ["Finished", "Resume", "Resumed", "StartOver", "decide"]
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,7 @@ class Resumed:
 
     @property
     def step(self) -> int:
-        return self.bundle["parts"]["progress"]["step"]
+        return _step(self.bundle)
 
     @property
     def run_id(self) -> str | None:
@@ -75,8 +74,7 @@ class Resume:
         or the tokenizer or teacher changed unaccepted), then the checkpoint's bundle."""
         accepted = [*self.accepted, *same_job.check_built(self.checkpoint.path, self.trained, built, accept)]
         bundle = self.checkpoint.load_bundle()
-        step = bundle["parts"]["progress"]["step"]
-        carried = [*self.trained.accepted, *(f"{c} (at step {step})" for c in accepted)]
+        carried = [*self.trained.accepted, *(f"{c} (at step {_step(bundle)})" for c in accepted)]
         return Resumed(self.checkpoint, bundle, dataclasses.replace(built, accepted=carried), accepted)
 
 
@@ -94,3 +92,8 @@ def decide(plan: Plan) -> Finished | Resume | StartOver:
     trained = job_record.read(ckpt.path)
     accepted = same_job.check_settings(ckpt.path, trained, plan.record, plan.cfg.accepted_changes)
     return Resume(ckpt, trained, accepted)
+
+
+def _step(bundle: dict) -> int:
+    """The optimizer step a checkpoint's bundle was saved at (its progress part)."""
+    return bundle["parts"]["progress"]["step"]

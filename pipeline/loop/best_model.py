@@ -16,8 +16,6 @@ from pipeline.fsutil import atomic_dir
 from pipeline.layout import OutputDir
 from pipeline.runtime.backend import Backend
 
-BEST = OutputDir.BEST
-
 
 def directory(output_dir: Path) -> Path:
     return OutputDir(output_dir).best
