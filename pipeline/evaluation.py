@@ -10,6 +10,7 @@ import torch
 
 from pipeline.data.loaders import real_rows
 from pipeline.runtime import dist
+from pipeline.runtime.compiler import OFF, CompilePolicy
 
 if TYPE_CHECKING:
     import datasets
@@ -40,8 +41,10 @@ class Evaluation:
 
 @torch.no_grad()
 def evaluate(module: torch.nn.Module, loader: DataLoader, task: Task, policy: PrecisionPolicy, rt: Runtime,
-             examples: list[dict], features: datasets.Dataset | PreparedFeatures, keep: bool = False) -> Evaluation:
+             examples: list[dict], features: datasets.Dataset | PreparedFeatures, keep: bool = False,
+             compile: CompilePolicy = OFF) -> Evaluation:
     """Task metrics on a split; with keep=True also the gathered predictions and Task.stall's verdict.
+    `compile`: the stage's policy (a CUDA graph step marked per batch where it uses them).
 
     no_grad, not inference_mode: tensors a module caches while evaluating (ZeRO-3's gathered
     parameters, lazily built buffers) must stay usable by the training step that follows."""
@@ -52,7 +55,7 @@ def evaluate(module: torch.nn.Module, loader: DataLoader, task: Task, policy: Pr
         rows = real_rows(idx)  # a compiled job's last batch is filled with rows that are not data
         indices.append(idx[:rows].numpy())
         inputs = {k: v.to(rt.device, non_blocking=True) for k, v in batch.items()}
-        torch.compiler.cudagraph_mark_step_begin()  # compiled with CUDA graphs: a new replay per batch
+        compile.begin_inference_batch()
         with policy.autocast():
             outputs = module(**inputs)
         if outputs.get("loss") is not None:  # heads without targets in eval (QA windows) have none

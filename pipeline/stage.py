@@ -23,6 +23,7 @@ from pipeline.kd.distill import Distiller, build_distillation
 from pipeline.layout import OutputDir
 from pipeline.measure.flops import FlopModel, step_flop_model
 from pipeline.runtime.backend import Backend
+from pipeline.runtime.compiler import CompilePolicy
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.factory import make_backend
 from pipeline.runtime.precision import PrecisionPolicy
@@ -76,6 +77,10 @@ class Stage:
     def out(self) -> OutputDir:
         return self.plan.out
 
+    @property
+    def compile(self) -> CompilePolicy:
+        return self.plan.compile
+
     def forward_loss(self, call: torch.nn.Module, inputs: dict, idx: torch.Tensor, unpadded: bool = False
                      ) -> torch.Tensor:
         """Forward of `call` (self.model or its wrapper) under the precision policy, then the task's
@@ -110,7 +115,7 @@ def build_stage(plan: Plan, start: Resume | StartOver) -> Stage:
     cfg, rt, task, policy = plan.cfg, plan.rt, plan.task, plan.policy
     policy.apply_matmul_mode()  # the stage's one process-wide setting, applied as it starts
     # a DeepSpeed config is read and checked before data and models load (minutes on a real job)
-    backend = make_backend(rt, policy, cfg.train, cfg.deepspeed)
+    backend = make_backend(rt, policy, plan.compile, cfg.train, cfg.deepspeed)
     # the training split is prepared once per node and memory-mapped: its size, digest and texts
     # here, not its rows; dev/test keep their examples (the metrics read them)
     examples = {"train": features.prepare_train(task, cfg.data.train, rt),
@@ -120,7 +125,7 @@ def build_stage(plan: Plan, start: Resume | StartOver) -> Stage:
     train_texts = examples["train"].texts
     distiller = None
     if plan.kind == "distill":
-        model_spec, tokenizer, model, distiller = build_distillation(cfg, task, policy, rt, train_texts)
+        model_spec, tokenizer, model, distiller = build_distillation(cfg, task, policy, rt, train_texts, plan.compile)
     else:
         model_spec = cfg.model or task.default_model
         tokenizer, model = models.build(model_spec, task, train_texts, cfg.model_config, cfg.train.max_length)

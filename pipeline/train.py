@@ -112,7 +112,7 @@ def run_locked(s: Stage) -> dict[str, float]:
         outputs.start_over(s.out.root, s.rt, s.uri, s.start.resuming)
     if s.rt.is_main:
         s.record.write(s.out.root)  # the job a later resume=auto compares with once it finished
-    meters = StageMeters(s.rt.device, s.policy.name, s.rt.world_size, s.cfg.train.compile != "off")
+    meters = StageMeters(s.rt.device, s.policy.name, s.rt.world_size, s.compile.counts_compile_time)
     tracker, run_id = start_stage_run(s.cfg, s.rt, s.uri, StageRun(
         s.kind, s.model_spec, s.policy.name, meters.energy_available_anywhere(),
         what_ran(s.cfg, s.rt, s.policy, s.backend, s.model_spec, s.kind), resumed=resumed is not None,
@@ -152,9 +152,8 @@ def setup_loop(s: Stage, tracker: Tracker, run_id: str | None, meters: StageMete
     """Loaders, the FLOP model, AdamW, the LR schedule and the backend's wrapper."""
     t, rt = s.cfg.train, s.rt
     collate = s.task.collator(s.tokenizer)
-    # compiled: short batches filled to full rows, so graphs replay (not under KD: its loss would count them)
     loaders = build_loaders(s.features, collate, t, rt, s.cfg.seed, s.tokenizer.pad_token_id,
-                            fill=t.compile != "off" and s.distiller is None)
+                            fill=s.compile.fill_short_batches(distilling=s.distiller is not None))
     steps_per_epoch = math.ceil(len(loaders.train) / t.grad_accum)
     epochs = t.epochs if t.max_steps < 0 else math.ceil(t.max_steps / steps_per_epoch)  # max_steps wins, as in HF
     total_steps = steps_per_epoch * epochs if t.max_steps < 0 else t.max_steps
@@ -202,6 +201,8 @@ def train_epoch(lp: Loop, epoch: int) -> None:
         group_start = (i // t.grad_accum) * t.grad_accum
         group_len = min(t.grad_accum, micro_steps - group_start)  # the last group may be short
         last_micro = i - group_start == group_len - 1
+        if i == group_start:  # once per optimizer step (a resumed epoch starts at a group's start)
+            s.compile.begin_optimizer_step()
         group_loss = group_loss + forward_backward(lp, batch, group_len, last_micro) / group_len
         if not last_micro:
             continue
@@ -229,11 +230,8 @@ def forward_backward(lp: Loop, batch: dict, group_len: int, last_micro: bool) ->
     rows, padded = real_rows(idx), batch["input_ids"].shape[1]  # filler rows (compiled jobs) are not counted
     mask = batch["attention_mask"]
     lp.meters.add_batch(rows, int(mask[:rows].sum()), padded)  # host tensors: no sync
-    # compiled: one graph whether or not a batch has padding (the mask check is traced, no sync)
-    unpadded = s.cfg.train.compile == "off" and bool(mask.all())
+    unpadded = s.compile.drop_mask(mask)  # the host copy: no sync
     inputs = {k: v.to(s.rt.device, non_blocking=True) for k, v in batch.items()}
-    if s.cfg.train.compile == "reduce-overhead":
-        torch.compiler.cudagraph_mark_step_begin()  # the last step's graph outputs may be overwritten now
     # No gradient all-reduce on accumulation micro-steps: only the last one syncs.
     with contextlib.nullcontext() if last_micro else s.backend.no_sync():
         loss = s.forward_loss(lp.wrapped, inputs, idx, unpadded)
@@ -282,7 +280,8 @@ def end_epoch(lp: Loop, epoch: int) -> bool:
     s, progress = lp.s, lp.progress
     metrics = lp.meters.end_epoch()  # reduced over ranks
     take_pending_losses(lp)  # the epoch's non-finite count is complete
-    dev = evaluate(s.model, lp.loaders.dev, s.task, s.policy, s.rt, s.examples["dev"], s.features["dev"])
+    dev = evaluate(s.model, lp.loaders.dev, s.task, s.policy, s.rt, s.examples["dev"], s.features["dev"],
+                   compile=s.compile)
     metrics.update({**lp.losses.amp_metrics(None), **{names.eval_metric(k): v for k, v in dev.scores.items()}})
     lp.tracker.log_metrics(metrics, progress.step)
     if s.rt.is_main:
@@ -307,7 +306,7 @@ def finish(lp: Loop) -> dict[str, float]:
     if lp.best.weights is not None:  # None only if every evaluation scored NaN
         s.backend.load_full_state_dict(lp.best.weights)
     test = evaluate(s.model, lp.loaders.test, s.task, s.policy, s.rt, s.examples["test"],
-                    s.features["test"], keep=True)
+                    s.features["test"], keep=True, compile=s.compile)
     lp.tracker.set_tags(stall.flag(test.stall, "test", s.rt.is_main))
     final = {**lp.best.metrics, **{names.test_metric(k): v for k, v in test.scores.items()},
              names.TRAIN_LOSS: lp.losses.last_loss, names.TRAIN_STEPS: progress.step,

@@ -42,7 +42,8 @@ def batches(n=4, rows=4, length=8):
 
 
 def backend_for(model, mode, rt=CPU):
-    backend = TorchBackend(rt, precision.PrecisionPolicy("fp32", "cpu"), max_grad_norm=1.0, compile_mode=mode)
+    backend = TorchBackend(rt, precision.PrecisionPolicy("fp32", "cpu"), max_grad_norm=1.0,
+                           compile=compiler.resolve(mode, "cpu", rt.backend))
     backend.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True))
     return backend
 
@@ -204,13 +205,48 @@ def test_evaluation_leaves_filler_rows_out_of_scores_and_loss():
 
 def test_device_defaults_follow_the_measurements():
     train = load_config(None, []).train
-    gpu, cpu = device_defaults(train, True), device_defaults(train, False)
+    gpu, cpu = device_defaults(train, True, "reduce-overhead"), device_defaults(train, False, "off")
     assert gpu == {"compile": "reduce-overhead", "pad_to_multiple_of": 16, "num_workers": 2}
     assert cpu == {"compile": "off", "pad_to_multiple_of": 1, "num_workers": 0}
-    eager_gpu = device_defaults(load_config(None, ["train.compile=off"]).train, True)
+    eager_gpu = device_defaults(load_config(None, ["train.compile=off"]).train, True, "off")
     assert eager_gpu["pad_to_multiple_of"] == 1
-    mine = device_defaults(load_config(None, ["train.pad_to_multiple_of=32", "train.num_workers=0"]).train, True)
+    mine = device_defaults(load_config(None, ["train.pad_to_multiple_of=32", "train.num_workers=0"]).train, True,
+                           "reduce-overhead")
     assert (mine["pad_to_multiple_of"], mine["num_workers"]) == (32, 0)
+
+
+@pytest.mark.parametrize("requested, device, backend, stage, mode", [
+    ("auto", "cuda", "single", 0, "reduce-overhead"), ("auto", "cuda", "ddp", 0, "reduce-overhead"),
+    ("auto", "cpu", "single", 0, "off"), ("auto", "cuda", "deepspeed", 2, "off"),
+    ("auto", "cuda", "deepspeed", 3, "off"), ("default", "cuda", "deepspeed", 3, "default"),
+    ("reduce-overhead", "cpu", "single", 0, "reduce-overhead")])
+def test_auto_compile_resolves_per_device_and_backend_and_says_why(requested, device, backend, stage, mode):
+    chosen = compiler.resolve(requested, device, backend, stage)
+    assert chosen.mode == mode and chosen.describe() == {"compile": mode, "compile_reason": chosen.reason}
+    assert ("(set)" in chosen.reason) == (requested != "auto")
+    if backend == "deepspeed" and requested == "auto":
+        assert f"ZeRO-{stage}" in chosen.reason
+
+
+def test_the_compile_policy_answers_what_the_stage_asks():
+    graphs, inductor, eager = (compiler.CompilePolicy(m, "test") for m in ("reduce-overhead", "default", "off"))
+    assert (graphs.cuda_graphs, inductor.cuda_graphs, eager.cuda_graphs) == (True, False, False)
+    assert graphs.fill_short_batches(distilling=False) and not graphs.fill_short_batches(distilling=True)
+    assert not eager.fill_short_batches(distilling=False) and not eager.counts_compile_time
+    assert inductor.counts_compile_time and compiler.CompilePolicy("max-autotune", "test").cuda_graphs
+
+
+def test_the_settled_plan_holds_one_policy_and_the_backend_logs_it(tmp_path):
+    """settle() resolves train.compile once, for the device and the backend; the backend holds that
+    policy and the run's resolved.* params say what was chosen and why."""
+    from pipeline.jobs.settle import settle
+    from pipeline.runtime.factory import make_backend
+
+    cfg = load_config(None, [f"output_dir={tmp_path}"])
+    plan = settle(cfg, "train", CPU)
+    assert plan.compile.mode == plan.cfg.train.compile == "off" and "CPU" in plan.compile.reason
+    backend = make_backend(plan.rt, plan.policy, plan.compile, plan.cfg.train, None)
+    assert backend.compile is plan.compile and backend.describe()["compile_reason"] == plan.compile.reason
 
 
 @pytest.mark.parametrize("override, message", [
@@ -246,3 +282,19 @@ def test_compile_time_is_left_out_of_the_training_clock(monkeypatch):
     wall = time.perf_counter() - start
     assert figures[names.COMPILE_TIME] == pytest.approx(0.5) and meters.totals.compile_seconds == pytest.approx(0.5)
     assert 0.6 - 0.5 - 0.01 <= figures[names.EPOCH_TIME] <= wall - 0.5
+
+
+def test_a_mask_without_padding_changes_no_logit_and_one_with_padding_does():
+    """What dropping an unpadded batch's mask rests on (CompilePolicy.drop_mask): SDPA without a mask
+    gives the logits it gives with an all-ones one; a padded batch's mask is needed."""
+    model = tiny_classifier().eval()
+    (batch,) = batches(n=1)
+    with torch.no_grad():
+        masked = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        bare = model(input_ids=batch["input_ids"]).logits
+        padded = batch["attention_mask"].clone()
+        padded[0, -3:] = 0
+        with_padding = model(input_ids=batch["input_ids"], attention_mask=padded).logits
+    assert compiler.CompilePolicy.drop_mask(batch["attention_mask"]) and not compiler.CompilePolicy.drop_mask(padded)
+    torch.testing.assert_close(bare, masked)
+    assert not torch.allclose(with_padding[0], bare[0])

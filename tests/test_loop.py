@@ -24,7 +24,7 @@ from pipeline.loop import best_model, checkpoint
 from pipeline.loop.best_model import BestModel
 from pipeline.loop.optim import build_optimizer
 from pipeline.measure.telemetry import StageMeters
-from pipeline.runtime import precision
+from pipeline.runtime import compiler, precision
 from pipeline.runtime.backend import StepResult
 from pipeline.runtime.dist import AgreedFlag, Runtime
 
@@ -144,7 +144,7 @@ def make_loop(tmp_path, overrides=(), applied=(), micro_batches=6, epochs=1, tot
                        precision="fp32", data={})
     model = TinyClassifier()
     backend = InProcessBackend(applied)
-    plan = Plan(settled, rt, "train", task, policy, record)
+    plan = Plan(settled, rt, "train", task, policy, record, compiler.resolve(settled.train.compile, "cpu", "single"))
     s = train.Stage(plan, {}, {}, None, model, "tiny", backend, None, record, StartOver(resuming=False), "")
     loaders = Batches(micro_batches)
     steps = total_steps or math.ceil(micro_batches / cfg.train.grad_accum) * epochs
@@ -164,6 +164,37 @@ def test_an_optimizer_step_every_grad_accum_micro_batches_the_last_group_short(t
     assert (lp.progress.step, lp.progress.epoch_steps, lp.s.backend.steps) == (3, 3, 3)
     assert sorted(logged(lp, names.TRAIN_LOSS)) == [1, 2, 3]
     assert lp.meters.throughput.samples == 5 * 4
+
+
+def test_under_cuda_graphs_a_step_is_marked_once_per_optimizer_step_before_its_first_micro_batch(
+        tmp_path, monkeypatch):
+    """A CUDA-graph step mark inside an accumulation group would free the first micro-batch's
+    `.grad` (an output of the captured backward) before the next backward adds to it
+    (CompilePolicy.begin_optimizer_step). No GPU here: torch's mark is replaced by a recorder, and
+    the tiny model is not compiled; what is checked is where the loop marks."""
+    lp = make_loop(tmp_path, ["train.grad_accum=2", "train.compile=reduce-overhead"], micro_batches=5)
+    events = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: events.append("mark"))
+    backend = lp.s.backend
+    backward, step = backend.backward, backend.step
+    monkeypatch.setattr(backend, "backward", lambda loss: (events.append("backward"), backward(loss))[1])
+    monkeypatch.setattr(backend, "step", lambda: (events.append("step"), step())[1])
+    train.train_epoch(lp, 0)
+    group = ["mark", "backward", "backward", "step"]
+    assert events == group + group + ["mark", "backward", "step"]  # the last group is short
+
+
+def test_an_unpadded_batch_reaches_the_model_without_its_mask_compiled_or_not(tmp_path):
+    """Transformers never drops a mask while tracing (masking_utils), so under compile too the loop
+    leaves out the mask of a batch without padding, and passes a padded batch's; the losses read it."""
+    for mode in ("off", "default"):
+        lp = make_loop(tmp_path / mode, [f"train.compile={mode}"], micro_batches=2)
+        seen = []
+        lp.wrapped.register_forward_pre_hook(lambda _, args, kwargs, seen=seen: seen.append("attention_mask" in kwargs),
+                                             with_kwargs=True)
+        lp.loaders.batches[1]["attention_mask"][0, -2:] = 0
+        train.train_epoch(lp, 0)
+        assert seen == [False, True], mode
 
 
 def test_a_skipped_update_is_given_back_to_the_schedule_when_its_flag_is_read(tmp_path):

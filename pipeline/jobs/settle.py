@@ -19,7 +19,9 @@ from pipeline.config import Config
 from pipeline.config.schema import SettledConfig, SettledTrain, TrainConfig, default_output_dir
 from pipeline.jobs.job_record import JobRecord, describe
 from pipeline.layout import OutputDir
-from pipeline.runtime import precision
+from pipeline.runtime import compiler, precision
+from pipeline.runtime.compiler import CompilePolicy
+from pipeline.runtime.deepspeed_backend import load_ds_config
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.fallback import fit_to_world
 from pipeline.runtime.precision import PrecisionPolicy
@@ -44,6 +46,8 @@ class Plan:
     policy: PrecisionPolicy
     record: JobRecord
     """The job asked for, known before any data or model loads (JobRecord.built completes it)."""
+    compile: CompilePolicy
+    """train.compile for this device and backend, and why (runtime/compiler.py)."""
 
     @property
     def out(self) -> OutputDir:
@@ -60,14 +64,25 @@ def settle(cfg: Config, kind: str, rt: Runtime) -> Plan:
     policy = precision.resolve(cfg.precision, rt.device)
     task = get_task(cfg.task, cfg.task_options)
     planned_model = cfg.model or (task.default_model if kind == "train" else "from_teacher:")
-    settled = settle_config(cfg, planned_model, task, rt.device.type)
-    return Plan(settled, rt, kind, task, policy, describe(settled, task, rt, policy))
+    zero_stage = zero_stage_of(cfg.deepspeed) if rt.backend == "deepspeed" else 0
+    compile_policy = compiler.resolve(cfg.train.compile, rt.device.type, rt.backend, zero_stage)
+    settled = settle_config(cfg, planned_model, task, rt.device.type, compile_policy)
+    return Plan(settled, rt, kind, task, policy, describe(settled, task, rt, policy), compile_policy)
 
 
-def settle_config(cfg: Config, model_spec: str, task: Task, device_type: str) -> SettledConfig:
-    """The config with every derived default filled in for this model, task and device (cuda | cpu)."""
+def zero_stage_of(deepspeed_path: str | None) -> int:
+    """The ZeRO stage the DeepSpeed config asks for (the backend checks the rest of it)."""
+    stage = load_ds_config(deepspeed_path).get("zero_optimization", {}).get("stage", 0)
+    return stage if isinstance(stage, int) else 0
+
+
+def settle_config(cfg: Config, model_spec: str, task: Task, device_type: str,
+                  compile_policy: CompilePolicy | None = None) -> SettledConfig:
+    """The config with every derived default filled in for this model, task and device (cuda | cpu);
+    train.compile from `compile_policy` (by default resolved for one process on this device)."""
     t = cfg.train
-    train = SettledTrain(**{**_fields(t), **device_defaults(t, device_type == "cuda"),
+    compile_policy = compile_policy or compiler.resolve(t.compile, device_type, "single")
+    train = SettledTrain(**{**_fields(t), **device_defaults(t, device_type == "cuda", compile_policy.mode),
                             "lr": t.lr if t.lr is not None else (
                                 PRESET_LR if model_spec.startswith("preset:") else task.pretrained_lr),
                             "epochs": t.epochs if t.epochs is not None else task.epochs,
@@ -76,14 +91,12 @@ def settle_config(cfg: Config, model_spec: str, task: Task, device_type: str) ->
     return SettledConfig(**{**_fields(cfg), "train": train, "output_dir": default_output_dir(cfg)})
 
 
-def device_defaults(train: TrainConfig, gpu: bool) -> dict[str, Any]:
-    """The device-dependent defaults (benchmarks/results/train-*.json, compile-*.json): on a GPU
-    CUDA graphs (reduce-overhead) and 2 loader workers, as a small or medium step there is bound
-    by the host's kernel launches and collation; on a CPU no compilation (inductor's warm-up costs
-    minutes there and its steps were no faster) and no workers. A compiled job pads lengths to
-    at most 8 buckets; an eager one pads to the longest row only (on short rows a multiple of 8 added
-    tokens and no speed)."""
-    mode = train.compile if train.compile != "auto" else ("reduce-overhead" if gpu else "off")
+def device_defaults(train: TrainConfig, gpu: bool, mode: str) -> dict[str, Any]:
+    """The device-dependent defaults (benchmarks/results/train-*.json, compile-*.json), beside the
+    compile mode (settled by compiler.resolve): on a GPU 2 loader workers, as a small or medium step
+    there is bound by the host's collation; on a CPU none. A compiled job pads lengths to at most 8
+    buckets; an eager one pads to the longest row only (on short rows a multiple of 8 added tokens
+    and no speed)."""
     multiple = train.pad_to_multiple_of
     if multiple is None:
         multiple = max(8, train.max_length // 64 * 8) if mode != "off" else 1

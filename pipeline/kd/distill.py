@@ -27,7 +27,7 @@ from pipeline.fsutil import cache_root
 from pipeline.kd import teacher_cache
 from pipeline.loop import best_model
 from pipeline.runtime import dist
-from pipeline.runtime.compiler import compile_module
+from pipeline.runtime.compiler import OFF, CompilePolicy
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.tasks.base import Task
@@ -98,7 +98,8 @@ def student_from_teacher(n_layers: int, teacher: PreTrainedModel, task: Task) ->
     return student, chosen
 
 
-def build_distillation(cfg: Config, task: Task, policy: PrecisionPolicy, rt: Runtime, train_texts: Iterable[str]
+def build_distillation(cfg: Config, task: Task, policy: PrecisionPolicy, rt: Runtime, train_texts: Iterable[str],
+                       compile_policy: CompilePolicy = OFF
                        ) -> tuple[str, PreTrainedTokenizerBase, PreTrainedModel, Distiller]:
     """(student spec, tokenizer, student, Distiller) of a `distill` stage; every check that can
     be the user's fault happens here, before any run exists."""
@@ -118,7 +119,7 @@ def build_distillation(cfg: Config, task: Task, policy: PrecisionPolicy, rt: Run
     if teacher_tokenizer.get_vocab() != tokenizer.get_vocab():
         raise UserError(f"config: kd.teacher={cfg.kd.teacher}: its tokenizer differs from the student's "
                         f"(model={cfg.model}); per-token distillation needs one tokenizer for both")
-    distiller = Distiller(cfg.kd, cfg.train.eval_batch_size, task, policy, rt, teacher, cfg.train.compile)
+    distiller = Distiller(cfg.kd, cfg.train.eval_batch_size, task, policy, rt, teacher, compile_policy)
     if cfg.kd.hidden_weight and attach_projection(student, teacher) and rt.is_main:
         log.info("hidden-state term: a learned projection %d -> %d", student.config.hidden_size,
                  teacher.config.hidden_size)
@@ -132,9 +133,9 @@ class Distiller:
     (no cache, or the hidden-state term) sits on this rank's device."""
 
     def __init__(self, kd: KDConfig, eval_batch_size: int, task: Task, policy: PrecisionPolicy, rt: Runtime,
-                 teacher: PreTrainedModel, compile_mode: str = "off") -> None:
-        self.compile_mode = compile_mode
-        """train.compile, for the teacher's forward (compiled when it moves to the device)."""
+                 teacher: PreTrainedModel, compile: CompilePolicy = OFF) -> None:
+        self.compile = compile
+        """The stage's compile policy, for the teacher's forward (compiled when it moves to the device)."""
         self.alpha, self.temperature, self.hidden_weight = kd.alpha, kd.temperature, kd.hidden_weight
         self.task, self.policy, self.rt, self.teacher_spec = task, policy, rt, kd.teacher
         self.use_cache = kd.cache and not self.hidden_weight  # the cache holds logits, not hidden states
@@ -210,8 +211,7 @@ class Distiller:
         for rows in batches:
             batch = collate([features[int(i)] for i in rows])
             batch.pop("idx")
-            # compiled with CUDA graphs: each batch a new replay (no student step is in flight here)
-            torch.compiler.cudagraph_mark_step_begin()
+            self.compile.begin_inference_batch()  # no student step is in flight here
             for name, value in self._teacher_logits(batch).items():
                 value = value.float().cpu()
                 if self.task.kd_outputs[name]:  # per-token: pad [B, L, ...] to max_length, masked out
@@ -232,8 +232,7 @@ class Distiller:
         return staged.to(self.rt.device, non_blocking=True)
 
     def _teacher_to_device(self) -> None:
-        self.teacher = compile_module(self.teacher.to(self.rt.device, dtype=self.policy.compute_dtype),
-                                      self.compile_mode)
+        self.teacher = self.compile.compile(self.teacher.to(self.rt.device, dtype=self.policy.compute_dtype))
 
     def _teacher_logits(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         inputs = {k: v.to(self.rt.device) for k, v in batch.items() if k in teacher_cache.MODEL_INPUTS}

@@ -1,4 +1,5 @@
-"""`train.compile`: torch.compile for the trained module, the frozen teacher and evaluation.
+"""`train.compile`: its policy (CompilePolicy, every question the stage asks about compilation,
+answered once), and torch.compile for the trained module, the frozen teacher and evaluation.
 
 A module is compiled in place (nn.Module.compile), so its state_dict keeps its own keys (no
 `_orig_mod.` prefix): checkpoints, best/ and resume are the same compiled or not, and a job can
@@ -13,6 +14,7 @@ its own (perf/compile_s), with the number of graphs compiled (perf/compiles).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -24,6 +26,107 @@ meet: length buckets x {train, eval} x {full, filled}); past it Dynamo runs eage
 
 WARN_COMPILES = 16
 """More compilations than this in one process: a warning (something varies per batch)."""
+
+
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+"""The modes whose inductor options turn CUDA graphs on (torch/_inductor/__init__.py,
+list_mode_options: triton.cudagraphs)."""
+
+
+@dataclass(frozen=True)
+class CompilePolicy:
+    """What `train.compile` means for a stage, settled once (jobs/settle.py) and held by the plan and
+    the backend: the loop, loaders, evaluation, the KD teacher and the meters ask it, never the raw
+    setting."""
+
+    mode: str
+    """off | default | reduce-overhead | max-autotune (never auto)."""
+    reason: str
+    """Why this mode: the run's resolved.compile_reason param."""
+
+    @property
+    def compiled(self) -> bool:
+        return self.mode != "off"
+
+    @property
+    def cuda_graphs(self) -> bool:
+        return self.mode in CUDA_GRAPH_MODES
+
+    @property
+    def counts_compile_time(self) -> bool:
+        """Compile seconds are left out of the throughput and energy clocks (telemetry)."""
+        return self.compiled
+
+    def fill_short_batches(self, distilling: bool) -> bool:
+        """Fill the epoch's short batch to full rows, so its graph is one already compiled (and a
+        CUDA graph replays); not under KD, whose loss would count the filler rows."""
+        return self.compiled and not distilling
+
+    @staticmethod
+    def drop_mask(host_mask: torch.Tensor) -> bool:
+        """Whether a training batch reaches the model without its attention mask: when it has no
+        padding, in every mode (read on the host copy: no device sync). Eager, transformers' SDPA
+        path would otherwise ask the device whether the mask is all ones (masking_utils
+        `_ignore_bidirectional_mask_sdpa`); compiled, it never drops a mask while tracing (the same
+        function checks is_tracing), so SDPA could not take its flash kernel. The cost: a bucket
+        whose batches come both padded and unpadded compiles two graphs, one with a mask and one
+        without, so a job meets at most twice its length buckets in training graphs."""
+        return bool(host_mask.all())
+
+    def begin_optimizer_step(self) -> None:
+        """Before the first micro-batch of an optimizer step, and only there. A mark starts a new
+        generation of cudagraph trees, which frees every output of the last one still alive
+        (torch/_inductor/cudagraph_trees.py: `can_start_new_generation`, then
+        `dealloc_current_path_weakrefs`). After zero_grad(set_to_none=True) the first micro-batch's
+        `.grad` tensors are outputs of the captured backward (AccumulateGrad keeps the tensor it is
+        given); a mark before the second micro-batch would free them while the parameters still hold
+        them, and the second backward would accumulate into reclaimed memory. Without a mark inside
+        the group, cudagraph trees record micro-batch k as a child of micro-batch k-1's backward, with
+        that backward's outputs live (its allocations never overlap them), and the accumulation into
+        `.grad` is an eager in-place add on memory nothing else writes. The step zeroes `.grad` to
+        None, so at the next mark nothing alive refers to the freed generation."""
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+
+    def begin_inference_batch(self) -> None:
+        """Before each evaluation or teacher batch: no gradients, nothing kept from the last batch
+        but copies, so every batch may start a new generation."""
+        if self.cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+
+    def compile(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Compile `module` in place for this mode (off: unchanged); returns it."""
+        return compile_module(module, self.mode)
+
+    def describe(self) -> dict[str, str]:
+        """The run's resolved.* params: what was chosen and why."""
+        return {"compile": self.mode, "compile_reason": self.reason}
+
+
+OFF = CompilePolicy("off", "train.compile=off")
+
+
+def resolve(requested: str, device_type: str, backend: str, zero_stage: int = 0) -> CompilePolicy:
+    """`train.compile` for this device (cuda | cpu) and backend (single | ddp | deepspeed, with its
+    ZeRO stage); `auto` picks what has been measured to work and pay there (benchmarks/README.md)."""
+    if requested != "auto":
+        return CompilePolicy(requested, f"train.compile={requested} (set)")
+    if device_type != "cuda":
+        return CompilePolicy("off", "auto on a CPU: inductor's warm-up costs minutes there and its steps "
+                                    "were no faster (benchmarks/results/compile-*.json)")
+    if backend == "deepspeed" and zero_stage == 3:
+        # ZeRO-3's parameter gather/release hooks are @torch.compiler.disable
+        # (deepspeed/runtime/zero/parameter_offload.py): a graph break at every submodule, and CUDA graphs
+        # would record each piece over freshly gathered buffers (re-records torch does not count)
+        return CompilePolicy("off", "auto under DeepSpeed ZeRO-3: its parameter hooks break the graph at "
+                                    "every submodule; no compiled ZeRO-3 step has been measured")
+    if backend == "deepspeed":
+        # the engine is not DDP: Dynamo does not split the compiled backward at gradient buckets, so
+        # ZeRO-1/2's overlap_comm has nothing to overlap; CUDA graphs under its gradient hooks are unmeasured
+        return CompilePolicy("off", f"auto under DeepSpeed ZeRO-{zero_stage}: no compiled DeepSpeed step has "
+                                    "been measured on a GPU")
+    return CompilePolicy("reduce-overhead", "auto on a GPU: CUDA graphs, as a small or medium step is bound "
+                                            "by kernel launches (benchmarks/results/compile-*.json)")
 
 
 def compile_module(module: torch.nn.Module, mode: str) -> torch.nn.Module:

@@ -43,7 +43,7 @@ from pipeline.config.schema import SettledTrain, TrainConfig
 from pipeline.errors import UserError
 from pipeline.layout import CheckpointFiles, OutputDir
 from pipeline.runtime.backend import StepResult
-from pipeline.runtime.compiler import allow_shapes, compile_kwargs
+from pipeline.runtime.compiler import OFF, CompilePolicy, allow_shapes, compile_kwargs
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PURE16, PrecisionPolicy
 
@@ -168,8 +168,10 @@ def skip_the_shm_all_reduce_build() -> None:
 class DeepSpeedBackend:
     """Launched by the deepspeed launcher (or torchrun with backend=deepspeed): ZeRO stages 0-3."""
 
-    def __init__(self, rt: Runtime, policy: PrecisionPolicy, train: SettledTrain, config_path: str | None):
-        """config_path: the DeepSpeed JSON (the `deepspeed` key); None uses ds_configs/zero2.json."""
+    def __init__(self, rt: Runtime, policy: PrecisionPolicy, train: SettledTrain, config_path: str | None,
+                 compile: CompilePolicy = OFF):
+        """config_path: the DeepSpeed JSON (the `deepspeed` key); None uses ds_configs/zero2.json.
+        `compile` was settled with the plan for this ZeRO stage (compiler.resolve): not resolved again."""
         self.rt = rt
         self.policy = policy
         self.source = config_path or str(DEFAULT_CONFIG)
@@ -179,14 +181,14 @@ class DeepSpeedBackend:
         self.stage = self.ds_config.get("zero_optimization", {}).get("stage", 0)
         self.engine = None
         self.precision_mode = precision_mode(policy)
-        self.compile_mode = train.compile
+        self.compile = compile
 
     @property
     def fused_optimizer(self) -> bool:
         return False  # the engine wraps the optimizer in its own partitioned one
 
     def describe(self) -> dict[str, object]:
-        return {"deepspeed_stage": self.stage}
+        return {"deepspeed_stage": self.stage, **self.compile.describe()}
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> torch.nn.Module:
         import deepspeed
@@ -200,9 +202,9 @@ class DeepSpeedBackend:
             [p for p in model.parameters() if p.requires_grad], config=self.ds_config)
         self.module = self.engine.module
         self.model = self.engine
-        if self.compile_mode != "off":  # the engine compiles its module in place (keys unchanged)
+        if self.compile.compiled:  # the engine compiles its module in place (keys unchanged)
             allow_shapes()
-            self.engine.compile(compile_kwargs=compile_kwargs(self.compile_mode))
+            self.engine.compile(compile_kwargs=compile_kwargs(self.compile.mode))
         return self.engine
 
     def no_sync(self):

@@ -3,17 +3,19 @@ from __future__ import annotations
 
 from pipeline.config.schema import SettledTrain
 from pipeline.runtime.backend import Backend
+from pipeline.runtime.compiler import CompilePolicy
 from pipeline.runtime.deepspeed_backend import DeepSpeedBackend
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.runtime.torch_backend import TorchBackend
 
 
-def make_backend(rt: Runtime, policy: PrecisionPolicy, train: SettledTrain, deepspeed_path: str | None) -> Backend:
+def make_backend(rt: Runtime, policy: PrecisionPolicy, compile_policy: CompilePolicy, train: SettledTrain,
+                 deepspeed_path: str | None) -> Backend:
     """The backend for rt.backend. A DeepSpeed config (deepspeed_path, or ds_configs/zero2.json when
     unset) is read, resolved and checked here, before any model is built; the deepspeed package
-    itself is imported only when DeepSpeedBackend.prepare runs (importing it costs seconds). `train`
-    is settled (jobs/settle.py): train.compile names a mode."""
+    itself is imported only when DeepSpeedBackend.prepare runs (importing it costs seconds). The
+    compile policy was settled with the plan (jobs/settle.py); the backend holds it."""
     if rt.backend == "deepspeed":
-        return DeepSpeedBackend(rt, policy, train, deepspeed_path)
-    return TorchBackend(rt, policy, train.max_grad_norm, train.compile)
+        return DeepSpeedBackend(rt, policy, train, deepspeed_path, compile_policy)
+    return TorchBackend(rt, policy, train.max_grad_norm, compile_policy)

@@ -11,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel
 from pipeline import names
 from pipeline.layout import CheckpointFiles
 from pipeline.runtime.backend import StepResult
-from pipeline.runtime.compiler import compile_module
+from pipeline.runtime.compiler import OFF, CompilePolicy
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
 
@@ -19,11 +19,11 @@ from pipeline.runtime.precision import PrecisionPolicy
 class TorchBackend:
     """One process, or torchrun DDP (gloo on CPU, NCCL on GPU)."""
 
-    def __init__(self, rt: Runtime, policy: PrecisionPolicy, max_grad_norm: float, compile_mode: str = "off"):
+    def __init__(self, rt: Runtime, policy: PrecisionPolicy, max_grad_norm: float, compile: CompilePolicy = OFF):
         self.rt = rt
         self.policy = policy
         self.max_grad_norm = max_grad_norm
-        self.compile_mode = compile_mode
+        self.compile = compile
         self.scaler = policy.make_scaler()
 
     @property
@@ -31,14 +31,14 @@ class TorchBackend:
         return True
 
     def describe(self) -> dict[str, object]:
-        return {}
+        return self.compile.describe()
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
         """Compiled in place before DDP wraps it: DDP's hooks fire on the gradients the compiled
         backward produces, and the state_dict keeps its keys."""
         if not optimizer.defaults.get("fused"):
             raise ValueError("TorchBackend needs a fused optimizer: it skips non-finite updates on the device")
-        self.module = compile_module(model.to(self.rt.device), self.compile_mode)
+        self.module = self.compile.compile(model.to(self.rt.device))
         self.optimizer = optimizer
         if self.rt.backend == "ddp":
             ids = [self.rt.device.index] if self.rt.device.type == "cuda" else None
