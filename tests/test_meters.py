@@ -27,8 +27,8 @@ class StandInNvml:
         raise RuntimeError("not sampled in this test")
 
 
-def metered_energy(nvml):
-    meter = EnergyMeter(CPU)  # unavailable on a CPU: give it the stand-in counter
+def metered_energy(nvml, compiled=False):
+    meter = EnergyMeter(CPU, compiled)  # unavailable on a CPU: give it the stand-in counter
     meter.available, meter.uuid, meter._handle, meter._nvml = True, "GPU-standin", "handle", nvml
     return meter
 
@@ -55,6 +55,35 @@ def test_a_mid_epoch_pause_leaves_out_its_time_and_energy_and_keeps_the_rest():
     assert figures[names.SAMPLES_PER_S] == pytest.approx(64 / figures[names.EPOCH_TIME])
     assert figures[names.ENERGY_JOULES] == pytest.approx(3.0)
     assert figures[names.AVG_POWER] == pytest.approx(3.0 / figures[names.EPOCH_TIME])
+
+
+def test_energy_drawn_while_compiling_is_left_out_as_its_seconds_are(monkeypatch):
+    """The energy counter is NVML's stood in for (StandInNvml: no GPU here); the compilations are
+    Dynamo's own start/end callbacks, fired as Dynamo fires them around a traced frame, a lazily
+    compiled backward and a CUDA graph recording (which runs the step: it stays in)."""
+    from torch._dynamo.callback import CallbackTrigger, callback_handler
+
+    from pipeline.runtime import compiler
+
+    clock = iter([0.0, 0.5])  # Dynamo's compile seconds at the segment's start and end
+    monkeypatch.setattr(compiler, "compile_seconds", lambda: next(clock))
+    nvml = StandInNvml()
+    meters = StageMeters(CPU, "fp32", world_size=1, compiled=True)
+    meters.energy = metered_energy(nvml, compiled=True)
+    meters.start_epoch()
+    meters.add_batch(32, 1000, 40)
+    nvml.mj += 1000  # 1 J of training
+    for trigger, mj in ((CallbackTrigger.DYNAMO, 30000), (CallbackTrigger.LAZY_BACKWARD, 9000),
+                        (CallbackTrigger.CUDAGRAPH_RECORDING, 500)):
+        with callback_handler.install_callbacks(trigger, "0/0"):
+            nvml.mj += mj
+    nvml.mj += 1500  # 1.5 J more of training
+    time.sleep(0.6)
+    figures = meters.end_epoch()
+    assert figures[names.ENERGY_JOULES] == pytest.approx(3.0)  # 1 + 0.5 (the recording) + 1.5
+    assert meters.energy.compile_joules == pytest.approx(39.0) and figures[names.COMPILE_TIME] == pytest.approx(0.5)
+    assert figures[names.AVG_POWER] == pytest.approx(3.0 / figures[names.EPOCH_TIME])
+    assert not callback_handler.start_callbacks and not callback_handler.end_callbacks  # removed at the epoch's end
 
 
 @pytest.mark.slow

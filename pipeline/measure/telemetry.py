@@ -141,19 +141,35 @@ class EnergyMeter:
     measuring.
 
     An epoch is start() ... stop(); pause() and resume() leave out what happens between them
-    (a mid-epoch checkpoint), the same window the throughput clock leaves out. available is
-    False on a CPU, without NVML, or on a GPU whose counter cannot be read: then nothing is
-    reported, never a zero or an estimate.
+    (a mid-epoch checkpoint), the same window the throughput clock leaves out. With `compiled`,
+    the energy drawn while torch.compile compiles is left out as the throughput clock leaves out
+    its seconds: the counter is read again at the edges of each compilation (Dynamo's compile
+    start/end callbacks, torch/_dynamo/callback.py, for a traced frame and a lazily compiled
+    backward; CUDA graph recording, which runs the step's kernels, stays in). Measured, not power
+    x time: while the host compiles the GPU idles at a fraction of its training power, so scaling
+    the segment's energy by the non-compile share of its time would charge training too little.
+    available is False on a CPU, without NVML, or on a GPU whose counter cannot be read: then
+    nothing is reported, never a zero or an estimate.
     """
 
-    def __init__(self, device: torch.device):
+    COMPILE_TRIGGERS = ("DYNAMO", "LAZY_BACKWARD")
+    """Dynamo's CallbackTrigger names whose time the throughput clock leaves out (compiler.compile_seconds)."""
+
+    def __init__(self, device: torch.device, compiled: bool = False):
         self.available = False
+        self.compiled = compiled
         self.uuid: str | None = None
         self._handle = None
         self._segment_mj: float | None = None
         """The counter at the start of the running segment; None while paused or stopped."""
+        self._compile_mj: float | None = None
+        """The counter when the running compilation started; None when none runs."""
+        self._segment_compile_mj = 0.0
+        """Drawn while compiling inside the running segment."""
         self.epoch_joules = 0.0
         self.joules = 0.0
+        self.compile_joules = 0.0
+        """Left out of `joules`: drawn while compiling inside measured segments."""
         self._util: list[float] = []
         self._stop = None
         if device.type != "cuda":
@@ -179,18 +195,27 @@ class EnergyMeter:
         self.epoch_joules = 0.0
         self._util = []
         self._stop = threading.Event()
+        if self.compiled:
+            from torch._dynamo.callback import callback_handler
+
+            callback_handler.register_start_callback(self._compile_started)
+            callback_handler.register_end_callback(self._compile_ended)
         self.resume()
         threading.Thread(target=self._sample, daemon=True).start()
 
     def pause(self) -> None:
         if not self.available or self._segment_mj is None:
             return
-        self.epoch_joules += (self._counter_mj() - self._segment_mj) / 1000.0
+        self._compile_ended(None)  # a compilation cut by the pause counts up to here
+        drawn = self._counter_mj() - self._segment_mj - self._segment_compile_mj
+        self.epoch_joules += drawn / 1000.0
+        self.compile_joules += self._segment_compile_mj / 1000.0
         self._segment_mj = None
 
     def resume(self) -> None:
         if self.available:
             self._segment_mj = self._counter_mj()
+            self._segment_compile_mj = 0.0
 
     def stop(self) -> float:
         """Joules of the epoch's measured segments (0.0 if unavailable; callers check .available)."""
@@ -198,8 +223,22 @@ class EnergyMeter:
             return 0.0
         self.pause()
         self._stop.set()
+        if self.compiled:
+            from torch._dynamo.callback import callback_handler
+
+            callback_handler.remove_start_callback(self._compile_started)
+            callback_handler.remove_end_callback(self._compile_ended)
         self.joules += self.epoch_joules
         return self.epoch_joules
+
+    def _compile_started(self, args) -> None:
+        if self._segment_mj is not None and args.callback_trigger.name in self.COMPILE_TRIGGERS:
+            self._compile_mj = self._counter_mj()
+
+    def _compile_ended(self, args) -> None:
+        if self._compile_mj is not None and self._segment_mj is not None:
+            self._segment_compile_mj += self._counter_mj() - self._compile_mj
+        self._compile_mj = None
 
     @property
     def mean_utilization(self) -> float | None:
@@ -246,7 +285,7 @@ class StageMeters:
     def __init__(self, device: torch.device, precision_name: str, world_size: int, compiled: bool = False):
         self.device, self.world_size, self.compiled = device, world_size, compiled
         self.recompile_warning = compiler.RecompileWarning()
-        self.energy = EnergyMeter(device)
+        self.energy = EnergyMeter(device, compiled)
         self.peak_tflops = peak_tflops(device_name(device), precision_name) if device.type == "cuda" else None
         self.flop_model: FlopModel | None = None
         """Set once by the loop (counted outside the timed steps); None: no FLOP metrics."""
