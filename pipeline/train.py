@@ -35,7 +35,7 @@ from pipeline.layout import CheckpointFiles
 from pipeline.loop import checkpoint
 from pipeline.loop.best_model import BestModel
 from pipeline.loop.checkpoint import Stateful
-from pipeline.loop.optim import build_optimizer, give_back
+from pipeline.loop.optim import build_optimizer, give_back, lr_schedule
 from pipeline.loop.progress import Progress
 from pipeline.loop.step_losses import StepLosses
 from pipeline.measure import stall
@@ -160,6 +160,8 @@ def setup_loop(s: Stage, tracker: Tracker, run_id: str | None, meters: StageMete
     meters.flop_model = s.step_flop_model(collate)  # before the wrapper: no collective, no timer
     optimizer, scheduler = build_optimizer(s.model, t, total_steps, fused=s.backend.fused_optimizer)
     wrapped = s.backend.prepare(s.model, optimizer)
+    if s.backend.optimizer is not optimizer:  # DeepSpeed's: the schedule sets the lr of what steps
+        scheduler = lr_schedule(s.backend.optimizer, t, total_steps)
     for name, content in s.backend.extra_artifacts.items():  # e.g. the resolved DeepSpeed config
         if rt.is_main:
             write_json(s.out / name, content)

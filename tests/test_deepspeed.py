@@ -30,7 +30,8 @@ from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.loop import checkpoint
-from pipeline.runtime import dist, precision
+from pipeline.loop.optim import build_optimizer, lr_schedule
+from pipeline.runtime import compiler, dist, precision
 from pipeline.runtime.deepspeed_backend import (
     DeepSpeedBackend,
     fill_bucket_sizes,
@@ -286,7 +287,7 @@ def test_a_compiled_engine_steps_like_an_eager_one(deepspeed_process_group):
     for mode in ("off", "default"):
         train = settled_train("train.batch_size=4", f"train.compile={mode}")
         backend = DeepSpeedBackend(deepspeed_process_group, precision.PrecisionPolicy("fp32", "cpu"), train,
-                                   "ds_configs/zero2.json")
+                                   "ds_configs/zero2.json", compiler.resolve(mode, "cpu", "deepspeed", 2))
         torch.manual_seed(0)
         model = BertForSequenceClassification(BertConfig(
             vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
@@ -302,3 +303,37 @@ def test_a_compiled_engine_steps_like_an_eager_one(deepspeed_process_group):
         keys[mode] = set(backend.module.state_dict())
     assert losses["default"] == pytest.approx(losses["off"], rel=1e-4)
     assert keys["default"] == keys["off"] and not any("_orig_mod" in k for k in keys["default"])
+
+
+@pytest.mark.slow
+def test_an_optimizer_block_steps_at_the_pipelines_schedule_with_its_no_decay_groups(deepspeed_process_group,
+                                                                                     tmp_path):
+    """A DeepSpeed JSON with an optimizer block: the engine builds that optimizer over the pipeline's
+    parameter groups (biases and LayerNorm without weight decay), and the schedule the loop builds
+    over backend.optimizer is the lr applied: at warm-up's first step (lr 0) no weight moves, then
+    they do. ZeRO-2 on DeepSpeed's CPU accelerator."""
+    config = json.loads((ROOT / "ds_configs" / "zero2.json").read_text())
+    # torch_adam: torch's AdamW, not DeepSpeed's FusedAdam (a C++ build of minutes on the CPU accelerator)
+    config["optimizer"] = {"type": "AdamW", "params": {"lr": "auto", "weight_decay": "auto", "torch_adam": True}}
+    (tmp_path / "ds.json").write_text(json.dumps(config))
+    train = settled_train("train.batch_size=4", "train.lr=1e-2", "train.weight_decay=0.1", "train.warmup_ratio=0.5")
+    backend = DeepSpeedBackend(deepspeed_process_group, precision.PrecisionPolicy("fp32", "cpu"), train,
+                               str(tmp_path / "ds.json"))
+    torch.manual_seed(0)
+    model = BertForSequenceClassification(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+                                                     num_attention_heads=2, intermediate_size=64, num_labels=3))
+    handed, _ = build_optimizer(model, train, total_steps=4, fused=False)
+    engine = backend.prepare(model, handed)
+    assert backend.optimizer is not handed  # the JSON's optimizer, built by the engine
+    assert [g["weight_decay"] for g in backend.optimizer.param_groups] == [0.1, 0.0]
+    schedule = lr_schedule(backend.optimizer, train, total_steps=4)  # as the loop builds it (train.setup_loop)
+    batch = {"input_ids": torch.randint(5, 100, (4, 8)), "labels": torch.tensor([0, 1, 2, 0])}
+    moved = []
+    for _ in range(2):
+        before = backend.full_state_dict()
+        backend.backward(engine(**batch).loss)
+        backend.step()
+        after = backend.full_state_dict()
+        moved.append(any(not torch.equal(before[k], after[k]) for k in before))
+        schedule.step()
+    assert moved == [False, True] and schedule.get_last_lr()[0] == pytest.approx(1e-2)

@@ -17,9 +17,15 @@ def build_optimizer(model: torch.nn.Module, train: TrainConfig, total_steps: int
     fused: one kernel pass over all parameters (CPU and CUDA), the HF Trainer's default; the
     backend says whether it wants it (Backend.fused_optimizer)."""
     optimizer = torch.optim.AdamW(param_groups(model, train.weight_decay), lr=train.lr, fused=fused)
-    scheduler = transformers.get_linear_schedule_with_warmup(
+    return optimizer, lr_schedule(optimizer, train, total_steps)
+
+
+def lr_schedule(optimizer: torch.optim.Optimizer, train: TrainConfig, total_steps: int
+                ) -> torch.optim.lr_scheduler.LambdaLR:
+    """The linear warm-up/decay schedule over total_steps optimizer steps, setting the lr of
+    `optimizer`'s parameter groups: it must be the optimizer that steps (Backend.optimizer)."""
+    return transformers.get_linear_schedule_with_warmup(
         optimizer, num_warmup_steps=math.ceil(train.warmup_ratio * total_steps), num_training_steps=total_steps)
-    return optimizer, scheduler
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:

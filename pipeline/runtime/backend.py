@@ -31,6 +31,9 @@ class Backend(Protocol):
 
     module: torch.nn.Module
     """The unwrapped model (set by prepare): evaluate it, save it, read its parameters."""
+    optimizer: torch.optim.Optimizer
+    """The optimizer that steps (set by prepare): the one handed in, or the backend's own
+    (DeepSpeed's, built from the JSON's optimizer block); the LR schedule sets its groups' lr."""
 
     @property
     def fused_optimizer(self) -> bool:

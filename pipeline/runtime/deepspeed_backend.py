@@ -7,7 +7,10 @@ disagrees is a UserError naming both, never a silent override.
 
 The loop owns gradient accumulation (managed_gradient_accumulation=false: every step() is the
 boundary) and the LR schedule (stepped only when the engine says the step was applied), so
-the two backends behave alike.
+the two backends behave alike. With an `optimizer` block the engine builds that optimizer
+(e.g. DeepSpeedCPUAdam under offload) over the pipeline's parameter groups, so biases and
+LayerNorm weights keep no weight decay, and the loop's schedule is built over it (self.optimizer,
+the engine's basic optimizer): the logged train/lr is the lr applied.
 
 Precision (DeepSpeed 0.19.8, read in its engine.py, torch_autocast.py and ZeRO optimizers, run on
 its CPU accelerator for stages 0-3):
@@ -197,9 +200,15 @@ class DeepSpeedBackend:
             skip_the_shm_all_reduce_build()
         fill_bucket_sizes(self.ds_config, getattr(model, "config", None))
         client_optimizer = None if "optimizer" in self.ds_config else optimizer
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=model, optimizer=client_optimizer, model_parameters=None if client_optimizer else
-            [p for p in model.parameters() if p.requires_grad], config=self.ds_config)
+        # the JSON's optimizer is built over these groups (engine._configure_basic_optimizer passes
+        # model_parameters to its constructor): each group's weight_decay overrides the block's
+        groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in optimizer.param_groups]
+        self.engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=client_optimizer, model_parameters=None if client_optimizer else groups,
+            config=self.ds_config)
+        # the torch optimizer inside ZeRO's wrapper: its groups' lr is what steps (the engine's own
+        # client lr_scheduler is built over it too, engine.py _configure_lr_scheduler)
+        self.optimizer = self.engine.basic_optimizer
         self.module = self.engine.module
         self.model = self.engine
         if self.compile.compiled:  # the engine compiles its module in place (keys unchanged)
