@@ -128,6 +128,9 @@ def test_mfu_peak_is_the_most_specific_device_entry():
     assert peak_tflops("NVIDIA H100 NVL", "fp32") == 60.0
     assert peak_tflops("NVIDIA H100 80GB HBM3", "tf32") == 494.7
     assert peak_tflops("Tesla V100-SXM2-16GB", "fp16") is None  # not in the table: no MFU, never a guess
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "bf16", sm_count=132) == 989.4  # the whole GPU
+    # a MIG 1g.10gb slice: the whole GPU's name, 16 of its 132 SMs (what CUDA reports on the slice)
+    assert peak_tflops("NVIDIA H100 80GB HBM3 MIG 1g.10gb", "bf16", sm_count=16) == pytest.approx(989.4 * 16 / 132)
 
 
 def bert_training_flops(rows: int, length: int, hidden: int, layers: int, labels: int) -> int:

@@ -126,10 +126,24 @@ PEAK_TFLOPS: dict[str, dict[str, float]] = {
 }
 
 
-def peak_tflops(device_name: str, precision_name: str) -> float | None:
-    """The peak of the most specific table entry in the device's name ("H200 NVL" before "H200")."""
+FULL_SMS: dict[str, int] = {"H100 80GB HBM3": 132, "H100 PCIe": 114, "H100 NVL": 132, "H200": 132, "H200 NVL": 132,
+                            "A100": 108}
+"""Streaming multiprocessors of the whole GPU behind each PEAK_TFLOPS entry (the vendors' data sheets)."""
+
+
+def peak_tflops(device_name: str, precision_name: str, sm_count: int | None = None) -> float | None:
+    """The peak of the most specific table entry in the device's name ("H200 NVL" before "H200").
+    A MIG slice keeps the whole GPU's name (CUDA adds " MIG 1g.10gb" after it, or nothing) but
+    computes on its share of the SMs, which CUDA reports as the device's multi_processor_count
+    (`sm_count`): its peak is the whole GPU's times that share, so its MFU is not several times too low."""
     found = [model for model in PEAK_TFLOPS if model in device_name]
-    return PEAK_TFLOPS[max(found, key=len)].get(precision_name) if found else None
+    if not found:
+        return None
+    model = max(found, key=len)
+    peak = PEAK_TFLOPS[model].get(precision_name)
+    if peak is not None and sm_count and sm_count < FULL_SMS[model]:
+        peak *= sm_count / FULL_SMS[model]
+    return peak
 
 
 # ---------------------------------------------------------------------- energy
@@ -286,7 +300,9 @@ class StageMeters:
         self.device, self.world_size, self.compiled = device, world_size, compiled
         self.recompile_warning = compiler.RecompileWarning()
         self.energy = EnergyMeter(device, compiled)
-        self.peak_tflops = peak_tflops(device_name(device), precision_name) if device.type == "cuda" else None
+        self.peak_tflops = peak_tflops(device_name(device), precision_name,
+                                       torch.cuda.get_device_properties(device).multi_processor_count
+                                       ) if device.type == "cuda" else None
         self.flop_model: FlopModel | None = None
         """Set once by the loop (counted outside the timed steps); None: no FLOP metrics."""
         self.flops = 0.0

@@ -42,7 +42,9 @@ class TorchBackend:
         self.optimizer = optimizer
         if self.rt.backend == "ddp":
             ids = [self.rt.device.index] if self.rt.device.type == "cuda" else None
-            self.model = DistributedDataParallel(self.module, device_ids=ids)
+            # no buffer broadcast before every forward: the models' buffers are constants (position and
+            # token-type ids, registered by the embeddings), equal on every rank from the same seed
+            self.model = DistributedDataParallel(self.module, device_ids=ids, broadcast_buffers=False)
         else:
             self.model = self.module
         return self.model
