@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -205,3 +206,15 @@ def _train_wordpiece_vocab(texts: Iterable[str], vocab_size: int, normalizer: No
     tok.train_from_iterator(texts, trainers.WordPieceTrainer(
         vocab_size=vocab_size, special_tokens=SPECIALS + continuing, show_progress=False))
     return tok.get_vocab(with_added_tokens=True)
+
+
+def takes_prepared_mask(model: torch.nn.Module) -> bool:
+    """Whether `model` builds its attention mask with transformers' masking_utils for SDPA, as an
+    encoder: then a 4D boolean mask (batch, 1, 1, length) reaches its attention as it is
+    (masking_utils `_preprocess_mask_arguments` returns a 4D mask unchanged), without the check
+    whether a 2D mask is all ones (`_ignore_bidirectional_mask_sdpa`: `padding_mask.all()`, a host
+    sync per step on a GPU). Any other model is handed its 2D mask."""
+    config = getattr(model, "config", None)
+    module = sys.modules.get(type(model).__module__)
+    return (getattr(config, "_attn_implementation", None) == "sdpa" and not getattr(config, "is_decoder", False)
+            and hasattr(module, "create_bidirectional_mask"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import transformers
@@ -85,16 +86,27 @@ class Stage:
                      ) -> torch.Tensor:
         """Forward of `call` (self.model or its wrapper) under the precision policy, then the task's
         loss of the batch, or under distillation the KD loss (of self.model's kd_projection).
-        `unpadded`: the batch has no padding, so the model gets no attention mask (the losses still
-        read it): with a mask, transformers' SDPA path asks the device whether it is all ones, a host
-        sync per step."""
+        `unpadded`: the batch has no padding (CompilePolicy.drop_mask), so the model gets no attention
+        mask (the losses still read it)."""
         forward_kwargs = self.distiller.forward_kwargs if self.distiller is not None else {}
-        model_inputs = {k: v for k, v in inputs.items() if k != "attention_mask"} if unpadded else inputs
         with self.policy.autocast():
-            outputs = call(**model_inputs, **forward_kwargs)
+            outputs = call(**self.model_inputs(inputs, unpadded), **forward_kwargs)
         if self.distiller is None:
             return self.task.loss(outputs, inputs)
         return self.distiller.loss(outputs, inputs, idx, self.model)  # the backends wrap self.model itself
+
+    def model_inputs(self, inputs: dict, unpadded: bool) -> dict:
+        """The batch as the model takes it: without a mask when it has no padding; with its mask in
+        SDPA's 4D form where the policy and the model take one (no host sync in transformers)."""
+        if unpadded:
+            return {k: v for k, v in inputs.items() if k != "attention_mask"}
+        if self.prepared_mask:
+            return {**inputs, "attention_mask": inputs["attention_mask"][:, None, None, :].bool()}
+        return inputs
+
+    @cached_property
+    def prepared_mask(self) -> bool:
+        return self.compile.prepares_padded_mask and models.takes_prepared_mask(self.model)
 
     def step_flop_model(self, collate: Callable[[list[dict]], dict]) -> FlopModel:
         """FLOPs of one training row at a few padded lengths, each counted on a real single-row step

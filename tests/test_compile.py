@@ -308,3 +308,26 @@ def test_ddp_broadcasts_no_buffers_as_the_models_buffers_are_constants(gloo_grou
     before = {k: v.clone() for k, v in backend.module.named_buffers()}
     losses(backend, batches(n=2))
     assert before and all(torch.equal(v, before[k]) for k, v in backend.module.named_buffers())
+
+
+def test_a_padded_batch_mask_handed_in_4d_skips_transformers_all_ones_check(monkeypatch):
+    """Eager, a padded batch's mask goes to the model in SDPA's 4D form (Stage.model_inputs): the
+    logits are the 2D mask's, and transformers never asks whether the mask is all ones (on a GPU
+    that `.all()` is a host sync per step). Counted here by wrapping Tensor.all."""
+    from pipeline import models
+
+    model = tiny_classifier().eval()
+    (batch,) = batches(n=1)
+    mask = batch["attention_mask"].clone()
+    mask[0, -3:] = 0
+    assert models.takes_prepared_mask(model) and compiler.OFF.prepares_padded_mask
+    assert not compiler.CompilePolicy("default", "test").prepares_padded_mask
+    checks = []
+    real_all = torch.Tensor.all
+    monkeypatch.setattr(torch.Tensor, "all", lambda self, *a, **k: (checks.append(1), real_all(self, *a, **k))[1])
+    with torch.no_grad():
+        flat = model(input_ids=batch["input_ids"], attention_mask=mask).logits
+        flat_checks = len(checks)
+        prepared = model(input_ids=batch["input_ids"], attention_mask=mask[:, None, None, :].bool()).logits
+    assert flat_checks >= 1 and len(checks) == flat_checks
+    torch.testing.assert_close(prepared, flat)

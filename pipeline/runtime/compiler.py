@@ -73,6 +73,13 @@ class CompilePolicy:
         without, so a job meets at most twice its length buckets in training graphs."""
         return bool(host_mask.all())
 
+    @property
+    def prepares_padded_mask(self) -> bool:
+        """Whether a padded batch's mask is handed to the model already in SDPA's 4D form (where the
+        model takes one: models.takes_prepared_mask), so transformers does not ask the device
+        whether it is all ones: eager only, as a compiled forward traces that check (no sync)."""
+        return not self.compiled
+
     def begin_optimizer_step(self) -> None:
         """Before the first micro-batch of an optimizer step, and only there. A mark starts a new
         generation of cudagraph trees, which frees every output of the last one still alive
