@@ -266,3 +266,52 @@ def test_cells_side_by_side_on_a_cpu_split_its_cores():
     assert cpu_threads(cell("one"), jobs=2, cores=16) == 8
     assert cpu_threads(cell("ddp", Launcher("torchrun", 2)), jobs=2, cores=16) == 4
     assert cpu_threads(cell("many"), jobs=4, cores=2) == 1
+
+
+def _process_group(pgid: int) -> list[int]:
+    """The live processes of process group `pgid` (from /proc: field 5 of stat)."""
+    members = []
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat_file.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(stat_file.parent.name))
+    return members
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's prctl")
+def test_the_store_server_dies_with_a_runner_killed_by_sigkill(tmp_path):
+    """A runner-like parent serving a study's store (store_server.serving), killed with SIGKILL
+    (which no `finally` sees): within 5 s no process it started is left, the web server included,
+    and the port answers no more. The server is one process, so nothing below it can be orphaned."""
+    import urllib.request
+
+    parent_code = textwrap.dedent("""
+        import sys, time
+        from pathlib import Path
+        from pipeline.study.store_server import serving
+        with serving(sys.argv[1], Path(sys.argv[2])) as url:
+            print(url, flush=True)
+            time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", parent_code, f"sqlite:///{tmp_path / 'mlflow.db'}",
+                               str(tmp_path / "server.log")], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        url = parent.stdout.readline().strip()
+        assert url.startswith("http://"), (tmp_path / "server.log").read_text()[-2000:]
+        (server,) = [int(p) for p in Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()]
+        assert _process_group(server) == [server]  # uvicorn in place of `mlflow server`: one process
+        urllib.request.urlopen(url + "/health", timeout=5)
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 5
+        while _process_group(server) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _process_group(server) == []
+        with pytest.raises(OSError):
+            urllib.request.urlopen(url + "/health", timeout=2)
+    finally:
+        parent.kill()
