@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-gpu test-fast lint browser bench install clean-outputs
+.PHONY: demo test test-gpu gpu-check test-fast lint browser bench install clean-outputs
 
 install: $(STAMP)
 
@@ -38,6 +38,12 @@ test: lint browser
 # On a CUDA machine: the tests that need a GPU (tests/test_gpu.py; the CPU suite above hides GPUs)
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu
+
+# On a CUDA machine, within ~20 minutes of one H100: pytest -m gpu, the GPU demo, the fallback,
+# grad_accum under CUDA graphs (bf16, fp16), DeepSpeed ZeRO-2/3 with compile=auto, energy with and
+# without compile; one JSON in benchmarks/results/ (benchmarks/README.md, "GPU check")
+gpu-check: $(STAMP)
+	$(PY) benchmarks/gpu_check.py
 
 # The tests that neither train nor start a process nor take over ~2 s (the `slow` marker,
 # pyproject.toml, marks the rest), on the same workers as `make test`, one file each at a time
