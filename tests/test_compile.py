@@ -205,13 +205,14 @@ def test_evaluation_leaves_filler_rows_out_of_scores_and_loss():
 
 def test_device_defaults_follow_the_measurements():
     train = load_config(None, []).train
-    gpu, cpu = device_defaults(train, True, "reduce-overhead"), device_defaults(train, False, "off")
+    graphs, eager = compiler.CompilePolicy("reduce-overhead", "test"), compiler.OFF
+    gpu, cpu = device_defaults(train, True, graphs), device_defaults(train, False, eager)
     assert gpu == {"compile": "reduce-overhead", "pad_to_multiple_of": 16, "num_workers": 2}
     assert cpu == {"compile": "off", "pad_to_multiple_of": 1, "num_workers": 0}
-    eager_gpu = device_defaults(load_config(None, ["train.compile=off"]).train, True, "off")
+    eager_gpu = device_defaults(load_config(None, ["train.compile=off"]).train, True, eager)
     assert eager_gpu["pad_to_multiple_of"] == 1
     mine = device_defaults(load_config(None, ["train.pad_to_multiple_of=32", "train.num_workers=0"]).train, True,
-                           "reduce-overhead")
+                           graphs)
     assert (mine["pad_to_multiple_of"], mine["num_workers"]) == (32, 0)
 
 

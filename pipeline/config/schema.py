@@ -74,9 +74,10 @@ class TrainConfig:
     max_length / 8 (at least 8) when compiling, else 1 (no extra padding)."""
     compile: str = "auto"
     """torch.compile the trained module, the frozen teacher and evaluation: off | default |
-    reduce-overhead (CUDA graphs) | max-autotune | auto (reduce-overhead on a GPU, off on a CPU,
-    as measured in benchmarks/README.md). Compile time is logged as perf/compile_s and left out of
-    the throughput; checkpoints are the same compiled or not."""
+    reduce-overhead (CUDA graphs) | max-autotune | auto (reduce-overhead on a GPU under torchrun or
+    alone, off on a CPU and under DeepSpeed, as measured in benchmarks/README.md; the run's
+    resolved.compile_reason says why). Compile time and the energy drawn meanwhile are logged apart
+    (perf/compile_s) and left out of the rates; checkpoints are the same compiled or not."""
     group_by_length: bool | None = None
     """Batch sequences of similar length together (each mega-batch of 50 global batches sorted by
     length, cut into batches, the batches shuffled, the longest first): less padding computed,

@@ -82,7 +82,7 @@ def settle_config(cfg: Config, model_spec: str, task: Task, device_type: str,
     train.compile from `compile_policy` (by default resolved for one process on this device)."""
     t = cfg.train
     compile_policy = compile_policy or compiler.resolve(t.compile, device_type, "single")
-    train = SettledTrain(**{**_fields(t), **device_defaults(t, device_type == "cuda", compile_policy.mode),
+    train = SettledTrain(**{**_fields(t), **device_defaults(t, device_type == "cuda", compile_policy),
                             "lr": t.lr if t.lr is not None else (
                                 PRESET_LR if model_spec.startswith("preset:") else task.pretrained_lr),
                             "epochs": t.epochs if t.epochs is not None else task.epochs,
@@ -91,7 +91,7 @@ def settle_config(cfg: Config, model_spec: str, task: Task, device_type: str,
     return SettledConfig(**{**_fields(cfg), "train": train, "output_dir": default_output_dir(cfg)})
 
 
-def device_defaults(train: TrainConfig, gpu: bool, mode: str) -> dict[str, Any]:
+def device_defaults(train: TrainConfig, gpu: bool, compile_policy: CompilePolicy) -> dict[str, Any]:
     """The device-dependent defaults (benchmarks/results/train-*.json, compile-*.json), beside the
     compile mode (settled by compiler.resolve): on a GPU 2 loader workers, as a small or medium step
     there is bound by the host's collation; on a CPU none. A compiled job pads lengths to at most 8
@@ -99,9 +99,9 @@ def device_defaults(train: TrainConfig, gpu: bool, mode: str) -> dict[str, Any]:
     and no speed)."""
     multiple = train.pad_to_multiple_of
     if multiple is None:
-        multiple = max(8, train.max_length // 64 * 8) if mode != "off" else 1
+        multiple = max(8, train.max_length // 64 * 8) if compile_policy.compiled else 1
     workers = train.num_workers if train.num_workers is not None else (2 if gpu else 0)
-    return {"compile": mode, "pad_to_multiple_of": multiple, "num_workers": workers}
+    return {"compile": compile_policy.mode, "pad_to_multiple_of": multiple, "num_workers": workers}
 
 
 def _fields(obj: Any) -> dict[str, Any]:
