@@ -89,7 +89,8 @@ class Jobs:
             cmd = {"none": [sys.executable, "-m", "pipeline"],
                    "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                 f"--nproc_per_node={nproc}", "-m", "pipeline"],
-                   "deepspeed": ["deepspeed", "--num_gpus", str(nproc), "--module", "pipeline"]}[launcher]
+                   "deepspeed": [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(nproc),
+                                 "--module", "pipeline"]}[launcher]
             ok, log = run_command([*cmd, "train", *common])
         seconds = time.perf_counter() - start
         metrics_file = out / "metrics.json"
