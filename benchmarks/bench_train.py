@@ -18,6 +18,7 @@ from pathlib import Path
 from common import ROOT, WORK, markdown_table, median, ratio, save
 
 FIGURES = {"samples/s": "perf/train_samples_per_s", "tokens/s": "perf/train_tokens_per_s", "MFU": "perf/mfu",
+           "MFU padded": "perf/mfu_padded",
            "compile s": "perf/compile_s", "compiles": "perf/compiles", "train s": "perf/train_time_s",
            "dev": "eval/main", "test": "test/main"}
 

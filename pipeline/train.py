@@ -228,7 +228,7 @@ def forward_backward(lp: Loop, batch: dict, group_len: int, last_micro: bool) ->
     idx = batch.pop("idx")
     rows, padded = real_rows(idx), batch["input_ids"].shape[1]  # filler rows (compiled jobs) are not counted
     mask = batch["attention_mask"]
-    lp.meters.add_batch(rows, int(mask[:rows].sum()), padded)  # host tensors: no sync
+    lp.meters.add_batch(mask[:rows].sum(1).tolist(), len(mask), padded)  # host tensors: no sync
     # compiled: one graph whether or not a batch has padding (the mask check is traced, no sync)
     unpadded = s.cfg.train.compile == "off" and bool(mask.all())
     inputs = {k: v.to(s.rt.device, non_blocking=True) for k, v in batch.items()}
