@@ -59,14 +59,19 @@ class TorchBackend:
     def step(self) -> StepResult:
         """No host sync: whether the update was applied stays a device tensor, read with the losses
         at the next log boundary. A non-finite gradient norm skips the update inside the fused
-        AdamW kernel (its found_inf input, as GradScaler uses it), the step count included."""
-        params = [p for p in self.module.parameters() if p.grad is not None]
+        AdamW kernel (its found_inf input, as GradScaler uses it), the step count included.
+
+        Clipping costs one read of the gradients (their norm) and no pass of its own: the fused
+        kernel divides each gradient by its `grad_scale` input as it reads it (torch/optim/adam.py,
+        _fused_adam; the attribute contract GradScaler.step documents), so the clip divisor goes
+        there, multiplied by GradScaler's scale under fp16 (GradScaler.step multiplies a
+        grad_scale already set on the optimizer by its own)."""
+        grads = [p.grad for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+        grad_norm = torch.nn.utils.get_total_norm(grads)  # of the scaled gradients under fp16
         if self.scaler:
-            self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the scaled ones
+            grad_norm = grad_norm / self.scaler._get_scale_async()  # the true norm: clip and log that
         if self.max_grad_norm > 0:
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)
-        else:
-            grad_norm = torch.nn.utils.get_total_norm([p.grad for p in params])
+            self.optimizer.grad_scale = clip_divisor(grad_norm, self.max_grad_norm)
         if self.scaler:
             scale_before = self.scaler._get_scale_async().clone()
             self.scaler.step(self.optimizer)  # skips the update when grads hold inf/nan (fused: on the device)
@@ -77,6 +82,8 @@ class TorchBackend:
             self.optimizer.found_inf = (~stepped).float()
             self.optimizer.step()
             del self.optimizer.found_inf
+            if self.max_grad_norm > 0:
+                del self.optimizer.grad_scale
         self.optimizer.zero_grad(set_to_none=True)
         return StepResult(stepped, grad_norm)
 
@@ -114,3 +121,9 @@ class TorchBackend:
 
     def load_full_state_dict(self, state: dict) -> None:
         self.module.load_state_dict(state)
+
+
+def clip_divisor(grad_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """What to divide the gradients by to clip their norm to max_norm: 1 / the coefficient
+    torch.nn.utils.clip_grad_norm_ multiplies them by (max_norm / (norm + 1e-6), at most 1)."""
+    return torch.clamp((grad_norm + 1e-6) / max_norm, min=1.0)
