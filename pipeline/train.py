@@ -112,7 +112,7 @@ def run_locked(s: Stage) -> dict[str, float]:
         outputs.start_over(s.out.root, s.rt, s.uri, s.start.resuming)
     if s.rt.is_main:
         s.record.write(s.out.root)  # the job a later resume=auto compares with once it finished
-    meters = StageMeters(s.rt.device, s.policy.name, s.rt.world_size, s.cfg.train.compile != "off")
+    meters = StageMeters(s.rt.device, s.policy.arithmetic, s.rt.world_size, s.cfg.train.compile != "off")
     tracker, run_id = start_stage_run(s.cfg, s.rt, s.uri, StageRun(
         s.kind, s.model_spec, s.policy.name, meters.energy_available_anywhere(),
         what_ran(s.cfg, s.rt, s.policy, s.backend, s.model_spec, s.kind), resumed=resumed is not None,

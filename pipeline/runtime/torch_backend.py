@@ -1,5 +1,6 @@
 """The torch backend: one process, or torchrun DDP (gloo on CPU, NCCL on GPU), with
-torch.amp's GradScaler for fp16. Implements runtime.backend.Backend."""
+torch.amp's GradScaler for fp16 and, under precision=bf16-pure, the module in bf16 with fp32
+master weights inside the optimizer (runtime/master_weights.py). Implements runtime.backend.Backend."""
 from __future__ import annotations
 
 import contextlib
@@ -25,6 +26,8 @@ class TorchBackend:
         self.max_grad_norm = max_grad_norm
         self.compile_mode = compile_mode
         self.scaler = policy.make_scaler()
+        self.masters = None
+        """The optimizer's fp32 copies of a bf16 module's weights (bf16-pure); None otherwise."""
 
     @property
     def fused_optimizer(self) -> bool:
@@ -38,9 +41,13 @@ class TorchBackend:
         backward produces, and the state_dict keeps its keys."""
         if not optimizer.defaults.get("fused"):
             raise ValueError("TorchBackend needs a fused optimizer: it skips non-finite updates on the device")
-        self.module = compile_module(model.to(self.rt.device), self.compile_mode)
+        model.to(self.rt.device)
+        self.masters = self.policy.master_weights(model, optimizer)  # before compiling: graphs see bf16 weights
+        self.module = compile_module(model, self.compile_mode)
         self.optimizer = optimizer
         if self.rt.backend == "ddp":
+            if self.masters is not None:
+                self.masters.broadcast_from(0)  # as DDP broadcasts rank 0's module below
             ids = [self.rt.device.index] if self.rt.device.type == "cuda" else None
             self.model = DistributedDataParallel(self.module, device_ids=ids)
         else:
@@ -66,6 +73,8 @@ class TorchBackend:
         _fused_adam; the attribute contract GradScaler.step documents), so the clip divisor goes
         there, multiplied by GradScaler's scale under fp16 (GradScaler.step multiplies a
         grad_scale already set on the optimizer by its own)."""
+        if self.masters is not None:
+            self.masters.grads_to_master()
         grads = [p.grad for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
         grad_norm = torch.nn.utils.get_total_norm(grads)  # of the scaled gradients under fp16
         if self.scaler:
@@ -85,6 +94,9 @@ class TorchBackend:
             if self.max_grad_norm > 0:
                 del self.optimizer.grad_scale
         self.optimizer.zero_grad(set_to_none=True)
+        if self.masters is not None:
+            self.masters.copy_down()  # a skipped step copies the unchanged masters: the same weights
+            self.module.zero_grad(set_to_none=True)
         return StepResult(stepped, grad_norm)
 
     @property
@@ -102,8 +114,8 @@ class TorchBackend:
     # ------------------------------------------------------------------ state
     def save(self, directory: Path, rank: int) -> None:
         """Collective. Model and optimizer are identical on every DDP rank: rank 0 writes them."""
-        if rank == 0:
-            state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if rank == 0:  # the weights in fp32 in every mode (bf16-pure: the masters), so any mode resumes exactly
+            state = {"model": self.full_state_dict(), "optimizer": self.optimizer.state_dict()}
             if self.scaler:
                 state["scaler"] = self.scaler.state_dict()
             with open(Path(directory) / CheckpointFiles.BACKEND, "wb") as f:  # a file object keeps ENOSPC's errno
@@ -111,16 +123,20 @@ class TorchBackend:
 
     def load(self, directory: Path) -> None:
         state = torch.load(Path(directory) / CheckpointFiles.BACKEND, map_location=self.rt.device, weights_only=True)
-        self.module.load_state_dict(state["model"])
+        self.load_full_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scaler and "scaler" in state:
             self.scaler.load_state_dict(state["scaler"])
 
     def full_state_dict(self) -> dict:
-        return {k: v.detach().to("cpu", copy=True) for k, v in self.module.state_dict().items()}
+        state = self.masters.state_dict(self.module) if self.masters is not None else self.module.state_dict()
+        return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
     def load_full_state_dict(self, state: dict) -> None:
-        self.module.load_state_dict(state)
+        if self.masters is not None:
+            self.masters.load_state_dict(self.module, state)
+        else:
+            self.module.load_state_dict(state)
 
 
 def clip_divisor(grad_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
