@@ -155,3 +155,33 @@ def test_refusals_name_the_mode(monkeypatch):
     assert precision.resolve("auto", torch.device("cpu")).name == "bf16"  # auto never picks it
     with pytest.raises(UserError, match="precision=bf16-pure with backend=deepspeed: not supported"):
         DeepSpeedBackend(Runtime("deepspeed", "deepspeed", 0, 0, 1, 1, torch.device("cpu")), PURE, None, None)
+
+
+BF16_DEVICE = torch.cuda.is_available() and precision.cuda_supports_bf16() or precision.cpu_supports_bf16()
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(not BF16_DEVICE, reason="needs native bf16: an Ampere+ GPU or an AVX512-BF16 CPU")
+def test_bf16_pure_scores_like_autocast_bf16_over_seeds(tmp_path):
+    """The whole job, three seeds each: bf16-pure's mean dev score within the autocast runs' spread
+    (plus 0.02), its best/ weights fp32, its runs tagged pure16."""
+    import json
+    import statistics
+
+    from helpers import FAST, mlflow_runs, run_cli, tracking_db
+
+    scores = {}
+    for name in ("bf16", "bf16-pure"):
+        for seed in (0, 1, 2):
+            out, db = tmp_path / f"{name}-{seed}", tracking_db(tmp_path, f"{name}-{seed}.db")
+            result = run_cli("train", *FAST, "train.max_steps=300", f"precision={name}", f"seed={seed}",
+                             f"output_dir={out}", f"tracking.uri=sqlite:///{db}", "tracking.experiment=bf16")
+            assert result.returncode == 0, result.stderr[-3000:]
+            scores.setdefault(name, []).append(json.loads((out / "metrics.json").read_text())["eval/main"])
+            (run,) = mlflow_runs(db, "bf16")
+            assert run.data.tags["precision_mode"] == ("pure16" if name == "bf16-pure" else "autocast")
+            assert json.loads((out / "best" / "config.json").read_text())["dtype"] == "float32"
+    spread = max(scores["bf16"]) - min(scores["bf16"])
+    gap = abs(statistics.mean(scores["bf16-pure"]) - statistics.mean(scores["bf16"]))
+    assert gap <= spread + 0.02, scores
