@@ -77,7 +77,8 @@ def test_unknown_key_names_the_nearest_one_in_one_line(capsys: pytest.CaptureFix
     ("trian.lr=1", "unknown key 'trian' (did you mean train?)"),
     ("train.LR=1", "unknown key 'train.LR' (did you mean train.lr?)"),
     ("nosuch=1", "unknown key 'nosuch'"),  # nothing near: no guess
-    ("precision=bf61", "precision=bf61: must be one of fp32 | tf32 | fp16 | bf16 | bf16-pure | auto (did you mean bf16?)"),
+    ("precision=bf61",
+     "precision=bf61: must be one of fp32 | tf32 | fp16 | bf16 | bf16-pure | auto (did you mean bf16?)"),
     ("precision=16", "(did you mean fp16 or bf16?)"),  # ties are all named
     ("train.compile=reduce_overhead", "(did you mean reduce-overhead?)"),
     ("task=sentimen", "(did you mean sentiment?)"),
