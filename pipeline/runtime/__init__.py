@@ -1,5 +1,6 @@
 """How a process runs: the launcher's environment and process groups (dist), the fallback to the
-devices there are (fallback), the precision policy (precision), torch.compile (compiler), the
+devices there are (fallback), the precision policy (precision) and its fp32 master weights of a bf16
+module (master_weights), torch.compile (compiler), the
 Backend seam and its two implementations, torch and DeepSpeed (backend, torch_backend,
 deepspeed_backend, factory), and the collector paused through set-up (gc_pause).
 
