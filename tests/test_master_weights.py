@@ -85,6 +85,22 @@ def test_updates_below_bf16_resolution_accumulate_in_the_masters():
     assert unchanged >= 1  # at least one bf16 tensor did not move at all, while its master did
 
 
+def test_layer_norm_over_bf16_computes_its_statistics_in_fp32():
+    """Why bf16-pure needs no autocast around LayerNorm: torch's kernel reads and writes bf16 but
+    accumulates mean and variance in fp32, so its output is the fp32 result rounded (within bf16's
+    spacing), where the same formula in bf16 arithmetic is far off (inputs far from zero)."""
+    torch.manual_seed(0)
+    x = (torch.randn(64, 768) * 3 + 100).to(torch.bfloat16)
+    weight, bias = torch.randn(768).to(torch.bfloat16), torch.randn(768).to(torch.bfloat16)
+    exact = torch.nn.functional.layer_norm(x.float(), (768,), weight.float(), bias.float())
+    kernel = torch.nn.functional.layer_norm(x, (768,), weight, bias)
+    mean = x.mean(-1, keepdim=True)
+    by_hand = (x - mean) / torch.sqrt(((x - mean) ** 2).mean(-1, keepdim=True) + 1e-5) * weight + bias
+    step = exact.abs().max() * 2**-7  # bf16's spacing at the largest outputs (8 significant bits)
+    assert (kernel.float() - exact).abs().max() <= step
+    assert (by_hand.float() - exact).abs().max() > 4 * step
+
+
 def test_checkpoints_hold_the_fp32_masters_and_resume_exactly_in_either_mode(tmp_path):
     backend, opt = setup()
     for seed in range(3):
