@@ -98,7 +98,7 @@ def test_layer_norm_over_bf16_computes_its_statistics_in_fp32():
     by_hand = (x - mean) / torch.sqrt(((x - mean) ** 2).mean(-1, keepdim=True) + 1e-5) * weight + bias
     step = exact.abs().max() * 2**-7  # bf16's spacing at the largest outputs (8 significant bits)
     assert (kernel.float() - exact).abs().max() <= step
-    assert (by_hand.float() - exact).abs().max() > 4 * step
+    assert (by_hand.float() - exact).abs().max() > 2 * step
 
 
 def test_checkpoints_hold_the_fp32_masters_and_resume_exactly_in_either_mode(tmp_path):
