@@ -1,14 +1,14 @@
 """fp32 master weights inside the optimizer for a module that holds bf16 weights (precision=bf16-pure).
 
-The design of DeepSpeed's bf16 mode (deepspeed/runtime/bf16_optimizer.py, BF16_Optimizer) and of
-Composer's: the module's parameters are bf16, so its matmuls read them as they are (no cast kernel
+The design of DeepSpeed's bf16 mode (deepspeed/runtime/bf16_optimizer.py, BF16_Optimizer): the
+module's parameters are bf16, so its matmuls read them as they are (no cast kernel
 per weight per step, as autocast needs for fp32 weights); the optimizer steps fp32 copies of them,
 and its moments are fp32 because torch's optimizers keep state in their parameters' dtype. A step
 copies the bf16 gradients into fp32 gradients of the copies, steps those and copies the result down
 into the module (DeepSpeed's update_lp_params). What differs from DeepSpeed: the gradients
 accumulate (over accumulation micro-steps) and are all-reduced (DDP) in bf16, the module's own
-dtype, as FSDP's MixedPrecision(param_dtype=bfloat16) does by default; DeepSpeed accumulates them in
-fp32 through per-parameter hooks.
+dtype, as FSDP's MixedPrecision(param_dtype=bfloat16) does by default; DeepSpeed adds each
+micro-step's bf16 gradients into fp32 ones after every backward (update_hp_grads).
 
 Torch's LayerNorm and softmax kernels read and write bf16 but compute their statistics in fp32
 (acc_type / opmath_t of BFloat16 is float in aten's layer_norm and softmax kernels), so nothing
@@ -22,7 +22,8 @@ import torch
 class MasterWeights:
     """The optimizer's parameters replaced by fp32 copies of the module's, which is then cast to
     `dtype`. The optimizer object, its param groups and any LR schedule built on it stay the same
-    objects: only each group's params list is swapped (before the first step, so no state moves)."""
+    objects: only each group's params list is swapped (before the first step, so no state moves), as
+    BF16_Optimizer sets its wrapped optimizer's groups to its fp32 partitions."""
 
     def __init__(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer, dtype: torch.dtype):
         by_id = {id(p): name for name, p in module.named_parameters()}
