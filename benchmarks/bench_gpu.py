@@ -145,7 +145,7 @@ def cell(arch, precision_name, batch, length, seconds, min_steps, device, mode="
               "labels": torch.randint(0, 3, (batch,), device=device)}
 
     def step():
-        if mode == "reduce-overhead":
+        if mode in ("reduce-overhead", "max-autotune"):  # both replay CUDA graphs
             torch.compiler.cudagraph_mark_step_begin()
         with policy.autocast():
             loss = model(**inputs).loss
@@ -177,7 +177,7 @@ def cell(arch, precision_name, batch, length, seconds, min_steps, device, mode="
     elapsed = time.perf_counter() - start
     joules = energy.stop()
     memory = telemetry.peak_memory(device)
-    peak = telemetry.peak_tflops(telemetry.device_name(device), policy.name) if device.type == "cuda" else None
+    peak = telemetry.peak_tflops(telemetry.device_name(device), policy.arithmetic) if device.type == "cuda" else None
     tflops = flops * steps / elapsed / 1e12
     result = {"samples_per_s": batch * steps / elapsed, "peak_mem_mb": next(iter(memory.values())),
               "tflops": tflops, "mfu": tflops / peak if peak else None, "steps": steps, "seconds": elapsed,
@@ -202,7 +202,7 @@ def amp_summary(rows: list[dict]) -> list[dict]:
     """AMP vs strict fp32 per (model, batch, seq): the paper's comparison, and the targets."""
     summary = []
     for row in rows:
-        if row["precision"] not in ("fp16", "bf16") or not isinstance(row["samples/s"], float):
+        if row["precision"] not in ("fp16", "bf16", "bf16-pure") or not isinstance(row["samples/s"], float):
             continue
         key = (row["model"], row["batch"], row["seq"], row["compile"])
         base = next((r for r in rows if r["precision"] == "fp32" and
@@ -251,7 +251,7 @@ def main():
     if args.quick and device.type == "cpu":
         from pipeline.runtime.precision import cpu_supports_bf16
 
-        precisions = [p for p in precisions if p != "bf16" or cpu_supports_bf16()]  # an AVX2-only CPU: fp32
+        precisions = [p for p in precisions if not p.startswith("bf16") or cpu_supports_bf16()]  # AVX2 only: fp32
     modes = args.compile.split(",")
     rows = []
     for arch in args.models.split(","):

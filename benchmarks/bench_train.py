@@ -18,6 +18,7 @@ from pathlib import Path
 from common import ROOT, WORK, markdown_table, median, ratio, save
 
 FIGURES = {"samples/s": "perf/train_samples_per_s", "tokens/s": "perf/train_tokens_per_s", "MFU": "perf/mfu",
+           "MFU padded": "perf/mfu_padded",
            "compile s": "perf/compile_s", "compiles": "perf/compiles", "train s": "perf/train_time_s",
            "dev": "eval/main", "test": "test/main"}
 
@@ -71,8 +72,8 @@ def main():
     rows = [{"contender": label, **{k: median(r, k) if r[0].get(k) is not None else None
                                     for k in ("wall_s", *FIGURES)},
              f"samples/s vs {first}": ratio(r, runs[first], "samples/s")} for label, r in runs.items()]
-    columns = ["contender", "samples/s", f"samples/s vs {first}", "tokens/s", "MFU", "compile s", "compiles",
-               "train s", "wall_s", "dev", "test"]
+    columns = ["contender", "samples/s", f"samples/s vs {first}", "tokens/s", "MFU", "MFU padded", "compile s",
+               "compiles", "train s", "wall_s", "dev", "test"]
     save(args.name, rows, columns, vars(args), runs)
     print(markdown_table(rows, columns))
 

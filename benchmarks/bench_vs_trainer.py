@@ -11,6 +11,8 @@ Contenders:
 - Trainer defaults: TrainingArguments as shipped (batch 8, lr 5e-5, no warm-up, no weight decay,
   fused AdamW, random sampling);
 - best: both at batch 32, lr 3e-4, warm-up 0.1, weight decay 0.01, length grouping;
+- pipeline bf16-pure: the defaults with precision=bf16-pure (bf16 module weights, fp32 masters in
+  the optimizer): bf16 devices only, so run only when --only names it;
 - Trainer compiled: `torch_compile=True` with the pipeline's recipe (batch, lr 3e-4, warm-up 0.1,
   weight decay 0.01, random sampling): the Trainer as a user who wants speed on a GPU runs it.
 Throughput: training steps only (the Trainer's evaluations subtracted, as the pipeline counts), and
@@ -97,6 +99,8 @@ def main():
         "Trainer best": lambda seed: trainer(args, seed, best=True),
         "Trainer compiled": lambda seed: trainer(args, seed, best=False, compiled=True),
     }
+    if "pipeline bf16-pure" in (args.only or []):  # a bf16 device only: run when named
+        contenders["pipeline bf16-pure"] = lambda seed: pipeline(args, seed, ["precision=bf16-pure"])
     if args.only:  # a part of the table
         contenders = {name: fn for name, fn in contenders.items() if name in args.only}
     # one seed per round, the same seed for every contender in it: the seed spread is the noise

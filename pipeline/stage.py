@@ -148,7 +148,7 @@ def build_stage(plan: Plan, start: Resume | StartOver) -> Stage:
     if isinstance(start, Resume):  # the checkpoint against the model, tokenizer and teacher built
         start = start.confirm(record, cfg.accepted_changes)
         record = start.record
-    model.to(rt.device)  # parameters stay fp32: autocast casts per op (fp32 master weights)
+    model.to(rt.device)  # fp32 here; bf16-pure: the backend casts it once it holds the fp32 masters
     if distiller is not None:  # the teacher's logits for the whole training set, once (cached on disk)
         collate = shaped_collate(task.collator(tokenizer), cfg.train, tokenizer.pad_token_id)
         distiller.prepare(prepared["train"], collate, cfg.train.max_length, tokenizer)

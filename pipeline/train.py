@@ -112,7 +112,7 @@ def run_locked(s: Stage) -> dict[str, float]:
         outputs.start_over(s.out.root, s.rt, s.uri, s.start.resuming)
     if s.rt.is_main:
         s.record.write(s.out.root)  # the job a later resume=auto compares with once it finished
-    meters = StageMeters(s.rt.device, s.policy.name, s.rt.world_size, s.compile.counts_compile_time)
+    meters = StageMeters(s.rt.device, s.policy.arithmetic, s.rt.world_size, s.compile.counts_compile_time)
     tracker, run_id = start_stage_run(s.cfg, s.rt, s.uri, StageRun(
         s.kind, s.model_spec, s.policy.name, meters.energy_available_anywhere(),
         what_ran(s.cfg, s.rt, s.policy, s.backend, s.model_spec, s.kind), resumed=resumed is not None,
@@ -231,7 +231,7 @@ def forward_backward(lp: Loop, batch: dict, group_len: int, last_micro: bool) ->
     idx = batch.pop("idx")
     rows, padded = real_rows(idx), batch["input_ids"].shape[1]  # filler rows (compiled jobs) are not counted
     mask = batch["attention_mask"]
-    lp.meters.add_batch(rows, int(mask[:rows].sum()), padded)  # host tensors: no sync
+    lp.meters.add_batch(mask[:rows].sum(1).tolist(), len(mask), padded)  # host tensors: no sync
     unpadded = s.compile.drop_mask(mask)  # the host copy: no sync
     inputs = {k: v.to(s.rt.device, non_blocking=True) for k, v in batch.items()}
     # No gradient all-reduce on accumulation micro-steps: only the last one syncs.

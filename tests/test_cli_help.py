@@ -43,7 +43,7 @@ def test_train_help_lists_every_key_with_its_default_and_meaning():
     flat = " ".join(out.split())
     assert ("train.epochs = unset [int | None] Passes over the training set; unset: the task's "
             "(3; error_cls 5, qa 8)") in flat
-    assert "precision = fp32 [fp32 | tf32 | fp16 | bf16 | auto] fp32 (strict, TF32 off)" in flat
+    assert "precision = fp32 [fp32 | tf32 | fp16 | bf16 | bf16-pure | auto] fp32 (strict, TF32 off)" in flat
     for section in reference.sections():  # every docstring's text, whitespace aside
         for key in section.keys:
             assert key.meaning and key.meaning in flat, f"{key.key}: no docstring under the field"
@@ -77,7 +77,8 @@ def test_unknown_key_names_the_nearest_one_in_one_line(capsys: pytest.CaptureFix
     ("trian.lr=1", "unknown key 'trian' (did you mean train?)"),
     ("train.LR=1", "unknown key 'train.LR' (did you mean train.lr?)"),
     ("nosuch=1", "unknown key 'nosuch'"),  # nothing near: no guess
-    ("precision=bf61", "precision=bf61: must be one of fp32 | tf32 | fp16 | bf16 | auto (did you mean bf16?)"),
+    ("precision=bf61",
+     "precision=bf61: must be one of fp32 | tf32 | fp16 | bf16 | bf16-pure | auto (did you mean bf16?)"),
     ("precision=16", "(did you mean fp16 or bf16?)"),  # ties are all named
     ("train.compile=reduce_overhead", "(did you mean reduce-overhead?)"),
     ("task=sentimen", "(did you mean sentiment?)"),

@@ -38,14 +38,14 @@ def test_a_mid_epoch_pause_leaves_out_its_time_and_energy_and_keeps_the_rest():
     meters = StageMeters(CPU, "fp32", world_size=1)
     meters.energy = metered_energy(nvml)
     meters.start_epoch()
-    meters.add_batch(32, 1000, 40)
+    meters.add_batch([31] * 32, 32, 40)
     time.sleep(0.2)
     nvml.mj += 2000  # 2 J of training
     meters.pause()  # a checkpoint save: 0.4 s and 7 J that are not training
     time.sleep(0.4)
     nvml.mj += 7000
     meters.resume()
-    meters.add_batch(32, 1000, 40)
+    meters.add_batch([31] * 32, 32, 40)
     time.sleep(0.2)
     nvml.mj += 1000  # 1 J more of training
     figures = meters.end_epoch()
@@ -164,6 +164,36 @@ def test_step_flops_match_the_analytic_bert_count_for_every_batch_shape():
         assert flop_model.batch(rows, length) == pytest.approx(expected, rel=1e-9)
 
 
+def test_mfu_and_tokens_count_real_tokens_with_the_padded_figures_beside():
+    """A batch of three data rows of 2, 5 and 8 tokens padded to 8, plus one filler row (a compiled
+    job's): useful work is each data row at its own length, the device computed 4 rows x 8."""
+    from pipeline.measure.flops import FlopModel
+
+    def f(n):  # a row's FLOPs: c0 + c1 n + c2 n^2
+        return 10 + 5 * n + n * n
+
+    meters = StageMeters(CPU, "bf16", world_size=2)
+    meters.peak_tflops = 1e-12  # this CPU has no peak-table entry; 1 FLOP/s per device stands in for one
+    meters.flop_model = FlopModel({n: f(n) for n in (4, 8, 16)})
+    assert meters.flop_model.rows([2, 5, 8]) == pytest.approx(24 + 60 + 114)
+    meters.start_epoch()
+    meters.add_batch([2, 5, 8], 4, 8)
+    time.sleep(0.05)
+    figures = meters.end_epoch()
+
+    seconds = figures[names.EPOCH_TIME]
+    assert figures[names.TOKENS_PER_S] == pytest.approx(15 / seconds)
+    assert figures[names.PADDED_TOKENS_PER_S] == pytest.approx(32 / seconds)
+    assert figures[names.FLOPS_PER_SAMPLE] == pytest.approx(198 / 3)
+    assert figures[names.TFLOPS] == pytest.approx(198 / seconds / 1e12)
+    assert figures[names.TFLOPS_PADDED] == pytest.approx(4 * 114 / seconds / 1e12)
+    assert figures[names.MFU] == pytest.approx(198 / seconds / 2)  # two devices' peak
+    assert figures[names.MFU_PADDED] == pytest.approx(456 / seconds / 2)
+    final = meters.final_metrics(None)
+    assert final[names.MFU] / final[names.MFU_PADDED] == pytest.approx(198 / 456)
+    assert final[names.TOKENS_PER_S] / final[names.PADDED_TOKENS_PER_S] == pytest.approx(15 / 32)
+
+
 @pytest.mark.slow
 def test_flop_figures_follow_the_batches_really_trained(tmp_path, monkeypatch):
     """With length grouping the first batch is the longest: FLOPs extrapolated from it overstate the
@@ -171,11 +201,12 @@ def test_flop_figures_follow_the_batches_really_trained(tmp_path, monkeypatch):
     from pipeline import models, train
     from pipeline.config import load_config
 
-    shapes = []
+    shapes, lengths = [], []
     real_forward_backward = train.forward_backward
 
     def recording(s, batch, *args):
         shapes.append(tuple(batch["input_ids"].shape))
+        lengths.extend(batch["attention_mask"].sum(1).tolist())
         return real_forward_backward(s, batch, *args)
 
     monkeypatch.setattr(train, "forward_backward", recording)
@@ -186,10 +217,15 @@ def test_flop_figures_follow_the_batches_really_trained(tmp_path, monkeypatch):
 
     tiny = models.PRESETS["bangla-tiny"]
     assert tiny["intermediate_size"] == 4 * tiny["hidden_size"]
-    expected = sum(bert_training_flops(rows, length, tiny["hidden_size"], tiny["num_hidden_layers"], 3)
-                   for rows, length in shapes)
+    def analytic(rows, length):
+        return bert_training_flops(rows, length, tiny["hidden_size"], tiny["num_hidden_layers"], 3)
+
+    padded = sum(analytic(rows, length) for rows, length in shapes)
+    real = sum(analytic(1, n) for n in lengths)  # each row at its own length
     assert len({length for _, length in shapes}) > 2  # mixed lengths, the first the longest
     assert shapes[0][1] == max(length for _, length in shapes)
-    samples = sum(rows for rows, _ in shapes)
-    assert figures[names.FLOPS_PER_SAMPLE] * samples == pytest.approx(expected, rel=1e-6)
-    assert figures[names.TFLOPS] == pytest.approx(expected / figures[names.TRAIN_TIME] / 1e12, rel=1e-6)
+    assert real < padded
+    seconds = figures[names.TRAIN_TIME]
+    assert figures[names.FLOPS_PER_SAMPLE] * len(lengths) == pytest.approx(real, rel=1e-6)
+    assert figures[names.TFLOPS] == pytest.approx(real / seconds / 1e12, rel=1e-6)
+    assert figures[names.TFLOPS_PADDED] == pytest.approx(padded / seconds / 1e12, rel=1e-6)

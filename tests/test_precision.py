@@ -146,3 +146,49 @@ def test_gpus_that_only_emulate_bf16_get_fp16(monkeypatch):
         precision.resolve("bf16", cuda)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)  # an A100/H100
     assert precision.resolve("auto", cuda).name == "bf16"
+
+
+def separate_clip_step(model, opt, scaler, max_norm):
+    """The reference: unscale, clip_grad_norm_'s own multiply pass, then the fused step."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if scaler:
+        scaler.unscale_(opt)
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if scaler:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    return norm
+
+
+@pytest.mark.parametrize("name", ["fp32", "fp16"])
+def test_clipping_inside_the_fused_step_matches_a_separate_clipping_pass(name):
+    backend, opt, sched = tiny_setup(name)
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, fused=True)
+    ref_sched = transformers.get_linear_schedule_with_warmup(ref_opt, num_warmup_steps=2, num_training_steps=10)
+    ref_scaler = backend.policy.make_scaler()
+    compared = 0
+    for step in range(12):
+        torch.manual_seed(step)
+        result = train_step(backend, sched, scale_loss=100.0)  # gradients far above max_grad_norm=1
+        torch.manual_seed(step)
+        x = torch.randn(4, 8)
+        with backend.policy.autocast():
+            loss = ref(x).float().pow(2).mean() * 100.0
+        (ref_scaler.scale(loss) if ref_scaler else loss).backward()
+        ref_norm = separate_clip_step(ref, ref_opt, ref_scaler, 1.0)
+        if not math.isfinite(ref_norm):  # fp16's first scale overflows: both skip the step
+            assert not result.stepped and not math.isfinite(result.grad_norm)
+            continue
+        assert float(ref_norm) > 10  # clipping really acts
+        assert float(result.grad_norm) == pytest.approx(float(ref_norm), rel=1e-5)
+        ref_sched.step()
+        compared += 1
+    assert compared >= 3
+    for mine, theirs in zip(backend.module.parameters(), ref.parameters()):
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)  # fp32 rounding apart
+    assert all(not hasattr(opt, attr) for attr in ("grad_scale", "found_inf"))  # nothing left for the next step

@@ -16,14 +16,14 @@ from pipeline.train import run
 
 EXPECTED_METRICS = {names.TRAIN_LOSS, names.TRAIN_LR, names.TRAIN_GRAD_NORM, names.EVAL_MAIN,
                     names.eval_metric("macro_f1"), names.eval_metric("accuracy"), names.eval_metric("micro_f1"),
-                    names.EPOCH_TIME, names.SAMPLES_PER_S, names.TOKENS_PER_S, names.PEAK_RSS, names.SKIPPED_STEPS,
-                    names.NONFINITE_LOSSES, names.TEST_MAIN}
+                    names.EPOCH_TIME, names.SAMPLES_PER_S, names.TOKENS_PER_S, names.PADDED_TOKENS_PER_S,
+                    names.PEAK_RSS, names.SKIPPED_STEPS, names.NONFINITE_LOSSES, names.TEST_MAIN}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("prec", ["fp32", "bf16"])
+@pytest.mark.parametrize("prec", ["fp32", "bf16", "bf16-pure"])
 def test_sentiment_learns_and_lands_in_mlflow(tmp_path, prec):
-    if prec == "bf16" and not precision.cpu_supports_bf16():
+    if prec.startswith("bf16") and not precision.cpu_supports_bf16():
         pytest.skip("this CPU has no bf16")
     out, db = tmp_path / "out", tracking_db(tmp_path, "mlflow.db")
     cfg = load_config(None, [*FAST, "train.epochs=3", f"precision={prec}", f"output_dir={out}",

@@ -20,7 +20,7 @@ from pipeline.errors import UserError
 from pipeline.tasks import REGISTRY
 
 TASKS = tuple(REGISTRY)  # the task registry is the one list of task names
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "auto")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "bf16-pure", "auto")
 BACKENDS = ("auto", "single", "ddp", "deepspeed")
 COMPILE_MODES = ("auto", "off", "default", "reduce-overhead", "max-autotune")
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune"]
@@ -151,7 +151,9 @@ class Config:
     task_options: dict = field(default_factory=dict)
     """Task-specific switches, e.g. task_options.binary=true for error_cls."""
     precision: str = "fp32"
-    """fp32 (strict, TF32 off) | tf32 | fp16 (autocast + dynamic loss scaling) | bf16 | auto."""
+    """fp32 (strict, TF32 off) | tf32 | fp16 (autocast + dynamic loss scaling) | bf16 (autocast) |
+    bf16-pure (the module in bf16, fp32 master weights and moments in the optimizer; torch backend) |
+    auto."""
     backend: str = "auto"
     """auto (from the launcher's environment) | single | ddp | deepspeed."""
     deepspeed: str | None = None

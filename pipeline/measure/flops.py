@@ -20,17 +20,30 @@ class FlopModel:
     with FlopCounterMode on real single-row steps at up to three lengths) fixes c0, c1, c2, and a
     batch of B rows padded to L costs B (c0 + c1 L + c2 L^2): exact for every shape, whatever the
     order of the batches (with length grouping the first one is the longest). With fewer distinct
-    lengths the fit is exact at those, the only lengths a batch can then have."""
+    lengths the fit is exact at those, the only lengths a row can then have.
+
+    The lengths counted are the rows' own (one row is never padded), so `rows` gives the FLOPs of a
+    batch's real tokens (each row at its own length, as an unpadded kernel would compute it) and
+    `batch` those of the batch as padded and computed."""
 
     def __init__(self, per_row: dict[int, float]):
         lengths = sorted(per_row)[:3]
         self.per_row = dict(per_row)
         self.coefficients = np.polyfit(lengths, [per_row[n] for n in lengths], len(lengths) - 1)
 
-    def batch(self, rows: int, length: int) -> float:
+    def row(self, length: int) -> float:
+        """FLOPs of one row of `length` tokens."""
         if length in self.per_row:
-            return rows * self.per_row[length]
-        return rows * float(np.polyval(self.coefficients, length))
+            return self.per_row[length]
+        return float(np.polyval(self.coefficients, length))
+
+    def batch(self, rows: int, length: int) -> float:
+        """FLOPs of `rows` rows padded to `length`: what the device computes."""
+        return rows * self.row(length)
+
+    def rows(self, lengths: list[int]) -> float:
+        """FLOPs of rows of these real lengths, each unpadded: the useful work of a batch."""
+        return sum(self.row(n) for n in lengths)
 
 
 def count_flops(step: Callable[[], object]) -> float:

@@ -29,7 +29,8 @@ def synchronize(device: torch.device) -> None:
 
 
 class ThroughputMeter:
-    """Samples, non-padding tokens and seconds of training steps (eval and saving excluded).
+    """Samples, non-padding tokens, padded tokens (every row as computed, filler rows included) and
+    seconds of training steps (eval and saving excluded).
 
     The clock runs in segments: start() and stop() bracket each stretch of training, and
     `seconds` is their sum, so a pause for a mid-epoch checkpoint loses no training time.
@@ -42,6 +43,7 @@ class ThroughputMeter:
         self.compiled = compiled
         self.samples = 0
         self.tokens = 0
+        self.padded_tokens = 0
         self.seconds = 0.0
         self.compile_seconds = 0.0
         self._t0: float | None = None
@@ -64,9 +66,11 @@ class ThroughputMeter:
             self._t0 = None
         return self.seconds
 
-    def add(self, samples: int, tokens: int) -> None:
+    def add(self, samples: int, tokens: int, padded_tokens: int | None = None) -> None:
+        """padded_tokens: the batch's rows x padded length; None for a batch without padding."""
         self.samples += samples
         self.tokens += tokens
+        self.padded_tokens += tokens if padded_tokens is None else padded_tokens
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -280,8 +284,13 @@ class MeterTotals:
 
     samples: float = 0.0
     tokens: float = 0.0
+    """Real (non-padding) tokens."""
+    padded_tokens: float = 0.0
+    """Tokens as computed: every row of every batch at its padded length."""
     flops: float = 0.0
-    """Of the micro-batches trained, summed over ranks (flops.FlopModel)."""
+    """Of the real tokens trained (each row at its own length), summed over ranks (flops.FlopModel)."""
+    padded_flops: float = 0.0
+    """Of the micro-batches as computed (padding and filler rows included), summed over ranks."""
     train_seconds: float = 0.0
     compile_seconds: float = 0.0
     """Inside training, left out of train_seconds."""
@@ -306,7 +315,9 @@ class StageMeters:
         self.flop_model: FlopModel | None = None
         """Set once by the loop (counted outside the timed steps); None: no FLOP metrics."""
         self.flops = 0.0
-        """FLOPs of this epoch's timed micro-batches on this rank."""
+        """FLOPs of this epoch's timed real tokens on this rank."""
+        self.padded_flops = 0.0
+        """FLOPs of this epoch's timed micro-batches as computed on this rank."""
         self.throughput = ThroughputMeter(device, compiled)
         self.totals = MeterTotals()
 
@@ -325,7 +336,7 @@ class StageMeters:
     def start_epoch(self) -> None:
         reset_peak_memory(self.device)
         self.throughput = ThroughputMeter(self.device, self.compiled)
-        self.flops = 0.0
+        self.flops = self.padded_flops = 0.0
         self.throughput.start()
         self.energy.start()
 
@@ -338,31 +349,37 @@ class StageMeters:
         self.throughput.start()
         self.energy.resume()
 
-    def add_batch(self, samples: int, tokens: int, padded_length: int) -> None:
-        """A timed micro-batch: its rows, real tokens and padded length (host numbers: no sync)."""
-        self.throughput.add(samples, tokens)
+    def add_batch(self, lengths: list[int], rows: int, padded_length: int) -> None:
+        """A timed micro-batch: the real lengths of its data rows, and its shape as computed (rows,
+        filler rows included, and padded length). Host numbers: no sync."""
+        self.throughput.add(len(lengths), sum(lengths), rows * padded_length)
         if self.flop_model is not None:
-            self.flops += self.flop_model.batch(samples, padded_length)
+            self.flops += self.flop_model.rows(lengths)
+            self.padded_flops += self.flop_model.batch(rows, padded_length)
 
     def end_epoch(self) -> dict:
         """Collective: the epoch's perf/ and energy/ metrics; adds the epoch to the totals."""
         totals = self.totals
         elapsed = self.throughput.stop()  # every training segment of the epoch; evaluation comes after
         joules_here = self.energy.stop()
-        samples, tokens, flops = dist.all_reduce([self.throughput.samples, self.throughput.tokens, self.flops])
+        meter = self.throughput
+        samples, tokens, padded_tokens, flops, padded_flops = dist.all_reduce(
+            [meter.samples, meter.tokens, meter.padded_tokens, self.flops, self.padded_flops])
         elapsed, compiling = dist.all_reduce([elapsed, self.throughput.compile_seconds], op="max")
         totals.compile_seconds += compiling
         totals.samples += samples
         totals.tokens += tokens
+        totals.padded_tokens += padded_tokens
         totals.flops += flops
+        totals.padded_flops += padded_flops
         totals.train_seconds += elapsed
         totals.epoch_times.append(elapsed)
         mem = peak_memory(self.device)
         mem = dict(zip(mem, dist.all_reduce(list(mem.values()), op="max")))
         totals.peak = {k: max(v, totals.peak.get(k, 0.0)) for k, v in mem.items()}
         metrics = {names.EPOCH_TIME: elapsed, names.SAMPLES_PER_S: samples / elapsed,
-                   names.TOKENS_PER_S: tokens / elapsed, **mem}
-        metrics.update(self.compute_metrics(flops, samples, elapsed))
+                   names.TOKENS_PER_S: tokens / elapsed, names.PADDED_TOKENS_PER_S: padded_tokens / elapsed, **mem}
+        metrics.update(self.compute_metrics(flops, padded_flops, samples, elapsed))
         metrics.update(self.compile_metrics(compiling))
         metrics.update(self._energy_metrics(joules_here, samples, elapsed))
         totals.joules += metrics.get(names.ENERGY_JOULES, 0.0)
@@ -377,7 +394,8 @@ class StageMeters:
             names.EPOCH_TIME: float(np.mean(totals.epoch_times)),
             names.SAMPLES_PER_S: totals.samples / totals.train_seconds,
             names.TOKENS_PER_S: totals.tokens / totals.train_seconds,
-            **totals.peak, **self.compute_metrics(totals.flops, totals.samples, totals.train_seconds),
+            names.PADDED_TOKENS_PER_S: totals.padded_tokens / totals.train_seconds, **totals.peak,
+            **self.compute_metrics(totals.flops, totals.padded_flops, totals.samples, totals.train_seconds),
             **self.compile_metrics(totals.compile_seconds),
         }
         if totals.joules:
@@ -399,15 +417,16 @@ class StageMeters:
             self.recompile_warning.check(compiler.compiles(), "batch shapes vary more than train.pad_to_multiple_of "
                                          "buckets them (train.batch_tokens?); each new shape compiles again")
 
-    def compute_metrics(self, flops: float, samples: float, seconds: float) -> dict:
-        """Achieved TFLOP/s (FLOPs of the micro-batches trained, summed over ranks) and, on a GPU
-        in the peak table, MFU."""
+    def compute_metrics(self, flops: float, padded_flops: float, samples: float, seconds: float) -> dict:
+        """Achieved TFLOP/s and, on a GPU in the peak table, MFU (FLOPs summed over ranks): of the
+        real tokens (the useful work), and beside them of the batches as padded and computed."""
         if not flops or not seconds:
             return {}
-        tflops = flops / seconds / 1e12
-        metrics = {names.FLOPS_PER_SAMPLE: flops / samples, names.TFLOPS: tflops}
+        tflops, padded_tflops = flops / seconds / 1e12, padded_flops / seconds / 1e12
+        metrics = {names.FLOPS_PER_SAMPLE: flops / samples, names.TFLOPS: tflops, names.TFLOPS_PADDED: padded_tflops}
         if self.peak_tflops:
-            metrics[names.MFU] = tflops / (self.peak_tflops * self.world_size)
+            peak = self.peak_tflops * self.world_size
+            metrics.update({names.MFU: tflops / peak, names.MFU_PADDED: padded_tflops / peak})
         return metrics
 
     def _energy_metrics(self, joules_here: float, samples: float, seconds: float) -> dict:

@@ -13,7 +13,7 @@ from pipeline.names import (
     test_metric,
 )
 
-AMP_PRECISIONS = ("fp16", "bf16", "auto")
+AMP_PRECISIONS = ("fp16", "bf16", "bf16-pure", "auto")
 FP32_PRECISIONS = ("fp32", "tf32")
 
 TEST_COLUMNS = ("precision", "recall", "f1", "map", "mrr")

@@ -24,6 +24,10 @@ its CPU accelerator for stages 0-3):
   by their GradScaler's scale and return before the scaler's update on an overflow, and ZeRO-0's
   torch optimizer has no overflow flag, so a skipped step counts as applied). Not the same AMP as
   torchrun's fp16: tag precision_mode=pure16, never one column with autocast rows.
+- bf16-pure is refused in one line: DeepSpeed's own bf16 block is that design (the module in bf16,
+  fp32 masters in BF16_Optimizer or the ZeRO partitions), but there the masters live in DeepSpeed's
+  flat partitions, which this backend's full_state_dict (best/, the final test) does not read: it
+  would keep the bf16-rounded module instead of the fp32 masters. Not run on any device here either.
 
 ZeRO's bucket sizes may say "auto": filled at prepare() from the model's hidden size as the Hugging
 Face integration does (reduce/allgather buckets hidden^2, ZeRO-3 prefetch 0.9 hidden^2, parameter
@@ -48,7 +52,7 @@ from pipeline.layout import CheckpointFiles, OutputDir
 from pipeline.runtime.backend import StepResult
 from pipeline.runtime.compiler import OFF, CompilePolicy, allow_shapes, compile_kwargs
 from pipeline.runtime.dist import Runtime
-from pipeline.runtime.precision import PURE16, PrecisionPolicy
+from pipeline.runtime.precision import BF16_PURE, PURE16, PrecisionPolicy
 
 if TYPE_CHECKING:
     from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer
@@ -175,6 +179,9 @@ class DeepSpeedBackend:
                  compile: CompilePolicy = OFF):
         """config_path: the DeepSpeed JSON (the `deepspeed` key); None uses ds_configs/zero2.json.
         `compile` was settled with the plan for this ZeRO stage (compiler.resolve): not resolved again."""
+        if policy.name == BF16_PURE:
+            raise UserError(f"precision={BF16_PURE} with backend=deepspeed: not supported (DeepSpeed keeps the fp32 "
+                            "master weights in its own partitions); use precision=bf16, or backend=ddp")
         self.rt = rt
         self.policy = policy
         self.source = config_path or str(DEFAULT_CONFIG)

@@ -1,7 +1,10 @@
-"""One flag, `precision`, decides autocast, loss scaling and the float32 matmul mode.
+"""One flag, `precision`, decides autocast, loss scaling, the float32 matmul mode and the dtype the
+module's weights are held in.
 
-Master weights and optimizer state stay fp32 in every mode: autocast casts per op, the
-parameters themselves are never converted.
+Master weights and optimizer state stay fp32 in every mode. Under fp16 and bf16 they are the
+module's own parameters and autocast casts them per op; under bf16-pure the module holds bf16
+weights and the fp32 masters live only in the optimizer (runtime/master_weights.py), so no weight
+is cast per step.
 """
 from __future__ import annotations
 
@@ -11,13 +14,15 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.errors import UserError
+from pipeline.runtime.master_weights import MasterWeights
 
 # The values of the run's precision_mode tag (names.TAG_PRECISION_MODE): how 16-bit compute is
 # done, so rows that differ in it never share a report column unlabeled.
 AUTOCAST = "autocast"
 """fp32 weights, 16-bit matmuls per op under torch.autocast (reductions, softmax, norms, losses in fp32)."""
 PURE16 = "pure16"
-"""The module itself in 16 bit (DeepSpeed's fp16 mode): norms and losses in 16 bit too."""
+"""The module itself in 16 bit, fp32 master weights in the optimizer (DeepSpeed's fp16 mode, and
+precision=bf16-pure): norms and losses read and write 16 bit."""
 FP32 = "fp32"
 """No 16-bit compute (fp32 and tf32)."""
 
@@ -30,16 +35,35 @@ def cpu_supports_fp16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
 
 
+BF16_PURE = "bf16-pure"
+"""The precision value of bf16 compute weights: the module in bf16, fp32 masters in the optimizer."""
+
+
 @dataclass(frozen=True)
 class PrecisionPolicy:
     name: str
-    """Resolved mode: fp32 | tf32 | fp16 | bf16 (never auto)."""
+    """Resolved mode: fp32 | tf32 | fp16 | bf16 | bf16-pure (never auto)."""
     device_type: str
     """cuda | cpu: the autocast and GradScaler device."""
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(self.name, torch.float32)
+        return {"fp16": torch.float16, "bf16": torch.bfloat16, BF16_PURE: torch.bfloat16}.get(self.name, torch.float32)
+
+    @property
+    def arithmetic(self) -> str:
+        """The matmuls' number format, the column of a peak-FLOP/s table: fp32 | tf32 | fp16 | bf16."""
+        return "bf16" if self.name == BF16_PURE else self.name
+
+    @property
+    def module_dtype(self) -> torch.dtype:
+        """The dtype the trained module's weights are held in (the optimizer's are fp32 always)."""
+        return torch.bfloat16 if self.name == BF16_PURE else torch.float32
+
+    def master_weights(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> MasterWeights | None:
+        """Where the module holds 16-bit weights: the optimizer's parameters become fp32 copies of
+        them and the module is cast (call once, before the first step); None in every other mode."""
+        return MasterWeights(module, optimizer, self.module_dtype) if self.module_dtype != torch.float32 else None
 
     @property
     def uses_autocast(self) -> bool:
@@ -48,7 +72,7 @@ class PrecisionPolicy:
     @property
     def mode(self) -> str:
         """How 16-bit compute is done under this policy with the torch backend."""
-        return AUTOCAST if self.uses_autocast else FP32
+        return PURE16 if self.name == BF16_PURE else AUTOCAST if self.uses_autocast else FP32
 
     @property
     def uses_loss_scaling(self) -> bool:
@@ -85,10 +109,10 @@ def resolve(requested: str, device: torch.device) -> PrecisionPolicy:
             requested = "bf16" if cuda_supports_bf16() else "fp16"
         else:
             requested = "bf16" if cpu_supports_bf16() else "fp32"
-    if requested == "bf16":
+    if requested in ("bf16", BF16_PURE):
         ok = cuda_supports_bf16() if kind == "cuda" else cpu_supports_bf16()
         if not ok:
-            raise UserError(f"precision=bf16: this {kind} device has no bf16 support; use fp16 or fp32")
+            raise UserError(f"precision={requested}: this {kind} device has no bf16 support; use fp16 or fp32")
     if requested == "fp16" and kind == "cpu" and not cpu_supports_fp16():
         raise UserError("precision=fp16: this CPU has no fp16 kernels (oneDNN reports none); use bf16 or fp32")
     if requested == "tf32" and kind == "cuda" and torch.cuda.get_device_capability(device)[0] < 8:
