@@ -71,7 +71,7 @@ def test_energy_drawn_while_compiling_is_left_out_as_its_seconds_are(monkeypatch
     meters = StageMeters(CPU, "fp32", world_size=1, compiled=True)
     meters.energy = metered_energy(nvml, compiled=True)
     meters.start_epoch()
-    meters.add_batch(32, 1000, 40)
+    meters.add_batch([31] * 32, 32, 40)
     nvml.mj += 1000  # 1 J of training
     for trigger, mj in ((CallbackTrigger.DYNAMO, 30000), (CallbackTrigger.LAZY_BACKWARD, 9000),
                         (CallbackTrigger.CUDAGRAPH_RECORDING, 500)):
