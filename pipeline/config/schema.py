@@ -77,6 +77,11 @@ class TrainConfig:
     reduce-overhead (CUDA graphs) | max-autotune | auto (reduce-overhead on a GPU, off on a CPU,
     as measured in benchmarks/README.md). Compile time is logged as perf/compile_s and left out of
     the throughput; checkpoints are the same compiled or not."""
+    gradient_checkpointing: bool = False
+    """Recompute each encoder layer's activations in the backward pass instead of keeping them
+    (non-reentrant activation checkpointing, as transformers' activation_checkpointing_enable): far
+    less activation memory for about one more forward pass of compute; the same losses (the RNG is
+    restored for the recompute, so dropout draws the same masks). docs/small-gpus.md has the numbers."""
     group_by_length: bool | None = None
     """Batch sequences of similar length together (each mega-batch of 50 global batches sorted by
     length, cut into batches, the batches shuffled, the longest first): less padding computed,
