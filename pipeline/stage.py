@@ -128,7 +128,7 @@ class Stage:
                     math.ceil(max(len(self.features["dev"]), len(self.features["test"])) / self.rt.world_size),
                     lambda rows, limit: self._train_trial(collate([row["train"]] * rows), limit),
                     lambda rows, limit: self._eval_trial(collate([row["train"]]), collate([row["eval"]] * rows), limit),
-                    memory.capacity(device, cfg.train.memory_limit_mb),
+                    memory.capacity(device, cfg.train.memory_limit_mb) - self.backend.standing_bytes(model),
                     f"{max(length for _, length in longest.values())} tokens")
             finally:
                 model.load_state_dict(saved)
@@ -138,7 +138,9 @@ class Stage:
             log.info("train.batch_size=auto: %s", found.describe())
         plan = self.plan.resplit(found.batch_size, found.grad_accum, found.eval_batch_size)
         record = dataclasses.replace(self.record, config=plan.record.config)
-        return dataclasses.replace(self, plan=plan, record=record, batch_fit=found)
+        # the backend read the split (DeepSpeed's micro-batch and accumulation "auto" values): again
+        backend = make_backend(self.rt, self.policy, plan.cfg.train, cfg.deepspeed)
+        return dataclasses.replace(self, plan=plan, record=record, backend=backend, batch_fit=found)
 
     def _train_trial(self, batch: dict, limit: int) -> int | None:
         """One training step at `batch` (forward, loss, backward, a fused-or-not AdamW step as the
