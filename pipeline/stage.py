@@ -126,8 +126,9 @@ class Stage:
                 found = batch_fit.find(
                     cfg.train.batch_size * cfg.train.grad_accum,
                     math.ceil(max(len(self.features["dev"]), len(self.features["test"])) / self.rt.world_size),
-                    lambda rows, limit: self._train_trial(collate([row["train"]] * rows), limit),
-                    lambda rows, limit: self._eval_trial(collate([row["train"]]), collate([row["eval"]] * rows), limit),
+                    _released(device, lambda rows, limit: self._train_trial(collate([row["train"]] * rows), limit)),
+                    _released(device, lambda rows, limit: self._eval_trial(collate([row["train"]]),
+                                                                           collate([row["eval"]] * rows), limit)),
                     memory.capacity(device, cfg.train.memory_limit_mb) - self.backend.standing_bytes(model),
                     f"{max(length for _, length in longest.values())} tokens")
             finally:
@@ -240,6 +241,16 @@ def build_stage(plan: Plan, start: Resume | StartOver) -> Stage:
         distiller.prepare(prepared["train"], collate, cfg.train.max_length, tokenizer)
     stage = Stage(plan, examples, prepared, tokenizer, model, model_spec, backend, distiller, record, start, uri)
     return stage.fit_batch() if plan.find_batch else stage
+
+
+def _released(device: torch.device, trial: Callable[[int, int], int | None]) -> Callable[[int, int], int | None]:
+    """The trial, then its memory given back once it has returned: an out-of-memory exception's
+    traceback holds the failed step's tensors until the handler is left."""
+    def run(rows: int, limit: int) -> int | None:
+        peak = trial(rows, limit)
+        memory.release(device)
+        return peak
+    return run
 
 
 def _longest(rows) -> tuple[int, int]:

@@ -91,10 +91,16 @@ def release(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+OUT_OF_MEMORY = ("can't allocate memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_NOT_SUPPORTED")
+"""Messages of running out that are not torch.OutOfMemoryError: the CPU allocator's, and the
+library workspaces a GPU could not allocate (the strings accelerate's should_reduce_batch_size
+checks; cuDNN reports an allocation it could not make as not supported)."""
+
+
 def is_out_of_memory(e: BaseException) -> bool:
-    """torch's OOM, or the CPU allocator's failure to allocate."""
+    """torch's OOM, or another way a step says it ran out of memory."""
     return isinstance(e, torch.OutOfMemoryError) or (
-        isinstance(e, RuntimeError) and "can't allocate memory" in str(e))
+        isinstance(e, RuntimeError) and any(text in str(e) for text in OUT_OF_MEMORY))
 
 
 class TensorBytes(TorchDispatchMode):
