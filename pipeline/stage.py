@@ -158,10 +158,9 @@ class Stage:
             if not memory.is_out_of_memory(e):
                 raise
             return None
-        finally:
+        finally:  # the memory itself is given back once the trial returned (_released)
             self.model.zero_grad(set_to_none=True)
             del optimizer
-            memory.release(self.rt.device)
 
     def _eval_trial(self, one_row: dict, batch: dict, limit: int) -> int | None:
         """A forward pass without gradients at `batch`, beside the optimizer's state (a one-row step
@@ -187,10 +186,9 @@ class Stage:
             if not memory.is_out_of_memory(e):
                 raise
             return None
-        finally:
+        finally:  # the memory itself is given back once the trial returned (_released)
             self.model.zero_grad(set_to_none=True)
             del optimizer
-            memory.release(self.rt.device)
 
     def _standing(self) -> list[torch.Tensor]:
         """The tensors that live on the device through a step: the model's parameters, buffers and
