@@ -45,6 +45,7 @@ def train_steps(model, steps=3, count_calls=True):
     return losses, grads, len(calls)
 
 
+@pytest.mark.slow  # ~3 s in a fresh process: transformers' first model (0.1 s once warm)
 def test_checkpointing_recomputes_layers_and_gives_bitwise_the_same_losses_with_dropout():
     plain = tiny_classifier()
     checkpointed = copy.deepcopy(plain)
