@@ -67,6 +67,24 @@ def build(spec: str, task: Task, train_texts: Iterable[str], overrides: dict, ma
     return _load_pretrained(spec, task, overrides, teacher)
 
 
+def checkpoint_activations(model: PreTrainedModel, spec: str) -> None:
+    """Activation checkpointing of every encoder layer (train.gradient_checkpointing): each layer's
+    activations are recomputed in the backward pass instead of kept. Non-reentrant
+    torch.utils.checkpoint through transformers' own switch (PreTrainedModel.activation_checkpointing_enable,
+    which checkpoints each GradientCheckpointingLayer's forward, its module hooks outside, so DDP's,
+    DeepSpeed ZeRO-3's and compile's hooks run once): the reentrant variant breaks DDP ("marked ready
+    twice") and needs inputs that require grad. torch.utils.checkpoint stashes the CPU and device RNG
+    states at each layer's forward and restores them for the recompute (preserve_rng_state=True, its
+    default), so dropout draws the same masks and the losses are those of a job without it."""
+    if not getattr(model, "supports_gradient_checkpointing", False):
+        raise UserError(f"config: train.gradient_checkpointing=true: model={spec} ({type(model).__name__}) "
+                        "does not support activation checkpointing")
+    # an encoder being trained keeps no key/value cache; unset, each checkpointed layer turns it off
+    # with a warning, a graph break in a compiled forward
+    model.config.use_cache = False
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+
+
 def offline_copy(spec: str) -> Path | None:
     """The packaged folder of a hub id in OFFLINE_COPIES, if that package is installed."""
     import importlib.util

@@ -5,6 +5,9 @@ fails here, before any MLflow run or output exists. The plan (jobs/settle.py) de
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -17,11 +20,15 @@ from pipeline import models
 from pipeline.config.schema import SettledConfig
 from pipeline.data import features
 from pipeline.data.loaders import shaped_collate
+from pipeline.jobs import batch_fit
+from pipeline.jobs.batch_fit import BatchFit
 from pipeline.jobs.job_record import JobRecord
 from pipeline.jobs.resume import Resume, Resumed, StartOver
 from pipeline.jobs.settle import Plan
 from pipeline.kd.distill import Distiller, build_distillation
 from pipeline.layout import OutputDir
+from pipeline.loop.optim import build_optimizer
+from pipeline.measure import memory
 from pipeline.measure.flops import FlopModel, step_flop_model
 from pipeline.runtime.backend import Backend
 from pipeline.runtime.compiler import CompilePolicy
@@ -30,6 +37,8 @@ from pipeline.runtime.factory import make_backend
 from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.tasks.base import SPLITS, Task
 from pipeline.tracking import resolve_uri
+
+log = logging.getLogger("pipeline")
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,8 @@ class Stage:
     start: Resumed | StartOver
     """From where the job starts: a checkpoint confirmed against this stage, or over."""
     uri: str
+    batch_fit: BatchFit | None = None
+    """Under train.batch_size=auto: the split the batch finder chose (the plan holds it)."""
 
     @property
     def cfg(self) -> SettledConfig:
@@ -115,6 +126,94 @@ class Stage:
         return step_flop_model(self.model, features.sequence_lengths(rows), lambda i: collate([rows[i]]),
                                self._plain_step, self.rt.device)
 
+    def fit_batch(self) -> Stage:
+        """train.batch_size=auto: this stage with its global batch split into the largest micro-batch
+        that fits the device, and its evaluation batch found (jobs/batch_fit.py); the model's weights
+        and the RNG as they were. A UserError when even one row does not fit."""
+        cfg, device, model = self.cfg, self.rt.device, self.model
+        longest = {split: _longest(self.features[split]) for split in SPLITS}  # (row, length)
+        eval_split = max(("dev", "test"), key=lambda split: longest[split][1])
+        row = {"train": self.features["train"][longest["train"][0]],
+               "eval": self.features[eval_split][longest[eval_split][0]]}
+        collate = shaped_collate(self.task.collator(self.tokenizer), cfg.train, self.tokenizer.pad_token_id)
+        saved = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        was_training = model.training
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            try:
+                found = batch_fit.find(
+                    cfg.train.batch_size * cfg.train.grad_accum,
+                    math.ceil(max(len(self.features["dev"]), len(self.features["test"])) / self.rt.world_size),
+                    _released(device, lambda rows, limit: self._train_trial(collate([row["train"]] * rows), limit)),
+                    _released(device, lambda rows, limit: self._eval_trial(collate([row["train"]]),
+                                                                           collate([row["eval"]] * rows), limit)),
+                    memory.capacity(device, cfg.train.memory_limit_mb) - self.backend.standing_bytes(model),
+                    f"{max(length for _, length in longest.values())} tokens")
+            finally:
+                model.load_state_dict(saved)
+                model.train(was_training)
+                memory.release(device)
+        if self.rt.is_main:
+            log.info("train.batch_size=auto: %s", found.describe())
+        plan = self.plan.resplit(found.batch_size, found.grad_accum, found.eval_batch_size)
+        record = dataclasses.replace(self.record, config=plan.record.config)
+        # the backend read the split (DeepSpeed's micro-batch and accumulation "auto" values): again
+        backend = make_backend(self.rt, self.policy, plan.cfg.train, cfg.deepspeed)
+        return dataclasses.replace(self, plan=plan, record=record, backend=backend, batch_fit=found)
+
+    def _train_trial(self, batch: dict, limit: int) -> int | None:
+        """One training step at `batch` (forward, loss, backward, a fused-or-not AdamW step as the
+        backend builds it): its peak bytes, or None when it ran out of memory."""
+        optimizer = None
+        self.model.train()
+        try:
+            with memory.measured(self.rt.device, self._standing(), limit) as peak:
+                optimizer, _ = build_optimizer(self.model, self.cfg.train, 1, fused=self.backend.fused_optimizer)
+                self._plain_step(dict(batch))
+                optimizer.step()
+            return peak.bytes
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if not memory.is_out_of_memory(e):
+                raise
+            return None
+        finally:  # the memory itself is given back once the trial returned (_released)
+            self.model.zero_grad(set_to_none=True)
+            del optimizer
+
+    def _eval_trial(self, one_row: dict, batch: dict, limit: int) -> int | None:
+        """A forward pass without gradients at `batch`, beside the optimizer's state (a one-row step
+        made it, its gradients freed, as the loop leaves them before evaluating): its peak bytes,
+        or None when it ran out of memory."""
+        optimizer = None
+        try:
+            self.model.train()
+            optimizer, _ = build_optimizer(self.model, self.cfg.train, 1, fused=self.backend.fused_optimizer)
+            self._plain_step(dict(one_row))
+            optimizer.step()
+            self.model.zero_grad(set_to_none=True)
+            self.model.eval()
+            batch = dict(batch)
+            batch.pop("idx")
+            state = [t for st in optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+            with memory.measured(self.rt.device, [*self._standing(), *state], limit) as peak, torch.no_grad():
+                inputs = {k: v.to(self.rt.device) for k, v in batch.items()}
+                with self.policy.autocast():
+                    self.model(**inputs)
+            return peak.bytes
+        except (torch.OutOfMemoryError, RuntimeError) as e:
+            if not memory.is_out_of_memory(e):
+                raise
+            return None
+        finally:  # the memory itself is given back once the trial returned (_released)
+            self.model.zero_grad(set_to_none=True)
+            del optimizer
+
+    def _standing(self) -> list[torch.Tensor]:
+        """The tensors that live on the device through a step: the model's parameters, buffers and
+        gradients, and a live teacher's (the CPU's tensor count starts from them)."""
+        modules = [self.model] + ([self.distiller.teacher] if self.distiller and self.distiller.teacher else [])
+        return [t for m in modules for p in (*m.parameters(), *m.buffers())
+                for t in (p, p.grad) if t is not None]
+
     def _plain_step(self, batch: dict) -> None:
         """Forward, loss and backward of the unwrapped model, as the loop computes them."""
         idx = batch.pop("idx")
@@ -125,7 +224,8 @@ class Stage:
 def build_stage(plan: Plan, start: Resume | StartOver) -> Stage:
     """Everything that can be the user's fault, before a run or an output exists."""
     cfg, rt, task, policy = plan.cfg, plan.rt, plan.task, plan.policy
-    policy.apply_matmul_mode()  # the stage's one process-wide setting, applied as it starts
+    policy.apply_matmul_mode()  # the stage's process-wide settings, applied as it starts
+    memory.cap(rt.device, cfg.train.memory_limit_mb)  # a GPU behaves as one of this size
     # a DeepSpeed config is read and checked before data and models load (minutes on a real job)
     backend = make_backend(rt, policy, plan.compile, cfg.train, cfg.deepspeed)
     # the training split is prepared once per node and memory-mapped: its size, digest and texts
@@ -141,6 +241,8 @@ def build_stage(plan: Plan, start: Resume | StartOver) -> Stage:
     else:
         model_spec = cfg.model or task.default_model
         tokenizer, model = models.build(model_spec, task, train_texts, cfg.model_config, cfg.train.max_length)
+    if cfg.train.gradient_checkpointing:  # the trained model only: the teacher computes no gradients
+        models.checkpoint_activations(model, model_spec)
     prepared = {split: features.prepare_features(task, split, getattr(cfg.data, split), examples[split], tokenizer,
                                                  cfg.train.max_length, rt) for split in SPLITS}
     examples["train"].release()  # the builder's rows: the features are on disk now
@@ -152,4 +254,22 @@ def build_stage(plan: Plan, start: Resume | StartOver) -> Stage:
     if distiller is not None:  # the teacher's logits for the whole training set, once (cached on disk)
         collate = shaped_collate(task.collator(tokenizer), cfg.train, tokenizer.pad_token_id)
         distiller.prepare(prepared["train"], collate, cfg.train.max_length, tokenizer)
-    return Stage(plan, examples, prepared, tokenizer, model, model_spec, backend, distiller, record, start, uri)
+    stage = Stage(plan, examples, prepared, tokenizer, model, model_spec, backend, distiller, record, start, uri)
+    return stage.fit_batch() if plan.find_batch else stage
+
+
+def _released(device: torch.device, trial: Callable[[int, int], int | None]) -> Callable[[int, int], int | None]:
+    """The trial, then its memory given back once it has returned: an out-of-memory exception's
+    traceback holds the failed step's tensors until the handler is left."""
+    def run(rows: int, limit: int) -> int | None:
+        peak = trial(rows, limit)
+        memory.release(device)
+        return peak
+    return run
+
+
+def _longest(rows) -> tuple[int, int]:
+    """(index, length) of a split's longest row."""
+    lengths = features.sequence_lengths(rows)
+    i = max(range(len(lengths)), key=lengths.__getitem__)
+    return i, lengths[i]

@@ -121,7 +121,8 @@ def run_locked(s: Stage) -> dict[str, float]:
         same_job.record_accepted(tracker, s.record, resumed.accepted, resumed.step)
     tracker.log_datasets(describe_datasets(s.cfg.data, s.task, s.examples))
     tracker.set_tags({names.TAG_DATA_CACHE: features.cache_outcome(s.examples["train"], s.features),
-                      **({names.TAG_KD_CACHE: s.distiller.cache_outcome} if s.distiller else {})})
+                      **({names.TAG_KD_CACHE: s.distiller.cache_outcome} if s.distiller else {}),
+                      **({names.TAG_BATCH_FIT: s.batch_fit.describe()} if s.batch_fit else {})})
     gc_pause.resume_after_setup()  # the CLI paused it through set-up (runtime/gc_pause.py)
     preemption = AgreedFlag(s.rt.device)
     try:

@@ -1,8 +1,9 @@
 """What only a GPU can check: NCCL gives what one process gives, fp16 with its loss scaler runs
 end to end (GradScaler under torchrun, DeepSpeed's scaler under ZeRO), ZeRO-2/3 hold less memory
-than DDP, bf16 under DeepSpeed is autocast on fp32 weights on CUDA too, and NVML energy is
-measured. Marked `gpu`: skipped without CUDA (the reason is printed by -ra), run on a GPU machine
-with `pytest -m gpu`.
+than DDP, bf16 under DeepSpeed is autocast on fp32 weights on CUDA too, NVML energy is
+measured, a capped card finds a smaller batch (and checkpointing a larger one) for the same global
+batch, and checkpointing lowers the peak without changing the losses. Marked `gpu`: skipped
+without CUDA (the reason is printed by -ra), run on a GPU machine with `pytest -m gpu`.
 """
 import json
 import os
@@ -180,3 +181,36 @@ def test_cached_teacher_rows_reach_the_gpu_from_pinned_memory():
         assert torch.equal(got.cpu(), distiller.cached["logits"][idx][:, :40])
     copies = [e.name for e in prof.events() if "Memcpy HtoD" in e.name]
     assert copies and all("Pinned" in name for name in copies), set(copies)
+
+
+# ---------------------------------------------------------------- small GPUs (docs/small-gpus.md)
+LONG = [*WIDE, "train.max_length=256", "train.pad_to_multiple_of=256", "train.max_steps=4", "precision=bf16"]
+
+
+def test_a_capped_gpu_finds_a_smaller_batch_and_checkpointing_a_larger_one_for_the_same_global_batch(tmp_path):
+    """train.memory_limit_mb through the allocator's fraction: the capped card's found micro-batch is
+    smaller than the whole card's, its peak allocated stays under the cap, the global batch (16 x 8
+    rows) is the one asked for, and checkpointing raises the ceiling under the same cap."""
+    import yaml
+
+    auto = [*LONG, "train.batch_size=auto", "train.grad_accum=8"]
+    split = {}
+    for name, extra in (("whole", []), ("capped", ["train.memory_limit_mb=3072"]),
+                        ("checkpointed", ["train.memory_limit_mb=3072", "train.gradient_checkpointing=true"])):
+        final, run, out = finished(tmp_path / name, *auto, *extra)
+        written = yaml.safe_load((out / "config.yaml").read_text())["train"]
+        assert written["batch_size"] * written["grad_accum"] == 128
+        assert names.TAG_BATCH_FIT in run.data.tags
+        split[name] = written["batch_size"]
+        if extra:
+            assert final[names.PEAK_MEM_RESERVED] <= 3072
+    assert split["capped"] < split["whole"] and split["checkpointed"] > split["capped"]
+
+
+def test_checkpointing_lowers_the_peak_and_keeps_the_losses_on_a_gpu(tmp_path):
+    fixed = [*LONG, "train.batch_size=16", "precision=fp32"]
+    plain, _, _ = finished(tmp_path / "plain", *fixed)
+    checkpointed, _, _ = finished(tmp_path / "ckpt", *fixed, "train.gradient_checkpointing=true")
+    assert checkpointed[names.PEAK_MEM_ALLOCATED] < 0.7 * plain[names.PEAK_MEM_ALLOCATED]
+    # the RNG is restored for the recompute: the same dropout; CUDA's atomics leave a last-bit difference
+    assert checkpointed[names.TRAIN_LOSS] == pytest.approx(plain[names.TRAIN_LOSS], rel=1e-4)

@@ -15,8 +15,12 @@ def coerce(key: str, value: Any, kind: Any, from_text: bool) -> Any:
     """Return value as `kind` or raise a UserError naming the key and the expected type."""
     optional = False
     if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
-        args = [a for a in typing.get_args(kind) if a is not type(None)]
-        optional = len(args) < len(typing.get_args(kind))
+        # a Literal member names words the key takes besides its type (train.batch_size=auto)
+        words = [w for a in typing.get_args(kind) if typing.get_origin(a) is typing.Literal for w in typing.get_args(a)]
+        if (value.strip() if from_text else value) in words:
+            return value.strip() if from_text else value
+        args = [a for a in typing.get_args(kind) if a is not type(None) and typing.get_origin(a) is not typing.Literal]
+        optional = type(None) in typing.get_args(kind)
         kind = args[0]
     if from_text and optional and value.strip().lower() in ("null", "none", "~", ""):
         return None

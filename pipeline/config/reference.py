@@ -124,6 +124,8 @@ def _key(cls: type, f: dataclasses.Field, kind: Any, prefix: str, choices: Mappi
 def _type_name(kind: Any) -> str:
     if isinstance(kind, types.UnionType) or typing.get_origin(kind) is typing.Union:
         return " | ".join(_type_name(a) for a in typing.get_args(kind))
+    if typing.get_origin(kind) is typing.Literal:
+        return " | ".join(map(str, typing.get_args(kind)))
     return "None" if kind is type(None) else kind.__name__
 
 

@@ -50,10 +50,18 @@ class TrainConfig:
     """Passes over the training set; unset: the task's (3; error_cls 5, qa 8), settled when the job starts."""
     max_steps: int = -1
     """Stop after this many optimizer steps; -1 runs all epochs."""
-    batch_size: int = 16
-    """Micro-batch per device (the global batch is batch_size * grad_accum * world_size)."""
+    batch_size: int | Literal["auto"] = 16
+    """Micro-batch per device (the global batch is batch_size * grad_accum * world_size). auto:
+    the global batch of the default (16 * grad_accum * world_size) split into the largest
+    micro-batch that fits this device at the job's longest rows (forward, backward and optimizer
+    step, 10% margin), grad_accum raised to keep it, every rank agreeing; eval_batch_size found too
+    (docs/small-gpus.md)."""
     eval_batch_size: int = 64
-    """Batch per device for evaluation."""
+    """Batch per device for evaluation (found on its own under batch_size=auto)."""
+    memory_limit_mb: int | None = None
+    """Treat the device as having this many MiB: on a GPU the allocator refuses more for the whole
+    job (torch.cuda.set_per_process_memory_fraction), so a large card behaves as a small one; on a
+    CPU the limit batch_size=auto's trials count tensors against. Unset: the device's own."""
     grad_accum: int = 1
     """Micro-batches per optimizer step; gradients are all-reduced only on the last one."""
     lr: float | None = None
@@ -78,6 +86,11 @@ class TrainConfig:
     alone, off on a CPU and under DeepSpeed, as measured in benchmarks/README.md; the run's
     resolved.compile_reason says why). Compile time and the energy drawn meanwhile are logged apart
     (perf/compile_s) and left out of the rates; checkpoints are the same compiled or not."""
+    gradient_checkpointing: bool = False
+    """Recompute each encoder layer's activations in the backward pass instead of keeping them
+    (non-reentrant activation checkpointing, as transformers' activation_checkpointing_enable): far
+    less activation memory for about one more forward pass of compute; the same losses (the RNG is
+    restored for the recompute, so dropout draws the same masks). docs/small-gpus.md has the numbers."""
     group_by_length: bool | None = None
     """Batch sequences of similar length together (each mega-batch of 50 global batches sorted by
     length, cut into batches, the batches shuffled, the longest first): less padding computed,
@@ -196,7 +209,11 @@ class Config:
         t = self.train
         _check("train.epochs", t.epochs, t.epochs is None or t.epochs >= 1, "must be >= 1")
         _check("train.max_steps", t.max_steps, t.max_steps == -1 or t.max_steps >= 1, "must be -1 or >= 1")
-        _check("train.batch_size", t.batch_size, t.batch_size >= 1, "must be >= 1")
+        _check("train.batch_size", t.batch_size, t.batch_size == "auto" or t.batch_size >= 1, "must be >= 1 or auto")
+        _check("train.batch_size", t.batch_size, t.batch_size != "auto" or not t.batch_tokens,
+               f"auto finds a number of rows; train.batch_tokens={t.batch_tokens} batches by tokens")
+        _check("train.memory_limit_mb", t.memory_limit_mb, t.memory_limit_mb is None or t.memory_limit_mb >= 1,
+               "must be >= 1 (MiB)")
         _check("train.eval_batch_size", t.eval_batch_size, t.eval_batch_size >= 1, "must be >= 1")
         _check("train.grad_accum", t.grad_accum, t.grad_accum >= 1, "must be >= 1")
         _check("train.lr", t.lr, t.lr is None or t.lr > 0, "must be > 0")
@@ -244,6 +261,7 @@ class SettledTrain(TrainConfig):
     job): what an unset key or `auto` turned into on this device, for this task and model."""
 
     epochs: int
+    batch_size: int
     lr: float
     pad_to_multiple_of: int
     compile: CompileMode
@@ -252,7 +270,7 @@ class SettledTrain(TrainConfig):
 
     def __post_init__(self) -> None:
         unsettled = [k for k in ("epochs", "lr", "pad_to_multiple_of", "group_by_length", "num_workers")
-                     if getattr(self, k) is None] + (["compile"] if self.compile == "auto" else [])
+                     if getattr(self, k) is None] + [k for k in ("compile", "batch_size") if getattr(self, k) == "auto"]
         if unsettled:
             raise ValueError(f"SettledTrain: {', '.join(unsettled)} not settled")
 

@@ -4,10 +4,14 @@
 the world it runs on (the fallback to fewer devices: runtime/fallback.py), the precision policy,
 the task, every default an unset key or `auto` stands for (output_dir; with the device, the
 compile mode, the padding multiple and the loader workers; with the task and the kind of model,
-the learning rate, the epochs and length grouping), and the job's record (job_record.py) a
-resume compares. Every later reader takes the plan: `Plan.cfg` is a `SettledConfig`, whose types
+the learning rate, the epochs and length grouping; batch_size=auto's global batch), and the job's
+record (job_record.py) a resume compares. One thing is left for later, by name: under
+batch_size=auto the split of the global batch into micro-batches (Plan.find_batch), which only
+the built model on its device can measure (stage.Stage.fit_batch, jobs/batch_fit.py,
+Plan.resplit): until then the plan holds the default split of that global batch, a job that
+runs as it is. Every later reader takes the plan: `Plan.cfg` is a `SettledConfig`, whose types
 say that nothing in it is unset or `auto`. Resolving changes no process-wide setting: the
-stage applies the matmul mode when it starts (stage.build_stage).
+stage applies the matmul mode and the memory cap when it starts (stage.build_stage).
 """
 from __future__ import annotations
 
@@ -31,6 +35,9 @@ from pipeline.tasks.base import Task
 KINDS = ("train", "distill")
 PRESET_LR = 3e-4
 """The learning rate of presets trained from scratch: a larger step than fine-tuning takes."""
+AUTO_BATCH = 16
+"""batch_size=auto's rows per rank and accumulation group: the default batch_size, so the global
+batch is that of the default (16 x grad_accum x world size), whatever the card."""
 
 
 @dataclass(frozen=True)
@@ -48,10 +55,28 @@ class Plan:
     """The job asked for, known before any data or model loads (JobRecord.built completes it)."""
     compile: CompilePolicy
     """train.compile for this device and backend, and why (runtime/compiler.py)."""
+    find_batch: bool = False
+    """train.batch_size=auto: the global batch is settled (AUTO_BATCH x grad_accum x world size);
+    its split into micro-batch x grad_accum, and eval_batch_size, are left to the batch finder
+    (jobs/batch_fit.py) once the model is built (resplit)."""
 
     @property
     def out(self) -> OutputDir:
         return OutputDir(self.cfg.output_dir)
+
+    def resplit(self, batch_size: int, grad_accum: int, eval_batch_size: int) -> Plan:
+        """The same job with its global batch split otherwise on this device (the batch finder's
+        answer): the one part of a settled job that may change after settle, as the split is what
+        same_job lets a resumed job change (COMPARED_ELSEWHERE: only the global batch counts)."""
+        t = self.cfg.train
+        if batch_size * grad_accum != t.batch_size * t.grad_accum:
+            raise ValueError(f"resplit: {batch_size} x {grad_accum} is another global batch than "
+                             f"{t.batch_size} x {t.grad_accum}")
+        split = {"batch_size": batch_size, "grad_accum": grad_accum, "eval_batch_size": eval_batch_size}
+        cfg = dataclasses.replace(self.cfg, train=dataclasses.replace(t, **split))
+        record = dataclasses.replace(self.record, config={**self.record.config,
+                                                          **{f"train.{k}": v for k, v in split.items()}})
+        return dataclasses.replace(self, cfg=cfg, record=record, find_batch=False)
 
 
 def settle(cfg: Config, kind: str, rt: Runtime) -> Plan:
@@ -67,7 +92,8 @@ def settle(cfg: Config, kind: str, rt: Runtime) -> Plan:
     zero_stage = zero_stage_of(cfg.deepspeed) if rt.backend == "deepspeed" else 0
     compile_policy = compiler.resolve(cfg.train.compile, rt.device.type, rt.backend, zero_stage)
     settled = settle_config(cfg, planned_model, task, rt.device.type, compile_policy)
-    return Plan(settled, rt, kind, task, policy, describe(settled, task, rt, policy), compile_policy)
+    return Plan(settled, rt, kind, task, policy, describe(settled, task, rt, policy), compile_policy,
+                find_batch=cfg.train.batch_size == "auto")
 
 
 def zero_stage_of(deepspeed_path: str | None) -> int:
@@ -86,6 +112,7 @@ def settle_config(cfg: Config, model_spec: str, task: Task, device_type: str,
                             "lr": t.lr if t.lr is not None else (
                                 PRESET_LR if model_spec.startswith("preset:") else task.pretrained_lr),
                             "epochs": t.epochs if t.epochs is not None else task.epochs,
+                            "batch_size": AUTO_BATCH if t.batch_size == "auto" else t.batch_size,
                             "group_by_length": t.group_by_length if t.group_by_length is not None
                             else task.group_by_length})
     return SettledConfig(**{**_fields(cfg), "train": train, "output_dir": default_output_dir(cfg)})

@@ -42,6 +42,11 @@ class Backend(Protocol):
         the backend wraps it in its own (DeepSpeed's partitioned optimizer)."""
         ...
 
+    def standing_bytes(self, model: torch.nn.Module) -> int:
+        """Device memory the backend will keep beside the model's own tensors for the whole job,
+        which a trial step of the bare model does not see (batch_size=auto subtracts it)."""
+        ...
+
     def describe(self) -> dict[str, object]:
         """What only the backend knows about how it runs, for the run's `resolved.*` params
         (e.g. deepspeed_stage); empty when there is nothing beyond the launch mode."""

@@ -197,6 +197,11 @@ class DeepSpeedBackend:
     def fused_optimizer(self) -> bool:
         return False  # the engine wraps the optimizer in its own partitioned one
 
+    def standing_bytes(self, model: torch.nn.Module) -> int:
+        """None counted: ZeRO's partitions and buckets replace what a bare step holds (its gradients,
+        AdamW's state), so a bare step's peak is an upper bound."""
+        return 0
+
     def describe(self) -> dict[str, object]:
         return {"deepspeed_stage": self.stage, **self.compile.describe()}
 

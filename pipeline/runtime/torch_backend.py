@@ -33,6 +33,13 @@ class TorchBackend:
     def fused_optimizer(self) -> bool:
         return True
 
+    def standing_bytes(self, model: torch.nn.Module) -> int:
+        """DDP's gradient buckets: one more copy of the trainable parameters' gradients (torch's
+        Reducer, gradient_as_bucket_view off)."""
+        if self.rt.backend != "ddp":
+            return 0
+        return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
     def describe(self) -> dict[str, object]:
         return self.compile.describe()
 
