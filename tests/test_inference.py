@@ -1,5 +1,7 @@
 """The inference benchmark (pipeline/measure/inference.py): what it measures, how it names it, and
 the saved models it reads."""
+import json
+
 import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
@@ -79,3 +81,33 @@ def test_one_length_twice_is_measured_once(saved):
 def test_a_path_that_holds_no_model_is_one_line(spec, reason):
     with pytest.raises(UserError, match=reason):
         SavedModel(spec)
+
+
+def test_infer_bench_measures_models_side_by_side(saved, capsys):
+    from pipeline.cli import main
+
+    assert main(["infer-bench", str(saved), str(saved / "best"), "--lengths", "8,16", "--batch-size", "2",
+                 "--budget-s", "0.01", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["model"], r["length"]) for r in rows] == [(str(saved), 8), (str(saved), 16),
+                                                         (str(saved / "best"), 8), (str(saved / "best"), 16)]
+    assert all(r["precision"] == "fp32" and r["params"] == rows[0]["params"] for r in rows)
+    assert rows[0]["speedup"] == 1.0 and rows[2]["speedup"] > 0  # against the first model
+    assert main(["infer-bench", str(saved), "--lengths", "8", "--budget-s", "0.01"]) == 0
+    table = capsys.readouterr().out
+    assert "device cpu" in table and "p50_ms" in table and str(saved) in table
+
+
+@pytest.mark.parametrize("args, message", [
+    (["/no/such/model"], "/no/such/model: no such directory"),
+    (["MODEL", "--lengths", "a,b"], "--lengths a,b: expected whole numbers"),
+    (["MODEL", "--precision", "fp8"], "--precision fp8: one of"),
+    (["MODEL", "--device", "cuda"], "no CUDA device here"),
+])
+def test_infer_bench_bad_input_is_one_line_and_exit_2(saved, capsys, args, message):
+    from pipeline.cli import main
+
+    args = [str(saved) if a == "MODEL" else a for a in args]
+    assert main(["infer-bench", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1

@@ -206,3 +206,44 @@ def _status_mb(field_name: str) -> float | None:
     except OSError:
         pass
     return None
+
+
+COLUMNS = ("model", "precision", "length", "params", "no_embed", "size_mb", "p50_ms", "p95_ms", "samples_per_s",
+           "speedup", "peak_mb")
+
+
+def rows(results: dict[str, BenchResult]) -> list[dict]:
+    """One row per (model, precision, length); `speedup` is the throughput against the first model's
+    at the same precision and length (1.0 for the first)."""
+    first = next(iter(results.values()))
+    base = {(m.precision, m.length): m.samples_per_s for m in first.measurements}
+    out = []
+    for model, r in results.items():
+        for m in r.measurements:
+            ref = base.get((m.precision, m.length))
+            out.append({"model": model, "precision": m.precision, "length": m.length, "params": r.params,
+                        "no_embed": r.params_no_embed, "size_mb": r.size_mb, "p50_ms": m.latency_ms_p50,
+                        "p95_ms": m.latency_ms_p95, "samples_per_s": m.samples_per_s,
+                        "speedup": m.samples_per_s / ref if ref else None, "peak_mb": m.peak_mem_mb})
+    return out
+
+
+def table(results: dict[str, BenchResult]) -> str:
+    """The rows as a plain-text table, with the machine it ran on above it."""
+    first = next(iter(results.values()))
+    memory = "CUDA allocator peak" if first.device.startswith("cuda") else "resident-set growth"
+    head = (f"device {first.device}, {first.threads} threads; latency at batch 1, throughput at batch "
+            f"{first.batch_size}; peak_mb: {memory}; speedup: throughput against the first model\n")
+
+    def cell(v) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.2f}"
+        return f"{v:,}" if isinstance(v, int) else str(v)
+
+    body = [[cell(r[c]) + ("x" if c == "speedup" and r[c] is not None else "") for c in COLUMNS] for r in rows(results)]
+    widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(COLUMNS)]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+             for line in [list(COLUMNS), *body]]
+    return head + "\n".join(lines) + "\n"
