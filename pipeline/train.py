@@ -319,7 +319,8 @@ def finish(lp: Loop) -> dict[str, float]:
     lp.tracker.log_metrics({k: v for k, v in final.items() if not k.startswith(names.EVAL)}, progress.step)
     if s.rt.is_main:
         report = s.task.report(test.predictions, s.examples["test"], s.features["test"])
-        outputs.write_final(s.out.root, final, report, lp.tracker, s.cfg.tracking.log_model)
+        served = outputs.ServedModel(s.task, s.examples["test"]) if s.cfg.tracking.log_model else None
+        outputs.write_final(s.out.root, final, report, lp.tracker, served, progress.step)
         log.info("test %s %.4f  |  %.1f samples/s over %.1fs of training  |  outputs in %s", s.task.main_metric,
                  test.main, final[names.SAMPLES_PER_S], lp.meters.totals.train_seconds, s.out)
     return final

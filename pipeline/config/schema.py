@@ -128,7 +128,8 @@ class TrackingConfig:
     run_name: str | None = None
     """MLflow run name; unset = task-model-precision."""
     log_model: bool = False
-    """Also upload the best model directory as a run artifact."""
+    """Also log the best model as an MLflow model of the run (transformers flavor: a pipeline with its
+    tokenizer, task and an input example, for mlflow.transformers.load_model and the registry)."""
     tags: dict = field(default_factory=dict)
     """Extra run tags, e.g. tracking.tags.study=NAME (the study runner sets study and procedure)."""
     parent_run_id: str | None = None
