@@ -57,3 +57,11 @@ def test_the_logged_model_is_saved_offline_with_its_example_and_can_be_registere
     version = mlflow.register_model(f"models:/{output.model_id}", "sentiment-student")
     assert str(version.version) == "1"
     assert mlflow.transformers.load_model("models:/sentiment-student/1").task == "text-classification"
+
+
+def test_a_sync_replay_logs_the_model_once(logged):
+    from pipeline.tracking import sync
+
+    run_id = logged["run"].info.run_id
+    assert sync(str(logged["out"]), mlflow.get_tracking_uri()) == run_id
+    assert len(mlflow.get_run(run_id).outputs.model_outputs) == 1

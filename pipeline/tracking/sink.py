@@ -60,7 +60,7 @@ def present_in(client: MlflowClient, run_id: str, records: Sequence[Record]) -> 
     the journal's last value of a tag wins)."""
     keys = {r.key for r in records if isinstance(r, Metric)}
     run = client.get_run(run_id)
-    outputs = run.outputs.model_outputs if run.outputs else []
+    outputs = (run.outputs.model_outputs or []) if run.outputs else []
     return Present(params=run.data.params,
                    metrics={key: {(m.step, m.timestamp, m.value) for m in client.get_metric_history(run_id, key)}
                             for key in keys},
