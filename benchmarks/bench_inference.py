@@ -8,7 +8,7 @@ The models are the demo's best/ directories (`make demo`, or the KD cells of lau
 outputs/demo/wikiqa-PROCEDURE-sSEED). Per repetition every model is measured once, in rotating
 order; a speed-up is the median over repetitions of (model / teacher) in that repetition, seeds
 averaged, so a shared machine's drift cancels.
-    python benchmarks/bench_inference.py [--reps 3] [--threads 1] [--lengths 52,64] [--outputs outputs/demo]
+    python benchmarks/bench_inference.py [--reps 3] [--threads 1] [--lengths 22,32] [--outputs outputs/demo]
 """
 import statistics
 from pathlib import Path
@@ -23,7 +23,7 @@ PROCEDURES = ("teacher", "baseline", "kd_fp32", "kd_amp")
 def main() -> None:
     p = parser(__doc__, reps=3, batch_size=32)
     p.add_argument("--threads", type=int, default=1, help="torch threads (the issue's hand timing used one)")
-    p.add_argument("--lengths", default="52,64", help="median,longest of the WikiQA sample test split "
+    p.add_argument("--lengths", default="22,32", help="median,longest of the WikiQA sample test split "
                                                       "(a demo stage's infer/length/*)")
     p.add_argument("--outputs", default=str(ROOT / "outputs" / "demo"))
     p.add_argument("--seeds", default="1,2")
