@@ -75,10 +75,29 @@ def write_final(out: Path, metrics: dict[str, float], report: str, tracker: Trac
     model, if asked: `served`); metrics.json last of all, so its presence says the job finished."""
     layout = OutputDir(out)
     write_text(layout.report, report)
-    if served is not None and (layout.best / "config.json").is_file():
-        save_served_model(layout.best, served.task, served.examples, layout.mlflow_model)
+    saved = served is not None and _save_served(layout, served)
     write_json(layout.metrics, metrics)
     for path in (layout.metrics, layout.report):
         tracker.log_artifact(path)
-    if served is not None:
+    if saved:
         tracker.log_model(layout.mlflow_model, MODEL_NAME, step)  # after the metrics: it links them
+    elif served is not None:
+        tracker.log_artifact(layout.best, OutputDir.BEST)
+
+
+def _save_served(layout: OutputDir, served: ServedModel) -> bool:
+    """best/ as an MLflow model in output_dir; a failure is a warning, as any tracking failure: the
+    job's results stand (best/ is there to log by hand)."""
+    if not (layout.best / "config.json").is_file():
+        return False
+    if served.task.serving_task is None:
+        log.info("tracking.log_model: no transformers pipeline serves task %s; best/ uploaded as files",
+                 served.task.name)
+        return False
+    try:
+        save_served_model(layout.best, served.task, served.examples, layout.mlflow_model)
+    except Exception as e:  # noqa: BLE001 - a library's failure to build the pipeline must not fail the job
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+        log.warning("tracking.log_model: best/ could not be saved as an MLflow model (%s); not logged", reason)
+        return False
+    return True

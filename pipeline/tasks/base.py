@@ -39,9 +39,10 @@ class Task(ABC):
     """The key of metrics() that early stopping and eval/main use."""
     default_model: ClassVar[str] = "preset:bangla-small"
     model_class: ClassVar[Any] = AutoModelForSequenceClassification
-    serving_task: ClassVar[str] = "text-classification"
+    serving_task: ClassVar[str | None] = "text-classification"
     """The transformers pipeline that serves the model: tracking.log_model logs best/ as one
-    (MLflow's transformers flavor)."""
+    (MLflow's transformers flavor); None where transformers has no such pipeline (best/ is then
+    logged as plain files)."""
     featurize_reads_datasets: ClassVar[bool] = False
     """featurize() also takes the prepared training examples as the memory-mapped datasets.Dataset
     they are saved as (and maps over it on disk), so the builder drops their Python rows first."""
