@@ -155,11 +155,14 @@ def plot_payoff(payoff: pd.DataFrame, out: Path) -> list[str]:
     several = shown.task.nunique() > 1
     fig, ax = plt.subplots(figsize=(6.0, 4.2))
     colours = {"teacher": "tab:grey", "student": "tab:orange", "baseline": "tab:blue"}
+    placed: list[tuple[float, float]] = []
     for r in shown.itertuples():
         ax.errorbar(r.throughput_x, r.retained_pct, xerr=np.nan_to_num(r.throughput_x_spread),
                     yerr=np.nan_to_num(r.retained_spread_pct), fmt="o", capsize=3, color=colours[r.role])
+        near = sum(abs(x - r.throughput_x) < 0.1 and abs(y - r.retained_pct) < 1.0 for x, y in placed)
+        placed.append((r.throughput_x, r.retained_pct))
         ax.annotate(f"{r.task}: {r.procedure}" if several else r.procedure, (r.throughput_x, r.retained_pct),
-                    textcoords="offset points", xytext=(5, 5), fontsize=7)
+                    textcoords="offset points", xytext=(6, 5 - 10 * near), fontsize=7)  # coinciding points: stacked
     ax.axhline(100, color="grey", linewidth=0.6)
     ax.axvline(1, color="grey", linewidth=0.6)
     ax.set_xlabel(f"inference throughput vs the teacher (x; {PAYOFF_PRECISION}, {PAYOFF_LENGTH} length)", fontsize=8)
