@@ -23,6 +23,7 @@ USAGE = """usage:
   python -m pipeline report --experiment NAME [--out DIR]    tables and charts of a study's runs
   python -m pipeline ui [--experiment NAME] [--host H]       MLflow UI on the tracking store
   python -m pipeline sync RUN_DIR|FILE.jsonl [--uri URI]    upload a run's journal to MLflow
+  python -m pipeline infer-bench MODEL [MODEL ...] [--json]  what models cost to serve here, side by side
   python -m pipeline config-reference                        every config key as Markdown (docs/configuration.md)
   python -m pipeline COMMAND --help                          a command's arguments; train's and distill's
                                                              list every config key, its default and meaning
@@ -49,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
             return _stage(command, rest)
         if command == "sync":
             return _sync(rest)
+        if command == "infer-bench":
+            return _infer_bench(rest)
         if command == "config-reference":
             return _config_reference(rest)
         if command == "ui":
@@ -128,6 +131,60 @@ def _sync(args: list[str]) -> int:
     opts = parser.parse_args(args)
     run_id = sync(opts.run_dir, opts.uri)
     print(f"synced {opts.run_dir} into MLflow run {run_id}")
+    return 0
+
+
+def _infer_bench(args: list[str]) -> int:
+    """measure/inference.py's benchmark of saved models on this machine: one table (or JSON)."""
+    parser = argparse.ArgumentParser(prog="python -m pipeline infer-bench", description=(
+        "Latency (batch 1, p50/p95), throughput (serving batch), parameters, size and peak memory of "
+        "each model, on token tensors already on the device (no tokenization inside the clock, warm-up "
+        "excluded); the first model is the reference of the speed-up column."))
+    parser.add_argument("models", nargs="+", metavar="MODEL",
+                        help="a model directory, a stage's output_dir (its best/) or a hub id in the local cache")
+    parser.add_argument("--lengths", default="64,128", help="sequence lengths in tokens, comma-separated")
+    parser.add_argument("--batch-size", type=int, default=32, help="the serving batch of the throughput figure")
+    parser.add_argument("--precision", help="comma-separated (fp32, tf32, fp16, bf16); default: every one "
+                                            "the device runs inference in")
+    parser.add_argument("--device", help="cpu or cuda[:N]; default: cuda if there is one")
+    parser.add_argument("--budget-s", type=float, default=20.0, help="seconds of timed passes per model")
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
+    opts = parser.parse_args(args)
+    import json
+
+    import torch
+
+    from pipeline.measure import inference
+    from pipeline.models import SavedModel
+    from pipeline.runtime.precision import resolve
+
+    try:
+        lengths = {str(n): n for n in (int(x) for x in opts.lengths.split(",") if x.strip())}
+    except ValueError:
+        raise UserError(f"infer-bench: --lengths {opts.lengths}: expected whole numbers, e.g. 64,128") from None
+    if not lengths or min(lengths.values()) < 1 or opts.batch_size < 1 or opts.budget_s <= 0:
+        raise UserError("infer-bench: --lengths, --batch-size and --budget-s must be positive")
+    try:
+        device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    except RuntimeError:
+        raise UserError(f"infer-bench: --device {opts.device}: not a device (cpu, cuda, cuda:1)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"infer-bench: --device {opts.device}: no CUDA device here")
+    precisions = (opts.precision.split(",") if opts.precision else inference.inference_precisions("fp32", device))
+    for p in precisions:
+        if p not in inference.DTYPES:
+            raise UserError(f"infer-bench: --precision {p}: one of {', '.join(inference.DTYPES)}")
+        resolve(p, device)  # what the device cannot run is refused as a stage refuses it
+    saved = {spec: SavedModel(spec) for spec in opts.models}  # every path checked before any timing
+    settings = inference.BenchSettings(opts.batch_size, opts.budget_s)
+    results = {spec: inference.bench(m.load, device, vocab_size=m.config.vocab_size,
+                                     input_names=m.tokenizer.model_input_names, lengths=lengths,
+                                     precisions=precisions, size_mb=m.size_mb, settings=settings)
+               for spec, m in saved.items()}
+    if opts.json:
+        print(json.dumps(inference.rows(results), indent=1))
+    else:
+        print(inference.table(results), end="")
     return 0
 
 

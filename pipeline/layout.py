@@ -8,6 +8,7 @@ OUTPUT_DIR/
   journal.abandoned-STAMP.jsonl   a previous job's journal its store could not take
   checkpoints/step-NNNNNNNN/      (loop/checkpoint.py; CheckpointFiles below)
   best/               the best model, a Hugging Face model directory in fp32 (loop/best_model.py)
+  mlflow_model/       best/ as an MLflow transformers-flavor model (tracking.log_model; tracking/served_model.py)
   metrics.json        the final metrics, written last: its presence says the job finished
   report.txt          the task's report on the test split
   deepspeed_config.json   the resolved DeepSpeed config (under DeepSpeed)
@@ -49,10 +50,11 @@ class OutputDir:
     JOURNAL = "journal.jsonl"
     CHECKPOINTS = "checkpoints"
     BEST = "best"
+    MLFLOW_MODEL = "mlflow_model"
     METRICS = "metrics.json"
     REPORT = "report.txt"
     DEEPSPEED_CONFIG = "deepspeed_config.json"
-    PREVIOUS_JOB = (CHECKPOINTS, BEST, METRICS, REPORT)
+    PREVIOUS_JOB = (CHECKPOINTS, BEST, MLFLOW_MODEL, METRICS, REPORT)
     """What a job that starts over removes, so nothing of two jobs mixes (the journal is settled)."""
 
     def __init__(self, root: str | Path):
@@ -100,6 +102,10 @@ class OutputDir:
     @property
     def best(self) -> Path:
         return self.root / self.BEST
+
+    @property
+    def mlflow_model(self) -> Path:
+        return self.root / self.MLFLOW_MODEL
 
     @property
     def metrics(self) -> Path:

@@ -236,3 +236,48 @@ def takes_prepared_mask(model: torch.nn.Module) -> bool:
     module = sys.modules.get(type(model).__module__)
     return (getattr(config, "_attn_implementation", None) == "sdpa" and not getattr(config, "is_decoder", False)
             and hasattr(module, "create_bidirectional_mask"))
+
+
+class SavedModel:
+    """A saved model as served: a model directory, a stage's output_dir (its best/) or a hub id,
+    loaded with the class its config.json names (the task's head), in the dtype asked for."""
+
+    WEIGHTS = ("*.safetensors", "*.bin")
+
+    def __init__(self, spec: str):
+        from pipeline.loop.best_model import model_dir_of
+
+        self.spec = spec
+        path = offline_copy(spec) or Path(spec).expanduser()
+        best = model_dir_of(path) if path.is_dir() else None
+        if best is not None:
+            path = best
+        if path.is_dir() and not (path / "config.json").is_file():
+            raise UserError(f"{spec}: neither a model directory (no config.json) nor a stage's output_dir (no best/)")
+        looks_local = path.is_dir() or spec.startswith((".", "/", "~"))
+        if looks_local and not path.is_dir():
+            raise UserError(f"{spec}: no such directory")
+        self.source = str(path) if looks_local else spec
+        try:
+            self.config = AutoConfig.from_pretrained(self.source)
+            self.tokenizer = AutoTokenizer.from_pretrained(self.source)
+            folder = path if looks_local else Path(_cached_file(spec, "config.json")).parent
+        except (OSError, ValueError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise UserError(f"{spec}: cannot load{'' if looks_local else ' (offline, not in the cache?)'}: "
+                            f"{first}") from None
+        self.size_mb = sum(f.stat().st_size for pattern in self.WEIGHTS for f in folder.glob(pattern)) / 2**20
+
+    def load(self, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
+        import transformers
+
+        names = self.config.architectures or []
+        model_class = getattr(transformers, names[0], None) if names else None
+        model_class = model_class or transformers.AutoModel
+        return model_class.from_pretrained(self.source, dtype=dtype).to(device)
+
+
+def _cached_file(repo: str, filename: str) -> str:
+    from transformers.utils import cached_file
+
+    return cached_file(repo, filename)

@@ -59,6 +59,31 @@ LOSS_SCALE = "amp/loss_scale"
 SKIPPED_STEPS = "amp/skipped_steps"
 NONFINITE_LOSSES = "amp/nonfinite_losses"
 
+# ---------------------------------------------------------------- inference (measure/inference.py)
+# The best model served: once per stage. Per precision and length the name is
+# infer/QUANTITY/PRECISION/LENGTH, LENGTH being `median` (the test split's median length) or `longest`
+# (its longest padded length), e.g. infer/latency_ms_p50/fp32/median; their token counts are infer/length/*.
+INFER = "infer/"
+INFER_PARAMS = "infer/params"
+INFER_PARAMS_NO_EMBED = "infer/params_no_embed"  # outside the embedding tables
+INFER_SIZE_MB = "infer/size_mb"  # the saved weights on disk
+INFER_BATCH = "infer/batch_size"  # the serving batch of samples_per_s
+INFER_LATENCY_P50 = "latency_ms_p50"  # batch 1
+INFER_LATENCY_P95 = "latency_ms_p95"
+INFER_SAMPLES_PER_S = "samples_per_s"  # at the serving batch
+INFER_PEAK_MEM = "peak_mem_mb"  # CUDA: the allocator's peak less what was allocated before the model loaded
+INFER_PEAK_RSS = "peak_rss_mb"  # CPU: the resident set's high-water mark less the resident set before it loaded
+INFER_LENGTHS = ("median", "longest")
+
+
+def infer_metric(quantity: str, precision: str, length: str) -> str:
+    return f"{INFER}{quantity}/{precision}/{length}"
+
+
+def infer_length(length: str) -> str:
+    return f"{INFER}length/{length}"
+
+
 # ---------------------------------------------------------------- tags
 # Every stage run carries these (values: see the README); the study runner adds `study` and
 # `procedure`, and marks its own parent run with PARENT_TAG.

@@ -26,7 +26,7 @@ DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
 
 # a fast job: tiny model, short sequences; overridden per test
 FAST = ["model=preset:bangla-tiny", "train.max_length=48", "train.batch_size=32", "train.lr=1e-3",
-        "tracking.system_metrics=false"]
+        "tracking.system_metrics=false", "infer.bench=false"]
 
 
 def settled_train(*overrides: str, device: str = "cpu"):

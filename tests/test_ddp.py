@@ -15,7 +15,8 @@ pytestmark = pytest.mark.slow  # every test trains, in process or under torchrun
 # dropout off, so that the only difference between the runs is how the batch is split
 PARITY = ["model=preset:bangla-tiny", "train.max_length=48", "train.lr=1e-3", "train.max_steps=6",
           "train.warmup_ratio=0", "model_config.hidden_dropout_prob=0",
-          "model_config.attention_probs_dropout_prob=0", "train.log_every=2"]
+          "model_config.attention_probs_dropout_prob=0", "train.log_every=2",
+          "infer.budget_s=0.2"]  # rank 0 alone measures the best model, the other rank does not wait
 
 
 def max_weight_diff(a_dir, b_dir):
@@ -59,6 +60,7 @@ def test_two_process_ddp_matches_single_process_and_logs_one_run(tmp_path, singl
     assert {names.TRAIN_LOSS, names.TRAIN_LR, names.TRAIN_GRAD_NORM, names.EVAL_MAIN, names.SAMPLES_PER_S,
             names.EPOCH_TIME, names.PEAK_RSS, names.SKIPPED_STEPS, names.TEST_MAIN} <= set(mlrun.data.metrics)
     assert ddp[names.TRAIN_STEPS] == 6  # optimizer steps of the job, not of each process
+    assert names.infer_metric(names.INFER_SAMPLES_PER_S, "fp32", "median") in mlrun.data.metrics  # rank 0's
 
 
 def test_ddp_without_a_launcher_is_refused(tmp_path):

@@ -48,7 +48,7 @@ from pipeline.train import run
 pytestmark = pytest.mark.slow
 
 JOB = ["train.max_length=48", "train.batch_size=16", "train.max_steps=2", "train.eval_batch_size=128",
-       "tracking.system_metrics=false"]
+       "tracking.system_metrics=false", "infer.bench=false"]
 CLASS_PREFIX = {"electra": "Electra", "xlm-roberta": "XLMRoberta", "bert": "Bert"}
 HEAD = {"sentiment": "ForSequenceClassification", "ner": "ForTokenClassification",
         "error_cls": "ForSequenceClassification", "qa": "ForQuestionAnswering", "wikiqa": "ForSequenceClassification"}

@@ -487,8 +487,12 @@ def hand_report(tmp_path_factory):
         command = "distill" if proc.startswith("kd") else "train"
         plan[name] = plan_entry("wikiqa", "mini", precision, procedure=proc, seed=seed, tables=("kd",),
                                 command=command, needs=["teacher"] if command == "distill" else [])
+        served = {names.INFER_PARAMS: 22.7e6 if proc == "teacher" else 15.6e6, names.INFER_PARAMS_NO_EMBED: 1e7,
+                  names.INFER_SIZE_MB: 90.0 if proc == "teacher" else 60.0,
+                  names.infer_metric(names.INFER_SAMPLES_PER_S, "fp32", "median"): 40.0 if proc == "teacher" else 120.0,
+                  names.infer_metric(names.INFER_LATENCY_P50, "fp32", "median"): 20.0 if proc == "teacher" else 8.0}
         log_run(client, exp, parent, name, {**gpu, "precision": precision, names.TAG_PROCEDURE: proc,
-                                            "stage": command}, metrics)
+                                            "stage": command}, {**metrics, **served})
     for name, entry in plan.items():
         client.set_tag(parent, names.CELL_TAG_PREFIX + name, entry)
     client.set_terminated(parent, status="FAILED")
@@ -544,6 +548,20 @@ def test_report_says_what_the_scores_show_with_their_spread(hand_report):
 
 
 @pytest.mark.slow
+def test_report_payoff_reads_the_runs_inference_metrics(hand_report):
+    payoff = read_table(hand_report["out"] / "payoff.csv").set_index("procedure")
+    assert list(payoff.index) == ["teacher", "kd_fp32", "kd_amp", "baseline"]
+    assert float(payoff.loc["kd_amp", "throughput_x"]) == pytest.approx(3.0)
+    assert float(payoff.loc["kd_amp", "latency_x"]) == pytest.approx(2.5)
+    assert float(payoff.loc["kd_amp", "params_pct"]) == pytest.approx(100 * 15.6 / 22.7)
+    assert float(payoff.loc["baseline", "retained_pct"]) == pytest.approx(100 * 0.41 / 0.60)
+    kd_section = (hand_report["out"] / "report.md").read_text().split("## Knowledge distillation procedures")[1]
+    assert kd_section.lstrip().startswith("### What the student buys")
+    assert "- **wikiqa: kd_amp keeps 83% of the teacher's F1 at 3.0x its throughput (2.5x faster at batch 1)" \
+        in kd_section
+
+
+@pytest.mark.slow
 def test_report_kd_table(hand_report):
     kd = read_table(hand_report["out"] / "kd_table.csv").set_index("procedure")
     assert list(kd.index) == ["teacher", "baseline", "kd_fp32", "kd_amp"]
@@ -581,8 +599,8 @@ def test_report_seed_statistics(hand_report):
 @pytest.mark.slow
 def test_report_files_and_parent_artifacts(hand_report):
     out = hand_report["out"]
-    for name in ("report.md", "cells.csv", "amp_table.csv", "kd_table.csv", "seed_stats.csv", "speedup.png",
-                 "memory_reduction.png", "retention.png", "kd.png"):
+    for name in ("report.md", "cells.csv", "amp_table.csv", "kd_table.csv", "seed_stats.csv", "payoff.csv",
+                 "speedup.png", "memory_reduction.png", "retention.png", "kd.png", "payoff.png"):
         assert (out / name).is_file(), name
     logged = {a.path for a in hand_report["client"].list_artifacts(hand_report["parent"], "report")}
     assert "report/report.md" in logged and "report/kd.png" in logged

@@ -27,7 +27,8 @@ def test_sentiment_learns_and_lands_in_mlflow(tmp_path, prec):
         pytest.skip("this CPU has no bf16")
     out, db = tmp_path / "out", tracking_db(tmp_path, "mlflow.db")
     cfg = load_config(None, [*FAST, "train.epochs=3", f"precision={prec}", f"output_dir={out}",
-                             f"tracking.uri=sqlite:///{db}", "tracking.experiment=t"])
+                             f"tracking.uri=sqlite:///{db}", "tracking.experiment=t", "infer.bench=true",
+                             "infer.budget_s=0.2"])
     figures = run(cfg)
 
     assert figures[names.EVAL_MAIN] > 0.6  # chance is ~0.33 macro-F1 on three balanced classes
@@ -47,6 +48,15 @@ def test_sentiment_learns_and_lands_in_mlflow(tmp_path, prec):
     assert mlrun.data.tags[names.TAG_DATA_CACHE] in ("hit", "miss", "partial")  # the prepared-data cache
     assert mlrun.data.params["train.lr"] == "0.001"
     assert mlrun.data.metrics[names.TEST_MAIN] == pytest.approx(figures[names.TEST_MAIN])
+    # the best model's inference figures, at the test split's median and longest lengths
+    served = {names.INFER_PARAMS, names.INFER_PARAMS_NO_EMBED, names.INFER_SIZE_MB,
+              *(names.infer_metric(q, prec, length) for length in names.INFER_LENGTHS
+                for q in (names.INFER_LATENCY_P50, names.INFER_LATENCY_P95, names.INFER_SAMPLES_PER_S,
+                          names.INFER_PEAK_RSS))}
+    assert served <= set(figures) and served <= set(mlrun.data.metrics)
+    assert 0 < figures[names.INFER_PARAMS_NO_EMBED] < figures[names.INFER_PARAMS]
+    assert figures[names.INFER_SIZE_MB] * 2**20 == (out / "best" / "model.safetensors").stat().st_size
+    assert figures[names.infer_length("median")] <= figures[names.infer_length("longest")] <= 48
 
 
 @pytest.mark.slow

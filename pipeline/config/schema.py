@@ -142,7 +142,8 @@ class TrackingConfig:
     run_name: str | None = None
     """MLflow run name; unset = task-model-precision."""
     log_model: bool = False
-    """Also upload the best model directory as a run artifact."""
+    """Also log the best model as an MLflow model of the run (transformers flavor: a pipeline with its
+    tokenizer, task and an input example, for mlflow.transformers.load_model and the registry)."""
     tags: dict = field(default_factory=dict)
     """Extra run tags, e.g. tracking.tags.study=NAME (the study runner sets study and procedure)."""
     parent_run_id: str | None = None
@@ -151,6 +152,18 @@ class TrackingConfig:
     """MLflow system metrics (CPU, memory, GPU) on every node, tagged with a node id."""
     system_metrics_interval: float = 10.0
     """Seconds between system-metric samples."""
+
+
+@dataclass
+class InferConfig:
+    bench: bool = True
+    """At the end of a stage, measure what the best model costs to serve (rank 0, on the stage's
+    device, a few seconds): parameters, size, latency, throughput, memory; the infer/* metrics."""
+    batch_size: int = 32
+    """The serving batch of the inference throughput figure (latency is at batch 1)."""
+    budget_s: float = 20.0
+    """Seconds of timed forward passes the inference benchmark may spend, over every precision and
+    length (each still runs at least 10 batch-1 and 3 serving-batch passes)."""
 
 
 @dataclass
@@ -200,6 +213,8 @@ class Config:
     """Knowledge distillation (the distill stage): the teacher and the loss terms."""
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     """MLflow: where runs are logged, their names and tags, system metrics."""
+    infer: InferConfig = field(default_factory=InferConfig)
+    """The inference benchmark of the best model at the end of a stage (docs/outputs.md)."""
 
     def validate(self) -> Config:
         """Check every key (a UserError naming the first bad one); changes nothing."""
@@ -240,6 +255,8 @@ class Config:
         _check("dist_timeout", self.dist_timeout, self.dist_timeout >= 1, "must be >= 1 (seconds)")
         _check("tracking.system_metrics_interval", self.tracking.system_metrics_interval,
                self.tracking.system_metrics_interval > 0, "must be > 0")
+        _check("infer.batch_size", self.infer.batch_size, self.infer.batch_size >= 1, "must be >= 1")
+        _check("infer.budget_s", self.infer.budget_s, self.infer.budget_s > 0, "must be > 0 (infer.bench=false: off)")
         _check("kd.alpha", self.kd.alpha, 0 <= self.kd.alpha <= 1, "must be in [0, 1]")
         _check("kd.temperature", self.kd.temperature, self.kd.temperature > 0, "must be > 0")
         _check("kd.hidden_weight", self.kd.hidden_weight, self.kd.hidden_weight >= 0, "must be >= 0 (0 = off)")

@@ -6,8 +6,9 @@ each ended; the child runs hold the metrics) and writes to reports/NAME/:
   metric retention ± the seed spread, speed and memory averaged in one sentence), the KD table
   (per procedure), each finding in words with its uncertainty (compare, verdicts), the seed
   statistics, the cells and their outcomes, the charts;
-- amp_table.csv, kd_table.csv, seed_stats.csv, cells.csv (one row per cell, raw metrics);
-- speedup.png, memory_reduction.png, retention.png, kd.png (matplotlib, Agg).
+- amp_table.csv, kd_table.csv, payoff.csv (each student and the baseline against the teacher at
+  inference: payoff.py), seed_stats.csv, cells.csv (one row per cell, raw metrics);
+- speedup.png, memory_reduction.png, retention.png, kd.png, payoff.png (matplotlib, Agg).
 It also logs them as artifacts (report/) of the study's parent run.
 
 A failed or missing run shows as "failed" or "missing" in every table, never as a number;
@@ -27,6 +28,7 @@ from pipeline.report.cells import read_cells
 from pipeline.report.charts import plot_amp, plot_kd
 from pipeline.report.compare import comparisons
 from pipeline.report.markdown import render
+from pipeline.report.payoff import payoff_table, plot_payoff
 from pipeline.report.tables import amp_display, amp_table, kd_display, kd_table, seed_stats
 
 __all__ = ["main", "write_report"]
@@ -59,13 +61,16 @@ def write_report(uri: str, experiment: str, out: str | Path | None = None) -> Pa
     parent, cells = read_cells(client, exp.experiment_id)
     out = Path(out or f"reports/{experiment}")
     out.mkdir(parents=True, exist_ok=True)
-    amp, kd, stats = amp_table(cells), kd_table(cells), seed_stats(cells)
+    amp, kd, stats, payoff = amp_table(cells), kd_table(cells), seed_stats(cells), payoff_table(cells)
     cells.to_csv(out / "cells.csv", index=False)
     amp_display(amp).to_csv(out / "amp_table.csv", index=False)
     kd_display(kd).to_csv(out / "kd_table.csv", index=False)
     stats.to_csv(out / "seed_stats.csv", index=False)
-    charts = plot_amp(amp, out) + plot_kd(kd, out, comparisons(cells) if not cells.empty else [])
-    text = render(experiment, redact(uri), parent.info.run_id if parent else None, cells, amp, kd, stats, charts)
+    payoff.to_csv(out / "payoff.csv", index=False)
+    charts = (plot_amp(amp, out) + plot_kd(kd, out, comparisons(cells) if not cells.empty else [])
+              + plot_payoff(payoff, out))
+    text = render(experiment, redact(uri), parent.info.run_id if parent else None, cells, amp, kd, stats, charts,
+                  payoff)
     (out / "report.md").write_text(text, encoding="utf-8")
     if parent is not None:
         client.log_artifacts(parent.info.run_id, str(out), "report")

@@ -14,7 +14,7 @@ import pandas as pd
 from pipeline.report.compare import Comparison, difference
 
 
-def _pyplot():
+def pyplot():
     """matplotlib's pyplot on the file-only Agg backend (no display on servers), imported on use."""
     import matplotlib
 
@@ -66,7 +66,7 @@ def plot_amp(amp: pd.DataFrame, out: Path) -> list[str]:
     spread is drawn hatched and pale. Failed pairs are labelled, not drawn."""
     if amp.empty:
         return []
-    plt = _pyplot()
+    plt = pyplot()
 
     labels = _labels(amp, ("fp32_status", "amp_status"))
     names = []
@@ -136,7 +136,7 @@ def plot_kd(kd: pd.DataFrame, out: Path, found: list[Comparison] | None = None) 
     "=" within the seed spread, hatched)."""
     if kd.empty:
         return []
-    plt = _pyplot()
+    plt = pyplot()
 
     several_tasks = kd.task.nunique() > 1
     labels = [(f"{r.task}\n" if several_tasks else "") + f"{r.procedure}"

@@ -6,10 +6,16 @@ from __future__ import annotations
 from pipeline.names import (
     ENERGY_JOULES,
     EPOCH_TIME,
+    INFER_LATENCY_P50,
+    INFER_PARAMS,
+    INFER_PARAMS_NO_EMBED,
+    INFER_SAMPLES_PER_S,
+    INFER_SIZE_MB,
     PEAK_MEM_ALLOCATED,
     PEAK_RSS,
     SAMPLES_PER_S,
     TRAIN_TIME,
+    infer_metric,
     test_metric,
 )
 
@@ -18,12 +24,19 @@ FP32_PRECISIONS = ("fp32", "tf32")
 
 TEST_COLUMNS = ("precision", "recall", "f1", "map", "mrr")
 """The task metrics of the KD table: column test_NAME <- MLflow test/NAME."""
+PAYOFF_PRECISION, PAYOFF_LENGTH = "fp32", "median"
+"""The inference figures the payoff compares: fp32, which every stage measures on every device, at the
+test split's median length (a 16-bit stage's own precision is in its run, infer/*/bf16/...)."""
 METRICS = {
     "samples_per_s": SAMPLES_PER_S,
     "epoch_time_s": EPOCH_TIME,
     "train_time_s": TRAIN_TIME,
     "energy_j": ENERGY_JOULES,
     **{f"test_{name}": test_metric(name) for name in TEST_COLUMNS},
+    **{f"infer_{short}": metric for short, metric in (
+        ("params", INFER_PARAMS), ("params_no_embed", INFER_PARAMS_NO_EMBED), ("size_mb", INFER_SIZE_MB))},
+    "infer_latency_ms": infer_metric(INFER_LATENCY_P50, PAYOFF_PRECISION, PAYOFF_LENGTH),
+    "infer_samples_per_s": infer_metric(INFER_SAMPLES_PER_S, PAYOFF_PRECISION, PAYOFF_LENGTH),
 }
 """Report column -> MLflow metric (the main metric and peak memory are picked per run, in collect)."""
 MEMORY = {PEAK_MEM_ALLOCATED: "CUDA peak allocated", PEAK_RSS: "CPU peak RSS"}

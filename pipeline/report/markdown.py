@@ -19,6 +19,7 @@ from pipeline.names import (
 )
 from pipeline.report.columns import AMP_DELTAS, TEST_COLUMNS
 from pipeline.report.compare import SPREAD_FACTOR, comparisons
+from pipeline.report.payoff import NOTE, PAYOFF_CHART, payoff_display, sentences
 from pipeline.report.tables import amp_display, kd_display
 from pipeline.report.verdicts import amp_sentence, kd_sentences
 
@@ -101,8 +102,9 @@ def md_table(df: pd.DataFrame) -> str:
 
 
 def render(experiment: str, uri: str, parent_id: str | None, cells: pd.DataFrame, amp: pd.DataFrame,
-           kd: pd.DataFrame, stats: pd.DataFrame, charts: list[str]) -> str:
-    """report.md: the header, the AMP and KD sections (where the study has them), seeds, cells."""
+           kd: pd.DataFrame, stats: pd.DataFrame, charts: list[str], payoff: pd.DataFrame | None = None) -> str:
+    """report.md: the header, the AMP and KD sections (where the study has them; KD opens with what
+    the student buys at inference), seeds, cells."""
     found = comparisons(cells) if not cells.empty else []
     counts = cells.status.value_counts().to_dict() if not cells.empty else {}
     lines = [f"# Study report: {experiment}", "",
@@ -112,7 +114,8 @@ def render(experiment: str, uri: str, parent_id: str | None, cells: pd.DataFrame
     if not amp.empty:
         lines += _amp_section(amp, charts, [amp_sentence(c) for c in found if c.kind == "amp"])
     if not kd.empty:
-        lines += _kd_section(kd, charts, [amp_sentence(c) for c in found if c.kind == "kd_amp"] + kd_sentences(found))
+        lines += _kd_section(kd, charts, [amp_sentence(c) for c in found if c.kind == "kd_amp"] + kd_sentences(found),
+                             payoff if payoff is not None else pd.DataFrame())
     lines += _seed_section(stats) + _cells_section(cells)
     return "\n".join(lines)
 
@@ -158,11 +161,20 @@ def _amp_section(amp: pd.DataFrame, charts: list[str], findings: list[str]) -> l
              "whose FP32 and AMP runs have equal test scores in every metric, of those run in both.",
              f"- energy: `{ENERGY_JOULES}` (NVML); n/a where the run is tagged energy_available=false.",
              STALLED_NOTE, ""]
-    lines += [f"![{c}]({c})" for c in charts if c != "kd.png"] + [""]
+    lines += [f"![{c}]({c})" for c in charts if c not in ("kd.png", PAYOFF_CHART)] + [""]
     return lines
 
 
-def _kd_section(kd: pd.DataFrame, charts: list[str], findings: list[str]) -> list[str]:
+def _payoff_lines(payoff: pd.DataFrame, charts: list[str]) -> list[str]:
+    if payoff.empty:
+        return []
+    return ["### What the student buys: inference against the teacher", "",
+            *[f"- **{line}**" for line in sentences(payoff)], "", md_table(payoff_display(payoff)), "", NOTE, "",
+            *([f"![{PAYOFF_CHART}]({PAYOFF_CHART})", ""] if PAYOFF_CHART in charts else []),
+            "### Training", ""]
+
+
+def _kd_section(kd: pd.DataFrame, charts: list[str], findings: list[str], payoff: pd.DataFrame) -> list[str]:
     shown = kd_display(kd)
     table = pd.DataFrame({
         "task": shown.task, "procedure": shown.procedure, "stage": shown.stage, "model": shown.model,
@@ -177,7 +189,7 @@ def _kd_section(kd: pd.DataFrame, charts: list[str], findings: list[str]) -> lis
         "stalled runs": [str(n) if n else "" for n in kd.stalled],
         "runs": shown.seeds,
     })
-    lines = ["## Knowledge distillation procedures", "", md_table(table), "",
+    lines = ["## Knowledge distillation procedures", "", *_payoff_lines(payoff, charts), md_table(table), "",
              *[f"- {line}" for line in findings], "",
              f"- wall time: `{TRAIN_TIME}` (training steps only); P/R/F1: `{test_metric('precision')}`, "
              f"`{test_metric('recall')}`, `{test_metric('f1')}` (the positive class for WikiQA); MAP/MRR: "

@@ -39,6 +39,10 @@ class Task(ABC):
     """The key of metrics() that early stopping and eval/main use."""
     default_model: ClassVar[str] = "preset:bangla-small"
     model_class: ClassVar[Any] = AutoModelForSequenceClassification
+    serving_task: ClassVar[str | None] = "text-classification"
+    """The transformers pipeline that serves the model: tracking.log_model logs best/ as one
+    (MLflow's transformers flavor); None where transformers has no such pipeline (best/ is then
+    logged as plain files)."""
     featurize_reads_datasets: ClassVar[bool] = False
     """featurize() also takes the prepared training examples as the memory-mapped datasets.Dataset
     they are saved as (and maps over it on disk), so the builder drops their Python rows first."""
@@ -117,6 +121,11 @@ class Task(ABC):
     @abstractmethod
     def texts(self, examples: list[dict]) -> list[str]:
         """Normalized text of the examples, for training a preset's tokenizer."""
+
+    def serving_inputs(self, examples: list[dict]) -> list:
+        """The examples as the serving pipeline (serving_task) takes them, one input each, their
+        text normalized as the task normalizes it: the logged model's input example."""
+        return self.texts(examples)
 
     # ------------------------------------------------------------------ model side
     def model_kwargs(self) -> dict:

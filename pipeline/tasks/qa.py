@@ -46,6 +46,10 @@ class QaTask(Task):
     name = "qa"
     main_metric = "f1"
     model_class = AutoModelForQuestionAnswering
+    serving_task = None
+    """transformers 5 removed the question-answering pipeline (transformers/pipelines/__init__.py
+    raises KeyError for it), so MLflow's transformers flavor cannot express QA; the pytorch flavor
+    would hold the module without the task's span decoding. tracking.log_model uploads best/."""
     epochs = 8
     """A model trained from scratch first sits on the null answer (F1 = the unanswerable share),
     then learns to point at the span next to the question's words; the distractors of the

@@ -98,6 +98,10 @@ class WikiQaTask(Task):
     def texts(self, examples: list[dict]) -> list[str]:
         return list(dict.fromkeys(e["question"] for e in examples)) + [e["sentence"] for e in examples]
 
+    def serving_inputs(self, examples: list[dict]) -> list:
+        # text-classification on pairs: MLflow's pyfunc takes a list of {"text", "text_pair"} too
+        return [{"text": e["question"], "text_pair": e["sentence"]} for e in examples]
+
     # ------------------------------------------------------------------ model side
     def model_kwargs(self) -> dict:
         return {"num_labels": 2, "id2label": dict(enumerate(LABELS)), "label2id": {l: i for i, l in enumerate(LABELS)}}

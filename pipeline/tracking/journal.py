@@ -80,6 +80,17 @@ class Artifact:
 
 
 @dataclass(frozen=True)
+class Model:
+    """An MLflow model saved on disk (tracking/served_model.py), logged as a logged model of the
+    run (MLflow 3: linked to the run and to its metrics at `step`)."""
+
+    kind: ClassVar[str] = "model"
+    path: str
+    name: str
+    step: int
+
+
+@dataclass(frozen=True)
 class End:
     kind: ClassVar[str] = "end"
     status: str
@@ -95,9 +106,9 @@ class Synced:
     uri: str
 
 
-Record = Start | RunId | Metric | Tags | Params | Datasets | Artifact | End | Synced
+Record = Start | RunId | Metric | Tags | Params | Datasets | Artifact | Model | End | Synced
 KINDS: dict[str, type[Record]] = {cls.kind: cls for cls in (Start, RunId, Metric, Tags, Params, Datasets, Artifact,
-                                                            End, Synced)}
+                                                            Model, End, Synced)}
 
 
 def to_json(record: Record) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.tracking.journal import Artifact, Datasets, End, Metric, Params, Record, Start, Tags
+from pipeline.tracking.journal import Artifact, Datasets, End, Metric, Model, Params, Record, Start, Tags
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -30,6 +30,8 @@ class Present:
     tags: Mapping[str, str] = field(default_factory=dict)
     metrics: Mapping[str, Container[tuple[int, int, float]]] = field(default_factory=dict)
     """Metric key -> (step, timestamp, value) of each point already logged."""
+    models: Container[str] = ()
+    """Names of the logged models the run already outputs (a replay logs each once)."""
 
 
 NOTHING = Present()
@@ -57,9 +59,12 @@ def present_in(client: MlflowClient, run_id: str, records: Sequence[Record]) -> 
     """What the run on the server holds of these records' params and metrics (tags are set again:
     the journal's last value of a tag wins)."""
     keys = {r.key for r in records if isinstance(r, Metric)}
-    return Present(params=client.get_run(run_id).data.params,
+    run = client.get_run(run_id)
+    outputs = (run.outputs.model_outputs or []) if run.outputs else []
+    return Present(params=run.data.params,
                    metrics={key: {(m.step, m.timestamp, m.value) for m in client.get_metric_history(run_id, key)}
-                            for key in keys})
+                            for key in keys},
+                   models={client.get_logged_model(o.model_id).name for o in outputs})
 
 
 def apply(client: MlflowClient, run_id: str, records: Sequence[Record], present: Present = NOTHING) -> None:
@@ -67,7 +72,7 @@ def apply(client: MlflowClient, run_id: str, records: Sequence[Record], present:
     start record's: a run's params are those it started with; and the new keys of params
     records), tags (of every start and tags
     record, the last value of a key winning), metrics, dataset inputs, artifacts (those still on
-    disk), then the status of the last end record."""
+    disk), logged models (after the metrics they link), then the status of the last end record."""
     from mlflow.entities import Metric as MlflowMetric
     from mlflow.entities import Param, RunTag
 
@@ -91,6 +96,9 @@ def apply(client: MlflowClient, run_id: str, records: Sequence[Record], present:
         if isinstance(r, Artifact) and Path(r.path).exists():
             log_artifact = client.log_artifacts if Path(r.path).is_dir() else client.log_artifact
             log_artifact(run_id, r.path, r.artifact_path)
+    for r in records:
+        if isinstance(r, Model) and Path(r.path).is_dir() and r.name not in present.models:
+            log_saved_model(client, run_id, r)
     ends = [r for r in records if isinstance(r, End)]
     if ends:
         client.set_terminated(run_id, status=ends[-1].status)
@@ -109,3 +117,31 @@ def reason(e: Exception) -> str:
     """The first line of an exception's message (MLflow's can be pages of HTML), or its type."""
     text = str(e).strip()
     return text.splitlines()[0][:200] if text else type(e).__name__
+
+
+def log_saved_model(client: MlflowClient, run_id: str, record: Model) -> None:
+    """An MLflow model already saved on disk, logged as MLflow 3 logs a model (mlflow/models/model.py,
+    Model.log: a LoggedModel whose source is the run, the run's output, the run's metrics at
+    `record.step` linked to it, its artifacts uploaded) without building it again: the flavor
+    handed to Model.log copies the saved directory and its MLmodel description. The serving input
+    was checked when the model was saved (validate_serving_input off here)."""
+    import shutil
+    import types
+
+    import mlflow
+    from mlflow.models import Model as MlflowModel
+    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
+
+    saved = MlflowModel.load(record.path)
+
+    def copy_saved(path: str, mlflow_model: MlflowModel, **_: object) -> None:
+        shutil.copytree(record.path, path, dirs_exist_ok=True)
+        for name in ("flavors", "signature", "saved_input_example_info", "model_size_bytes", "metadata"):
+            setattr(mlflow_model, name, getattr(saved, name))
+        mlflow_model.save(str(Path(path) / "MLmodel"))
+
+    flavor = types.SimpleNamespace(__name__=next(iter(k for k in saved.flavors if k != "python_function"), "custom"),
+                                   save_model=copy_saved)
+    with _use_tracking_uri(client._tracking_client.tracking_uri):
+        mlflow.models.Model.log(None, name=record.name, flavor=flavor, run_id=run_id, step=record.step,
+                                validate_serving_input=False)

@@ -18,6 +18,7 @@ from pipeline.tracking.journal import (
     Datasets,
     End,
     Metric,
+    Model,
     Params,
     Record,
     RunId,
@@ -144,6 +145,12 @@ class Tracker:
         if not self.active or not Path(path).exists():
             return
         self._record([Artifact(str(path), artifact_path)])
+
+    def log_model(self, path: Path, name: str, step: int) -> None:
+        """An MLflow model saved at `path` (tracking/served_model.py), as a logged model of the run."""
+        if not self.active or not Path(path).is_dir():
+            return
+        self._record([Model(str(path), name, step)])
 
     # -------------------------------------------------------------- internals
     def _record(self, records: list[Record]) -> None:

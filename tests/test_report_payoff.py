@@ -1,0 +1,75 @@
+"""The report's payoff (report/payoff.py) on hand-built cell rows (no MLflow): each student and the
+baseline against the teacher in size, inference speed and score retained, with the seed spread; the
+sentence per procedure; the chart; the KD section opening with it."""
+import math
+
+import pandas as pd
+import pytest
+
+from pipeline.report.cells import ROW_COLUMNS
+from pipeline.report.markdown import render
+from pipeline.report.payoff import payoff_table, plot_payoff, sentences
+
+
+def row(cell, procedure, stage, seed, main, params, no_embed, size, latency, sps, needs=""):
+    r = {c: math.nan for c in ROW_COLUMNS}
+    r.update(cell=cell, task="wikiqa", model="m", procedure=procedure, stage=stage, seed=seed,
+             precision_requested="fp32", precision="fp32", role="fp32", tables="kd", needs=needs, status="finished",
+             main=main, test_scores="", infer_params=params, infer_params_no_embed=no_embed, infer_size_mb=size,
+             infer_latency_ms=latency, infer_samples_per_s=sps, launcher="", memory="CPU peak RSS")
+    return r
+
+
+def cells(bench=True):
+    teacher = dict(params=22.7e6, no_embed=10.8e6, size=86.7)
+    student = dict(params=15.6e6, no_embed=3.7e6, size=59.6)
+    rows = [row("teacher-s1", "teacher", "train", 1, 0.80, latency=20.0, sps=40.0, **teacher),
+            row("teacher-s2", "teacher", "train", 2, 0.90, latency=22.0, sps=36.0, **teacher),
+            row("baseline-s1", "baseline", "train", 1, 0.60, latency=7.0, sps=110.0, **student),
+            row("baseline-s2", "baseline", "train", 2, 0.70, latency=7.0, sps=110.0, **student),
+            row("kd-s1", "kd", "distill", 1, 0.84, latency=7.0, sps=100.0, needs="teacher-s1", **student),
+            row("kd-s2", "kd", "distill", 2, 0.86, latency=7.0, sps=120.0, needs="teacher-s2", **student)]
+    df = pd.DataFrame(rows, columns=ROW_COLUMNS)
+    if not bench:
+        df[[c for c in df.columns if c.startswith("infer_")]] = math.nan
+    return df
+
+
+def test_each_student_and_the_baseline_against_the_teacher():
+    payoff = payoff_table(cells()).set_index("procedure")
+    assert list(payoff.role) == ["teacher", "student", "baseline"]
+    kd = payoff.loc["kd"]
+    assert kd.params_pct == pytest.approx(100 * 15.6 / 22.7) and kd.size_pct == pytest.approx(100 * 59.6 / 86.7)
+    assert kd.params_no_embed_pct == pytest.approx(100 * 3.7 / 10.8)
+    assert kd.throughput_x == pytest.approx(110 / 38) and kd.latency_x == pytest.approx(21 / 7)
+    sps_std, t_std = pd.Series([100.0, 120.0]).std(), pd.Series([40.0, 36.0]).std()
+    assert kd.throughput_x_spread == pytest.approx(110 / 38 * math.hypot(sps_std / 110, t_std / 38))
+    assert kd.retained_pct == pytest.approx(100 * 0.85 / 0.85)
+    pooled = math.sqrt((pd.Series([0.8, 0.9]).std() ** 2 + pd.Series([0.84, 0.86]).std() ** 2) / 2)
+    assert kd.retained_spread_pct == pytest.approx(100 * pooled / 0.85) and kd.retained_beyond == "no"
+    assert payoff.loc["teacher"].throughput_x == 1 and payoff.loc["teacher"].retained_pct == 100
+    assert math.isnan(payoff.loc["teacher"].throughput_x_spread)  # the reference has no spread against itself
+    assert payoff.loc["baseline"].retained_pct == pytest.approx(100 * 0.65 / 0.85)
+
+
+def test_one_sentence_per_procedure_with_its_spread():
+    kd, baseline = sentences(payoff_table(cells()))
+    assert kd.startswith("wikiqa: kd keeps 100% ± ")
+    assert "of the teacher's F1 (within the seed spread) at 2.9x ± 0.4x its throughput (3.0x ± 0.2x faster " in kd
+    assert "with 69% of its parameters (34% of those outside the embeddings) and 69% of its size on disk" in kd
+    assert baseline.startswith("wikiqa: baseline (no distillation) keeps 76% ± ")
+    (no_bench, _) = sentences(payoff_table(cells(bench=False)))
+    assert "no inference figures" in no_bench
+
+
+def test_the_chart_and_the_kd_section_opening_with_the_payoff(tmp_path):
+    c = cells()
+    payoff = payoff_table(c)
+    assert plot_payoff(payoff, tmp_path) == ["payoff.png"] and (tmp_path / "payoff.png").stat().st_size > 0
+    assert plot_payoff(payoff_table(cells(bench=False)), tmp_path / "none") == []  # nothing to draw
+    from pipeline.report.tables import kd_table
+
+    text = render("demo", "sqlite://", None, c, pd.DataFrame(), kd_table(c), pd.DataFrame(), ["payoff.png"], payoff)
+    section = text.split("## Knowledge distillation procedures", 1)[1]
+    assert section.lstrip().startswith("### What the student buys")
+    assert section.index("- **wikiqa: kd keeps") < section.index("![payoff.png]") < section.index("### Training")
