@@ -157,7 +157,7 @@ class Stage:
         plan = self.plan.resplit(found.batch_size, found.grad_accum, found.eval_batch_size)
         record = dataclasses.replace(self.record, config=plan.record.config)
         # the backend read the split (DeepSpeed's micro-batch and accumulation "auto" values): again
-        backend = make_backend(self.rt, self.policy, plan.cfg.train, cfg.deepspeed)
+        backend = make_backend(self.rt, self.policy, self.compile, plan.cfg.train, cfg.deepspeed)
         return dataclasses.replace(self, plan=plan, record=record, backend=backend, batch_fit=found)
 
     def _train_trial(self, batch: dict, limit: int) -> int | None:
