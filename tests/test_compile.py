@@ -302,10 +302,10 @@ def test_a_mask_without_padding_changes_no_logit_and_one_with_padding_does():
 
 
 def test_ddp_broadcasts_no_buffers_as_the_models_buffers_are_constants(gloo_group):
-    """DDP without broadcast_buffers (no collective before every forward): what makes that safe is that
+    """DDP without a buffer sync before every forward (forward_sync_buffers=False): what makes that safe is that
     training never changes a buffer (position and token-type ids), so every rank's stay equal."""
     backend = backend_for(tiny_classifier(), "off", gloo_group)
-    assert backend.model.broadcast_buffers is False
+    assert backend.model.forward_sync_buffers is False
     before = {k: v.clone() for k, v in backend.module.named_buffers()}
     losses(backend, batches(n=2))
     assert before and all(torch.equal(v, before[k]) for k, v in backend.module.named_buffers())

@@ -56,9 +56,10 @@ class TorchBackend:
             if self.masters is not None:
                 self.masters.broadcast_from(0)  # as DDP broadcasts rank 0's module below
             ids = [self.rt.device.index] if self.rt.device.type == "cuda" else None
-            # no buffer broadcast before every forward: the models' buffers are constants (position and
-            # token-type ids, registered by the embeddings), equal on every rank from the same seed
-            self.model = DistributedDataParallel(self.module, device_ids=ids, broadcast_buffers=False)
+            # buffers synced once at init, not before every forward: the models' buffers are constants
+            # (position and token-type ids, registered by the embeddings); torch 2.13 spells it so
+            # (torch/nn/parallel/distributed.py: broadcast_buffers is deprecated)
+            self.model = DistributedDataParallel(self.module, device_ids=ids, forward_sync_buffers=False)
         else:
             self.model = self.module
         return self.model
