@@ -111,3 +111,18 @@ def test_infer_bench_bad_input_is_one_line_and_exit_2(saved, capsys, args, messa
     assert main(["infer-bench", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_stage_serves_with_every_core_whatever_threads_its_launch_gave_it():
+    """torchrun gives each of N CPU processes one thread; the stage's measurement takes every core the
+    process may run on (as a server owning the machine would), then gives the launch's count back."""
+    import os
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with inference.serving_threads(CPU) as threads:
+            assert threads == torch.get_num_threads() == len(os.sched_getaffinity(0))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -16,8 +16,10 @@ from earlier work is not counted, so it can read low.
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -91,6 +93,21 @@ def inference_precisions(stage_precision: str, device: torch.device) -> list[str
     elif cpu_supports_bf16():
         others.append("bf16")
     return list(dict.fromkeys([stage_precision, *others]))
+
+
+@contextlib.contextmanager
+def serving_threads(device: torch.device) -> Iterator[int]:
+    """On a CPU, torch's threads set to every core this process may run on, for the length of the
+    block: a served model owns its machine, whatever threads the training launch gave the process
+    (torchrun gives each of N processes one), so stages launched differently are measured alike.
+    Yields the thread count (a GPU's figures do not depend on it: unchanged)."""
+    before = torch.get_num_threads()
+    wanted = len(os.sched_getaffinity(0)) if device.type == "cpu" else before
+    torch.set_num_threads(wanted)
+    try:
+        yield wanted
+    finally:
+        torch.set_num_threads(before)
 
 
 def typical_lengths(lengths: list[int], multiple: int, max_length: int) -> dict[str, int]:
