@@ -251,7 +251,7 @@ def test_default_model_ranks_above_chance_after_a_few_steps(tmp_path):
     reach 0.53 and 50 steps 0.70); F1 needs a few epochs to rise above 0, since the decision
     threshold must first overcome the 16% positive prior."""
     cfg = load_config(None, ["task=wikiqa", "train.max_steps=25", "train.batch_size=32", "train.max_length=64",
-                             "train.lr=5e-4", f"output_dir={tmp_path / 'out'}",
+                             "train.lr=5e-4", "infer.bench=false", f"output_dir={tmp_path / 'out'}",
                              f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"])
     figures = run(cfg)
     assert figures[names.eval_metric("map")] > 0.6 and figures[names.test_metric("map")] > 0.6
