@@ -123,6 +123,7 @@ def profile_steps(step, steps: int, device) -> dict:
 
 def cell(arch, precision_name, batch, length, seconds, min_steps, device, mode="eager", profile=0) -> dict:
     from pipeline.measure import telemetry
+    from pipeline.measure.energy import EnergyMeter
     from pipeline.runtime import compiler, precision
     from pipeline.runtime.dist import Runtime
     from pipeline.runtime.torch_backend import TorchBackend
@@ -166,7 +167,7 @@ def cell(arch, precision_name, batch, length, seconds, min_steps, device, mode="
         telemetry.synchronize(device)
         compile_s = compiler.compile_seconds() - before
     steps = steps_for(step, seconds, device, min_steps)  # also the warm-up
-    energy = telemetry.EnergyMeter(device)
+    energy = EnergyMeter(device)
     telemetry.synchronize(device)
     energy.start()  # the clock and the energy counter: read at the same two synchronized points
     start = time.perf_counter()

@@ -8,7 +8,8 @@ import torch
 
 from helpers import FAST, tracking_db
 from pipeline import names
-from pipeline.measure.telemetry import EnergyMeter, StageMeters
+from pipeline.measure.energy import EnergyMeter
+from pipeline.measure.telemetry import StageMeters
 
 CPU = torch.device("cpu")
 
