@@ -163,49 +163,50 @@ class Stage:
     def _train_trial(self, batch: dict, limit: int) -> int | None:
         """One training step at `batch` (forward, loss, backward, a fused-or-not AdamW step as the
         backend builds it): its peak bytes, or None when it ran out of memory."""
-        optimizer = None
-        self.model.train()
-        try:
+        def measure() -> int:
+            self.model.train()
             with memory.measured(self.rt.device, self._standing(), limit) as peak:
-                optimizer, _ = build_optimizer(self.model, self.cfg.train, 1, fused=self.backend.fused_optimizer)
-                self._plain_step(dict(batch))
-                optimizer.step()
+                self._optimizer_step(batch)
             return peak.bytes
-        except (torch.OutOfMemoryError, RuntimeError) as e:
-            if not memory.is_out_of_memory(e):
-                raise
-            return None
-        finally:  # the memory itself is given back once the trial returned (_released)
-            self.model.zero_grad(set_to_none=True)
-            del optimizer
+        return self._unless_out_of_memory(measure)
 
     def _eval_trial(self, one_row: dict, batch: dict, limit: int) -> int | None:
         """A forward pass without gradients at `batch`, beside the optimizer's state (a one-row step
         made it, its gradients freed, as the loop leaves them before evaluating): its peak bytes,
         or None when it ran out of memory."""
-        optimizer = None
-        try:
+        def measure() -> int:
             self.model.train()
-            optimizer, _ = build_optimizer(self.model, self.cfg.train, 1, fused=self.backend.fused_optimizer)
-            self._plain_step(dict(one_row))
-            optimizer.step()
+            optimizer = self._optimizer_step(one_row)
             self.model.zero_grad(set_to_none=True)
             self.model.eval()
-            batch = dict(batch)
-            batch.pop("idx")
             state = [t for st in optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
             with memory.measured(self.rt.device, [*self._standing(), *state], limit) as peak, torch.no_grad():
-                inputs = {k: v.to(self.rt.device) for k, v in batch.items()}
+                inputs = {k: v.to(self.rt.device) for k, v in batch.items() if k != "idx"}
                 with self.policy.autocast():
                     self.model(**inputs)
             return peak.bytes
+        return self._unless_out_of_memory(measure)
+
+    def _optimizer_step(self, batch: dict) -> torch.optim.Optimizer:
+        """A fresh AdamW (fused or not, as the backend builds it) stepped once on `batch`'s
+        gradients, so its state exists; returned, for the caller to count or drop."""
+        optimizer, _ = build_optimizer(self.model, self.cfg.train, 1, fused=self.backend.fused_optimizer)
+        self._plain_step(dict(batch))
+        optimizer.step()
+        return optimizer
+
+    def _unless_out_of_memory(self, measure: Callable[[], int]) -> int | None:
+        """`measure()`'s peak bytes, or None when it ran out of memory; the gradients dropped either
+        way. The trial's tensors (its optimizer among them) go with its frame; the memory itself is
+        given back once the trial returned (_released)."""
+        try:
+            return measure()
         except (torch.OutOfMemoryError, RuntimeError) as e:
             if not memory.is_out_of_memory(e):
                 raise
             return None
-        finally:  # the memory itself is given back once the trial returned (_released)
+        finally:
             self.model.zero_grad(set_to_none=True)
-            del optimizer
 
     def _standing(self) -> list[torch.Tensor]:
         """The tensors that live on the device through a step: the model's parameters, buffers and
