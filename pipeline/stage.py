@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -27,8 +28,9 @@ from pipeline.jobs.resume import Resume, Resumed, StartOver
 from pipeline.jobs.settle import Plan
 from pipeline.kd.distill import Distiller, build_distillation
 from pipeline.layout import OutputDir
+from pipeline.loop.best_model import model_dir_of
 from pipeline.loop.optim import build_optimizer
-from pipeline.measure import memory
+from pipeline.measure import inference, memory
 from pipeline.measure.flops import FlopModel, step_flop_model
 from pipeline.runtime.backend import Backend
 from pipeline.runtime.compiler import CompilePolicy
@@ -125,6 +127,31 @@ class Stage:
         rows = self.features["train"]
         return step_flop_model(self.model, features.sequence_lengths(rows), lambda i: collate([rows[i]]),
                                self._plain_step, self.rt.device)
+
+    def bench_inference(self) -> dict[str, float]:
+        """What best/ costs to serve on this device (measure/inference.py), at the test split's median
+        and longest lengths, in the stage's precision and the others the device runs: the infer/*
+        metrics, or none with infer.bench=false. Rank 0's, after the test evaluation."""
+        infer, best = self.cfg.infer, model_dir_of(self.out.root)
+        if not infer.bench or best is None:
+            log.info("inference benchmark skipped: %s", "no best model" if infer.bench else "infer.bench=false")
+            return {}
+        t0 = time.perf_counter()
+        saved = models.SavedModel(str(best))
+        lengths = inference.typical_lengths(features.sequence_lengths(self.features["test"]),
+                                            self.cfg.train.pad_to_multiple_of, self.cfg.train.max_length)
+        # the other ranks wait in a collective meanwhile: rank 0 takes every core, as a server would
+        with inference.serving_threads(self.rt.device):
+            result = inference.bench(saved.load, self.rt.device, vocab_size=saved.config.vocab_size,
+                                     input_names=saved.tokenizer.model_input_names, lengths=lengths,
+                                     precisions=inference.inference_precisions(self.policy.name, self.rt.device),
+                                     size_mb=saved.size_mb,
+                                     settings=inference.BenchSettings(infer.batch_size, infer.budget_s))
+        first = result.measurements[0]
+        log.info("inference (%s, %d tokens): %.1f ms at batch 1 (p50), %.0f samples/s at batch %d; measured in %.1fs",
+                 first.precision, first.length, first.latency_ms_p50, first.samples_per_s, result.batch_size,
+                 time.perf_counter() - t0)
+        return result.metrics()
 
     def fit_batch(self) -> Stage:
         """train.batch_size=auto: this stage with its global batch split into the largest micro-batch

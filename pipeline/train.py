@@ -14,7 +14,6 @@ import contextlib
 import logging
 import math
 import sys
-import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from pipeline import models, names
+from pipeline import names
 from pipeline.config import Config
 from pipeline.config.schema import default_output_dir
 from pipeline.data import features
@@ -34,12 +33,12 @@ from pipeline.jobs import lock, outputs, resume, same_job
 from pipeline.jobs.settle import settle
 from pipeline.layout import CheckpointFiles
 from pipeline.loop import checkpoint
-from pipeline.loop.best_model import BestModel, model_dir_of
+from pipeline.loop.best_model import BestModel
 from pipeline.loop.checkpoint import Stateful
 from pipeline.loop.optim import build_optimizer, give_back, lr_schedule
 from pipeline.loop.progress import Progress
 from pipeline.loop.step_losses import StepLosses
-from pipeline.measure import inference, stall
+from pipeline.measure import stall
 from pipeline.measure.telemetry import StageMeters
 from pipeline.runtime import dist, gc_pause
 from pipeline.runtime.dist import AgreedFlag
@@ -317,7 +316,7 @@ def finish(lp: Loop) -> dict[str, float]:
              **lp.meters.final_metrics(lp.best.time_to_best), **lp.losses.amp_metrics(s.backend.loss_scale)}
     final = {k: v for k, v in final.items() if v is not None}
     if s.rt.is_main:
-        final.update(bench_inference(s))
+        final.update(s.bench_inference())
     lp.tracker.log_metrics({k: v for k, v in final.items() if not k.startswith(names.EVAL)}, progress.step)
     if s.rt.is_main:
         report = s.task.report(test.predictions, s.examples["test"], s.features["test"])
@@ -326,32 +325,6 @@ def finish(lp: Loop) -> dict[str, float]:
         log.info("test %s %.4f  |  %.1f samples/s over %.1fs of training  |  outputs in %s", s.task.main_metric,
                  test.main, final[names.SAMPLES_PER_S], lp.meters.totals.train_seconds, s.out)
     return final
-
-
-def bench_inference(s: Stage) -> dict[str, float]:
-    """Rank 0: what best/ costs to serve on this device (measure/inference.py), at the test split's
-    median and longest lengths, in the stage's precision and the others the device runs; the
-    infer/* metrics, or none with infer.bench=false."""
-    best = model_dir_of(s.out.root)
-    if not s.cfg.infer.bench or best is None:
-        log.info("inference benchmark skipped: %s", "no best model" if s.cfg.infer.bench else "infer.bench=false")
-        return {}
-    t0 = time.perf_counter()
-    saved = models.SavedModel(str(best))
-    lengths = inference.typical_lengths(features.sequence_lengths(s.features["test"]), s.cfg.train.pad_to_multiple_of,
-                                        s.cfg.train.max_length)
-    # the other ranks wait in a collective meanwhile: rank 0 takes every core, as a server would
-    with inference.serving_threads(s.rt.device):
-        result = inference.bench(saved.load, s.rt.device, vocab_size=saved.config.vocab_size,
-                                 input_names=saved.tokenizer.model_input_names, lengths=lengths,
-                                 precisions=inference.inference_precisions(s.policy.name, s.rt.device),
-                                 size_mb=saved.size_mb, settings=inference.BenchSettings(s.cfg.infer.batch_size,
-                                                                                       s.cfg.infer.budget_s))
-    first = result.measurements[0]
-    log.info("inference (%s, %d tokens): %.1f ms at batch 1 (p50), %.0f samples/s at batch %d; measured in %.1fs",
-             first.precision, first.length, first.latency_ms_p50, first.samples_per_s, result.batch_size,
-             time.perf_counter() - t0)
-    return result.metrics()
 
 
 def save_checkpoint(lp: Loop) -> Path:
