@@ -277,7 +277,7 @@ def test_compile_time_is_left_out_of_the_training_clock(monkeypatch):
     start = time.perf_counter()
     meters.start_epoch()
     time.sleep(0.6)
-    meters.throughput.add(8, 64)
+    meters.throughput.add(8, 64, 64)
 
     figures = meters.end_epoch()
     wall = time.perf_counter() - start

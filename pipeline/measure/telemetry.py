@@ -67,11 +67,11 @@ class ThroughputMeter:
             self._t0 = None
         return self.seconds
 
-    def add(self, samples: int, tokens: int, padded_tokens: int | None = None) -> None:
-        """padded_tokens: the batch's rows x padded length; None for a batch without padding."""
+    def add(self, samples: int, tokens: int, padded_tokens: int) -> None:
+        """padded_tokens: the batch's rows x padded length (filler rows included)."""
         self.samples += samples
         self.tokens += tokens
-        self.padded_tokens += tokens if padded_tokens is None else padded_tokens
+        self.padded_tokens += padded_tokens
 
 
 def reset_peak_memory(device: torch.device) -> None:
