@@ -57,12 +57,13 @@ def timed(fn) -> float:
 
 
 def one_rep(backend, root: Path, rep: int) -> dict:
-    from pipeline.loop import checkpoint
+    from pipeline.layout import OutputDir
+    from pipeline.parts import checkpoint
 
     out = root / f"rep{rep}"
     state = {"scheduler": {"last_epoch": 1}, "loop": {"step": rep}}
-    seconds = timed(lambda: checkpoint.save(out, 100 + rep, state, 0, keep=1, write_backend=backend.save))
-    path = checkpoint.latest(out).path
+    seconds = timed(lambda: checkpoint.save(OutputDir(out), 100 + rep, state, 0, keep=1, write_backend=backend.save))
+    path = checkpoint.latest(OutputDir(out)).path
     size = sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
     alone = out / "torch_save_alone.pt"
     torch_save = timed(lambda: torch.save({"model": backend.module.state_dict(),

@@ -95,9 +95,9 @@ def _stage(command: str, args: list[str]) -> int:
         if "=" not in a:
             raise UserError(f"argument {a!r}: expected key=value (a config file goes first)")
     cfg = load_config(config_path, args)
-    from pipeline.train import run
+    from pipeline.jobs.run import run
 
-    run(cfg, stage=command)
+    run(cfg, kind=command)
     return 0
 
 

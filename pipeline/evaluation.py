@@ -32,7 +32,7 @@ class Evaluation:
     """The gathered predictions (row i = feature i), only with keep=True (for Task.report)."""
     stall: str | None = None
     """With keep=True: why the predictions are a collapsed solution (Task.stall: one class for
-    every row, no entity, ...), or None; pipeline/measure/stall.py tags the run with it."""
+    every row, no entity, ...), or None; pipeline/measure/collapse.py tags the run with it."""
 
     @property
     def main(self) -> float:

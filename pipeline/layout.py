@@ -3,11 +3,11 @@
 OUTPUT_DIR/
   .lock               one job at a time (jobs/lock.py)
   config.yaml         the config as the job resolved it (tracking/stage_run.py)
-  job.json            what the job trains with (jobs/job_record.py), for a resume=auto once it finished
+  job.json            what the job trains with (plan/job_record.py), for a resume=auto once it finished
   journal.jsonl       every param, tag, metric and artifact as produced (tracking/journal.py);
   journal.abandoned-STAMP.jsonl   a previous job's journal its store could not take
-  checkpoints/step-NNNNNNNN/      (loop/checkpoint.py; CheckpointFiles below)
-  best/               the best model, a Hugging Face model directory in fp32 (loop/best_model.py)
+  checkpoints/step-NNNNNNNN/      (parts/checkpoint.py; CheckpointFiles below)
+  best/               the best model, a Hugging Face model directory in fp32 (parts/best_model.py)
   mlflow_model/       best/ as an MLflow transformers-flavor model (tracking.log_model; tracking/served_model.py)
   metrics.json        the final metrics, written last: its presence says the job finished
   report.txt          the task's report on the test split
@@ -66,6 +66,15 @@ class OutputDir:
     def __str__(self) -> str:
         return str(self.root)
 
+    def __fspath__(self) -> str:  # open(), Path() and os functions take it as they take its root
+        return str(self.root)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, OutputDir) and other.root == self.root
+
+    def __hash__(self) -> int:
+        return hash(self.root)
+
     @property
     def lock(self) -> Path:
         return self.root / self.LOCK
@@ -102,6 +111,10 @@ class OutputDir:
     @property
     def best(self) -> Path:
         return self.root / self.BEST
+
+    def trained_model(self) -> Path | None:
+        """best/ if a job has written its model there (a Hugging Face model directory), else None."""
+        return self.best if (self.best / "config.json").is_file() else None
 
     @property
     def mlflow_model(self) -> Path:

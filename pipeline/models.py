@@ -25,6 +25,7 @@ from transformers import AutoConfig, AutoTokenizer, BertConfig, PreTrainedTokeni
 from pipeline.data.features import update_texts_hash
 from pipeline.errors import UserError
 from pipeline.fsutil import atomic_dir, cache_root
+from pipeline.layout import OutputDir
 from pipeline.tasks.base import Task
 
 if TYPE_CHECKING:
@@ -245,11 +246,9 @@ class SavedModel:
     WEIGHTS = ("*.safetensors", "*.bin")
 
     def __init__(self, spec: str):
-        from pipeline.loop.best_model import model_dir_of
-
         self.spec = spec
         path = offline_copy(spec) or Path(spec).expanduser()
-        best = model_dir_of(path) if path.is_dir() else None
+        best = OutputDir(path).trained_model() if path.is_dir() else None
         if best is not None:
             path = best
         if path.is_dir() and not (path / "config.json").is_file():

@@ -117,9 +117,9 @@ TAG_REPORT_TABLES = "report_tables"  # a study cell's run: the report tables it 
 PARENT_TAG = "study_parent"  # "true" on a study's parent run
 TAG_STUDY_FILE = "study_file"  # the parent run: the study file it ran
 CELL_TAG_PREFIX = "cell."  # parent-run tag per cell: its plan and outcome, as JSON
-TAG_STALLED = "stalled"  # true | false: the best model's test predictions collapsed (pipeline/measure/stall.py)
+TAG_STALLED = "stalled"  # true | false: the best model's test predictions collapsed (pipeline/measure/collapse.py)
 TAG_STALL_REASON = "stall_reason"  # how they collapsed, e.g. "no entity predicted" (stalled runs only)
-TAG_BATCH_FIT = "batch_fit"  # train.batch_size=auto: the split found and its peaks (jobs/batch_fit.py)
+TAG_BATCH_FIT = "batch_fit"  # train.batch_size=auto: the split found and its peaks (batch_finder.py)
 
 # ---------------------------------------------------------------- a study's parent run
 STUDY_CELLS_FINISHED = "study/cells_finished"

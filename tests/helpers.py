@@ -32,7 +32,7 @@ FAST = ["model=preset:bangla-tiny", "train.max_length=48", "train.batch_size=32"
 def settled_train(*overrides: str, device: str = "cpu"):
     """A train section settled as a job on `device` settles it (the backends take only that)."""
     from pipeline.config import load_config
-    from pipeline.jobs.settle import settle_config
+    from pipeline.plan.settle import settle_config
     from pipeline.tasks import get_task
 
     cfg = load_config(None, list(overrides))

@@ -4,7 +4,7 @@ import pytest
 from helpers import run_cli
 from pipeline.config import flatten, load_config
 from pipeline.errors import UserError
-from pipeline.jobs.settle import settle_config
+from pipeline.plan.settle import settle_config
 from pipeline.tasks import get_task
 
 

@@ -62,7 +62,7 @@ def test_budget_smaller_than_max_length_is_refused():
 
 @pytest.mark.slow
 def test_a_job_with_token_batches_counts_its_real_rows(tmp_path):
-    from pipeline.train import run
+    from pipeline.jobs.run import run
 
     figures = run(load_config(None, [*FAST, "train.batch_tokens=1024", "train.epochs=1", f"output_dir={tmp_path}",
                                      f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))

@@ -29,8 +29,9 @@ from helpers import (
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
-from pipeline.loop import checkpoint
-from pipeline.loop.optim import build_optimizer, lr_schedule
+from pipeline.layout import OutputDir
+from pipeline.parts import checkpoint
+from pipeline.parts.optim import build_optimizer, lr_schedule
 from pipeline.runtime import compiler, dist, precision
 from pipeline.runtime.deepspeed_backend import (
     DeepSpeedBackend,
@@ -87,11 +88,12 @@ def test_deepspeed_kill_and_resume_through_engine_checkpoints(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     proc = deepspeed("train", *job, f"output_dir={out}", f"tracking.uri=sqlite:///{tracking_db(tmp_path)}",
                      log=tmp_path / "log", wait=False)
-    wait_for(lambda: (checkpoint.latest(out) or checkpoint.Checkpoint(None, 0)).step >= 20 or proc.poll() is not None,
+    wait_for(lambda: (checkpoint.latest(OutputDir(out)) or checkpoint.Checkpoint(None, 0)).step >= 20
+             or proc.poll() is not None,
              what="a checkpoint at step 20")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert (checkpoint.latest(out).path / "engine").is_dir()  # DeepSpeed's own checkpoint inside ours
+    assert (checkpoint.latest(OutputDir(out)).path / "engine").is_dir()  # DeepSpeed's own checkpoint inside ours
     code, log = deepspeed("train", *job, f"output_dir={out}", f"tracking.uri=sqlite:///{tracking_db(tmp_path)}",
                           "resume=auto")
     assert code == 0, log[-3000:]

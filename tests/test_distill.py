@@ -15,11 +15,11 @@ from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.fsutil import cache_root
+from pipeline.jobs.run import run
 from pipeline.kd import distill, teacher_cache
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.tasks import get_task
-from pipeline.train import run
 
 CPU = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
 
@@ -190,7 +190,7 @@ def test_distill_on_two_nodes_splits_the_teacher_pass_and_learns(tmp_path, teach
     monkeypatch.setenv("PIPELINE_CACHE", str(node0))
     one_db = tracking_db(tmp_path, "1.db")
     run(load_config(None, [*job, "train.max_steps=2", f"output_dir={tmp_path / 'one'}",
-                           f"tracking.uri=sqlite:///{one_db}"]), stage="distill")  # the pass covers every row
+                           f"tracking.uri=sqlite:///{one_db}"]), kind="distill")  # the pass covers every row
     (single,) = (cache_root() / "teacher_logits").glob("*/logits.safetensors")
 
     db = tracking_db(tmp_path, "2.db")
@@ -218,7 +218,7 @@ def test_tokenizer_mismatch_is_refused_at_start(tmp_path, teacher_dir):
     cfg = load_config(None, [*FAST, "model=sentence-transformers/all-MiniLM-L6-v2", f"kd.teacher={teacher_dir}",
                              f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{tmp_path}/m.db"])
     with pytest.raises(UserError, match="its tokenizer differs from the student's"):
-        run(cfg, stage="distill")
+        run(cfg, kind="distill")
     assert not (tmp_path / "m.db").exists() and not (tmp_path / "out").exists()
 
 
@@ -269,7 +269,7 @@ def test_hidden_term_adds_to_the_loss_and_trains_the_projection():
 def test_distill_with_the_hidden_term_saves_a_plain_student(tmp_path, teacher_dir):
     figures = run(load_config(None, [*FAST, "model=preset:bangla-tiny", f"kd.teacher={teacher_dir}",
                                      "kd.hidden_weight=1.0", "train.max_steps=6", f"output_dir={tmp_path / 'out'}",
-                                     f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]), stage="distill")
+                                     f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]), kind="distill")
     assert np.isfinite(figures[names.TRAIN_LOSS])
     from safetensors.torch import load_file
 

@@ -18,10 +18,12 @@ from pipeline import cli, fsutil, names
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.jobs.outputs import start_over
-from pipeline.loop import checkpoint
+from pipeline.jobs.run import run
+from pipeline.layout import OutputDir
+from pipeline.parts import checkpoint
 from pipeline.runtime.dist import Runtime
 from pipeline.tracking import Tracker, sync
-from pipeline.train import Diverged, run
+from pipeline.train import Diverged
 
 SINGLE = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
 # dropout stays on: a resume must restore every rank's RNG to continue bit-exactly. train/loss is
@@ -38,7 +40,7 @@ def start_cli(*args, log):
 
 
 def newest_step(out):
-    return (checkpoint.latest(out) or checkpoint.Checkpoint(None, 0)).step
+    return (checkpoint.latest(OutputDir(out)) or checkpoint.Checkpoint(None, 0)).step
 
 
 @pytest.fixture(scope="module")
@@ -109,30 +111,30 @@ def test_consecutive_nonfinite_losses_stop_with_a_clear_error(tmp_path, monkeypa
         run(cfg)
     (mlrun,) = mlflow_runs(db, "pipeline")
     assert mlrun.info.status == "FAILED"
-    assert checkpoint.latest(out).step == 10
+    assert checkpoint.latest(OutputDir(out)).step == 10
 
 
 def test_corrupted_newest_checkpoint_falls_back_to_the_previous(tmp_path, caplog):
     for step in (5, 10):
-        checkpoint.save(tmp_path, step, {"x": torch.tensor([step])}, rank=0, keep=3)
+        checkpoint.save(OutputDir(tmp_path), step, {"x": torch.tensor([step])}, rank=0, keep=3)
     newest = tmp_path / "checkpoints" / "step-00000010" / "state.pt"
     newest.write_bytes(newest.read_bytes()[:-7])  # truncated
     half = tmp_path / "checkpoints" / ".step-00000015.tmp"  # a save that was killed
     half.mkdir()
-    found = checkpoint.latest(tmp_path)
+    found = checkpoint.latest(OutputDir(tmp_path))
     assert found.step == 5 and found.load_state()["x"].item() == 5
     assert "step-00000010 is corrupted" in caplog.text
 
 
 def test_only_the_newest_k_checkpoints_are_kept(tmp_path):
     for step in (1, 2, 3, 4):
-        checkpoint.save(tmp_path, step, {"x": torch.tensor([step])}, rank=0, keep=2)
-    assert [c.step for c in checkpoint.complete(tmp_path)] == [3, 4]
+        checkpoint.save(OutputDir(tmp_path), step, {"x": torch.tensor([step])}, rank=0, keep=2)
+    assert [c.step for c in checkpoint.complete(OutputDir(tmp_path))] == [3, 4]
 
 
 def test_checkpoints_refuse_pickled_code(tmp_path):
-    checkpoint.save(tmp_path, 1, {"x": torch.tensor([1])}, rank=0, keep=1)
-    ckpt = checkpoint.latest(tmp_path)
+    checkpoint.save(OutputDir(tmp_path), 1, {"x": torch.tensor([1])}, rank=0, keep=1)
+    ckpt = checkpoint.latest(OutputDir(tmp_path))
     torch.save({"evil": object()}, ckpt.path / "state.pt")  # not a weights-only payload
     manifest = json.loads((ckpt.path / "manifest.json").read_text())
     manifest["files"]["state.pt"] = fsutil.file_sha256(ckpt.path / "state.pt")
@@ -248,10 +250,10 @@ def test_resume_auto_on_a_finished_job_does_nothing(tmp_path, caplog):
 def test_no_usable_checkpoint_starts_over_says_so_and_fails_the_lost_run(tmp_path):
     out, db = tmp_path / "out", tracking_db(tmp_path)
     proc = start_cli("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log")
-    wait_for(lambda: len(checkpoint.complete(out)) == 2 or proc.poll() is not None, what="two checkpoints")
+    wait_for(lambda: len(checkpoint.complete(OutputDir(out))) == 2 or proc.poll() is not None, what="two checkpoints")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    for ckpt in checkpoint.complete(out):  # every checkpoint corrupted
+    for ckpt in checkpoint.complete(OutputDir(out)):  # every checkpoint corrupted
         state = ckpt.path / "state.pt"
         state.write_bytes(state.read_bytes()[:-7])
     (lost,) = mlflow_runs(db, "pipeline")
@@ -265,7 +267,8 @@ def test_no_usable_checkpoint_starts_over_says_so_and_fails_the_lost_run(tmp_pat
             "FAILED") in result.stderr
     status = {r.info.run_id: r.info.status for r in mlflow_runs(db, "pipeline")}
     assert status.pop(lost.info.run_id) == "FAILED" and list(status.values()) == ["FINISHED"]
-    assert not checkpoint.complete(out)  # no corrupted checkpoint of the lost job kept (10 steps: none saved)
+    # no corrupted checkpoint of the lost job kept (10 steps: none saved)
+    assert not checkpoint.complete(OutputDir(out))
 
 
 @pytest.mark.slow  # creates and migrates a new MLflow store
@@ -341,8 +344,8 @@ def test_a_checkpoint_that_does_not_fit_says_so_and_leaves_no_temporary_folder(t
             rest.write(os.urandom(1 << 20))
 
     with pytest.raises(fsutil.DiskFull, match=r"^no space left on device: writing .*/\.step-00000007\.tmp "):
-        checkpoint.save(tmp_path, 7, {"x": torch.tensor([7])}, rank=0, keep=2, write_backend=backend)
-    assert [p.name for p in checkpoint.directory(tmp_path).iterdir()] == []
+        checkpoint.save(OutputDir(tmp_path), 7, {"x": torch.tensor([7])}, rank=0, keep=2, write_backend=backend)
+    assert [p.name for p in OutputDir(tmp_path).checkpoints.iterdir()] == []
 
 
 def test_torchs_errno_less_write_error_on_a_full_disk_is_still_named(tmp_path, monkeypatch):
@@ -362,8 +365,8 @@ def test_torchs_errno_less_write_error_on_a_full_disk_is_still_named(tmp_path, m
 
     monkeypatch.setattr(os, "statvfs", full)
     with pytest.raises(fsutil.DiskFull, match=r"no space left on device: writing .*step-00000003\.tmp \(0 MiB free"):
-        checkpoint.save(tmp_path, 3, {"x": torch.tensor([3])}, rank=0, keep=2, write_backend=backend)
-    assert [p.name for p in checkpoint.directory(tmp_path).iterdir()] == []
+        checkpoint.save(OutputDir(tmp_path), 3, {"x": torch.tensor([3])}, rank=0, keep=2, write_backend=backend)
+    assert [p.name for p in OutputDir(tmp_path).checkpoints.iterdir()] == []
 
 
 @pytest.mark.slow
@@ -432,7 +435,7 @@ class Writes:
 
 def test_a_checkpoint_is_on_disk_before_it_is_published(tmp_path, monkeypatch):
     writes = Writes(monkeypatch)
-    final = checkpoint.save(tmp_path, 4, {"x": torch.tensor([4])}, rank=0, keep=2)
+    final = checkpoint.save(OutputDir(tmp_path), 4, {"x": torch.tensor([4])}, rank=0, keep=2)
     renamed = writes.renamed_to(final)
     tmp = writes.events[renamed][1]
     files = [p.relative_to(final) for p in final.rglob("*") if p.is_file()]

@@ -17,9 +17,8 @@ from helpers import ROOT
 from pipeline.config import load_config
 from pipeline.data import features
 from pipeline.errors import UserError
-from pipeline.jobs.resume import StartOver
-from pipeline.jobs.settle import settle
 from pipeline.models import preset_tokenizer
+from pipeline.plan.settle import settle
 from pipeline.runtime.dist import Runtime
 from pipeline.tasks import get_task, samples
 from pipeline.tasks import workers as base
@@ -238,10 +237,10 @@ def test_a_warm_stage_neither_reads_the_training_file_nor_tokenizes(cache, tmp_p
     """The second stage with the same fingerprint memory-maps every split's features; the training
     rows are never read again (dev/test are: the metrics need their examples); another max_length
     tokenizes again, without reading the training file again."""
-    from pipeline.train import build_stage
+    from pipeline.stage import build_stage
 
     def planned(cfg, rt):
-        return settle(cfg, "train", rt), StartOver(resuming=False)
+        return (settle(cfg, "train", rt),)
 
     paths = sentiment_files(tmp_path / "data")
     calls = counting(monkeypatch)
@@ -311,9 +310,8 @@ from pipeline.errors import UserError
 from pipeline.errors import UserError
 from pipeline.runtime import dist
 from pipeline.tasks.sentiment import SentimentTask
-from pipeline.jobs.resume import StartOver
-from pipeline.jobs.settle import settle
-from pipeline.train import build_stage
+from pipeline.plan.settle import settle
+from pipeline.stage import build_stage
 
 calls = []
 featurize = SentimentTask.featurize
@@ -322,12 +320,11 @@ data, out = sys.argv[1], sys.argv[2]
 cfg = load_config(None, ["model=preset:bangla-tiny", "train.max_length=32", "backend=ddp", f"output_dir={out}",
                          *(f"data.{s}={data}/{s}.tsv" for s in ("train", "dev", "test"))])
 rt = dist.init("ddp")
-s = build_stage(settle(cfg, "train", rt), StartOver(resuming=False))
+s = build_stage(settle(cfg, "train", rt))
 report = {"rank": rt.rank, "featurize": calls, "rows": len(s.features["train"]),
           "ids": sum(map(sum, s.features["train"]["input_ids"]))}
 try:  # a bad training file: local rank 0 reads it, every rank fails with its line
-    build_stage(settle(load_config(None, [f"data.train={data}/bad.tsv", f"output_dir={out}"]), "train", rt),
-                StartOver(resuming=False))
+    build_stage(settle(load_config(None, [f"data.train={data}/bad.tsv", f"output_dir={out}"]), "train", rt))
 except UserError as e:
     report["error"] = str(e)
 with open(f"{out}-rank{rt.rank}.json", "w") as f:

@@ -16,7 +16,8 @@ pytestmark = pytest.mark.slow  # every test starts a process
 HOLD = """
 import sys, time
 from pipeline.jobs import lock
-held = lock.acquire(sys.argv[1])
+from pipeline.layout import OutputDir
+held = lock.acquire(OutputDir(sys.argv[1]))
 print("locked", flush=True)
 if sys.argv[2] == "die":
     import os; os._exit(0)  # like a SIGKILL: no release
@@ -35,17 +36,18 @@ def holder(path, mode):
 def test_a_held_lock_refuses_a_second_holder_and_a_dead_holders_lock_is_taken_over(tmp_path, caplog):
     from pipeline.errors import UserError
     from pipeline.jobs import lock
+    from pipeline.layout import OutputDir
 
     alive = holder(tmp_path, "hold")
     with pytest.raises(UserError, match=rf"output_dir={tmp_path}: in use by another job \(pid {alive.pid} on host "):
-        lock.acquire(tmp_path)
+        lock.acquire(OutputDir(tmp_path))
     alive.communicate("\n", timeout=60)  # it releases and ends normally
-    lock.acquire(tmp_path).release()
+    lock.acquire(OutputDir(tmp_path)).release()
     assert "taking over" not in caplog.text
 
     dead = holder(tmp_path, "die")
     dead.wait(timeout=60)
-    lock.acquire(tmp_path).release()
+    lock.acquire(OutputDir(tmp_path)).release()
     assert f"taking over the lock of a job that ended without releasing it (pid {dead.pid} on host" in caplog.text
 
 

@@ -17,16 +17,18 @@ import transformers
 from pipeline import names, train
 from pipeline.config import load_config
 from pipeline.errors import MachineError, UserError
-from pipeline.jobs.job_record import JobRecord
-from pipeline.jobs.resume import Resumed, StartOver
-from pipeline.jobs.settle import Plan, settle_config
-from pipeline.loop import best_model, checkpoint
-from pipeline.loop.best_model import BestModel
-from pipeline.loop.optim import build_optimizer
+from pipeline.jobs.resume import Resumed
+from pipeline.layout import OutputDir
 from pipeline.measure.telemetry import StageMeters
+from pipeline.parts import checkpoint
+from pipeline.parts.best_model import BestModel
+from pipeline.parts.optim import build_optimizer
+from pipeline.plan.job_record import JobRecord
+from pipeline.plan.settle import Plan, settle_config
 from pipeline.runtime import compiler, precision
 from pipeline.runtime.backend import StepResult
 from pipeline.runtime.dist import AgreedFlag, Runtime
+from pipeline.stage import Stage
 
 CPU = torch.device("cpu")
 
@@ -145,23 +147,23 @@ def make_loop(tmp_path, overrides=(), applied=(), micro_batches=6, epochs=1, tot
     model = TinyClassifier()
     backend = InProcessBackend(applied)
     plan = Plan(settled, rt, "train", task, policy, record, compiler.resolve(settled.train.compile, "cpu", "single"))
-    s = train.Stage(plan, {}, {}, None, model, "tiny", backend, None, record, StartOver(resuming=False), "")
+    s = Stage(plan, {}, {}, None, model, "tiny", backend, None)
     loaders = Batches(micro_batches)
     steps = total_steps or math.ceil(micro_batches / cfg.train.grad_accum) * epochs
     optimizer, scheduler = build_optimizer(model, settled.train, steps, fused=False)
     wrapped = backend.prepare(model, optimizer)
-    return train.Loop(s, RecordingTracker(), None, loaders, scheduler, wrapped, epochs, steps, AgreedFlag(CPU),
-                      StageMeters(CPU, "fp32", 1))
+    return train.assemble(s, loaders, scheduler, wrapped, epochs, steps, RecordingTracker(), None,
+                          StageMeters(CPU, "fp32", 1), AgreedFlag(CPU), record)
 
 
 def logged(lp, name):
-    return {step: m[name] for step, m in lp.tracker.logged if name in m}
+    return {step: m[name] for step, m in lp.records.tracker.logged if name in m}
 
 
 def test_an_optimizer_step_every_grad_accum_micro_batches_the_last_group_short(tmp_path):
     lp = make_loop(tmp_path, ["train.grad_accum=2", "train.log_every=1"], micro_batches=5)
     train.train_epoch(lp, 0)
-    assert (lp.progress.step, lp.progress.epoch_steps, lp.s.backend.steps) == (3, 3, 3)
+    assert (lp.progress.step, lp.progress.epoch_steps, lp.stage.backend.steps) == (3, 3, 3)
     assert sorted(logged(lp, names.TRAIN_LOSS)) == [1, 2, 3]
     assert lp.meters.throughput.samples == 5 * 4
 
@@ -175,7 +177,7 @@ def test_under_cuda_graphs_a_step_is_marked_once_per_optimizer_step_before_its_f
     lp = make_loop(tmp_path, ["train.grad_accum=2", "train.compile=reduce-overhead"], micro_batches=5)
     events = []
     monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: events.append("mark"))
-    backend = lp.s.backend
+    backend = lp.stage.backend
     backward, step = backend.backward, backend.step
     monkeypatch.setattr(backend, "backward", lambda loss: (events.append("backward"), backward(loss))[1])
     monkeypatch.setattr(backend, "step", lambda: (events.append("step"), step())[1])
@@ -223,21 +225,22 @@ def test_a_streak_of_non_finite_losses_stops_the_job_at_the_step_that_completed_
 def test_checkpoints_every_save_every_steps_inside_the_epoch_and_one_on_sigterm(tmp_path):
     lp = make_loop(tmp_path, ["train.save_every=2", "train.keep_checkpoints=5"], micro_batches=6)
     train.train_epoch(lp, 0)
-    assert [c.step for c in checkpoint.complete(tmp_path)] == [2, 4]  # not 6: the epoch's end saves or finishes
+    # not 6: the epoch's end saves or finishes
+    assert [c.step for c in checkpoint.complete(OutputDir(tmp_path))] == [2, 4]
 
     lp = make_loop(tmp_path / "preempted", micro_batches=6)
     preempt = lp.preemption.raised
-    real_step = lp.s.backend.step
+    real_step = lp.stage.backend.step
 
     def step_then_signal():
-        if lp.s.backend.steps == 2:
+        if lp.stage.backend.steps == 2:
             preempt.set()  # SIGTERM during the third step
         return real_step()
 
-    lp.s.backend.step = step_then_signal
+    lp.stage.backend.step = step_then_signal
     with pytest.raises(train.Preempted, match="written at step 3"):
         train.train_epoch(lp, 0)
-    assert checkpoint.latest(tmp_path / "preempted").step == 3
+    assert checkpoint.latest(OutputDir(tmp_path / "preempted")).step == 3
 
 
 def test_a_job_preempted_and_resumed_ends_exactly_where_the_uninterrupted_one_does(tmp_path):
@@ -251,28 +254,28 @@ def test_a_job_preempted_and_resumed_ends_exactly_where_the_uninterrupted_one_do
     train.train_epoch(first, 0)
     first.progress.epoch, first.progress.epoch_steps = 1, 0
     preempt = first.preemption.raised
-    real_step = first.s.backend.step
-    first.s.backend.step = lambda: (preempt.set(), real_step())[1]
+    real_step = first.stage.backend.step
+    first.stage.backend.step = lambda: (preempt.set(), real_step())[1]
     with pytest.raises(train.Preempted):
         train.train_epoch(first, 1)  # stopped after the second epoch's first step
 
-    ckpt = checkpoint.latest(tmp_path / "cut")
+    ckpt = checkpoint.latest(OutputDir(tmp_path / "cut"))
     second = make_loop(tmp_path / "cut", overrides, micro_batches=8, epochs=2)  # a fresh process's objects
     bundle = ckpt.load_bundle()
-    train.restore(second, Resumed(ckpt, bundle, second.s.record, []))
+    train.restore(second, Resumed(ckpt, bundle, second.stage.plan.record, []))
     assert (second.progress.epoch, second.progress.epoch_steps, second.progress.step) == (1, 1, 5)
     train.train_epoch(second, 1)
 
     assert second.progress.step == whole.progress.step == 8
     assert second.scheduler.state_dict() == whole.scheduler.state_dict()
     assert second.losses.state_dict() == pytest.approx(whole.losses.state_dict(), nan_ok=True)
-    for (k, a), b in zip(whole.s.model.state_dict().items(), second.s.model.state_dict().values()):
+    for (k, a), b in zip(whole.stage.model.state_dict().items(), second.stage.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
 
 
 def test_a_checkpoint_of_another_format_is_refused_in_one_line(tmp_path):
-    checkpoint.save(tmp_path, 3, {"scheduler": {}, "loop": {"step": 3}}, rank=0, keep=1)
-    ckpt = checkpoint.latest(tmp_path)
+    checkpoint.save(OutputDir(tmp_path), 3, {"scheduler": {}, "loop": {"step": 3}}, rank=0, keep=1)
+    ckpt = checkpoint.latest(OutputDir(tmp_path))
     with pytest.raises(UserError, match=r"^checkpoint .*step-00000003: written in another checkpoint format") as e:
         ckpt.load_bundle()
     assert "\n" not in str(e.value)
@@ -290,18 +293,18 @@ def test_the_best_model_keeps_the_best_weights_on_disk_and_counts_evaluations_si
     backend.prepare(model, None)
     best = BestModel()
 
-    assert best.consider({"main": 0.5, "f1": 0.4}, 10.0, backend, tokenizer, tmp_path, is_main=True)
+    assert best.consider({"main": 0.5, "f1": 0.4}, 10.0, backend, tokenizer, OutputDir(tmp_path), is_main=True)
     kept = {k: v.clone() for k, v in best.weights.items()}
     with torch.no_grad():
         model.classifier.weight.add_(1.0)  # training moves on; a worse evaluation keeps nothing
-    assert not best.consider({"main": 0.4, "f1": 0.9}, 20.0, backend, tokenizer, tmp_path, is_main=True)
+    assert not best.consider({"main": 0.4, "f1": 0.9}, 20.0, backend, tokenizer, OutputDir(tmp_path), is_main=True)
     assert (best.score, best.bad_evals, best.time_to_best) == (0.5, 1, 10.0)
     assert best.metrics == {names.eval_metric("main"): 0.5, names.eval_metric("f1"): 0.4}
 
-    assert best_model.model_dir_of(tmp_path) == tmp_path / "best"
+    assert OutputDir(tmp_path).trained_model() == tmp_path / "best"
     restored = BestModel()
     restored.load_state_dict(best.state_dict())
-    restored.restore_weights(tmp_path, backend)
+    restored.restore_weights(OutputDir(tmp_path), backend)
     assert restored.state_dict() == best.state_dict()
     for k, v in kept.items():
         torch.testing.assert_close(restored.weights[k], v, msg=k)
@@ -310,11 +313,11 @@ def test_the_best_model_keeps_the_best_weights_on_disk_and_counts_evaluations_si
 def test_a_checkpoint_that_matches_its_job_but_cannot_be_loaded_is_one_line(tmp_path):
     lp = make_loop(tmp_path, ["train.save_every=1"], micro_batches=2)
     train.train_epoch(lp, 0)
-    ckpt = checkpoint.latest(tmp_path)
+    ckpt = checkpoint.latest(OutputDir(tmp_path))
     state = torch.load(ckpt.path / "backend.pt", weights_only=True)
     state["model"]["head.weight"] = torch.zeros(5, 8)  # saved by a model of another shape
     torch.save(state, ckpt.path / "backend.pt")
     fresh = make_loop(tmp_path, ["train.save_every=1"], micro_batches=2)
     with pytest.raises(MachineError, match=r"^resume: checkpoint .*step-00000001: cannot be loaded \(Error") as e:
-        train.restore(fresh, Resumed(ckpt, ckpt.load_bundle(), fresh.s.record, []))
+        train.restore(fresh, Resumed(ckpt, ckpt.load_bundle(), fresh.stage.plan.record, []))
     assert "\n" not in str(e.value)

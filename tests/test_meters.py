@@ -91,6 +91,8 @@ def test_energy_drawn_while_compiling_is_left_out_as_its_seconds_are(monkeypatch
 def test_throughput_is_the_same_with_and_without_mid_epoch_saves(tmp_path, monkeypatch):
     from pipeline import train
     from pipeline.config import load_config
+    from pipeline.jobs.run import run
+    from pipeline.parts.checkpoint import Checkpointer
 
     wall = {}  # seconds of the real calls, timed around them: the epoch, and the saves inside it
 
@@ -104,12 +106,12 @@ def test_throughput_is_the_same_with_and_without_mid_epoch_saves(tmp_path, monke
         return call
 
     monkeypatch.setattr(train, "train_epoch", timed("epoch", train.train_epoch))
-    monkeypatch.setattr(train, "save_checkpoint", timed("saves", train.save_checkpoint))
+    monkeypatch.setattr(Checkpointer, "save", timed("saves", Checkpointer.save))
     figures = {}
     for every in (0, 3):  # 30 steps in one epoch: a save every 3 steps, the last at step 27
         wall.clear()
         out = tmp_path / f"save{every}"
-        train.run(load_config(None, [*FAST, "train.max_steps=30", f"train.save_every={every}", f"output_dir={out}",
+        run(load_config(None, [*FAST, "train.max_steps=30", f"train.save_every={every}", f"output_dir={out}",
                                      f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))
         figures[every] = json.loads((out / "metrics.json").read_text())
     plain, saving = figures[0], figures[3]
@@ -201,6 +203,7 @@ def test_flop_figures_follow_the_batches_really_trained(tmp_path, monkeypatch):
     job. The logged FLOPs must equal the analytic count of every micro-batch the job trained."""
     from pipeline import models, train
     from pipeline.config import load_config
+    from pipeline.jobs.run import run
 
     shapes, lengths = [], []
     real_forward_backward = train.forward_backward
@@ -212,7 +215,7 @@ def test_flop_figures_follow_the_batches_really_trained(tmp_path, monkeypatch):
 
     monkeypatch.setattr(train, "forward_backward", recording)
     out = tmp_path / "out"
-    figures = train.run(load_config(None, [*FAST, "train.max_steps=8", "train.batch_size=8",
+    figures = run(load_config(None, [*FAST, "train.max_steps=8", "train.batch_size=8",
                                            "train.group_by_length=true", f"output_dir={out}",
                                            f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))
 

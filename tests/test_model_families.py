@@ -41,9 +41,9 @@ from pipeline import cli, models, names
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.fsutil import cache_root
+from pipeline.jobs.run import run
 from pipeline.kd import distill
 from pipeline.tasks import REGISTRY, get_task
-from pipeline.train import run
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +88,7 @@ def stage(hub: Hub, command: str, experiment: str, *overrides) -> tuple[Path, di
     out = hub.root / "out" / experiment
     cfg = load_config(None, [*JOB, *overrides, f"output_dir={out}", f"tracking.uri={hub.uri}",
                              f"tracking.experiment={experiment}"])
-    return out, run(cfg, stage=command)
+    return out, run(cfg, kind=command)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from transformers import BertConfig
 from pipeline import models
 from pipeline.config import load_config
 from pipeline.kd import distill
-from pipeline.loop import best_model
+from pipeline.parts import best_model
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.tasks import get_task

@@ -7,7 +7,7 @@ import torch
 import transformers
 
 from pipeline.errors import UserError
-from pipeline.loop.optim import give_back
+from pipeline.parts.optim import rewind
 from pipeline.runtime import precision
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.torch_backend import TorchBackend
@@ -74,7 +74,7 @@ def test_a_skipped_step_given_back_leaves_the_schedule_where_it_would_be():
         sched.step()
     for _ in range(3):
         ref_sched.step()
-    give_back(sched, 2)
+    rewind(sched, 2)
     assert sched.last_epoch == ref_sched.last_epoch == 3
     assert sched.get_last_lr() == ref_sched.get_last_lr()
     assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in ref_opt.param_groups]

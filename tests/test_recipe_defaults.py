@@ -6,7 +6,7 @@ none in 5; QA's sat near the null answer in 3); a set value always wins."""
 import pytest
 
 from pipeline.config import load_config
-from pipeline.jobs.settle import settle_config
+from pipeline.plan.settle import settle_config
 from pipeline.tasks import get_task
 
 

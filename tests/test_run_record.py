@@ -18,8 +18,8 @@ pytestmark = pytest.mark.slow
 def finished(tmp_path_factory):
     from mlflow.tracking import MlflowClient
 
-    from pipeline import train
-    from pipeline.jobs import settle
+    from pipeline.jobs.run import run
+    from pipeline.plan import settle
     from pipeline.runtime import precision as policies
 
     tmp = tmp_path_factory.mktemp("record")
@@ -30,7 +30,7 @@ def finished(tmp_path_factory):
             real = getattr(module, name)
             mp.setattr(module, name, lambda *a, _real=real, _name=name, **k: counted.__setitem__(
                 _name, counted[_name] + 1) or _real(*a, **k))
-        train.run(load_config(None, [*FAST, "precision=auto", "train.max_steps=3", "train.grad_accum=2",
+        run(load_config(None, [*FAST, "precision=auto", "train.max_steps=3", "train.grad_accum=2",
                                      f"output_dir={tmp / 'out'}", f"tracking.uri={uri}", "tracking.experiment=rec"]))
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("rec")

@@ -16,8 +16,11 @@ from pipeline import models, names, train
 from pipeline.config import load_config
 from pipeline.data.loaders import ResumableSampler
 from pipeline.errors import UserError
-from pipeline.jobs import job_record, same_job
-from pipeline.loop import checkpoint
+from pipeline.jobs import same_job
+from pipeline.jobs.run import run
+from pipeline.layout import OutputDir
+from pipeline.parts import checkpoint
+from pipeline.plan import job_record
 from pipeline.tasks import get_task
 from pipeline.tasks.samples import ensure_samples
 
@@ -31,15 +34,15 @@ def preempted(monkeypatch, args: list[str], stage: str) -> None:
     real = train.optimizer_step
     sent = []
 
-    def step_then_term(lp, *a, **k):
-        stop = real(lp, *a, **k)
-        if lp.progress.step == PREEMPT_AT and not sent:
+    def step_then_term(loop, *a, **k):
+        stop = real(loop, *a, **k)
+        if loop.progress.step == PREEMPT_AT and not sent:
             sent.append(os.kill(os.getpid(), signal.SIGTERM))
         return stop
 
     monkeypatch.setattr(train, "optimizer_step", step_then_term)
     with pytest.raises(train.Preempted):
-        train.run(load_config(None, args), stage)
+        run(load_config(None, args), stage)
     monkeypatch.undo()
 
 
@@ -76,7 +79,7 @@ class Job:
         return Job(tmp_path / "job", args, self.stage)
 
     def resume(self, *extra):
-        return train.run(load_config(None, self.args(*extra)), self.stage)
+        return run(load_config(None, self.args(*extra)), self.stage)
 
     def untouched_by(self, *extra) -> str:
         """The UserError of a refused resume, checked to have changed nothing on disk or in MLflow."""
@@ -96,7 +99,7 @@ def make_job(root, monkeypatch, args, stage="train"):
     root.mkdir(parents=True, exist_ok=True)
     made = Job(root, args, stage)
     preempted(monkeypatch, made.args()[:-1], stage)  # not resume=auto: a fresh job
-    assert checkpoint.latest(root / "out").step == PREEMPT_AT + 1
+    assert checkpoint.latest(OutputDir(root / "out")).step == PREEMPT_AT + 1
     return made
 
 
@@ -285,7 +288,7 @@ def test_a_position_in_optimizer_steps_is_the_same_rows_on_one_process_or_two(gr
 
 
 def checkpoint_job(j):
-    return job_record.read(checkpoint.latest(j.root / "out").path)
+    return job_record.read(checkpoint.latest(OutputDir(j.root / "out")).path)
 
 
 def test_a_record_survives_its_file(tmp_path):

@@ -7,9 +7,9 @@ from helpers import FAST, tracking_db, write_file, written_twice
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
+from pipeline.jobs.run import run
 from pipeline.tasks import get_task
 from pipeline.tasks.samples.sentiment import NEGATIVE, POSITIVE
-from pipeline.train import run
 
 TASK = get_task("sentiment")
 

@@ -10,8 +10,8 @@ import pytest
 from helpers import FAST, mlflow_runs, tracking_db
 from pipeline import names
 from pipeline.config import load_config
+from pipeline.jobs.run import run
 from pipeline.tasks import get_task
-from pipeline.train import run
 
 pytestmark = pytest.mark.slow
 

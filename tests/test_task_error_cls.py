@@ -9,10 +9,10 @@ from helpers import FAST, tracking_db, write_file, written_twice
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
+from pipeline.jobs.run import run
 from pipeline.runtime import precision
 from pipeline.tasks import get_task
 from pipeline.tasks.samples.error_cls import BANGLISH, ENGLISH, FILLERS, GENITIVE, MISSPELLED
-from pipeline.train import run
 
 HEADER = "Comment,Error,Category\n"
 

@@ -12,13 +12,13 @@ from helpers import FAST, torchrun, tracking_db, written_twice
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
+from pipeline.jobs.run import run
 from pipeline.models import preset_tokenizer
 from pipeline.runtime import precision
 from pipeline.tasks import get_task
 from pipeline.tasks.ner import LABELS, TYPES
 from pipeline.tasks.samples import ensure_samples
 from pipeline.tasks.samples.ner import BN, EITHER, HELD_OUT, ROMAN
-from pipeline.train import run
 
 
 def write(tmp_path, content, name="train.json"):

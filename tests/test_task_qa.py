@@ -11,11 +11,11 @@ from helpers import FAST, mlflow_runs, torchrun, tracking_db, written_twice
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
+from pipeline.jobs.run import run
 from pipeline.models import preset_tokenizer
 from pipeline.tasks import get_task
 from pipeline.tasks.qa import normalize_answer, squad_v2_scores
 from pipeline.tasks.samples.qa import CITIES, FRUITS, JOBS
-from pipeline.train import run
 
 TASK = get_task("qa")
 CONTEXT = "রহিম ঢাকা শহরে থাকেন। রহিম-এর বয়স ৪২ বছর।"

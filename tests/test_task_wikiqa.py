@@ -13,10 +13,10 @@ from helpers import FAST, mlflow_runs, torchrun, tracking_db, write_file, writte
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
+from pipeline.jobs.run import run
 from pipeline.runtime import precision
 from pipeline.tasks import get_task
 from pipeline.tasks.wikiqa import ranking_scores
-from pipeline.train import run
 
 TASK = get_task("wikiqa")
 HUB_HEADER = "question_id\tquestion\tdocument_title\tanswer\tlabel\n"

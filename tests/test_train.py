@@ -10,9 +10,9 @@ from helpers import FAST, mlflow_runs, run_cli, tracking_db
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
+from pipeline.jobs.run import run
 from pipeline.runtime import precision
 from pipeline.runtime import torch_backend as backend_mod
-from pipeline.train import run
 
 EXPECTED_METRICS = {names.TRAIN_LOSS, names.TRAIN_LR, names.TRAIN_GRAD_NORM, names.EVAL_MAIN,
                     names.eval_metric("macro_f1"), names.eval_metric("accuracy"), names.eval_metric("micro_f1"),
@@ -180,12 +180,12 @@ def test_step_losses_are_read_and_reduced_only_at_log_boundaries(tmp_path, monke
     from pipeline.runtime import dist
 
     losses, in_epoch, reductions = [], [False], []
-    real = {"all_reduce": dist.all_reduce, "forward_backward": train.forward_backward, "epoch": train.train_epoch}
+    real = {"reduce": dist.reduce_together, "forward_backward": train.forward_backward, "epoch": train.train_epoch}
 
-    def counted_all_reduce(values, op="sum"):
+    def counted_reduce(parts):
         if in_epoch[0]:
-            reductions.append(len(values))
-        return real["all_reduce"](values, op)
+            reductions.append(len(parts))
+        return real["reduce"](parts)
 
     def recorded_forward_backward(*args):
         loss = real["forward_backward"](*args)
@@ -199,7 +199,7 @@ def test_step_losses_are_read_and_reduced_only_at_log_boundaries(tmp_path, monke
         finally:
             in_epoch[0] = False
 
-    monkeypatch.setattr(dist, "all_reduce", counted_all_reduce)
+    monkeypatch.setattr(dist, "reduce_together", counted_reduce)
     monkeypatch.setattr(train, "forward_backward", recorded_forward_backward)
     monkeypatch.setattr(train, "train_epoch", epoch)
     out = tmp_path / "out"

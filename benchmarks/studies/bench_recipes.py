@@ -1,7 +1,7 @@
 """A recipe over seeds: does it learn on every seed, or do some stall? Each contender (a set of
 config overrides) is trained once per seed through the real pipeline in this process; per run the
 best dev main metric, the test main metric (and test MAP where the task has it) and whether the
-run was tagged stalled (pipeline/measure/stall.py: the best model's test predictions collapsed).
+run was tagged stalled (pipeline/measure/collapse.py: the best model's test predictions collapsed).
 Per contender: dev mean ± std, minimum, and stalled seeds out of the seeds run. The results go to
 benchmarks/studies/results/NAME-SEEDS-MACHINE-DATE.json (SEEDS: `seeds1-10`, `seeds3+5+6+9`).
     python benchmarks/studies/bench_recipes.py --name recipes-sentiment-demo-fp32 --seeds 1-10 \

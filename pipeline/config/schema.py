@@ -30,7 +30,7 @@ CHOICES = {"task": TASKS, "precision": PRECISIONS, "backend": BACKENDS, "train.c
 
 
 RECORD_PARTS = ("global_batch", "tokenizer")
-"""Parts of a job's record (jobs/job_record.py) that are not config keys, as accept_changes names them."""
+"""Parts of a job's record (plan/job_record.py) that are not config keys, as accept_changes names them."""
 MAPPINGS = ("model_config", "task_options", "tracking.tags")
 
 
@@ -274,7 +274,7 @@ class Config:
 
 @dataclass(kw_only=True)
 class SettledTrain(TrainConfig):
-    """TrainConfig with every derived default filled in (pipeline.jobs.settle makes it, once per
+    """TrainConfig with every derived default filled in (pipeline.plan.settle makes it, once per
     job): what an unset key or `auto` turned into on this device, for this task and model."""
 
     epochs: int
@@ -295,7 +295,7 @@ class SettledTrain(TrainConfig):
 @dataclass(kw_only=True)
 class SettledConfig(Config):
     """Config with its train section settled and output_dir known: what config.yaml and the run's
-    params show, and what every part of a job reads (pipeline.jobs.settle.Plan.cfg)."""
+    params show, and what every part of a job reads (pipeline.plan.settle.Plan.cfg)."""
 
     train: SettledTrain
     output_dir: str

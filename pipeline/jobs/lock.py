@@ -28,7 +28,6 @@ from pathlib import Path
 from pipeline.errors import UserError
 from pipeline.layout import OutputDir
 from pipeline.runtime import dist
-from pipeline.runtime.dist import Runtime
 
 log = logging.getLogger("pipeline")
 
@@ -53,11 +52,10 @@ class OutputLock:
         self._fd = None
 
 
-def acquire(output_dir: Path) -> OutputLock:
+def acquire(out: OutputDir) -> OutputLock:
     """Lock output_dir for this process; UserError naming the holder if another job has it."""
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = OutputDir(out).lock
+    out.root.mkdir(parents=True, exist_ok=True)
+    path = out.lock
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # an existing file is not changed
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -82,28 +80,23 @@ def acquire(output_dir: Path) -> OutputLock:
     return OutputLock(path, fd)
 
 
-def check_free(output_dir: Path, rt: Runtime) -> None:
+def check_free(out: OutputDir) -> None:
     """Collective, reads only: fail at once, before a job spends minutes loading its data and
     model, if another job holds output_dir (job_lock() then takes the lock for real)."""
-    error = _busy(Path(output_dir)) if rt.is_main else None
-    error = dist.broadcast_object(error)
-    if error is not None:
-        raise UserError(error)
+    dist.on_main(lambda: _refuse_if_busy(out))
 
 
 @contextlib.contextmanager
-def job_lock(output_dir: Path, rt: Runtime):
+def job_lock(out: OutputDir):
     """Collective: rank 0 holds the output_dir lock for the block; if another job has it,
     every rank raises the same UserError."""
-    held, error = None, None
-    if rt.is_main:
-        try:
-            held = acquire(output_dir)
-        except UserError as e:
-            error = str(e)
-    error = dist.broadcast_object(error)
-    if error is not None:
-        raise UserError(error)
+    held = None
+
+    def take() -> None:
+        nonlocal held
+        held = acquire(out)
+
+    dist.on_main(take)
     try:
         yield held
     finally:
@@ -111,22 +104,22 @@ def job_lock(output_dir: Path, rt: Runtime):
             held.release()
 
 
-def _busy(out: Path) -> str | None:
-    """The error message if a live job holds out's lock, else None (nothing is created)."""
+def _refuse_if_busy(out: OutputDir) -> None:
+    """A UserError if a live job holds out's lock (nothing is created)."""
     try:
-        fd = os.open(OutputDir(out).lock, os.O_RDONLY)
+        fd = os.open(out.lock, os.O_RDONLY)
     except OSError:
-        return None  # no lock file (or no output_dir): nobody holds it
+        return  # no lock file (or no output_dir): nobody holds it
     try:
         fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # fails while another process holds it
     except OSError as e:
-        return _in_use(out, _holder(fd)) if e.errno in (errno.EACCES, errno.EAGAIN) else None
+        if e.errno in (errno.EACCES, errno.EAGAIN):
+            raise UserError(_in_use(out, _holder(fd))) from None
     finally:
         os.close(fd)  # drops the probe's shared lock
-    return None
 
 
-def _in_use(out: Path, holder: str) -> str:
+def _in_use(out: OutputDir, holder: str) -> str:
     return (f"output_dir={out}: in use by another job ({holder or 'holder unknown'}); "
             "wait for it to end or choose another output_dir")
 

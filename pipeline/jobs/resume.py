@@ -1,11 +1,12 @@
 """The one entry point of the resume decision: what a job does with its output_dir.
 
 `decide(plan)` answers, before any data or model loads: the job finished already (`Finished`: its
-metrics, nothing to do), continue from the newest usable checkpoint (`Resume`), or start over
-(`StartOver`). A resume of another job, or of a finished job asked for more, stops here in one
-line (same_job.py says what may differ). Once the stage is built, `Resume.confirm` compares what
-only a built stage knows (the model's architecture, the tokenizer, the teacher's weights) and
-loads the checkpoint's bundle (a job that starts over clears output_dir: outputs.start_over).
+metrics, nothing to do), continue from the newest usable checkpoint (`FromCheckpoint`), or start
+over (`StartOver`). A resume of another job, or of a finished job asked for more, stops here in
+one line (same_job.py says what may differ). Once the stage is built, `FromCheckpoint.confirm`
+compares what only a built stage knows (the model's architecture, the tokenizer, the teacher's
+weights) and loads the checkpoint's bundle: `Resumed`, what the loop restores (a job that starts
+over clears output_dir: outputs.start_over).
 """
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from pipeline.jobs import job_record, same_job
-from pipeline.jobs.job_record import JobRecord
+from pipeline.jobs import outputs, same_job
 from pipeline.jobs.same_job import Change
-from pipeline.jobs.settle import Plan
-from pipeline.loop import checkpoint
-from pipeline.loop.checkpoint import Checkpoint
+from pipeline.parts import checkpoint
+from pipeline.parts.checkpoint import Checkpoint
+from pipeline.plan import job_record
+from pipeline.plan.job_record import JobRecord
+from pipeline.plan.settle import Plan
+from pipeline.runtime import dist
 
-__all__ = ["Finished", "Resume", "Resumed", "StartOver", "decide"]
+__all__ = ["Finished", "FromCheckpoint", "Resumed", "StartOver", "decide"]
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,9 @@ class Resumed:
 
 
 @dataclass(frozen=True)
-class Resume:
-    """Continue from `checkpoint`, whose job's settings match the plan (or the changes are accepted)."""
+class FromCheckpoint:
+    """Continue from `checkpoint`, whose job's settings match the plan (or the changes are accepted),
+    once the built stage is confirmed against it."""
 
     checkpoint: Checkpoint
     trained: JobRecord
@@ -78,20 +82,29 @@ class Resume:
         return Resumed(self.checkpoint, bundle, dataclasses.replace(built, accepted=carried), accepted)
 
 
-def decide(plan: Plan) -> Finished | Resume | StartOver:
+def decide(plan: Plan) -> Finished | FromCheckpoint | StartOver:
     """Collective: what this job does with its output_dir; a UserError when it may do nothing."""
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # an elastic restart resumes
     if plan.cfg.resume != "auto" and not restarted:
         return StartOver(resuming=False)
-    metrics = same_job.finished(plan.out.root, plan.record, plan.rt)
+    metrics = dist.on_main(lambda: _finished_metrics(plan))
     if metrics is not None:
         return Finished(metrics)
-    ckpt = checkpoint.latest(plan.out.root)
+    ckpt = checkpoint.latest(plan.out)
     if ckpt is None:
         return StartOver(resuming=True)
     trained = job_record.read(ckpt.path)
     accepted = same_job.check_settings(ckpt.path, trained, plan.record, plan.cfg.accepted_changes)
-    return Resume(ckpt, trained, accepted)
+    return FromCheckpoint(ckpt, trained, accepted)
+
+
+def _finished_metrics(plan: Plan) -> dict | None:
+    """Rank 0: the final metrics of the job that finished in output_dir (None if none did); a
+    UserError when that job is not the one asked for (same_job.check_finished)."""
+    if not plan.out.metrics.is_file():
+        return None
+    same_job.check_finished(plan.out, job_record.read(plan.out.root), plan.record)
+    return outputs.finished_metrics(plan.out)
 
 
 def _step(bundle: dict) -> int:

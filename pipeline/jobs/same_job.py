@@ -1,5 +1,6 @@
 """resume=auto continues the same job, never another: a checkpoint's job record against the job
-asked for now (job.py), compared before anything heavy is loaded.
+asked for now (plan/job_record.py), compared before anything heavy is loaded. Comparing only:
+reading the records is job_record's, and sharing the answer across ranks the caller's.
 
 What may differ: the keys in SAFE (logging, tracking, checkpoint cadence, workers, timeouts:
 nothing the optimization reads) and the split of the global batch into processes, micro-batches
@@ -11,24 +12,13 @@ per change).
 from __future__ import annotations
 
 import fnmatch
-import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from pipeline import names
 from pipeline.errors import UserError
-from pipeline.jobs import job_record
-from pipeline.jobs.job_record import JobRecord
-from pipeline.jobs.outputs import finished_metrics
 from pipeline.layout import OutputDir
-from pipeline.runtime import dist
-
-if TYPE_CHECKING:
-    from pipeline.runtime.dist import Runtime
-    from pipeline.tracking import Tracker
-
-log = logging.getLogger("pipeline")
+from pipeline.plan.job_record import JobRecord
 
 SAFE = ("train.log_every", "train.save_every", "train.keep_checkpoints", "train.num_workers",
         "train.eval_batch_size", "train.max_nonfinite", "train.compile", "train.pad_to_multiple_of", "tracking.*",
@@ -123,7 +113,7 @@ def _accepted(where: str, found: list[Change], accept: list[str]) -> list[Change
     return found
 
 
-def check_finished(out: Path, old: JobRecord | None, new: JobRecord) -> None:
+def check_finished(out: OutputDir, old: JobRecord | None, new: JobRecord) -> None:
     """A finished job is not continued: asked for more epochs or steps, or with other settings,
     a UserError saying how to go on (nothing for a job finished before job records existed)."""
     found = changes(old, new) if old else []
@@ -133,35 +123,9 @@ def check_finished(out: Path, old: JobRecord | None, new: JobRecord) -> None:
     if longer and len(longer) == len(found):
         raise UserError(f"resume: {out} holds a finished job ({'; '.join(map(str, longer))}): a finished job is not "
                         f"extended (its learning rate has decayed to zero); to train on from its best model, "
-                        f"model={out / 'best'} with another output_dir")
+                        f"model={out.best} with another output_dir")
     raise UserError(f"resume: {out} holds a finished job trained with other settings: {'; '.join(map(str, found))}. "
                     "resume=never starts over; another output_dir starts a new job")
-
-
-def finished(out: Path, planned: JobRecord, rt: Runtime) -> dict | None:
-    """Collective: the final metrics of a job that finished in out (None if none did), or on every
-    rank the UserError of check_finished when this is not that job."""
-    outcome: tuple[str | None, dict | None] = (None, None)
-    if rt.is_main and OutputDir(out).metrics.is_file():
-        try:
-            check_finished(out, job_record.read(out), planned)
-            outcome = (None, finished_metrics(out, rt))
-        except UserError as e:
-            outcome = (str(e), None)
-    error, metrics = dist.broadcast_object(outcome)
-    if error is not None:
-        raise UserError(error)
-    return metrics
-
-
-def record_accepted(tracker: Tracker, record: JobRecord, accepted: list[Change], step: int) -> None:
-    """A resumed job that goes on with changes says so: a warning line, a tag listing every change
-    accepted in the run's life, a param per change (MLflow keeps a param's first value: these
-    are new keys)."""
-    log.warning("resume: continuing with changed settings (accept_changes): %s; the run mixes them and is "
-                "tagged %s", "; ".join(map(str, accepted)), names.TAG_RESUMED_WITH_CHANGES)
-    tracker.set_tags({names.TAG_RESUMED_WITH_CHANGES: " | ".join(record.accepted)})
-    tracker.log_params({f"resumed_at_step_{step}.{c.key}": f"{_value(c.old)} -> {_value(c.new)}" for c in accepted})
 
 
 class _Unset:
@@ -180,7 +144,7 @@ def _shown(value: Any) -> str:
     return repr(value) if isinstance(value, _Unset) else str(value)
 
 
-def _value(value: Any) -> str:
+def param_value(value: Any) -> str:
     """A change's side as a param shows it: a data split's fingerprint, else the value."""
     return _short(value["fingerprint"]) if isinstance(value, dict) and "fingerprint" in value else _shown(value)
 

@@ -25,7 +25,7 @@ from pipeline.config import Config, KDConfig
 from pipeline.errors import UserError
 from pipeline.fsutil import cache_root
 from pipeline.kd import teacher_cache
-from pipeline.loop import best_model
+from pipeline.layout import OutputDir
 from pipeline.runtime import dist
 from pipeline.runtime.compiler import OFF, CompilePolicy
 from pipeline.runtime.dist import Runtime
@@ -69,7 +69,7 @@ def attach_projection(student: PreTrainedModel, teacher: PreTrainedModel) -> boo
 
 def load_teacher(spec: str, task: Task, overrides: dict) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """(tokenizer, model) of the teacher: a train stage's output dir (its best/), hub id or local model."""
-    spec = str(best_model.model_dir_of(Path(spec).expanduser()) or spec)
+    spec = str(OutputDir(Path(spec).expanduser()).trained_model() or spec)
     try:
         return models.build(spec, task, [], overrides, max_length=512, teacher=True)
     except UserError as e:

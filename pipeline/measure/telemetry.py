@@ -6,7 +6,9 @@ Clocks are read only after the device is synchronized, so queued GPU work is not
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.metadata
+import math
 import platform
 import resource
 import subprocess
@@ -196,6 +198,7 @@ class StageMeters:
         """FLOPs of this epoch's timed micro-batches as computed on this rank."""
         self.throughput = ThroughputMeter(device, compiled)
         self.totals = MeterTotals()
+        self._memory_names: list[str] = []
 
     def state_dict(self) -> dict:
         return dataclasses.asdict(self.totals)
@@ -233,15 +236,28 @@ class StageMeters:
             self.flops += self.flop_model.rows(lengths)
             self.padded_flops += self.flop_model.batch(rows, padded_length)
 
-    def end_epoch(self) -> dict:
-        """Collective: the epoch's perf/ and energy/ metrics; adds the epoch to the totals."""
+    def epoch_local(self) -> dist.Local:
+        """Ends the epoch's clocks (every training segment; evaluation comes after) and gives this
+        rank's numbers for the epoch's one collective (end_epoch takes them back reduced): work
+        summed, time and peak memory the largest, each GPU's energy per rank (counted once by UUID)."""
+        elapsed = self.throughput.stop()
+        joules = self.energy.stop()
+        meter, energy, mem = self.throughput, self.energy, peak_memory(self.device)
+        self._memory_names = list(mem)
+        return dist.Local(
+            sums=[meter.samples, meter.tokens, meter.padded_tokens, self.flops, self.padded_flops],
+            maxes=[elapsed, meter.compile_seconds, *mem.values()],
+            per_rank=[float(energy.available), _uuid_key(energy.uuid), joules,
+                      math.nan if energy.mean_utilization is None else energy.mean_utilization])
+
+    def end_epoch(self, reduced: dist.Reduced | None = None) -> dict:
+        """The epoch's perf/ and energy/ metrics from epoch_local()'s numbers over every rank
+        (collective when not given); adds the epoch to the totals."""
+        if reduced is None:
+            (reduced,) = dist.reduce_together([self.epoch_local()])
         totals = self.totals
-        elapsed = self.throughput.stop()  # every training segment of the epoch; evaluation comes after
-        joules_here = self.energy.stop()
-        meter = self.throughput
-        samples, tokens, padded_tokens, flops, padded_flops = dist.all_reduce(
-            [meter.samples, meter.tokens, meter.padded_tokens, self.flops, self.padded_flops])
-        elapsed, compiling = dist.all_reduce([elapsed, self.throughput.compile_seconds], op="max")
+        samples, tokens, padded_tokens, flops, padded_flops = reduced.sums
+        elapsed, compiling, *peaks = reduced.maxes
         totals.compile_seconds += compiling
         totals.samples += samples
         totals.tokens += tokens
@@ -250,14 +266,13 @@ class StageMeters:
         totals.padded_flops += padded_flops
         totals.train_seconds += elapsed
         totals.epoch_times.append(elapsed)
-        mem = peak_memory(self.device)
-        mem = dict(zip(mem, dist.all_reduce(list(mem.values()), op="max")))
+        mem = dict(zip(self._memory_names, peaks))
         totals.peak = {k: max(v, totals.peak.get(k, 0.0)) for k, v in mem.items()}
         metrics = {names.EPOCH_TIME: elapsed, names.SAMPLES_PER_S: samples / elapsed,
                    names.TOKENS_PER_S: tokens / elapsed, names.PADDED_TOKENS_PER_S: padded_tokens / elapsed, **mem}
         metrics.update(self.compute_metrics(flops, padded_flops, samples, elapsed))
         metrics.update(self.compile_metrics(compiling))
-        metrics.update(self._energy_metrics(joules_here, samples, elapsed))
+        metrics.update(_energy_metrics(reduced.per_rank, samples, elapsed))
         totals.joules += metrics.get(names.ENERGY_JOULES, 0.0)
         return metrics
 
@@ -305,18 +320,26 @@ class StageMeters:
             metrics.update({names.MFU: tflops / peak, names.MFU_PADDED: padded_tflops / peak})
         return metrics
 
-    def _energy_metrics(self, joules_here: float, samples: float, seconds: float) -> dict:
-        """Energy of the epoch summed over the job's GPUs (each counted once, by UUID)."""
-        energy = self.energy
-        readings = dist.all_gather_objects((energy.uuid, joules_here, energy.mean_utilization)
-                                           if energy.available else None)
-        per_gpu = {r[0]: r for r in readings if r is not None}
-        if not per_gpu:
-            return {}
-        joules = sum(r[1] for r in per_gpu.values())
-        metrics = {names.ENERGY_JOULES: joules, names.AVG_POWER: joules / seconds,
-                   names.JOULES_PER_SAMPLE: joules / samples}
-        utils = [r[2] for r in per_gpu.values() if r[2] is not None]
-        if utils:
-            metrics[names.GPU_UTIL] = float(np.mean(utils))
-        return metrics
+
+
+def _uuid_key(uuid: str | None) -> float:
+    """A GPU's UUID as a number a float64 holds exactly (48 bits of its digest): ranks sharing a
+    GPU count its energy once."""
+    if uuid is None:
+        return 0.0
+    return float(int.from_bytes(hashlib.sha256(uuid.encode()).digest()[:6], "big"))
+
+
+def _energy_metrics(readings: list[list[float]], samples: float, seconds: float) -> dict:
+    """Energy of the epoch summed over the job's GPUs (each counted once, by UUID): `readings`
+    holds each rank's (available, UUID key, joules, mean utilization or NaN)."""
+    per_gpu = {key: (joules, util) for available, key, joules, util in readings if available}
+    if not per_gpu:
+        return {}
+    joules = sum(j for j, _ in per_gpu.values())
+    metrics = {names.ENERGY_JOULES: joules, names.AVG_POWER: joules / seconds,
+               names.JOULES_PER_SAMPLE: joules / samples}
+    utils = [u for _, u in per_gpu.values() if not math.isnan(u)]
+    if utils:
+        metrics[names.GPU_UTIL] = float(np.mean(utils))
+    return metrics

@@ -30,7 +30,7 @@ def _aggregate(rows: pd.DataFrame) -> dict:
 
 
 def stalled_runs(rows: pd.DataFrame) -> int:
-    """Runs tagged stalled (their predictions collapsed: pipeline/measure/stall.py)."""
+    """Runs tagged stalled (their predictions collapsed: pipeline/measure/collapse.py)."""
     return int(stalled(rows).sum())
 
 

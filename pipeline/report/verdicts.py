@@ -5,7 +5,7 @@ FP32 mean, and whether the difference is larger than the spread; or that the two
 test scores (then no percentage: 100% of a saturated score says nothing about AMP). Per distilled
 student: its main metric against its teacher's and the baseline's, beyond the spread or within
 it, and the share of the baseline-to-teacher gap that distillation recovered. A comparison with
-a stalled run on either side (its predictions collapsed: pipeline/measure/stall.py) says so: its
+a stalled run on either side (its predictions collapsed: pipeline/measure/collapse.py) says so: its
 difference is the stall's, not the recipes'.
 """
 from __future__ import annotations

@@ -8,7 +8,8 @@ import logging
 import os
 import signal
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import torch
@@ -202,6 +203,69 @@ def all_reduce(values: list[float], op: str = "sum") -> list[float]:
     return t.tolist()
 
 
+@dataclass(frozen=True)
+class Local:
+    """One part's host numbers for a collective shared with other parts: summed over ranks, the
+    largest over ranks, or kept per rank. Every rank gives the same counts."""
+
+    sums: list[float] = field(default_factory=list)
+    maxes: list[float] = field(default_factory=list)
+    per_rank: list[float] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Reduced:
+    """A Local's numbers over every rank."""
+
+    sums: list[float]
+    maxes: list[float]
+    per_rank: list[list[float]]
+    """Each rank's per_rank numbers, in rank order."""
+
+
+def reduce_together(parts: Sequence[Local]) -> list[Reduced]:
+    """One collective for every part at a log point: each rank's numbers all-gathered as one
+    tensor, then summed, maxed or kept per rank here; each part gets its own back, in order."""
+    flat = [float(v) for p in parts for v in (*p.sums, *p.maxes, *p.per_rank)]
+    rows = _all_gather_rows(flat) if flat else [[]]
+    reduced, i = [], 0
+    for p in parts:
+        sums = [sum(row[j] for row in rows) for j in range(i, i + len(p.sums))]
+        i += len(p.sums)
+        maxes = [max(row[j] for row in rows) for j in range(i, i + len(p.maxes))]
+        i += len(p.maxes)
+        per_rank = [row[i:i + len(p.per_rank)] for row in rows]
+        i += len(p.per_rank)
+        reduced.append(Reduced(sums, maxes, per_rank))
+    return reduced
+
+
+def _all_gather_rows(values: list[float]) -> list[list[float]]:
+    """Every rank's list of host numbers (of one length), in rank order."""
+    if not dist.is_initialized():
+        return [list(values)]
+    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    gathered = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, t)
+    return torch.stack(gathered).tolist()
+
+
+def on_main(read: Callable[[], T]) -> T:
+    """Collective: `read()` on global rank 0 only (it reads files), its answer on every rank; a
+    UserError it raises is raised on every rank, so all of them fail with the same line."""
+    outcome: tuple[str | None, T | None] = (None, None)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        try:
+            outcome = (None, read())
+        except UserError as e:
+            outcome = (str(e), None)
+    error, value = broadcast_object(outcome)
+    if error is not None:
+        raise UserError(error)
+    return value
+
+
 def all_gather_objects(obj: T) -> list[T]:
     """Every rank's object, in rank order (a plain list of one in a single process)."""
     if not dist.is_initialized():
@@ -253,7 +317,7 @@ class AgreedFlag:
         self._start(local)
         return agreed
 
-    def settle(self) -> bool:
+    def last_answer(self) -> bool:
         """Wait for the running all-reduce (before the loop stops polling); its answer."""
         return self._finish()
 

@@ -2,7 +2,7 @@
 
 Layout: OUTPUT_DIR/checkpoints/step-00000123/ with `state.pt` (every part of the loop's state by
 name, collected from parts that save and restore themselves; rank 0), `job.json` (what the job
-trains with: jobs/job_record.py; rank 0), what the backend writes
+trains with: plan/job_record.py; rank 0), what the backend writes
 (`backend.pt`: model, optimizer, loss scaler; or DeepSpeed's own engine checkpoint under
 `engine/`), `rng-rank{R}.pt` (every rank's RNG states) and `manifest.json` (sha256 of each
 file), written last. Every file goes into a temporary directory that is fsync'ed (files, then
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from pipeline import fsutil
-from pipeline.errors import UserError
+from pipeline.errors import MachineError, UserError
 from pipeline.layout import CheckpointFiles, OutputDir
 from pipeline.runtime import dist
 
@@ -35,6 +35,20 @@ log = logging.getLogger("pipeline")
 MANIFEST = CheckpointFiles.MANIFEST
 FORMAT = 3
 """state.pt's layout (collect): a bundle of another format is refused in one line."""
+
+
+class Pausable(Protocol):
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
+class CheckpointedBackend(Protocol):
+    """What of the backend (runtime/backend.py) a checkpoint writes and reads."""
+
+    def save(self, directory: Path, rank: int) -> None: ...
+
+    def load(self, directory: Path) -> None: ...
 
 
 class Stateful(Protocol):
@@ -82,11 +96,65 @@ class Checkpoint:
         set_rng_state(torch.load(path, weights_only=True))
 
 
-def directory(output_dir: Path) -> Path:
-    return OutputDir(output_dir).checkpoints
+class Checkpointer:
+    """The loop's checkpoints, built once with the loop (torchtitan's CheckpointManager): when to
+    save (every `save_every` optimizer steps inside an epoch, at an epoch's end unless training is
+    over, and at once when the ranks agreed on a SIGTERM), what (every part of the loop's state by
+    name, the backend's state, every rank's RNG, the job's record), the durable write, the last
+    `keep` kept; and the restore of all of it. The loop calls after_step once per optimizer step
+    and at_epoch_end once per epoch."""
+
+    def __init__(self, out: OutputDir, parts: Mapping[str, Stateful], backend: CheckpointedBackend, rank: int,
+                 save_every: int, keep: int, run_id: str | None, job: dict, before_save: Callable[[], None],
+                 clock: Pausable):
+        self.out, self.parts, self.backend, self.rank = out, parts, backend, rank
+        self.save_every, self.keep, self.run_id, self.job = save_every, keep, run_id, job
+        self.before_save = before_save
+        """Called first on every rank (a collective): the parts' state brought up to the step."""
+        self.clock = clock
+        """Paused while saving: a save is neither training time nor training energy."""
+
+    def after_step(self, step: int, preempted: bool, last_of_epoch: bool) -> Path | None:
+        """Collective, once per optimizer step: a checkpoint when the ranks agreed to stop
+        (`preempted`) or every save_every steps (the epoch's last step leaves it to its end);
+        the training clock paused meanwhile."""
+        due = bool(self.save_every) and step % self.save_every == 0 and not last_of_epoch
+        if not (preempted or due):
+            return None
+        self.clock.pause()
+        try:
+            return self.save(step)
+        finally:
+            self.clock.resume()
+
+    def at_epoch_end(self, step: int, training_over: bool) -> Path | None:
+        """Collective: a checkpoint at each epoch's end (its clocks have stopped), except the last:
+        the job finishes instead."""
+        return None if training_over else self.save(step)
+
+    def save(self, step: int) -> Path:
+        """Collective: everything, now."""
+        self.before_save()
+        return save(self.out, step, collect(self.parts, self.run_id), self.rank, keep=self.keep,
+                    write_backend=self.backend.save, files={CheckpointFiles.JOB: self.job})
+
+    def load(self, ckpt: Checkpoint, bundle: dict) -> None:
+        """Collective: the backend's state, every part's and this rank's RNG from a checkpoint; a
+        MachineError when its files or the libraries cannot load it (its job's record matched)."""
+        try:
+            self.backend.load(ckpt.path)
+            restore(bundle, self.parts)
+        except (RuntimeError, KeyError, ValueError, OSError) as e:
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            raise MachineError(f"resume: checkpoint {ckpt.path}: cannot be loaded ({reason}); resume=never starts "
+                               "over") from e
+        ckpt.restore_rng(self.rank)
+
+    def latest(self) -> Checkpoint | None:
+        return latest(self.out)
 
 
-def save(output_dir: Path, step: int, state: dict, rank: int, keep: int,
+def save(out: OutputDir, step: int, state: dict, rank: int, keep: int,
          write_backend: Callable[[Path, int], None] | None = None, files: Mapping[str, dict] | None = None
          ) -> Path:
     """Collective: every rank calls it at the same step boundary; write_backend(dir, rank) too.
@@ -94,12 +162,11 @@ def save(output_dir: Path, step: int, state: dict, rank: int, keep: int,
     a resume compares before loading the rest).
 
     A failure on any rank (DiskFull on a full disk) removes the temporary directory and raises."""
-    layout = OutputDir(output_dir)
-    final, tmp = layout.checkpoint(step), layout.checkpoint_in_progress(step)
+    final, tmp = out.checkpoint(step), out.checkpoint_in_progress(step)
     try:
         with fsutil.writing(tmp):
             if rank == 0:
-                remove_partial(output_dir)  # leftovers of saves that were killed
+                remove_partial(out)  # leftovers of saves that were killed
                 tmp.mkdir(parents=True)
             dist.barrier()
             save_torch(rng_state(), tmp / CheckpointFiles.rng(rank))
@@ -120,7 +187,7 @@ def save(output_dir: Path, step: int, state: dict, rank: int, keep: int,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if rank == 0:
-        for old in complete(output_dir)[:-keep]:
+        for old in complete(out)[:-keep]:
             shutil.rmtree(old.path, ignore_errors=True)
     dist.barrier()
     return final
@@ -133,15 +200,15 @@ def save_torch(obj: object, path: Path) -> None:
         torch.save(obj, f)
 
 
-def remove_partial(output_dir: Path) -> None:
+def remove_partial(out: OutputDir) -> None:
     """Temporary directories of saves that were killed or failed (they only take space)."""
-    for tmp in OutputDir(output_dir).checkpoints_in_progress():
+    for tmp in out.checkpoints_in_progress():
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def latest(output_dir: Path) -> Checkpoint | None:
+def latest(out: OutputDir) -> Checkpoint | None:
     """The newest checkpoint whose files match their manifest; broken ones are skipped."""
-    for ckpt in reversed(complete(output_dir)):
+    for ckpt in reversed(complete(out)):
         try:
             meta = json.loads((ckpt.path / MANIFEST).read_text())
             for name, digest in meta["files"].items():
@@ -153,10 +220,10 @@ def latest(output_dir: Path) -> Checkpoint | None:
     return None
 
 
-def complete(output_dir: Path) -> list[Checkpoint]:
+def complete(out: OutputDir) -> list[Checkpoint]:
     """Checkpoints with a manifest (i.e. fully written), oldest first."""
     found = []
-    for path in OutputDir(output_dir).checkpoint_dirs():
+    for path in out.checkpoint_dirs():
         try:
             found.append(Checkpoint(path, int(json.loads((path / MANIFEST).read_text())["step"])))
         except (OSError, ValueError, KeyError):

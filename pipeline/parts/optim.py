@@ -37,7 +37,7 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def give_back(scheduler: torch.optim.lr_scheduler.LRScheduler, steps: int) -> None:
+def rewind(scheduler: torch.optim.lr_scheduler.LRScheduler, steps: int) -> None:
     """Take `steps` provisional steps back from a closed-form schedule (the linear warm-up/decay
     is one: its LR is a function of the step count): the loop steps it on every optimizer step
     and learns only later, from the device, which steps were skipped."""

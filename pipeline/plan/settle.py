@@ -7,7 +7,7 @@ compile mode, the padding multiple and the loader workers; with the task and the
 the learning rate, the epochs and length grouping; batch_size=auto's global batch), and the job's
 record (job_record.py) a resume compares. One thing is left for later, by name: under
 batch_size=auto the split of the global batch into micro-batches (Plan.find_batch), which only
-the built model on its device can measure (stage.Stage.fit_batch, jobs/batch_fit.py,
+the built model on its device can measure (stage.Stage.fit_batch, batch_finder.py,
 Plan.resplit): until then the plan holds the default split of that global batch, a job that
 runs as it is. Every later reader takes the plan: `Plan.cfg` is a `SettledConfig`, whose types
 say that nothing in it is unset or `auto`. Resolving changes no process-wide setting: the
@@ -21,8 +21,8 @@ from typing import Any
 
 from pipeline.config import Config
 from pipeline.config.schema import SettledConfig, SettledTrain, TrainConfig, default_output_dir
-from pipeline.jobs.job_record import JobRecord, describe
 from pipeline.layout import OutputDir
+from pipeline.plan.job_record import JobRecord, describe
 from pipeline.runtime import compiler, precision
 from pipeline.runtime.compiler import CompilePolicy
 from pipeline.runtime.deepspeed_backend import load_ds_config
@@ -58,13 +58,15 @@ class Plan:
     find_batch: bool = False
     """train.batch_size=auto: the global batch is settled (AUTO_BATCH x grad_accum x world size);
     its split into micro-batch x grad_accum, and eval_batch_size, are left to the batch finder
-    (jobs/batch_fit.py) once the model is built (resplit)."""
+    (batch_finder.py) once the model is built (resplit)."""
+    batch_found: str | None = None
+    """Once resplit by the batch finder: what it chose and measured, in a line (the batch_fit tag)."""
 
     @property
     def out(self) -> OutputDir:
         return OutputDir(self.cfg.output_dir)
 
-    def resplit(self, batch_size: int, grad_accum: int, eval_batch_size: int) -> Plan:
+    def resplit(self, batch_size: int, grad_accum: int, eval_batch_size: int, found: str | None = None) -> Plan:
         """The same job with its global batch split otherwise on this device (the batch finder's
         answer): the one part of a settled job that may change after settle, as the split is what
         same_job lets a resumed job change (COMPARED_ELSEWHERE: only the global batch counts)."""
@@ -76,7 +78,7 @@ class Plan:
         cfg = dataclasses.replace(self.cfg, train=dataclasses.replace(t, **split))
         record = dataclasses.replace(self.record, config={**self.record.config,
                                                           **{f"train.{k}": v for k, v in split.items()}})
-        return dataclasses.replace(self, cfg=cfg, record=record, find_batch=False)
+        return dataclasses.replace(self, cfg=cfg, record=record, find_batch=False, batch_found=found)
 
 
 def settle(cfg: Config, kind: str, rt: Runtime) -> Plan:

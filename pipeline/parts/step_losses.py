@@ -24,6 +24,7 @@ class PendingLosses:
     def __init__(self):
         self.losses: list[torch.Tensor] = []
         self.stepped: list[torch.Tensor] = []
+        self._skipped: list[float] = []
 
     def add(self, loss: torch.Tensor, stepped: torch.Tensor | bool) -> None:
         # a copy: under CUDA graphs the loss lives in a buffer that the next replay overwrites
@@ -33,21 +34,30 @@ class PendingLosses:
     def __len__(self) -> int:
         return len(self.losses)
 
-    def take(self) -> list[tuple[bool, float, bool]]:
-        """Collective: per pending step, (did any rank have a non-finite loss, the sum over ranks of
-        the finite losses, was the update skipped); then none pend. One host read and one
-        all-reduce for all of them (every rank makes the same skip decision: its gradients are
-        the all-reduced ones)."""
+    def local(self) -> dist.Local:
+        """This rank's share of the read (one host read of every pending step): per step its finite
+        loss (0 where non-finite) and a non-finite flag, summed over ranks; the skip flags stay
+        local (every rank makes the same skip decision: its gradients are the all-reduced ones)."""
         if not self.losses:  # ranks step in lockstep: all of them have none
-            return []
+            return dist.Local()
         losses = torch.stack(self.losses)
         finite = torch.isfinite(losses)
         skipped = ~torch.stack(self.stepped).to(losses.device)
         values = torch.cat([torch.where(finite, losses, 0.0).double(), (~finite).double(), skipped.double()]).tolist()
         n = len(self.losses)
-        reduced = dist.all_reduce(values[:2 * n])
-        self.losses, self.stepped = [], []
-        return [(flag > 0, total, skip > 0) for total, flag, skip in zip(reduced[:n], reduced[n:], values[2 * n:])]
+        self._skipped = values[2 * n:]
+        return dist.Local(sums=values[:2 * n])
+
+    def take(self, reduced: dist.Reduced | None = None) -> list[tuple[bool, float, bool]]:
+        """Collective unless `reduced` (local()'s numbers over every rank, read in a collective shared
+        with other parts) is given: per pending step, (did any rank have a non-finite loss, the sum
+        over ranks of the finite losses, was the update skipped); then none pend."""
+        if reduced is None:
+            (reduced,) = dist.reduce_together([self.local()])
+        n = len(self.losses)
+        sums, skipped = reduced.sums, self._skipped
+        self.losses, self.stepped, self._skipped = [], [], []
+        return [(flag > 0, total, skip > 0) for total, flag, skip in zip(sums[:n], sums[n:], skipped)]
 
 
 @dataclass
@@ -65,12 +75,13 @@ class StepLosses:
     nonfinite_streak: int = 0
     pending: PendingLosses = field(default_factory=PendingLosses, repr=False, compare=False)
 
-    def read(self, step: int, world_size: int, max_nonfinite: int) -> tuple[int, int | None]:
-        """Collective: the steps pending since the last read into the window (`step` is the last
-        of them). Returns (updates skipped among them, the step at which a streak of
-        `max_nonfinite` non-finite losses was reached, or None)."""
+    def read(self, step: int, world_size: int, max_nonfinite: int, reduced: dist.Reduced | None = None
+             ) -> tuple[int, int | None]:
+        """Collective (unless `reduced`: PendingLosses.take): the steps pending since the last read
+        into the window (`step` is the last of them). Returns (updates skipped among them, the step
+        at which a streak of `max_nonfinite` non-finite losses was reached, or None)."""
         first = step - len(self.pending) + 1
-        taken = self.pending.take()
+        taken = self.pending.take(reduced)
         skipped = sum(skip for _, _, skip in taken)
         self.skipped += skipped
         for k, (nonfinite, total, _) in enumerate(taken):

@@ -7,7 +7,7 @@ import numpy as np
 
 from pipeline import names
 from pipeline.evaluation import Evaluation
-from pipeline.measure import stall
+from pipeline.measure import collapse
 from pipeline.tasks import get_task
 from pipeline.tasks.base import missing_classes
 
@@ -84,7 +84,7 @@ class Tags:
 def test_a_stalled_run_is_tagged_and_warned_about(caplog):
     tracker = Tags()
     with caplog.at_level(logging.WARNING, logger="pipeline"):
-        tracker.set_tags(stall.flag(Evaluation({"main": 0.53}, stall="no entity predicted").stall, "test", True))
+        tracker.set_tags(collapse.flag(Evaluation({"main": 0.53}, stall="no entity predicted").stall, "test", True))
     assert tracker.tags == {names.TAG_STALLED: "true", names.TAG_STALL_REASON: "no entity predicted"}
     assert [r.getMessage() for r in caplog.records] == [
         "stalled: the best model's test predictions collapsed (no entity predicted); this run's scores compare "
@@ -94,7 +94,7 @@ def test_a_stalled_run_is_tagged_and_warned_about(caplog):
 def test_a_run_that_learned_is_tagged_not_stalled_and_silent(caplog):
     tracker = Tags()
     with caplog.at_level(logging.WARNING, logger="pipeline"):
-        tracker.set_tags(stall.flag(Evaluation({"main": 0.9}).stall, "test", True))
-        Tags().set_tags(stall.flag(Evaluation({"main": 0.5}, stall="no entity predicted").stall, "test", False))
-    assert tracker.tags == {names.TAG_STALLED: "false"} == stall.tags(None)
+        tracker.set_tags(collapse.flag(Evaluation({"main": 0.9}).stall, "test", True))
+        Tags().set_tags(collapse.flag(Evaluation({"main": 0.5}, stall="no entity predicted").stall, "test", False))
+    assert tracker.tags == {names.TAG_STALLED: "false"} == collapse.tags(None)
     assert not caplog.records  # only the main rank warns

@@ -17,16 +17,6 @@ from pipeline.layout import OutputDir
 from pipeline.runtime.backend import Backend
 
 
-def directory(output_dir: Path) -> Path:
-    return OutputDir(output_dir).best
-
-
-def model_dir_of(output_dir: Path) -> Path | None:
-    """A train stage's output_dir -> its best/ model directory, if it holds one."""
-    best = directory(output_dir)
-    return best if (best / "config.json").is_file() else None
-
-
 def save_pretrained_fp32(module: PreTrainedModel, state_dict: dict, tokenizer: PreTrainedTokenizerBase,
                          target: Path) -> None:
     """A model directory that loads as fp32: the weights of `state_dict` in fp32 and a
@@ -54,7 +44,7 @@ class BestModel:
     """Its weights (CPU, fp32) for the final test; on disk in best/, so not in the checkpoint."""
 
     def consider(self, scores: dict[str, float], train_seconds: float, backend: Backend,
-                 tokenizer: PreTrainedTokenizerBase, output_dir: Path, is_main: bool) -> bool:
+                 tokenizer: PreTrainedTokenizerBase, out: OutputDir, is_main: bool) -> bool:
         """Collective under ZeRO-3: keep these weights (and write best/) if `scores` beat the best
         main score; else count a bad evaluation. True when they did."""
         if not scores["main"] > self.score:
@@ -64,14 +54,14 @@ class BestModel:
         self.metrics = {names.eval_metric(k): v for k, v in scores.items()}
         self.weights = backend.full_state_dict()  # collective under ZeRO-3 (gathers the shards)
         if is_main:
-            with atomic_dir(directory(output_dir), replace=True) as tmp:  # fp32, whatever dtype the module trains in
+            with atomic_dir(out.best, replace=True) as tmp:  # fp32, whatever dtype the module trains in
                 save_pretrained_fp32(backend.module, self.weights, tokenizer, tmp)
         return True
 
-    def restore_weights(self, output_dir: Path, backend: Backend) -> None:
+    def restore_weights(self, out: OutputDir, backend: Backend) -> None:
         """Collective: the weights of best/, if a resumed job has written one (saved without the
         kd_projection, if any: the model's current one fills in)."""
-        saved = directory(output_dir) / "model.safetensors"
+        saved = out.best / "model.safetensors"
         if not saved.is_file():
             return
         from safetensors.torch import load_file

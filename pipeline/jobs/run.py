@@ -1,0 +1,97 @@
+"""One stage as a job, from the command line's config to its final metrics: build, train, close.
+
+run() settles the job into its plan (plan/settle.py), refuses an output_dir another job holds
+(lock.py), decides from where it starts (resume.py: finished, from a checkpoint, or over), builds
+the stage (stage.py: whatever can be the user's fault fails before any run or output exists;
+batch_finder.py under train.batch_size=auto), completes the job's record with what was built
+and confirms a checkpoint against it; then, holding the lock, it clears what a previous job left
+(outputs.py), opens the MLflow run and hands the stage to the loop (train.py), and closes the run
+with how the loop ended.
+"""
+from __future__ import annotations
+
+import logging
+
+from pipeline import batch_finder, names
+from pipeline.config import Config
+from pipeline.data import features
+from pipeline.data.loaders import describe_datasets
+from pipeline.jobs import lock, outputs, resume
+from pipeline.jobs.same_job import Change, param_value
+from pipeline.measure.telemetry import StageMeters
+from pipeline.plan.job_record import JobRecord
+from pipeline.plan.settle import settle
+from pipeline.runtime import dist, gc_pause
+from pipeline.stage import Stage, build_stage
+from pipeline.tracking import StageRun, Tracker, resolve_uri, start_stage_run, what_ran
+from pipeline.train import Preempted, fit
+
+log = logging.getLogger("pipeline")
+
+
+def run(cfg: Config, kind: str = "train") -> dict[str, float]:
+    """Run one stage (kind: train | distill); returns the final metrics (also in output_dir/metrics.json)."""
+    rt = dist.init(cfg.backend, timeout_s=cfg.dist_timeout, fallback=cfg.fallback)
+    if rt is None:  # a surplus torchrun rank under fallback: the others do the work
+        return {}
+    try:
+        plan = settle(cfg, kind, rt)
+        lock.check_free(plan.out)  # a duplicate job fails before it loads data or models
+        start = resume.decide(plan)  # a resume of another job stops here, before data or models load
+        if isinstance(start, resume.Finished):
+            return start.metrics
+        uri = resolve_uri(plan.cfg.tracking.uri)
+        stage = build_stage(plan)
+        if plan.find_batch:
+            stage = batch_finder.fit(stage)
+        record = stage.plan.record.built(stage.tokenizer, stage.model, stage.teacher)
+        if isinstance(start, resume.FromCheckpoint):  # the checkpoint against the model, tokenizer and teacher
+            start = start.confirm(record, plan.cfg.accepted_changes)
+            record = start.record
+        with lock.job_lock(plan.out):  # a second job into output_dir: UserError, nothing touched
+            return _run_locked(stage, start, record, uri)
+    finally:
+        dist.shutdown()
+
+
+def _run_locked(stage: Stage, start: resume.Resumed | resume.StartOver, record: JobRecord, uri: str
+                ) -> dict[str, float]:
+    """The stage in its MLflow run, from its checkpoint or from scratch (what a previous job left
+    in output_dir cleared first)."""
+    resumed = start if isinstance(start, resume.Resumed) else None
+    if resumed is None:
+        outputs.start_over(stage.out, stage.rt, uri, start.resuming)
+    if stage.rt.is_main:
+        record.write(stage.out.root)  # the job a later resume=auto compares with once it finished
+    meters = StageMeters(stage.rt.device, stage.policy.arithmetic, stage.rt.world_size,
+                         stage.compile.counts_compile_time)
+    tracker, run_id = start_stage_run(stage.cfg, stage.rt, uri, StageRun(
+        stage.kind, stage.model_spec, stage.policy.name, meters.energy_available_anywhere(),
+        what_ran(stage.cfg, stage.rt, stage.policy, stage.backend, stage.model_spec, stage.kind),
+        resumed=resumed is not None, resume_run_id=resumed.run_id if resumed else None))
+    if resumed is not None and resumed.accepted:
+        _record_accepted(tracker, record, resumed.accepted, resumed.step)
+    tracker.log_datasets(describe_datasets(stage.cfg.data, stage.task, stage.examples))
+    tracker.set_tags({names.TAG_DATA_CACHE: features.cache_outcome(stage.examples["train"], stage.features),
+                      **({names.TAG_KD_CACHE: stage.distiller.cache_outcome} if stage.distiller else {}),
+                      **({names.TAG_BATCH_FIT: stage.plan.batch_found} if stage.plan.batch_found else {})})
+    gc_pause.resume_after_setup()  # the CLI paused it through set-up (runtime/gc_pause.py)
+    try:
+        final = fit(stage, tracker, run_id, meters, resumed, record)
+    except BaseException as e:
+        tracker.end("KILLED" if isinstance(e, (KeyboardInterrupt, Preempted)) else "FAILED")
+        raise
+    tracker.end("FINISHED")
+    tracker.announce(stage.cfg.tracking)
+    return final
+
+
+def _record_accepted(tracker: Tracker, record: JobRecord, accepted: list[Change], step: int) -> None:
+    """A resumed job that goes on with changes says so: a warning line, a tag listing every change
+    accepted in the run's life, a param per change (MLflow keeps a param's first value: these
+    are new keys)."""
+    log.warning("resume: continuing with changed settings (accept_changes): %s; the run mixes them and is "
+                "tagged %s", "; ".join(map(str, accepted)), names.TAG_RESUMED_WITH_CHANGES)
+    tracker.set_tags({names.TAG_RESUMED_WITH_CHANGES: " | ".join(record.accepted)})
+    tracker.log_params({f"resumed_at_step_{step}.{c.key}": f"{param_value(c.old)} -> {param_value(c.new)}"
+                        for c in accepted})

@@ -1,0 +1,97 @@
+"""When the loop's numbers are logged, and every record they become (torchtitan's MetricsProcessor).
+
+The loop hands it numbers: after each optimizer step, at each epoch's end, at the job's end. It
+decides when a step is logged (every train.log_every steps and the last one), reads every rank's
+numbers at an epoch's end in one collective (the step losses and the meters together: a host
+wait per collective shows in a GPU step's time), and makes each record: the MLflow metrics
+through the Tracker (which journals them first), the console lines, and output_dir's
+metrics.json and report.txt with the logged model. pipeline/names.py spells every name.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from pipeline import names
+from pipeline.fsutil import write_json, write_text
+from pipeline.layout import OutputDir
+from pipeline.measure import collapse
+from pipeline.measure.telemetry import StageMeters
+from pipeline.parts.step_losses import StepLosses
+from pipeline.runtime import dist
+from pipeline.tracking.served_model import MODEL_NAME, ServedModel, save_for_logging
+from pipeline.tracking.tracker import Tracker
+
+if TYPE_CHECKING:
+    from pipeline.evaluation import Evaluation
+    from pipeline.parts.best_model import BestModel
+
+log = logging.getLogger("pipeline")
+
+
+class MetricsProcessor:
+    """The records of one stage's run; every method is called on every rank (rank 0 writes)."""
+
+    def __init__(self, tracker: Tracker, meters: StageMeters, losses: StepLosses, log_every: int, total_steps: int,
+                 is_main: bool):
+        self.tracker, self.meters, self.losses = tracker, meters, losses
+        self.log_every, self.total_steps, self.is_main = log_every, total_steps, is_main
+
+    def should_log(self, step: int) -> bool:
+        return step % self.log_every == 0 or step == self.total_steps
+
+    def log_step(self, step: int, lr: float, grad_norm: float, epoch_progress: float, loss_scale: float | None
+                 ) -> float:
+        """A logged step (the losses read into the window first): the window's mean loss, the
+        learning rate, the gradient norm, the epoch's progress, AMP health. Returns the loss."""
+        self.meters.check_compiles()
+        loss = self.losses.close_window()
+        self.tracker.log_metrics({names.TRAIN_LOSS: loss, names.TRAIN_LR: lr, names.TRAIN_GRAD_NORM: grad_norm,
+                                  names.TRAIN_EPOCH: epoch_progress, **self.losses.amp_metrics(loss_scale)}, step)
+        return loss
+
+    def reduce_epoch(self) -> tuple[dict, dist.Reduced]:
+        """Collective, one for both: the epoch's perf/ and energy/ metrics (the meters' clocks
+        stop), and the steps' pending losses over every rank (for StepLosses.read)."""
+        losses, meters = dist.reduce_together([self.losses.pending.local(), self.meters.epoch_local()])
+        return self.meters.end_epoch(meters), losses
+
+    def log_epoch(self, epoch_metrics: dict, dev: Evaluation, step: int, epoch: int, epochs: int,
+                  main_metric: str) -> None:
+        """The epoch's metrics with its dev scores, and its console line."""
+        metrics = {**epoch_metrics, **self.losses.amp_metrics(None),
+                   **{names.eval_metric(k): v for k, v in dev.scores.items()}}
+        self.tracker.log_metrics(metrics, step)
+        if self.is_main:
+            log.info("epoch %d/%d  step %d  loss %.4f  dev %s %.4f  %.1f samples/s  %.1fs", epoch + 1, epochs, step,
+                     self.losses.last_loss, main_metric, dev.main, metrics[names.SAMPLES_PER_S],
+                     metrics[names.EPOCH_TIME])
+
+    def log_final(self, step: int, best: BestModel, test: Evaluation, loss_scale: float | None,
+                  served_figures: dict[str, float]) -> dict[str, float]:
+        """The job's final metrics (the best evaluation's eval/ metrics, the test scores, the
+        whole job's perf/ and energy/ figures, AMP health, rank 0's serving figures): to MLflow,
+        the eval/ ones excepted (logged at their epoch); the collapse tags of the test split."""
+        self.tracker.set_tags(collapse.flag(test.stall, "test", self.is_main))
+        final = {**best.metrics, **{names.test_metric(k): v for k, v in test.scores.items()},
+                 names.TRAIN_LOSS: self.losses.last_loss, names.TRAIN_STEPS: step,
+                 **self.meters.final_metrics(best.time_to_best), **self.losses.amp_metrics(loss_scale),
+                 **served_figures}
+        final = {k: v for k, v in final.items() if v is not None}
+        self.tracker.log_metrics({k: v for k, v in final.items() if not k.startswith(names.EVAL)}, step)
+        return final
+
+    def write_outputs(self, out: OutputDir, final: dict[str, float], report: str, served: ServedModel | None,
+                      step: int) -> None:
+        """Rank 0: the final metrics and the task's report into output_dir and the run (with best/
+        as an MLflow model, if asked: `served`); metrics.json last of all, so its presence says
+        the job finished."""
+        write_text(out.report, report)
+        saved = served is not None and save_for_logging(out, served)
+        write_json(out.metrics, final)
+        for path in (out.metrics, out.report):
+            self.tracker.log_artifact(path)
+        if saved:
+            self.tracker.log_model(out.mlflow_model, MODEL_NAME, step)  # after the metrics: it links them
+        elif served is not None:
+            self.tracker.log_artifact(out.best, OutputDir.BEST)
