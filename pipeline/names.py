@@ -102,9 +102,6 @@ TAG_SEED = "seed"
 TAG_ENERGY_AVAILABLE = "energy_available"  # true | false: NVML's energy counter on some rank
 TAG_STUDY = "study"
 TAG_PROCEDURE = "procedure"
-RUN_TAGS = (TAG_TASK, TAG_MODEL, TAG_PRECISION, TAG_PRECISION_REQUESTED, TAG_BACKEND, TAG_LAUNCHER, TAG_WORLD_SIZE,
-            TAG_NUM_NODES, TAG_STAGE, TAG_PROCEDURE, TAG_DEVICE, TAG_DEVICE_TYPE, TAG_SEED, TAG_STUDY,
-            TAG_ENERGY_AVAILABLE)
 TAG_PARENT_RUN = "mlflow.parentRunId"  # MLflow's own: nests a run under its parent in the UI
 TAG_KD_CACHE = "kd_cache"  # hit | miss | off
 TAG_DATA_CACHE = "data_cache"  # hit | miss | partial: the prepared-features cache (features.py)

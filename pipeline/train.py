@@ -23,10 +23,9 @@ from pipeline import names
 from pipeline.data.loaders import Loaders, build_loaders, real_rows
 from pipeline.evaluation import evaluate
 from pipeline.fsutil import write_json
-from pipeline.jobs.resume import Resumed
 from pipeline.measure.telemetry import StageMeters
 from pipeline.parts.best_model import BestModel
-from pipeline.parts.checkpoint import Checkpointer, Stateful
+from pipeline.parts.checkpoint import Checkpointer, LoadedCheckpoint, Stateful
 from pipeline.parts.optim import build_optimizer, lr_schedule, rewind
 from pipeline.parts.progress import Progress
 from pipeline.parts.step_losses import StepLosses
@@ -79,7 +78,7 @@ class Loop:
                 "scheduler": self.scheduler}
 
 
-def fit(stage: Stage, tracker: Tracker, run_id: str | None, meters: StageMeters, resumed: Resumed | None,
+def fit(stage: Stage, tracker: Tracker, run_id: str | None, meters: StageMeters, resumed: LoadedCheckpoint | None,
         record: JobRecord) -> dict[str, float]:
     """Train every epoch (from where a resumed job stopped), then test; returns the final metrics.
     A SIGTERM checkpoints at the next step boundary every rank agrees on (Preempted)."""
@@ -134,11 +133,11 @@ def assemble(stage: Stage, loaders: Loaders, scheduler: torch.optim.lr_scheduler
     return loop
 
 
-def restore(loop: Loop, resumed: Resumed) -> None:
+def restore(loop: Loop, resumed: LoadedCheckpoint) -> None:
     """Model, optimizer, every part of the loop's state and the RNG from a checkpoint; the best
     model's weights from best/."""
     stage = loop.stage
-    loop.checkpointer.load(resumed.checkpoint, resumed.bundle)
+    loop.checkpointer.load(resumed)
     loop.best.restore_weights(stage.out, stage.backend)
     if stage.rt.is_main:
         log.info("resumed from %s (epoch %d, step %d)", resumed.checkpoint.path, loop.progress.epoch + 1,

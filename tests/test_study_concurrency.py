@@ -42,9 +42,9 @@ def test_a_dependant_starts_only_after_its_teacher_finished():
     teacher, student, other = cell("teacher"), cell("student", needs=["teacher"]), cell("other")
     schedule = Schedule([teacher, student, other], {}, jobs=4, pool=DevicePool([]))
     assert start_all(schedule) == [("teacher", []), ("other", [])]  # the student waits
-    schedule.settle(other, {"status": "finished"})
+    schedule.ended(other, {"status": "finished"})
     assert start_all(schedule) == []
-    schedule.settle(teacher, {"status": "finished"})
+    schedule.ended(teacher, {"status": "finished"})
     assert start_all(schedule) == [("student", [])]
     assert schedule.count() == "[2/3 done, 1 running]"
 
@@ -53,7 +53,7 @@ def test_a_failed_teacher_leaves_its_dependants_unrun_and_the_rest_goes_on():
     teacher, student, other = cell("teacher"), cell("student", needs=["teacher"]), cell("other")
     schedule = Schedule([teacher, student, other], {}, jobs=1, pool=DevicePool([]))
     assert start_all(schedule) == [("teacher", [])]  # --jobs 1: one at a time, in run order
-    schedule.settle(teacher, {"status": "failed"})
+    schedule.ended(teacher, {"status": "failed"})
     assert [(c.name, broken) for c, broken in schedule.blocked()] == [("student", ["teacher"])]
     assert start_all(schedule) == [("other", [])]
 
@@ -63,9 +63,9 @@ def test_each_cell_gets_gpus_of_its_own():
     cells = [cell("a", ddp), cell("b"), cell("c", ddp), cell("d")]
     schedule = Schedule(cells, {}, jobs=8, pool=DevicePool(["0", "1", "2", "3"]))
     assert start_all(schedule) == [("a", ["0", "1"]), ("b", ["2"]), ("d", ["3"])]  # c waits for two free GPUs
-    schedule.settle(cells[1], {"status": "finished"})
+    schedule.ended(cells[1], {"status": "finished"})
     assert start_all(schedule) == []  # one free is not enough for c
-    schedule.settle(cells[0], {"status": "finished"})
+    schedule.ended(cells[0], {"status": "finished"})
     assert start_all(schedule) == [("c", ["0", "1"])]
 
 

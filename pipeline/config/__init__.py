@@ -5,6 +5,8 @@ value or override read as its field's type (coerce.py), dotted keys and the near
 May import: pipeline.errors, and the task registry's names (pipeline.tasks, whose __init__ imports
 only errors when loaded): no torch, no transformers. What a job derives from its config (the
 settled plan) is pipeline.plan.settle's.
+
+Inside, lowest first: coerce keys | schema | reference
 """
 from pipeline.config.schema import (
     CHOICES,

@@ -1,5 +1,7 @@
 """The data path: a task's examples and features prepared once per node as memory-mapped Arrow
 (features, prepared), then sampled, batched and collated into the loaders (loaders).
 
-May import: errors, names, fsutil, layout, config, runtime, tasks.
+May import: errors, names, fsutil, layout, tasks, config, runtime, parts, measure.
+
+Inside, lowest first: prepared | features | loaders
 """

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pipeline.jobs import outputs, same_job
 from pipeline.jobs.same_job import Change
 from pipeline.parts import checkpoint
-from pipeline.parts.checkpoint import Checkpoint
+from pipeline.parts.checkpoint import Checkpoint, LoadedCheckpoint
 from pipeline.plan import job_record
 from pipeline.plan.job_record import JobRecord
 from pipeline.plan.settle import Plan
@@ -45,9 +45,8 @@ class StartOver:
 class Resumed:
     """A checkpoint confirmed against the built stage: what the loop restores and records."""
 
-    checkpoint: Checkpoint
-    bundle: dict
-    """state.pt: the loop's parts and the run id (checkpoint.collect)."""
+    loaded: LoadedCheckpoint
+    """The checkpoint and its bundle (state.pt: the loop's parts and the run id)."""
     record: JobRecord
     """The job's record from now on, with every change accepted in its life."""
     accepted: list[Change]
@@ -55,11 +54,11 @@ class Resumed:
 
     @property
     def step(self) -> int:
-        return _step(self.bundle)
+        return self.loaded.step
 
     @property
     def run_id(self) -> str | None:
-        return self.bundle["run_id"]
+        return self.loaded.run_id
 
 
 @dataclass(frozen=True)
@@ -77,9 +76,9 @@ class FromCheckpoint:
         """Collective: the built stage against the checkpoint (a UserError if the model no longer fits
         or the tokenizer or teacher changed unaccepted), then the checkpoint's bundle."""
         accepted = [*self.accepted, *same_job.check_built(self.checkpoint.path, self.trained, built, accept)]
-        bundle = self.checkpoint.load_bundle()
-        carried = [*self.trained.accepted, *(f"{c} (at step {_step(bundle)})" for c in accepted)]
-        return Resumed(self.checkpoint, bundle, dataclasses.replace(built, accepted=carried), accepted)
+        loaded = LoadedCheckpoint(self.checkpoint, self.checkpoint.load_bundle())
+        carried = [*self.trained.accepted, *(f"{c} (at step {loaded.step})" for c in accepted)]
+        return Resumed(loaded, dataclasses.replace(built, accepted=carried), accepted)
 
 
 def decide(plan: Plan) -> Finished | FromCheckpoint | StartOver:
@@ -106,7 +105,3 @@ def _finished_metrics(plan: Plan) -> dict | None:
     same_job.check_finished(plan.out, job_record.read(plan.out.root), plan.record)
     return outputs.finished_metrics(plan.out)
 
-
-def _step(bundle: dict) -> int:
-    """The optimizer step a checkpoint's bundle was saved at (its progress part)."""
-    return bundle["parts"]["progress"]["step"]

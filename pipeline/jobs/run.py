@@ -77,7 +77,7 @@ def _run_locked(stage: Stage, start: resume.Resumed | resume.StartOver, record: 
                       **({names.TAG_BATCH_FIT: stage.plan.batch_found} if stage.plan.batch_found else {})})
     gc_pause.resume_after_setup()  # the CLI paused it through set-up (runtime/gc_pause.py)
     try:
-        final = fit(stage, tracker, run_id, meters, resumed, record)
+        final = fit(stage, tracker, run_id, meters, resumed.loaded if resumed else None, record)
     except BaseException as e:
         tracker.end("KILLED" if isinstance(e, (KeyboardInterrupt, Preempted)) else "FAILED")
         raise

@@ -1,7 +1,8 @@
-"""A stalled run named as such: when the best model's test predictions collapse (one class for
-every row, a common class never predicted, no entity, no candidate called correct, no question
-answered: Task.stall), the run is tagged `stalled=true` with `stall_reason`, and the log says so
-in one warning line. Its scores are then no comparison of recipes, and the study report marks
+"""A run whose predictions collapsed, named as such: when the best model's test predictions collapse
+to a trivial answer (one class for every row, a common class never predicted, no entity, no
+candidate called correct, no question answered: Task.stall), the run is tagged `stalled=true`
+with `stall_reason` (the MLflow names users filter on), and the log says so in one warning line.
+Its scores are then no comparison of recipes, and the study report marks
 its cells.
 """
 from __future__ import annotations

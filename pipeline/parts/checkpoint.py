@@ -96,6 +96,24 @@ class Checkpoint:
         set_rng_state(torch.load(path, weights_only=True))
 
 
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """A checkpoint and its bundle (state.pt: the loop's parts and the run id), as a resume loads
+    them once it confirmed the checkpoint is this job's."""
+
+    checkpoint: Checkpoint
+    bundle: dict
+
+    @property
+    def step(self) -> int:
+        """The optimizer step it was saved at (its progress part)."""
+        return self.bundle["parts"]["progress"]["step"]
+
+    @property
+    def run_id(self) -> str | None:
+        return self.bundle["run_id"]
+
+
 class Checkpointer:
     """The loop's checkpoints, built once with the loop (torchtitan's CheckpointManager): when to
     save (every `save_every` optimizer steps inside an epoch, at an epoch's end unless training is
@@ -138,12 +156,13 @@ class Checkpointer:
         return save(self.out, step, collect(self.parts, self.run_id), self.rank, keep=self.keep,
                     write_backend=self.backend.save, files={CheckpointFiles.JOB: self.job})
 
-    def load(self, ckpt: Checkpoint, bundle: dict) -> None:
+    def load(self, loaded: LoadedCheckpoint) -> None:
         """Collective: the backend's state, every part's and this rank's RNG from a checkpoint; a
         MachineError when its files or the libraries cannot load it (its job's record matched)."""
+        ckpt = loaded.checkpoint
         try:
             self.backend.load(ckpt.path)
-            restore(bundle, self.parts)
+            restore(loaded.bundle, self.parts)
         except (RuntimeError, KeyError, ValueError, OSError) as e:
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
             raise MachineError(f"resume: checkpoint {ckpt.path}: cannot be loaded ({reason}); resume=never starts "

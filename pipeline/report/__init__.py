@@ -16,6 +16,8 @@ a metric a run could not measure (energy on a CPU) shows as "n/a".
 
 May import: everything below the report layer except stage and train (it reads MLflow, never a
 running job); it imports tracking and the task registry.
+
+Inside, lowest first: columns compare | cells charts tables verdicts | payoff | markdown
 """
 from __future__ import annotations
 

@@ -5,4 +5,7 @@ its two implementations, torch and DeepSpeed (backend, torch_backend, deepspeed_
 and the collector paused through set-up (gc_pause).
 
 May import: errors, names, fsutil, layout, config. Nothing outside runtime/ asks which backend runs.
+
+Inside, lowest first: backend compiler dist gc_pause master_weights | fallback precision |
+deepspeed_backend torch_backend | factory
 """

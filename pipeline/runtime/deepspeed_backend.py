@@ -188,7 +188,7 @@ class DeepSpeedBackend:
         self.ds_config = resolve_ds_config(load_ds_config(config_path), train, policy.name, rt.world_size,
                                            self.source)
         check_supported(self.ds_config, policy, rt.device, self.source)
-        self.stage = self.ds_config.get("zero_optimization", {}).get("stage", 0)
+        self.zero_stage = self.ds_config.get("zero_optimization", {}).get("stage", 0)
         self.engine = None
         self.precision_mode = precision_mode(policy)
         self.compile = compile
@@ -203,7 +203,7 @@ class DeepSpeedBackend:
         return 0
 
     def describe(self) -> dict[str, object]:
-        return {"deepspeed_stage": self.stage, **self.compile.describe()}
+        return {"deepspeed_stage": self.zero_stage, **self.compile.describe()}
 
     def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> torch.nn.Module:
         import deepspeed
@@ -236,7 +236,7 @@ class DeepSpeedBackend:
         self.engine.backward(loss, scale_wrt_gas=False)  # the loop already divided by the group length
 
     def step(self) -> StepResult:
-        if self.stage == 0 and not self.engine.fp16_enabled():
+        if self.zero_stage == 0 and not self.engine.fp16_enabled():
             return self._plain_optimizer_step()
         self.engine.step()
         norm = self.engine.get_global_grad_norm()  # a tensor or a float, depending on the ZeRO stage

@@ -54,6 +54,8 @@ has two or more precisions; the KD table (per procedure) when its block has a pr
 
 May import: config, runtime.dist, tasks, names, tracking, report, ui: a study starts stages as
 processes and never imports the loop (stage, train).
+
+Inside, lowest first: cell_process spec store_server | devices matrix | parser schedule | runner | slurm
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.errors import UserError
-from pipeline.study.plan import plan_cells
+from pipeline.study.matrix import plan_cells
 from pipeline.study.spec import (
     AXES,
     COMMANDS,

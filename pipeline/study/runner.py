@@ -163,7 +163,7 @@ def _run_schedule(client: MlflowClient, experiment_id: str, study: Study, schedu
         while not schedule.done:
             for cell, broken in schedule.blocked():
                 outcome = {"status": "failed", "exit_code": None, "reason": f"needs {', '.join(broken)}, which failed"}
-                schedule.settle(cell, outcome)
+                schedule.ended(cell, outcome)
                 log.warning("%s %s: not run: it needs %s, which failed", schedule.count(), cell.name,
                             ", ".join(broken))
                 _record(client, parent, cell, outcome, previous)
@@ -191,7 +191,7 @@ def _run_schedule(client: MlflowClient, experiment_id: str, study: Study, schedu
             cell, process, gpus = running.pop(end.name)
             process.join()
             outcome = _outcome(client, experiment_id, study, cell, end)
-            schedule.settle(cell, outcome)
+            schedule.ended(cell, outcome)
             where = describe(gpus)
             if end.exit_code == 0:
                 log.info("%s %s: finished in %.1fs on %s", schedule.count(), cell.name, end.wall_s, where)

@@ -13,7 +13,7 @@ from pipeline.study.spec import Cell
 
 class Schedule:
     def __init__(self, cells: list[Cell], outcomes: dict[str, dict], jobs: int, pool: DevicePool):
-        """`outcomes`: cells settled before the first start (finished before: skipped)."""
+        """`outcomes`: cells ended before the first start (finished before: skipped)."""
         self.total = len(cells)
         self.pending = [c for c in cells if c.name not in outcomes]  # in run order
         self.outcomes = dict(outcomes)
@@ -56,7 +56,7 @@ class Schedule:
         if not started and not self.running and self.pending:  # planning orders needs first: cannot happen
             raise RuntimeError(f"study: nothing can start: {', '.join(c.name for c in self.pending)}")
 
-    def settle(self, cell: Cell, outcome: dict) -> None:
+    def ended(self, cell: Cell, outcome: dict) -> None:
         """A cell ended (or will never run): its outcome, and its GPUs back in the pool."""
         self.pool.give_back(self.running.pop(cell.name, []))
         self.outcomes[cell.name] = outcome

@@ -9,8 +9,10 @@ store: the tracking URI and the MLflow client; journal: the record types and the
 sink: records into an MLflow run; tracker: live logging; stage_run: a stage's run as a job
 opens it; replay: `pipeline sync`, replaying a journal.
 
-May import: the layers below it (errors ... config, runtime, tasks, loop, measure, data, models,
-evaluation, kd); never jobs, stage, train, report, study or the CLI.
+May import: the layers below it (errors ... tasks, config, runtime, parts, measure, data, models,
+evaluation, kd); never plan, stage, train, jobs, report, study or the CLI.
+
+Inside, lowest first: journal served_model store | sink | replay tracker | metrics stage_run
 """
 from pipeline.tracking.journal import JOURNAL, read_journal
 from pipeline.tracking.replay import settle_abandoned_run, sync

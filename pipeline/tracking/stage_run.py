@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 class StageRun:
     """What a stage's run records beyond its config."""
 
-    stage: str
-    """train | distill."""
+    kind: str
+    """train | distill (the run's `stage` tag)."""
     model_spec: str
     precision: str
     """The resolved precision policy's name."""
@@ -42,7 +42,7 @@ class StageRun:
 
 
 def what_ran(cfg: Config, rt: Runtime, policy: PrecisionPolicy, backend: Backend, model_spec: str,
-             stage: str) -> dict[str, dict[str, Any]]:
+             kind: str) -> dict[str, dict[str, Any]]:
     """What actually runs, beside the config as requested (precision=auto, backend=auto): MLflow
     params `resolved.*` and the backend's tags, so the compare view needs no click-through."""
     t = cfg.train
@@ -52,7 +52,7 @@ def what_ran(cfg: Config, rt: Runtime, policy: PrecisionPolicy, backend: Backend
               "global_batch": f"{batch} x {t.grad_accum} x {rt.world_size}" if t.batch_tokens
               else t.batch_size * t.grad_accum * rt.world_size,
               **backend.describe(), "model": model_spec, "lr": t.lr,
-              "teacher": cfg.kd.teacher if stage == "distill" else None,
+              "teacher": cfg.kd.teacher if kind == "distill" else None,
               "requested_world_size": rt.requested_world_size or rt.world_size}
     return {"params": {f"resolved.{k}": v for k, v in params.items()}, "tags": backend.extra_tags}
 
@@ -100,7 +100,7 @@ def run_tags(cfg: Config, rt: Runtime, run: StageRun) -> dict[str, object]:
         names.TAG_PRECISION_REQUESTED: cfg.precision, names.TAG_BACKEND: rt.backend, names.TAG_LAUNCHER: rt.launcher,
         names.TAG_WORLD_SIZE: rt.world_size, names.TAG_FALLBACK: "true" if rt.fallback else "false",
         names.TAG_REQUESTED_WORLD_SIZE: rt.requested_world_size or rt.world_size,
-        names.TAG_NUM_NODES: rt.num_nodes, names.TAG_STAGE: run.stage, names.TAG_PROCEDURE: run.stage,
+        names.TAG_NUM_NODES: rt.num_nodes, names.TAG_STAGE: run.kind, names.TAG_PROCEDURE: run.kind,
         names.TAG_DEVICE: telemetry.device_name(rt.device), names.TAG_DEVICE_TYPE: rt.device.type,
         names.TAG_SEED: cfg.seed, names.TAG_STUDY: "",
         names.TAG_ENERGY_AVAILABLE: "true" if run.energy_available else "false",

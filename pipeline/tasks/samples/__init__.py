@@ -13,6 +13,8 @@ through the task's real reader.
 One module per task holds its generator (word lists, grammar, rows, `write`); common.py what they
 share. The package exports ensure_samples, the writing helpers and the sentiment comment grammar,
 with which tests and benchmarks compose sentiment files of their own.
+
+Inside, lowest first: common | error_cls ner qa sentiment wikiqa
 """
 from __future__ import annotations
 
