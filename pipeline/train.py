@@ -1,11 +1,10 @@
 """The training loop: one stage, in any launch mode and precision, readable top to bottom.
 
-fit() runs the phases in the order written: set up the loop, restore a checkpoint, train an
-epoch, end the epoch (evaluate, keep the best model, checkpoint), finish (test with the best
-model). The job around it (the lock, the plan, the resume decision, the MLflow run) is
-jobs/run.py's. The Backend hides single/DDP/DeepSpeed. Every piece of the loop's mutable state is
-a part that saves and restores itself (Loop.parts); the Checkpointer saves them on its own
-cadence, and the MetricsProcessor decides when to log and makes every record.
+fit() runs the phases in the order written: set up, restore a checkpoint, train an epoch, end it
+(evaluate, keep the best model, checkpoint), finish (test with the best model). The job around it
+is jobs/run.py's; the Backend hides single/DDP/DeepSpeed; each piece of mutable state is a part
+that saves and restores itself (Loop.parts), saved by the Checkpointer on its own cadence; the
+MetricsProcessor decides when to log and makes every record.
 """
 from __future__ import annotations
 
@@ -14,15 +13,13 @@ import logging
 import math
 import sys
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import torch
 from tqdm.auto import tqdm
 
-from pipeline import names
 from pipeline.data.loaders import Loaders, build_loaders, real_rows
 from pipeline.evaluation import evaluate
-from pipeline.fsutil import write_json
 from pipeline.measure.telemetry import StageMeters
 from pipeline.parts.best_model import BestModel
 from pipeline.parts.checkpoint import Checkpointer, LoadedCheckpoint, Stateful
@@ -67,11 +64,23 @@ class Loop:
     """SIGTERM seen on this rank (its `raised` event), and the step at which every rank acts on it."""
     meters: StageMeters
     """The job's throughput, energy, memory and FLOP totals."""
-    records: MetricsProcessor
+    tracker: InitVar[Tracker]
+    run_id: InitVar[str | None]
+    record: InitVar[JobRecord]
     progress: Progress = field(default_factory=Progress)
     losses: StepLosses = field(default_factory=StepLosses)
     best: BestModel = field(default_factory=BestModel)
-    checkpointer: Checkpointer | None = None
+    records: MetricsProcessor = field(init=False)
+    checkpointer: Checkpointer = field(init=False)
+
+    def __post_init__(self, tracker: Tracker, run_id: str | None, record: JobRecord) -> None:
+        stage, train_cfg = self.stage, self.stage.cfg.train
+        self.records = MetricsProcessor(tracker, self.meters, self.losses, train_cfg.log_every, self.total_steps,
+                                        stage.rt.is_main)
+        self.records.write_files(stage.out, stage.backend.extra_artifacts)  # e.g. the resolved DeepSpeed config
+        self.checkpointer = Checkpointer(stage.out, self.parts(), stage.backend, stage.rt.rank, train_cfg.save_every,
+                                         train_cfg.keep_checkpoints, run_id, record.to_json(),
+                                         before_save=lambda: read_losses(self), clock=self.meters)
 
     def parts(self) -> dict[str, Stateful]:
         return {"progress": self.progress, "losses": self.losses, "best": self.best, "meters": self.meters,
@@ -85,8 +94,9 @@ def fit(stage: Stage, tracker: Tracker, run_id: str | None, meters: StageMeters,
     preemption = AgreedFlag(stage.rt.device)
     with dist.on_sigterm(preemption.raised):
         loop = setup(stage, tracker, run_id, meters, preemption, record)
-        if resumed is not None:
-            restore(loop, resumed)
+        if resumed is not None:  # model, optimizer, every part and the RNG; the best model's weights from best/
+            loop.checkpointer.load(resumed)
+            loop.best.restore_weights(stage.out, stage.backend)
         else:
             torch.manual_seed(stage.cfg.seed + stage.rt.rank)  # dropout differs per rank; data order does not
         for epoch in range(loop.progress.epoch, loop.epochs):
@@ -98,7 +108,7 @@ def fit(stage: Stage, tracker: Tracker, run_id: str | None, meters: StageMeters,
 
 def setup(stage: Stage, tracker: Tracker, run_id: str | None, meters: StageMeters, preemption: AgreedFlag,
           record: JobRecord) -> Loop:
-    """Loaders, the FLOP model, AdamW, the LR schedule, the backend's wrapper, the checkpointer."""
+    """Loaders, the FLOP model, AdamW, the LR schedule, the backend's wrapper; the Loop around them."""
     train_cfg, rt = stage.cfg.train, stage.rt
     collate = stage.task.collator(stage.tokenizer)
     loaders = build_loaders(stage.features, collate, train_cfg, rt, stage.cfg.seed, stage.tokenizer.pad_token_id,
@@ -112,36 +122,7 @@ def setup(stage: Stage, tracker: Tracker, run_id: str | None, meters: StageMeter
     wrapped = stage.backend.prepare(stage.model, optimizer)
     if stage.backend.optimizer is not optimizer:  # DeepSpeed's: the schedule sets the lr of what steps
         scheduler = lr_schedule(stage.backend.optimizer, train_cfg, total_steps)
-    for name, content in stage.backend.extra_artifacts.items():  # e.g. the resolved DeepSpeed config
-        if rt.is_main:
-            write_json(stage.out / name, content)
-            tracker.log_artifact(stage.out / name)
-    return assemble(stage, loaders, scheduler, wrapped, epochs, total_steps, tracker, run_id, meters, preemption,
-                    record)
-
-
-def assemble(stage: Stage, loaders: Loaders, scheduler: torch.optim.lr_scheduler.LRScheduler,
-             wrapped: torch.nn.Module, epochs: int, total_steps: int, tracker: Tracker, run_id: str | None,
-             meters: StageMeters, preemption: AgreedFlag, record: JobRecord) -> Loop:
-    """The Loop around what setup() built, with its metrics processor and its checkpointer."""
-    train_cfg, losses = stage.cfg.train, StepLosses()
-    records = MetricsProcessor(tracker, meters, losses, train_cfg.log_every, total_steps, stage.rt.is_main)
-    loop = Loop(stage, loaders, scheduler, wrapped, epochs, total_steps, preemption, meters, records, losses=losses)
-    loop.checkpointer = Checkpointer(stage.out, loop.parts(), stage.backend, stage.rt.rank, train_cfg.save_every,
-                                     train_cfg.keep_checkpoints, run_id, record.to_json(),
-                                     before_save=lambda: read_losses(loop), clock=meters)
-    return loop
-
-
-def restore(loop: Loop, resumed: LoadedCheckpoint) -> None:
-    """Model, optimizer, every part of the loop's state and the RNG from a checkpoint; the best
-    model's weights from best/."""
-    stage = loop.stage
-    loop.checkpointer.load(resumed)
-    loop.best.restore_weights(stage.out, stage.backend)
-    if stage.rt.is_main:
-        log.info("resumed from %s (epoch %d, step %d)", resumed.checkpoint.path, loop.progress.epoch + 1,
-                 loop.progress.step)
+    return Loop(stage, loaders, scheduler, wrapped, epochs, total_steps, preemption, meters, tracker, run_id, record)
 
 
 def train_epoch(loop: Loop, epoch: int) -> None:
@@ -215,11 +196,9 @@ def optimizer_step(loop: Loop, group_loss: torch.Tensor, epoch_progress: float, 
 
 
 def read_losses(loop: Loop, reduced: Reduced | None = None) -> None:
-    """Collective (unless `reduced`: the pending losses read in a collective shared with other
-    parts): the steps' losses since the last read into the loss window; the skipped steps are
-    given back to the LR schedule (it advanced provisionally on each: between a skipped step and
-    this read it runs ahead by the steps skipped, at most log_every); a streak of
-    train.max_nonfinite steps on which any rank's loss was non-finite stops the job."""
+    """Collective (unless `reduced` holds them): the losses since the last read into the window;
+    skipped steps given back to the LR schedule (it ran ahead by at most log_every); a streak of
+    train.max_nonfinite steps with a non-finite loss on any rank stops the job."""
     stage = loop.stage
     skipped, diverged_at = loop.losses.read(loop.progress.step, stage.rt.world_size, stage.cfg.train.max_nonfinite,
                                             reduced)
@@ -263,7 +242,5 @@ def finish(loop: Loop) -> dict[str, float]:
         report = stage.task.report(test.predictions, stage.examples["test"], stage.features["test"])
         served = ServedModel(stage.task, stage.examples["test"]) if stage.cfg.tracking.log_model else None
         loop.records.write_outputs(stage.out, final, report, served, loop.progress.step)
-        log.info("test %s %.4f  |  %.1f samples/s over %.1fs of training  |  outputs in %s", stage.task.main_metric,
-                 test.main, final[names.SAMPLES_PER_S],
-                 loop.meters.totals.train_seconds, stage.out)
+        loop.records.announce(final, stage.task.main_metric, test.main, stage.out)
     return final

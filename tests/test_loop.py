@@ -152,8 +152,8 @@ def make_loop(tmp_path, overrides=(), applied=(), micro_batches=6, epochs=1, tot
     steps = total_steps or math.ceil(micro_batches / cfg.train.grad_accum) * epochs
     optimizer, scheduler = build_optimizer(model, settled.train, steps, fused=False)
     wrapped = backend.prepare(model, optimizer)
-    return train.assemble(s, loaders, scheduler, wrapped, epochs, steps, RecordingTracker(), None,
-                          StageMeters(CPU, "fp32", 1), AgreedFlag(CPU), record)
+    return train.Loop(s, loaders, scheduler, wrapped, epochs, steps, AgreedFlag(CPU), StageMeters(CPU, "fp32", 1),
+                      RecordingTracker(), None, record)
 
 
 def logged(lp, name):
@@ -262,7 +262,7 @@ def test_a_job_preempted_and_resumed_ends_exactly_where_the_uninterrupted_one_do
     ckpt = checkpoint.latest(OutputDir(tmp_path / "cut"))
     second = make_loop(tmp_path / "cut", overrides, micro_batches=8, epochs=2)  # a fresh process's objects
     bundle = ckpt.load_bundle()
-    train.restore(second, LoadedCheckpoint(ckpt, bundle))
+    second.checkpointer.load(LoadedCheckpoint(ckpt, bundle))
     assert (second.progress.epoch, second.progress.epoch_steps, second.progress.step) == (1, 1, 5)
     train.train_epoch(second, 1)
 
@@ -319,5 +319,5 @@ def test_a_checkpoint_that_matches_its_job_but_cannot_be_loaded_is_one_line(tmp_
     torch.save(state, ckpt.path / "backend.pt")
     fresh = make_loop(tmp_path, ["train.save_every=1"], micro_batches=2)
     with pytest.raises(MachineError, match=r"^resume: checkpoint .*step-00000001: cannot be loaded \(Error") as e:
-        train.restore(fresh, LoadedCheckpoint(ckpt, ckpt.load_bundle()))
+        fresh.checkpointer.load(LoadedCheckpoint(ckpt, ckpt.load_bundle()))
     assert "\n" not in str(e.value)

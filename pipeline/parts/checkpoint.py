@@ -168,6 +168,9 @@ class Checkpointer:
             raise MachineError(f"resume: checkpoint {ckpt.path}: cannot be loaded ({reason}); resume=never starts "
                                "over") from e
         ckpt.restore_rng(self.rank)
+        if self.rank == 0:
+            progress = loaded.bundle["parts"]["progress"]
+            log.info("resumed from %s (epoch %d, step %d)", ckpt.path, progress["epoch"] + 1, progress["step"])
 
     def latest(self) -> Checkpoint | None:
         return latest(self.out)

@@ -81,6 +81,18 @@ class MetricsProcessor:
         self.tracker.log_metrics({k: v for k, v in final.items() if not k.startswith(names.EVAL)}, step)
         return final
 
+    def announce(self, final: dict[str, float], main_metric: str, test_main: float, out: OutputDir) -> None:
+        """Rank 0: the job's closing console line."""
+        log.info("test %s %.4f  |  %.1f samples/s over %.1fs of training  |  outputs in %s", main_metric, test_main,
+                 final[names.SAMPLES_PER_S], self.meters.totals.train_seconds, out)
+
+    def write_files(self, out: OutputDir, files: dict[str, dict]) -> None:
+        """Rank 0: JSON files into output_dir and the run (the backend's resolved DeepSpeed config)."""
+        if self.is_main:
+            for name, content in files.items():
+                write_json(out / name, content)
+                self.tracker.log_artifact(out / name)
+
     def write_outputs(self, out: OutputDir, final: dict[str, float], report: str, served: ServedModel | None,
                       step: int) -> None:
         """Rank 0: the final metrics and the task's report into output_dir and the run (with best/
