@@ -71,7 +71,7 @@ class BatchFit:
                 f"MiB less {MARGIN:.0%}")
 
 
-def fit(stage: Stage) -> Stage:
+def fit_batch(stage: Stage) -> Stage:
     """Collective, train.batch_size=auto: the stage with its global batch split into the largest
     micro-batch that fits the device, and its evaluation batch found; the model's weights and the
     RNG as they were. A UserError when even one row does not fit."""

@@ -13,11 +13,12 @@ config that says so (best_model.save_pretrained_fp32).
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import AutoConfig, AutoTokenizer, BertConfig, PreTrainedTokenizerFast
@@ -280,3 +281,30 @@ def _cached_file(repo: str, filename: str) -> str:
     from transformers.utils import cached_file
 
     return cached_file(repo, filename)
+
+
+SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+              "max_position_embeddings", "type_vocab_size")
+"""Config sizes that shape a transformer's parameters (the common names of Hugging Face configs)."""
+
+
+def architecture(model: PreTrainedModel) -> dict[str, Any]:
+    """What a checkpoint's weights need of the model: its type, the sizes that shape its parameters
+    (to name in a message), and a digest of every parameter's name and shape. Not dropout or other
+    settings, which the config's keys carry."""
+    config = model.config.to_dict()
+    return {"model_type": config.get("model_type"), **{k: config[k] for k in SHAPE_KEYS if k in config},
+            "parameters": fingerprint(model, weights=False)}
+
+
+def fingerprint(model: PreTrainedModel, weights: bool, config: dict | None = None) -> str:
+    """sha256 of the model's parameters' names and shapes, with `weights` their values, after
+    `config` (what of its config its outputs depend on: kd.teacher_cache.computing_config)."""
+    h = hashlib.sha256()
+    if config is not None:
+        h.update(json.dumps(config, sort_keys=True, default=str).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        h.update(f"{name}{tuple(tensor.shape)}".encode())
+        if weights:
+            h.update(tensor.detach().float().cpu().numpy().tobytes())
+    return "sha256:" + h.hexdigest()

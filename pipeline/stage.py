@@ -20,6 +20,7 @@ from pipeline.config.schema import SettledConfig
 from pipeline.data import features
 from pipeline.data.loaders import shaped_collate
 from pipeline.kd.distill import Distiller, build_distillation
+from pipeline.kd.teacher_cache import computing_config
 from pipeline.layout import OutputDir
 from pipeline.measure import inference, memory
 from pipeline.measure.flops import FlopModel, step_flop_model
@@ -83,6 +84,15 @@ class Stage:
     def teacher(self) -> torch.nn.Module | None:
         """A live or cached-logits distillation's teacher model, if it is loaded."""
         return self.distiller.teacher if self.distiller is not None else None
+
+    def identity(self) -> dict[str, object]:
+        """What a resume compares of the built stage (JobRecord.built): the teacher's config and
+        weights, the model's architecture, the tokenizer."""
+        teacher = self.teacher
+        return {"teacher": models.fingerprint(teacher, weights=True, config=computing_config(teacher))
+                if teacher is not None else None,
+                "architecture": models.architecture(self.model),
+                "tokenizer": features.tokenizer_identity(self.tokenizer)}
 
     def forward_loss(self, call: torch.nn.Module, inputs: dict, idx: torch.Tensor, unpadded: bool = False
                      ) -> torch.Tensor:

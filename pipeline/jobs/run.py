@@ -43,8 +43,8 @@ def run(cfg: Config, kind: str = "train") -> dict[str, float]:
         uri = resolve_uri(plan.cfg.tracking.uri)
         stage = build_stage(plan)
         if plan.find_batch:
-            stage = batch_finder.fit(stage)
-        record = stage.plan.record.built(stage.tokenizer, stage.model, stage.teacher)
+            stage = batch_finder.fit_batch(stage)
+        record = stage.plan.record.built(**stage.identity())
         if isinstance(start, resume.FromCheckpoint):  # the checkpoint against the model, tokenizer and teacher
             start = start.confirm(record, plan.cfg.accepted_changes)
             record = start.record

@@ -9,7 +9,6 @@ architecture and the teacher's weights once they are built.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,21 +18,16 @@ from pipeline.config import flatten
 from pipeline.config.schema import SettledConfig
 from pipeline.data import features
 from pipeline.fsutil import write_json
-from pipeline.kd.teacher_cache import computing_config
 from pipeline.layout import CheckpointFiles
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.tracking.store import redact_config
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from pipeline.tasks.base import Task
 
 FILE = CheckpointFiles.JOB  # the same name in output_dir: OutputDir.JOB
-SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-              "max_position_embeddings", "type_vocab_size")
-"""Config sizes that shape a transformer's parameters (the common names of Hugging Face configs)."""
 FINGERPRINTED_SPLITS = ("train", "dev")
 """The splits a job's optimization and model selection read (test is only evaluated at the end)."""
 
@@ -53,18 +47,15 @@ class JobRecord:
     """Split -> {"file": what the config names, "fingerprint": a content hash or hub fingerprint}."""
     tokenizer: str | None = None
     architecture: dict[str, Any] | None = None
-    """architecture(): what the checkpoint's weights need of the model."""
+    """models.architecture(): what the checkpoint's weights need of the model."""
     teacher: str | None = None
     """Under distillation: a digest of the teacher's config and weights."""
     accepted: list[str] = field(default_factory=list)
     """Changes a resumed job was told to accept (accept_changes), one line each, oldest first."""
 
-    def built(self, tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel, teacher: PreTrainedModel | None
-              ) -> JobRecord:
-        """The record completed with what build_stage made."""
-        return dataclasses.replace(self, tokenizer=features.tokenizer_identity(tokenizer),
-                                   architecture=architecture(model),
-                                   teacher=fingerprint(teacher, weights=True) if teacher is not None else None)
+    def built(self, tokenizer: str, architecture: dict[str, Any], teacher: str | None) -> JobRecord:
+        """The record completed with what build_stage made (Stage.identity)."""
+        return dataclasses.replace(self, tokenizer=tokenizer, architecture=architecture, teacher=teacher)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -103,25 +94,3 @@ def data_identity(task: Task, spec: str | None, split: str) -> dict[str, str]:
     a file's sha256 (remembered, so a warm start does not read it again) or a hub dataset's."""
     return {"file": spec or f"the built-in {task.name} {split} set",
             "fingerprint": features.source_identity(task, spec, split)}
-
-
-def architecture(model: PreTrainedModel) -> dict[str, Any]:
-    """What a checkpoint's weights need of the model: its type, the sizes that shape its parameters
-    (to name in a message), and a digest of every parameter's name and shape. Not dropout or other
-    settings, which the config's keys carry."""
-    config = model.config.to_dict()
-    return {"model_type": config.get("model_type"), **{k: config[k] for k in SHAPE_KEYS if k in config},
-            "parameters": fingerprint(model, weights=False, config=False)}
-
-
-def fingerprint(model: PreTrainedModel, weights: bool, config: bool = True) -> str:
-    """sha256 of the model's parameters' names and shapes, with `weights` their values, with
-    `config` its config (bookkeeping left out)."""
-    h = hashlib.sha256()
-    if config:
-        h.update(json.dumps(computing_config(model), sort_keys=True, default=str).encode())
-    for name, tensor in sorted(model.state_dict().items()):
-        h.update(f"{name}{tuple(tensor.shape)}".encode())
-        if weights:
-            h.update(tensor.detach().float().cpu().numpy().tobytes())
-    return "sha256:" + h.hexdigest()

@@ -25,7 +25,7 @@ from pipeline.layout import OutputDir
 from pipeline.plan.job_record import JobRecord, describe
 from pipeline.runtime import compiler, precision
 from pipeline.runtime.compiler import CompilePolicy
-from pipeline.runtime.deepspeed_backend import load_ds_config
+from pipeline.runtime.deepspeed_backend import zero_stage_of
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.fallback import fit_to_world
 from pipeline.runtime.precision import PrecisionPolicy
@@ -89,19 +89,13 @@ def settle(cfg: Config, kind: str, rt: Runtime) -> Plan:
         raise ValueError(f"kind={kind!r}: must be one of {KINDS}")
     cfg, rt = fit_to_world(cfg, rt)  # fewer processes than planned: same global batch
     policy = precision.resolve(cfg.precision, rt.device)
-    task = get_task(cfg.task, cfg.task_options)
-    planned_model = cfg.model or (task.default_model if kind == "train" else "from_teacher:")
     zero_stage = zero_stage_of(cfg.deepspeed) if rt.backend == "deepspeed" else 0
     compile_policy = compiler.resolve(cfg.train.compile, rt.device.type, rt.backend, zero_stage)
+    task = get_task(cfg.task, cfg.task_options)
+    planned_model = cfg.model or (task.default_model if kind == "train" else "from_teacher:")
     settled = settle_config(cfg, planned_model, task, rt.device.type, compile_policy)
     return Plan(settled, rt, kind, task, policy, describe(settled, task, rt, policy), compile_policy,
                 find_batch=cfg.train.batch_size == "auto")
-
-
-def zero_stage_of(deepspeed_path: str | None) -> int:
-    """The ZeRO stage the DeepSpeed config asks for (the backend checks the rest of it)."""
-    stage = load_ds_config(deepspeed_path).get("zero_optimization", {}).get("stage", 0)
-    return stage if isinstance(stage, int) else 0
 
 
 def settle_config(cfg: Config, model_spec: str, task: Task, device_type: str,

@@ -61,6 +61,12 @@ if TYPE_CHECKING:
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "ds_configs" / "zero2.json"
 
 
+def zero_stage_of(deepspeed_path: str | None) -> int:
+    """The ZeRO stage the DeepSpeed config asks for (the backend checks the rest of it)."""
+    stage = load_ds_config(deepspeed_path).get("zero_optimization", {}).get("stage", 0)
+    return stage if isinstance(stage, int) else 0
+
+
 def load_ds_config(path: str | None) -> dict:
     p = Path(path) if path else DEFAULT_CONFIG
     if not p.is_file():
