@@ -102,6 +102,6 @@ def _finished_metrics(plan: Plan) -> dict | None:
     UserError when that job is not the one asked for (same_job.check_finished)."""
     if not plan.out.metrics.is_file():
         return None
-    same_job.check_finished(plan.out, job_record.read(plan.out.root), plan.record)
+    same_job.check_finished(plan.out, job_record.read(plan.out), plan.record)
     return outputs.finished_metrics(plan.out)
 

@@ -62,7 +62,7 @@ def _run_locked(stage: Stage, start: resume.Resumed | resume.StartOver, record: 
     if resumed is None:
         outputs.start_over(stage.out, stage.rt, uri, start.resuming)
     if stage.rt.is_main:
-        record.write(stage.out.root)  # the job a later resume=auto compares with once it finished
+        record.write(stage.out)  # the job a later resume=auto compares with once it finished
     meters = StageMeters(stage.rt.device, stage.policy.arithmetic, stage.rt.world_size,
                          stage.compile.counts_compile_time)
     tracker, run_id = start_stage_run(stage.cfg, stage.rt, uri, StageRun(
