@@ -32,6 +32,7 @@ coordesc (inductor's coordinate-descent tuning of its element-wise and reduction
     python benchmarks/bench_gpu.py [--models banglabert,xlmr,mbert] [--reps 2] [--seconds 10]
     python benchmarks/bench_gpu.py --models banglabert --precisions fp32,bf16 --compile eager,reduce-overhead --profile
     python benchmarks/bench_gpu.py --tables results/FILE.json   # the class tables of a results file
+    python benchmarks/bench_gpu.py --floors "NVIDIA H200" --models banglabert --precisions bf16 --batches 32
     python benchmarks/bench_gpu.py --quick   # a tiny CPU smoke run of the same code
 """
 import argparse
@@ -269,6 +270,54 @@ def tables_of(path: Path) -> str:
     return "\n\n".join(parts) or f"{path}: no profile"
 
 
+def meta_flops_by_kind(model, batch: int, length: int) -> dict[str, float]:
+    """FLOPs of one step as the GPU's fused attention runs it, counted without a device: the model on
+    the meta device runs attention as matmuls (bmm), whose FLOPs are replaced by torch's formulas for
+    the fused kernels (forward, and backward with its recomputed scores), once per layer."""
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+    ids = torch.randint(5, 100, (batch, length), device="meta")
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=ids, labels=torch.zeros(batch, dtype=torch.long, device="meta")).loss.backward()
+    counts = counter.get_flop_counts()["Global"]
+    bmm = sum(v for op, v in counts.items() if "bmm" in str(op))
+    config = model.config
+    q = (batch, config.num_attention_heads, length, config.hidden_size // config.num_attention_heads)
+    attention = config.num_hidden_layers * (sdpa_flop_count(q, q, q) + sdpa_backward_flop_count(q, q, q, q))
+    return {"matmul": float(counter.get_total_flops() - bmm), "attention": float(attention)}
+
+
+def floors_of(args) -> str:
+    """--floors DEVICE: each class's floor per (model, precision, batch, length) on the named device,
+    from the data sheets' figures; no device needed (the model is built on the meta device)."""
+    from pipeline.measure import kernels, telemetry
+    from pipeline.runtime.precision import PrecisionPolicy
+
+    parts = []
+    for arch in args.models.split(","):
+        with torch.device("meta"):
+            model = build(arch, torch.device("meta"))
+        model.train()
+        for p in args.precisions.split(","):
+            policy = PrecisionPolicy(p, "cuda")
+            peak = telemetry.peak_tflops(args.floors, policy.arithmetic)
+            bandwidth = telemetry.peak_bandwidth_tbs(args.floors)
+            for length in map(int, args.lengths.split(",")):
+                for batch in map(int, args.batches.split(",")):
+                    flops = meta_flops_by_kind(model, batch, length)
+                    shape = kernels.StepShape.of(model, batch, length, policy)
+                    floors, nbytes = kernels.step_floors(flops, shape, peak, bandwidth), kernels.step_bytes(shape)
+                    rows = [{"class": c, "floor ms": floors[c], "GFLOP": flops[c] / 1e9 if c in flops else None,
+                             "GB": nbytes[c] / 1e9 if c in nbytes else None} for c in kernels.CLASSES]
+                    total = sum(f for f in floors.values() if f is not None) if peak and bandwidth else None
+                    mfu = sum(flops.values()) / (total / 1e3) / (peak * 1e12) if total else None
+                    parts.append(f"{NAMES[arch]}, {p}, {batch} x {length} on {args.floors}: floors sum to "
+                                 f"{total if total is None else round(total, 3)} ms a step (MFU at the floors "
+                                 f"{mfu if mfu is None else round(mfu, 3)})\n"
+                                 + markdown_table(rows, ["class", "floor ms", "GFLOP", "GB"]))
+    return "\n\n".join(parts)
+
+
 def median_row(runs: list[dict]) -> dict:
     return {k: statistics.median(r[k] for r in runs) if isinstance(runs[0].get(k), (int, float)) else runs[0].get(k)
             for k in runs[0]}
@@ -313,6 +362,8 @@ def parse_args():
                         help=f"comma-separated, each run on the first precision beside it: {', '.join(VARIANTS[1:])}")
     parser.add_argument("--tables", type=Path, metavar="RESULTS_JSON",
                         help="print the kernel class tables of a results file and exit")
+    parser.add_argument("--floors", metavar="DEVICE_NAME",
+                        help='print each class\'s floor on a GPU of that name ("NVIDIA H200") and exit: no GPU needed')
     parser.add_argument("--name", default="gpu", help="the benchmark's name in results/NAME-MACHINE-DATE.json")
     parser.add_argument("--quick", action="store_true", help="tiny model on this machine's device, as a smoke run")
     args = parser.parse_args()
@@ -330,6 +381,9 @@ def main():
     args = parse_args()
     if args.tables:
         print(tables_of(args.tables))
+        return
+    if args.floors:
+        print(floors_of(args))
         return
     quiet()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
