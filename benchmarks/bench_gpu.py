@@ -28,7 +28,8 @@ bandwidth): one table per cell, every kernel's ms and class in the JSON.
 --variants adds contenders to the first precision, each beside the default in the same run:
 sdpa-cudnn, sdpa-flash, sdpa-efficient, sdpa-math (the attention kernel allowed), gemm-autotune
 (inductor's GEMM templates with their epilogues fused, under the mode's CUDA graphs),
-coordesc (inductor's coordinate-descent tuning of its element-wise and reduction kernels).
+coordesc (inductor's coordinate-descent tuning of its element-wise and reduction kernels),
+pure-batched (bf16-pure, its weight and gradient copies one foreach call each, not one per parameter).
     python benchmarks/bench_gpu.py [--models banglabert,xlmr,mbert] [--reps 2] [--seconds 10]
     python benchmarks/bench_gpu.py --models banglabert --precisions fp32,bf16 --compile eager,reduce-overhead --profile
     python benchmarks/bench_gpu.py --tables results/FILE.json   # the class tables of a results file
@@ -68,7 +69,9 @@ INDUCTOR_VARIANTS = {  # torch._inductor.config values a contender sets
     "gemm-autotune": {"max_autotune_gemm": True, "epilogue_fusion": True},
     "coordesc": {"coordinate_descent_tuning": True},
 }
-VARIANTS = ("default", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math", *INDUCTOR_VARIANTS)
+VARIANT_PRECISION = {"pure-batched": "bf16-pure"}  # a variant of one precision runs in it, not the first one
+VARIANTS = ("default", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math", *INDUCTOR_VARIANTS,
+            *VARIANT_PRECISION)
 
 
 def build(arch: str, device):
@@ -131,6 +134,14 @@ def variant(name: str):
 
         with inductor_config.patch(INDUCTOR_VARIANTS[name]):
             yield
+    elif name == "pure-batched":
+        from pipeline.runtime.master_weights import MasterWeights
+
+        MasterWeights.batched = True
+        try:
+            yield
+        finally:
+            MasterWeights.batched = False
     else:
         yield
 
@@ -246,6 +257,13 @@ def class_tables(rows: list[dict]) -> str:
         side = [{"class": cls, **{contender_label(r): r["profile"]["classes"][cls]["ms"] for r in group}}
                 for cls in kernels.CLASSES]
         side.append({"class": "busy (union)", **{contender_label(r): r["profile"]["busy_ms"] for r in group}})
+        side.append({"class": "window", **{contender_label(r): r["profile"]["window_ms"] for r in group}})
+        for cls in ("casts", "optimizer"):  # what bf16 compute weights were to remove, and what they add
+            side.append({"class": f"{cls} launches", **{contender_label(r): r["profile"]["classes"][cls]["launches"]
+                                                        for r in group}})
+        side.append({"class": "launches", **{contender_label(r): sum(c["launches"] for c in
+                                                                     r["profile"]["classes"].values())
+                                             for r in group}})
         parts.append(f"{shape[0]}, {shape[1]} x {shape[2]}: ms a step by class\n"
                      + markdown_table(side, ["class", *[contender_label(r) for r in group]]))
     return "\n\n".join(parts)
@@ -312,8 +330,8 @@ def floors_of(args) -> str:
                     total = sum(f for f in floors.values() if f is not None) if peak and bandwidth else None
                     mfu = sum(flops.values()) / (total / 1e3) / (peak * 1e12) if total else None
                     parts.append(f"{NAMES[arch]}, {p}, {batch} x {length} on {args.floors}: floors sum to "
-                                 f"{total if total is None else round(total, 3)} ms a step (MFU at the floors "
-                                 f"{mfu if mfu is None else round(mfu, 3)})\n"
+                                 f"{total if total is None else f'{total:.4g}'} ms a step (MFU at the floors "
+                                 f"{mfu if mfu is None else f'{mfu:.3f}'})\n"
                                  + markdown_table(rows, ["class", "floor ms", "GFLOP", "GB"]))
     return "\n\n".join(parts)
 
@@ -401,7 +419,8 @@ def main():
         for length in map(int, args.lengths.split(",")):
             for batch in map(int, args.batches.split(",")):
                 contenders = [(p, m, "default") for m in modes for p in precisions]
-                contenders += [(precisions[0], m, v) for m in modes for v in variants if v != "default"]
+                contenders += [(VARIANT_PRECISION.get(v, precisions[0]), m, v) for m in modes for v in variants
+                               if v != "default"]
                 runs = {c: [] for c in contenders}
                 for rep in range(args.reps):  # contenders alternate, the first one rotates
                     for c in contenders[rep % len(contenders):] + contenders[:rep % len(contenders)]:
