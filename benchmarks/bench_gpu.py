@@ -24,7 +24,9 @@ warm-up steps that compile and record outside the window; the compile time is re
 (pipeline.measure.kernels): device kernels only, each in one class (matmul, attention, optimizer,
 norm+dropout+residual, activation, casts, other), busy time as the union of kernel intervals, and
 each class beside its floor (its FLOPs at the tensor cores' peak or its bytes at the memory
-bandwidth): one table per cell, every kernel's ms and class in the JSON.
+bandwidth): one table per cell, every kernel's ms and class in the JSON. Each cell's figures are
+also written to results/NAME-MACHINE-DATE.partial.json as it ends (removed once the run completes),
+so a run cut short by a time limit keeps the cells it finished.
 --variants adds contenders to the first precision, each beside the default in the same run:
 sdpa-cudnn, sdpa-flash, sdpa-efficient, sdpa-math (the attention kernel allowed), gemm-autotune
 (inductor's GEMM templates with their epilogues fused, under the mode's CUDA graphs),
@@ -48,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from common import markdown_table, quiet, save
+from common import markdown_table, quiet, result_path, save
 
 ARCHS = {  # the checkpoints' config.json values that decide speed and memory
     "banglabert": ("electra", dict(vocab_size=32000, embedding_size=768, hidden_size=768, num_hidden_layers=12,
@@ -395,6 +397,13 @@ def parse_args():
     return args
 
 
+def precision_runs_here(name: str, args, device) -> bool:
+    """A smoke run on a CPU without bf16 (AVX2 only) leaves the bf16 modes out; everything else runs."""
+    from pipeline.runtime.precision import cpu_supports_bf16
+
+    return not (args.quick and device.type == "cpu" and name.startswith("bf16") and not cpu_supports_bf16())
+
+
 def main():
     args = parse_args()
     if args.tables:
@@ -407,14 +416,14 @@ def main():
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type != "cuda" and not args.quick:
         raise SystemExit("bench_gpu.py needs a CUDA device (--quick runs a CPU smoke version)")
-    precisions = args.precisions.split(",")
-    if args.quick and device.type == "cpu":
-        from pipeline.runtime.precision import cpu_supports_bf16
-
-        precisions = [p for p in precisions if not p.startswith("bf16") or cpu_supports_bf16()]  # AVX2 only: fp32
+    precisions = [p for p in args.precisions.split(",") if precision_runs_here(p, args, device)]
     modes = args.compile.split(",")
-    variants = [v for v in args.variants.split(",") if v]
-    rows = []
+    variants = [v for v in args.variants.split(",")
+                if v and (v not in VARIANT_PRECISION or precision_runs_here(VARIANT_PRECISION[v], args, device))]
+    name = args.name if not args.quick else "gpu-quick"
+    partial = result_path(name).with_suffix(".partial.json")
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    rows, cells = [], []
     for arch in args.models.split(","):
         for length in map(int, args.lengths.split(",")):
             for batch in map(int, args.batches.split(",")):
@@ -432,6 +441,9 @@ def main():
                         except RuntimeError as error:  # a variant this device or shape cannot run
                             print(f"{c}: {str(error).splitlines()[0][:200]}", flush=True)
                             runs[c].append(f"error: {str(error).splitlines()[0][:200]}")
+                        cells.append({"model": arch, "batch": batch, "seq": length, "contender": c,
+                                      "result": runs[c][-1]})
+                        partial.write_text(json.dumps(cells, default=str))  # kept if the run is cut short
                 for p, m, v in contenders:
                     done = [r for r in runs[(p, m, v)] if isinstance(r, dict)]
                     row = {"model": NAMES[arch], "precision": p, "compile": m, "variant": v, "batch": batch,
@@ -452,7 +464,8 @@ def main():
     columns = ["model", "precision", "compile", "variant", "batch", "seq", "samples/s", "peak MB", "TFLOP/s", "MFU",
                "J/sample", "W", "steps", "s", "skipped", "compile s", *(PROFILE_COLUMNS if args.profile else [])]
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    save(args.name if not args.quick else "gpu-quick", rows, columns, settings, {"amp_vs_fp32": summary})
+    save(name, rows, columns, settings, {"amp_vs_fp32": summary})
+    partial.unlink(missing_ok=True)
     if summary:
         print(markdown_table(summary, list(summary[0])))
     if args.profile:
