@@ -31,7 +31,9 @@ so a run cut short by a time limit keeps the cells it finished.
 sdpa-cudnn, sdpa-flash, sdpa-efficient, sdpa-math (the attention kernel allowed), gemm-autotune
 (inductor's GEMM templates with their epilogues fused, under the mode's CUDA graphs),
 coordesc (inductor's coordinate-descent tuning of its element-wise and reduction kernels),
-pure-batched (bf16-pure, its weight and gradient copies one foreach call each, not one per parameter).
+pure-batched (bf16-pure, its weight and gradient copies one foreach call each, not one per parameter),
+attn-dropout-0 (no dropout on the attention probabilities: what it costs the attention kernels;
+a change of the model, not a candidate default).
     python benchmarks/bench_gpu.py [--models banglabert,xlmr,mbert] [--reps 2] [--seconds 10]
     python benchmarks/bench_gpu.py --models banglabert --precisions fp32,bf16 --compile eager,reduce-overhead --profile
     python benchmarks/bench_gpu.py --tables results/FILE.json   # the class tables of a results file
@@ -71,16 +73,19 @@ INDUCTOR_VARIANTS = {  # torch._inductor.config values a contender sets
     "gemm-autotune": {"max_autotune_gemm": True, "epilogue_fusion": True},
     "coordesc": {"coordinate_descent_tuning": True},
 }
+MODEL_VARIANTS = {  # config values a contender changes: what a kernel class costs, not a candidate default
+    "attn-dropout-0": {"attention_probs_dropout_prob": 0.0},
+}
 VARIANT_PRECISION = {"pure-batched": "bf16-pure"}  # a variant of one precision runs in it, not the first one
 VARIANTS = ("default", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-math", *INDUCTOR_VARIANTS,
-            *VARIANT_PRECISION)
+            *MODEL_VARIANTS, *VARIANT_PRECISION)
 
 
-def build(arch: str, device):
+def build(arch: str, device, **overrides):
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     model_type, sizes = ARCHS[arch]
-    config = AutoConfig.for_model(model_type, num_labels=3, **sizes)
+    config = AutoConfig.for_model(model_type, num_labels=3, **sizes, **overrides)
     return AutoModelForSequenceClassification.from_config(config, attn_implementation="sdpa",
                                                           dtype=torch.float32).to(device)
 
@@ -151,10 +156,11 @@ def variant(name: str):
 def cell(arch, precision_name, batch, length, seconds, min_steps, device, mode="eager", profile=0,
          variant_name="default") -> dict:
     with variant(variant_name):
-        return run_cell(arch, precision_name, batch, length, seconds, min_steps, device, mode, profile)
+        return run_cell(arch, precision_name, batch, length, seconds, min_steps, device, mode, profile,
+                        MODEL_VARIANTS.get(variant_name, {}))
 
 
-def run_cell(arch, precision_name, batch, length, seconds, min_steps, device, mode, profile) -> dict:
+def run_cell(arch, precision_name, batch, length, seconds, min_steps, device, mode, profile, overrides) -> dict:
     from pipeline.measure import flops as flop_count
     from pipeline.measure import kernels, telemetry
     from pipeline.measure.energy import EnergyMeter
@@ -170,7 +176,7 @@ def run_cell(arch, precision_name, batch, length, seconds, min_steps, device, mo
     policy = precision.resolve(precision_name, device)
     policy.apply_matmul_mode()  # strict fp32 (TF32 off) or tf32, process-wide, as a stage applies it
     torch.manual_seed(0)
-    model = build(arch, device)
+    model = build(arch, device, **overrides)
     shape = kernels.StepShape.of(model, batch, length, policy)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     backend = TorchBackend(Runtime("none", "single", 0, 0, 1, 1, device), policy, max_grad_norm=1.0)
@@ -379,7 +385,8 @@ def parse_args():
                         help="profile each cell: kernel classes, busy union, each class beside its floor")
     parser.add_argument("--profile-steps", type=int, default=10)
     parser.add_argument("--variants", default="",
-                        help=f"comma-separated, each run on the first precision beside it: {', '.join(VARIANTS[1:])}")
+                        help="comma-separated, each beside the default, in the first precision (pure-batched: "
+                             f"bf16-pure): {', '.join(VARIANTS[1:])}")
     parser.add_argument("--tables", type=Path, metavar="RESULTS_JSON",
                         help="print the kernel class tables of a results file and exit")
     parser.add_argument("--floors", metavar="DEVICE_NAME",
