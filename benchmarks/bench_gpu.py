@@ -123,7 +123,10 @@ def profile_steps(step, steps: int, device) -> dict:
         trace = Path(tmp) / "trace.json"
         prof.export_chrome_trace(str(trace))
         events = json.loads(trace.read_text()).get("traceEvents", [])
-    return {"wall_ms": wall * 1000 / steps, **kernels.profile_table(events, steps)}
+    table = kernels.profile_table(events, steps)
+    if device.type == "cuda" and not table["kernels"]:
+        print("the profile holds no kernel events: torch.profiler could not trace the device (CUPTI)", flush=True)
+    return {"wall_ms": wall * 1000 / steps, **table}
 
 
 @contextlib.contextmanager
@@ -278,12 +281,14 @@ def class_tables(rows: list[dict]) -> str:
 
 
 def tables_of(path: Path) -> str:
-    """The class tables of a results file; a file that holds only its top kernels (older runs) gets
-    those classified, marked as a part of the step."""
+    """The class tables of a results file, its kernels re-classed by the current rules; a file that
+    holds only its top kernels (older runs) gets those classified, marked as a part of the step."""
     from pipeline.measure import kernels
 
     rows = json.loads(path.read_text())["rows"]
     if any(isinstance(r.get("profile"), dict) for r in rows):
+        for row in (r for r in rows if isinstance(r.get("profile"), dict)):  # by the current rules
+            row["profile"].update(kernels.classify(row["profile"]["kernels"]))
         return class_tables(rows)
     parts = []
     for row in (r for r in rows if isinstance(r.get("top_kernels_ms"), dict)):

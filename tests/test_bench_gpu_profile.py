@@ -47,9 +47,12 @@ def test_floors_put_the_fused_attention_flops_apart_and_autocast_casts_only_unde
 def test_tables_print_a_results_files_class_tables(tmp_path):
     classes = ["matmul", "attention", "optimizer", "norm+dropout+residual", "activation", "casts", "other"]
     profile = {"window_ms": 10.0, "busy_ms": 9.0, "busy_share": 0.9, "idle_ms": 1.0,
-               "classes": {c: {"ms": 1.0, "launches": 2.0} for c in classes},
-               "kernels": {}, "floors_ms": {**dict.fromkeys(classes), "matmul": 0.5}, "flops_by_kind": {},
-               "step_bytes": {}}
+               "classes": {c: {"ms": 5.0, "launches": 9.0} for c in classes},
+               # as classed when it ran; the tables re-class by name (a GEMM and a cast kernel here)
+               "kernels": {"nvjet_sm90_tst_192x128_64x5_1x2_h_bz_coopB_NNT": {"ms": 1.0, "launches": 2.0,
+                                                                              "class": "other"},
+                           "triton_poi_fused__to_copy_7": {"ms": 1.0, "launches": 2.0, "class": "other"}},
+               "floors_ms": {**dict.fromkeys(classes), "matmul": 0.5}, "flops_by_kind": {}, "step_bytes": {}}
     rows = [{"model": "m", "precision": p, "compile": "reduce-overhead", "variant": "default", "batch": 32,
              "seq": 256, "profile": profile} for p in ("bf16", "bf16-pure")]
     path = tmp_path / "gpu.json"
@@ -59,6 +62,7 @@ def test_tables_print_a_results_files_class_tables(tmp_path):
     assert ms_launches_floor_ratio == ["1", "2", "0.5", "2"]
     side = table(out, "m, 32 x 256: ms a step by class")
     assert side["busy (union)"] == ["9", "9"] and side["casts launches"] == ["2", "2"]
+    assert side["other"] == ["0", "0"]
 
 
 @pytest.mark.slow

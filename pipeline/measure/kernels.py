@@ -88,16 +88,24 @@ def profile_table(trace_events: list[dict], steps: int) -> dict:
         entry = by_name.setdefault(k["name"], [0.0, 0])
         entry[0] += k["dur"]
         entry[1] += 1
-    classes = {cls: {"ms": 0.0, "launches": 0.0} for cls in CLASSES}
-    names = {}
-    for name, (us, count) in sorted(by_name.items(), key=lambda kv: -kv[1][0]):
-        cls = kernel_class(name)
-        classes[cls]["ms"] += us / 1000 / steps
-        classes[cls]["launches"] += count / steps
-        names[name] = {"class": cls, "ms": us / 1000 / steps, "launches": count / steps}
+    names = {name: {"ms": us / 1000 / steps, "launches": count / steps}
+             for name, (us, count) in sorted(by_name.items(), key=lambda kv: -kv[1][0])}
     return {"window_ms": window / 1000 / steps, "busy_ms": busy / 1000 / steps,
             "busy_share": busy / window if window else None, "idle_ms": (window - busy) / 1000 / steps,
-            "classes": classes, "kernels": names}
+            **classify(names)}
+
+
+def classify(names: dict[str, dict]) -> dict:
+    """{"classes": ms and launches by class, "kernels": each name's figures with its class} from
+    {kernel name: {"ms", "launches"}}: also re-classes a stored profile by the current rules."""
+    classes = {cls: {"ms": 0.0, "launches": 0.0} for cls in CLASSES}
+    out = {}
+    for name, figures in names.items():
+        cls = kernel_class(name)
+        classes[cls]["ms"] += figures["ms"]
+        classes[cls]["launches"] += figures["launches"]
+        out[name] = {**figures, "class": cls}
+    return {"classes": classes, "kernels": out}
 
 
 @dataclass(frozen=True)
