@@ -224,3 +224,14 @@ def test_flops_by_kind_count_a_linear_layers_forward_and_backward_as_matmul():
 
     # forward 2 x 2 x 4 x 8; backward twice that (gradients of the input and of the weight)
     assert count_flops_by_kind(step) == {"matmul": 3 * 2 * 2 * 4 * 8, "attention": 0.0}
+
+
+def test_a_kernel_whose_name_holds_a_hash_still_counts():
+    """aten's element-wise kernels are named after lambdas (`{lambda()#3}`): only the event's category
+    tells a kernel from an annotation range such as `Optimizer.step#AdamW.step`."""
+    cast = NAMES["casts"][1]
+    assert "#" in cast
+    table = kernels.profile_table([kernel(cast, 0, 40), {"ph": "X", "cat": "gpu_user_annotation",
+                                                         "name": "Optimizer.step#AdamW.step", "ts": 0, "dur": 90}],
+                                  steps=1)
+    assert table["classes"]["casts"] == {"ms": 0.04, "launches": 1.0} and table["busy_ms"] == pytest.approx(0.04)
