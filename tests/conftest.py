@@ -1,6 +1,8 @@
 """Fixtures, the xdist thread settings and the CPU suite's hidden GPUs; the shared helpers are in helpers.py."""
+import json
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -13,20 +15,46 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
-SLOWEST_FIRST = ("test_faults.py", "test_deepspeed.py", "test_study.py", "test_tracking.py", "test_task_wikiqa.py",
-                 "test_distill.py", "test_model_families.py", "test_fallback.py", "test_served_model.py",
-                 "test_task_qa.py", "test_task_ner.py", "test_train.py", "test_compile.py", "test_features.py",
-                 "test_ddp.py", "test_lock.py")
-"""Test files, slowest first, by their time in a 2-worker run on a 2-core machine (237 s down to
-27 s); the rest take seconds. `make test` hands whole files to the two workers in collection order,
-so each worker takes the next-longest file when it frees up and the two end close together (greedy
-list scheduling). xdist's own order, by test count, would leave the files with few but slow tests
-(faults, DeepSpeed, study) for last, and one worker would sit idle while the other finished them."""
+DURATIONS = Path(__file__).with_name("durations.json")
+"""Seconds each test file took in a 2-worker run on a 2-core machine, written by `make test-durations`
+(a full run with --record-durations). `make test` hands whole files to the two workers in
+collection order, so the files go longest first: each worker takes the next-longest file when it
+frees up and the two end close together (greedy list scheduling). xdist's own order, by test
+count, would leave the files with few but slow tests (faults, DeepSpeed, study) for last, and one
+worker would sit idle while the other finished them. A file the record does not know yet goes
+first, as if it were the longest."""
 
 
-def pytest_collection_modifyitems(items):
-    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order stays
+def pytest_addoption(parser):
+    parser.addoption("--record-durations", action="store_true",
+                     help=f"write each test file's seconds to {DURATIONS.name} (the order `make test` runs them in)")
+
+
+def pytest_collection_modifyitems(config, items):
+    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
+    unknown = max(seconds.values(), default=0.0) + 1.0
+    # stable: a file's own order stays
+    items.sort(key=lambda item: -seconds.get(_file_of(item.path), unknown))
+
+
+_recorded: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Every phase's seconds, per file (on the controller: xdist sends each worker's reports there)."""
+    if report.when in ("setup", "call", "teardown"):
+        name = _file_of(Path(report.fspath))
+        _recorded[name] = _recorded.get(name, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if session.config.getoption("--record-durations") and not os.environ.get("PYTEST_XDIST_WORKER") and _recorded:
+        DURATIONS.write_text(json.dumps({k: round(v, 1) for k, v in sorted(_recorded.items())}, indent=1) + "\n")
+
+
+def _file_of(path: Path) -> str:
+    """A test file's path relative to tests/, the record's key."""
+    return Path(path).resolve().relative_to(DURATIONS.parent).as_posix()
 
 
 def pytest_configure(config):
