@@ -286,7 +286,7 @@ def test_a_lost_job_that_never_reached_mlflow_is_uploaded_when_the_next_starts_o
     lost.log_metrics({"train/loss": 0.7}, step=10)  # then killed: no end record
 
     caplog.set_level(logging.WARNING, logger="pipeline")
-    start_over(out, SINGLE, f"sqlite:///{db}", resuming=True)
+    start_over(OutputDir(out), SINGLE, f"sqlite:///{db}", resuming=True)
     (run,) = mlflow_runs(db, "lost")
     assert run.info.status == "FAILED" and run.data.params["train.lr"] == "0.001"
     assert [m.value for m in MlflowClient(f"sqlite:///{db}").get_metric_history(run.info.run_id, "train/loss")] \
@@ -295,7 +295,7 @@ def test_a_lost_job_that_never_reached_mlflow_is_uploaded_when_the_next_starts_o
 
     again = tmp_path / "again"
     Tracker(again, active=True).start(dead, "lost", "second-job", {}, {})
-    start_over(again, SINGLE, dead, resuming=True)
+    start_over(OutputDir(again), SINGLE, dead, resuming=True)
     (kept,) = again.glob("journal.abandoned-*.jsonl")
     assert not (again / "journal.jsonl").exists() and f"python -m pipeline sync {kept}" in caplog.text
     assert run_cli("sync", kept, "--uri", f"sqlite:///{db}").returncode == 0
