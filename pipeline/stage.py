@@ -20,7 +20,6 @@ from pipeline.config.schema import SettledConfig
 from pipeline.data import features
 from pipeline.data.loaders import shaped_collate
 from pipeline.kd.distill import Distiller, build_distillation
-from pipeline.kd.teacher_cache import computing_config
 from pipeline.layout import OutputDir
 from pipeline.measure import inference, memory
 from pipeline.measure.flops import FlopModel, step_flop_model
@@ -88,9 +87,7 @@ class Stage:
     def identity(self) -> dict[str, object]:
         """What a resume compares of the built stage (JobRecord.built): the teacher's config and
         weights, the model's architecture, the tokenizer."""
-        teacher = self.teacher
-        return {"teacher": models.fingerprint(teacher, weights=True, config=computing_config(teacher))
-                if teacher is not None else None,
+        return {"teacher": self.distiller.teacher_fingerprint if self.distiller is not None else None,
                 "architecture": models.architecture(self.model),
                 "tokenizer": features.tokenizer_identity(self.tokenizer)}
 

@@ -148,6 +148,9 @@ class Distiller:
         self.teacher = teacher.eval().requires_grad_(False)
         if not self.use_cache:
             self._teacher_to_device()
+        self.teacher_fingerprint = models.fingerprint(self.teacher, weights=True,
+                                                      config=teacher_cache.computing_config(self.teacher))
+        """The teacher's config and weights, for the job's record (kept once the cache frees the teacher)."""
         self.cached: dict[str, torch.Tensor] | None = None
         self.cache_hit: bool | None = None
 
