@@ -43,7 +43,7 @@ from pipeline.measure.telemetry import StageMeters
 from pipeline.runtime import dist, gc_pause
 from pipeline.runtime.dist import AgreedFlag
 from pipeline.stage import Stage, build_stage
-from pipeline.tracking import StageRun, Tracker, start_stage_run, what_ran
+from pipeline.tracking import StageRun, Tracker, catch_up, start_stage_run, what_ran
 
 log = logging.getLogger("pipeline")
 # The schedule steps on every optimizer step and gives skipped ones back later (take_pending_losses);
@@ -96,6 +96,7 @@ def run(cfg: Config, stage: str = "train") -> dict[str, float]:
         plan = settle(cfg, stage, rt)
         start = resume.decide(plan)  # a resume of another job stops here, before data or models load
         if isinstance(start, resume.Finished):
+            catch_up(plan.out.root, plan.cfg.tracking.uri, active=rt.is_main)  # what the store lacks of its run
             return start.metrics
         s = build_stage(plan, start)
         with lock.job_lock(s.out.root, s.rt):  # a second job into output_dir: UserError, nothing touched

@@ -39,7 +39,7 @@ def finished_metrics(out: Path, rt: Runtime) -> dict | None:
     path = OutputDir(out).metrics
     if not rt.is_main or not path.is_file():
         return None
-    log.info("%s: this job finished before (%s); nothing to do. To train again: resume=never "
+    log.info("%s: this job finished before (%s); nothing to train. To train again: resume=never "
              "(starts over) or another output_dir", out, path)
     return json.loads(path.read_text(encoding="utf-8"))
 

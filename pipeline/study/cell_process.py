@@ -1,5 +1,6 @@
 """One cell's stage process: started with its own environment, its output kept whole in its log
 file (and echoed to the console when it is the only cell running), its end reported on a queue.
+The log keeps every attempt at the cell (each run of the study), each under a line that marks it.
 
 A thread per process reads its output, so the study waits on all its running cells at once and
 a cell never blocks on a full pipe.
@@ -13,7 +14,11 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import TextIO
+
+ATTEMPT = "=== attempt "
 
 
 @dataclass
@@ -35,8 +40,7 @@ class CellProcess:
 
     def start(self) -> None:
         self.start_time = time.perf_counter()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.log = self.log_path.open("w", encoding="utf-8")
+        self.log = open_attempt(self.log_path)
         self.log.write(f"+ {subprocess.list2cmdline(self.cmd)}\n")
         self.log.flush()
         try:
@@ -70,6 +74,20 @@ class CellProcess:
         self.ended.put(Ended(self.name, code, last.text, time.perf_counter() - self.start_time))
 
 
+def open_attempt(log_path: Path) -> TextIO:
+    """A cell's log, open to append one more attempt after those before it (a study run again
+    keeps what the killed one's cells wrote), its first line `=== attempt N, TIME UTC ===`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    n = 1
+    if log_path.is_file():
+        with log_path.open(encoding="utf-8", errors="replace") as f:
+            n += sum(1 for line in f if line.startswith(ATTEMPT))
+    f = log_path.open("a", encoding="utf-8")
+    f.write(f"{ATTEMPT}{n}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC ===\n")
+    f.flush()
+    return f
+
+
 class LastLine:
     """What a failed stage's output says in one line: its last error line (the CLI's one-line
     error, a traceback's last line), else its last line."""
@@ -78,7 +96,9 @@ class LastLine:
         self.line = self.error = ""
 
     def see(self, line: str) -> None:
-        if line.strip():
+        if line.startswith(ATTEMPT):  # a log's next attempt: what the one before said is not its
+            self.line = self.error = ""
+        elif line.strip():
             self.line = line.strip()
             if line.startswith("error") or "Error" in line:
                 self.error = self.line
