@@ -108,5 +108,6 @@ def test_a_study_killed_mid_run_is_mended_by_one_rerun(tmp_path):
 
         text = (out / "_logs" / f"{run.data.tags['cell']}.log").read_text()
         first, second = re.split(r"^=== attempt 2, .* UTC ===$", text, flags=re.M)
-        assert first.startswith("=== attempt 1, ") and "\n+ " in first  # the first attempt's command, kept
+        # the first attempt whole: the stage wrote its log itself, to its end after the runner died
+        assert first.startswith("=== attempt 1, ") and "\n+ " in first and "samples/s over" in first
         assert "finished before" in second
