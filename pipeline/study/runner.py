@@ -118,8 +118,9 @@ def _finish(client: MlflowClient, experiment_id: str, study: Study, cells: list[
 
     _, rows = read_cells(client, experiment_id)
     status = dict(zip(rows.cell, rows.status, strict=True))
-    done = [n for n, st in status.items() if st == "finished"]  # the report's rows: every cell planned (and
-    others = [n for n in status if n not in done]                 # any run of the study's a cell left)
+    # the report's rows: every cell of the plan, and any run that a cell no longer in the study left
+    done = [n for n, st in status.items() if st == "finished"]
+    others = [n for n in status if n not in done]
     client.log_metric(parent, STUDY_CELLS_FINISHED, len(done))
     client.log_metric(parent, STUDY_CELLS_FAILED, len(others))
     client.set_terminated(parent, status="FAILED" if others else "FINISHED")

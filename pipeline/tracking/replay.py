@@ -82,11 +82,10 @@ def catch_up(run_dir: Path | str, uri: str | None, tags: dict[str, str] | None =
     store that cannot take it is a warning naming the command that will, never an error: the
     job's results stand on disk. Only global rank 0 talks to the store: elsewhere (active=False)
     it does nothing."""
-    path = Path(run_dir) / JOURNAL
     if not active:
         return None
     try:
-        records = read_journal(path)
+        records = read_journal(Path(run_dir) / JOURNAL)
     except OSError:  # no journal (read_journal skips torn lines rather than raise)
         return None
     if not any(isinstance(r, Start) for r in records):
