@@ -14,9 +14,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 
 SLOWEST_FIRST = ("test_faults.py", "test_deepspeed.py", "test_study.py", "test_tracking.py", "test_task_wikiqa.py",
-                 "test_distill.py", "test_model_families.py", "test_fallback.py", "test_served_model.py",
-                 "test_task_qa.py", "test_task_ner.py", "test_train.py", "test_compile.py", "test_features.py",
-                 "test_ddp.py", "test_lock.py")
+                 "test_distill.py", "test_study_kill.py", "test_model_families.py", "test_fallback.py",
+                 "test_served_model.py", "test_task_qa.py", "test_task_ner.py", "test_train.py", "test_compile.py",
+                 "test_catch_up.py", "test_features.py", "test_ddp.py", "test_lock.py")
 """Test files, slowest first, by their time in a 2-worker run on a 2-core machine (237 s down to
 27 s); the rest take seconds. `make test` hands whole files to the two workers in collection order,
 so each worker takes the next-longest file when it frees up and the two end close together (greedy
