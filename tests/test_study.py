@@ -135,7 +135,7 @@ def test_cells_ran_side_by_side_with_one_progress_line_per_start_and_end(study):
         assert re.search(rf"\[\d/6 done, \d running\] {cell}: finished in [\d.]+s on CPU", log)
         # the stage's own output stays in its log: two at once would interleave on the console
         kept = (study["outputs"] / "_logs" / f"{cell}.log").read_text()
-        assert kept.startswith("+ ") and "samples/s over" in kept
+        assert kept.startswith("=== attempt 1, ") and "\n+ " in kept and "samples/s over" in kept
     assert "samples/s over" not in log
     assert log.index("sentiment-broken: failed") < log.index("sentiment-needs_broken: not run")
 

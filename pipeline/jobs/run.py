@@ -23,7 +23,7 @@ from pipeline.plan.job_record import JobRecord
 from pipeline.plan.settle import settle
 from pipeline.runtime import dist, gc_pause
 from pipeline.stage import Stage, build_stage
-from pipeline.tracking import StageRun, Tracker, resolve_uri, start_stage_run, what_ran
+from pipeline.tracking import StageRun, Tracker, catch_up, resolve_uri, start_stage_run, what_ran
 from pipeline.train import Preempted, fit
 
 log = logging.getLogger("pipeline")
@@ -38,7 +38,8 @@ def run(cfg: Config, kind: str = "train") -> dict[str, float]:
         plan = settle(cfg, kind, rt)
         lock.check_free(plan.out)  # a duplicate job fails before it loads data or models
         start = resume.decide(plan)  # a resume of another job stops here, before data or models load
-        if isinstance(start, resume.Finished):
+        if isinstance(start, resume.Finished):  # what its journal holds and the store lacks, replayed first
+            catch_up(plan.out, plan.cfg.tracking.uri, active=rt.is_main)
             return start.metrics
         uri = resolve_uri(plan.cfg.tracking.uri)
         stage = build_stage(plan)

@@ -1,8 +1,10 @@
 """One cell's stage process: started with its own environment, its output kept whole in its log
 file (and echoed to the console when it is the only cell running), its end reported on a queue.
+The log keeps every attempt at the cell (each run of the study), each under a line that marks it.
 
-A thread per process reads its output, so the study waits on all its running cells at once and
-a cell never blocks on a full pipe.
+The stage writes its log itself, so a stage that outlives a killed runner keeps its whole output
+(a pipe to the runner would break with it). A thread per process reads the log back as it grows,
+so the study waits on all its running cells at once.
 """
 from __future__ import annotations
 
@@ -13,7 +15,12 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import TextIO
+
+ATTEMPT = "=== attempt "
+FOLLOW_S = 0.2  # how often a running stage's log is read back
 
 
 @dataclass
@@ -32,21 +39,21 @@ class CellProcess:
         self.proc: subprocess.Popen | None = None
         self.thread = threading.Thread(target=self._follow, name=f"cell-{name}", daemon=True)
         self.start_time = 0.0
+        self.offset = 0
+        """Where this attempt's output starts in the log."""
 
     def start(self) -> None:
         self.start_time = time.perf_counter()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.log = self.log_path.open("w", encoding="utf-8")
-        self.log.write(f"+ {subprocess.list2cmdline(self.cmd)}\n")
-        self.log.flush()
-        try:
-            self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=self.env,
-                                         text=True, errors="replace")
-        except OSError as e:  # the launcher itself is missing (deepspeed not installed)
-            self.log.write(f"{e}\n")
-            self.log.close()
-            self.ended.put(Ended(self.name, 127, f"cannot start {self.cmd[0]}: {e.strerror}", 0.0))
-            return
+        with open_attempt(self.log_path) as log:
+            log.write(f"+ {subprocess.list2cmdline(self.cmd)}\n")
+            log.flush()
+            self.offset = self.log_path.stat().st_size
+            try:  # the stage appends to the log through its own descriptor
+                self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+            except OSError as e:  # the launcher itself is missing (deepspeed not installed)
+                log.write(f"{e}\n")
+                self.ended.put(Ended(self.name, 127, f"cannot start {self.cmd[0]}: {e.strerror}", 0.0))
+                return
         self.thread.start()
 
     def stop(self) -> None:
@@ -59,15 +66,39 @@ class CellProcess:
             self.thread.join()
 
     def _follow(self) -> None:
-        last = LastLine()
-        with self.log:
-            for line in self.proc.stdout:
+        """The stage's output read back from its log as it grows (echoed, its last line kept), until it ends."""
+        last, rest = LastLine(), b""
+        with self.log_path.open("rb") as log:
+            log.seek(self.offset)
+            while True:
+                code = self.proc.poll()
+                *lines, rest = (rest + log.read()).split(b"\n")
+                if code is not None and rest:  # the output's last line, without its newline
+                    lines, rest = [*lines, rest], b""
+                for raw in lines:
+                    line = raw.decode("utf-8", errors="replace") + "\n"
+                    if self.echo:
+                        sys.stdout.write(line)
+                    last.see(line)
                 if self.echo:
-                    sys.stdout.write(line)
-                self.log.write(line)
-                last.see(line)
-            code = self.proc.wait()
+                    sys.stdout.flush()
+                if code is not None:
+                    break
+                time.sleep(FOLLOW_S)
         self.ended.put(Ended(self.name, code, last.text, time.perf_counter() - self.start_time))
+
+
+def open_attempt(log_path: Path) -> TextIO:
+    """A cell's log, open to append one more attempt after those before it (a study run again
+    keeps what the killed one's cells wrote), its first line `=== attempt N, TIME UTC ===`."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    before = log_path.read_bytes() if log_path.is_file() else b""
+    n = 1 + sum(1 for line in before.splitlines() if line.startswith(ATTEMPT.encode()))
+    f = log_path.open("a", encoding="utf-8")
+    fresh = "\n" if before and not before.endswith(b"\n") else ""  # a stage's last line may have none
+    f.write(f"{fresh}{ATTEMPT}{n}, {datetime.now(timezone.utc):%Y-%m-%d %H:%M:%S} UTC ===\n")
+    f.flush()
+    return f
 
 
 class LastLine:
@@ -78,7 +109,9 @@ class LastLine:
         self.line = self.error = ""
 
     def see(self, line: str) -> None:
-        if line.strip():
+        if line.startswith(ATTEMPT):  # a log's next attempt: what the one before said is not its
+            self.line = self.error = ""
+        elif line.strip():
             self.line = line.strip()
             if line.startswith("error") or "Error" in line:
                 self.error = self.line

@@ -22,10 +22,11 @@ from pipeline.names import (
     STUDY_CELLS_FAILED,
     STUDY_CELLS_FINISHED,
     TAG_CELL,
+    TAG_PARENT_RUN,
     TAG_STUDY,
     TAG_STUDY_FILE,
 )
-from pipeline.study.cell_process import CellProcess, Ended, LastLine
+from pipeline.study.cell_process import CellProcess, Ended, LastLine, open_attempt
 from pipeline.study.devices import cpu_threads, describe
 from pipeline.study.schedule import Schedule
 from pipeline.study.spec import Cell, Study
@@ -59,7 +60,7 @@ def run_study(study: Study, cells: list[Cell], jobs: int | None = None) -> int:
     base, uri, client, experiment_id, parent, previous = _open_study(study, cells)
     log.info("study %s: %d cells, up to %d at once on %s; parent MLflow run %s in %s", study.name, len(cells), jobs,
              f"{len(gpus)} GPU(s)" if gpus else "the CPU", parent, uri)
-    outcomes = {c.name: _skipped(client, experiment_id, study, c) for c in cells}
+    outcomes = {c.name: _skipped(client, experiment_id, study, c, uri, parent) for c in cells}
     outcomes = {name: o for name, o in outcomes.items() if o is not None}
     try:
         with _sigterm_stops(), _tracking_for_cells(study, uri, jobs, len(cells) - len(outcomes)) as cell_uri:
@@ -68,16 +69,16 @@ def run_study(study: Study, cells: list[Cell], jobs: int | None = None) -> int:
             schedule = Schedule(cells, outcomes, jobs, pool)
             for i, cell in enumerate((c for c in cells if c.name in outcomes), 1):
                 log.info("[%d/%d done, 0 running] %s: finished before; skipped", i, len(cells), cell.name)
+                _note_skip(study, cell, outcomes[cell.name])
                 _record(live, parent, cell, outcomes[cell.name], previous)
-            _run_schedule(live, experiment_id, study, schedule, parent, previous, cell_uri if cell_uri != uri else None)
-            outcomes = schedule.outcomes
+            _run_schedule(live, experiment_id, study, schedule, parent, previous, cell_uri, uri)
     except BaseException as e:
         client.set_terminated(parent, status="KILLED")
         if isinstance(e, Stopped):
             log.warning("study %s: stopped by SIGTERM; run it again to resume", study.name)
             return 143  # 128 + SIGTERM, as a stage that stopped on TERM
         raise
-    return _finish(client, study, cells, outcomes, parent, uri, base.tracking.uri)
+    return _finish(client, experiment_id, study, cells, parent, uri, base.tracking.uri)
 
 
 def report_only(study: Study, cells: list[Cell]) -> int:
@@ -86,11 +87,12 @@ def report_only(study: Study, cells: list[Cell]) -> int:
     base, uri, client, experiment_id, parent, previous = _open_study(study, cells)
     outcomes: dict[str, dict] = {}
     for cell in cells:
-        outcome = _skipped(client, experiment_id, study, cell) or _outcome_from_outputs(study, cell, outcomes)
+        outcome = (_skipped(client, experiment_id, study, cell, uri, parent)
+                   or _outcome_from_outputs(study, cell, outcomes))
         outcome.pop("skipped", None)  # it ran under this submission's jobs
         outcomes[cell.name] = outcome
         _record(client, parent, cell, outcome, previous)
-    return _finish(client, study, cells, outcomes, parent, uri, base.tracking.uri)
+    return _finish(client, experiment_id, study, cells, parent, uri, base.tracking.uri)
 
 
 def _open_study(study: Study, cells: list[Cell]):
@@ -106,20 +108,32 @@ def _open_study(study: Study, cells: list[Cell]):
     return base, uri, client, experiment_id, parent, previous
 
 
-def _finish(client: MlflowClient, study: Study, cells: list[Cell], outcomes: dict[str, dict], parent: str, uri: str,
+def _finish(client: MlflowClient, experiment_id: str, study: Study, cells: list[Cell], parent: str, uri: str,
             configured_uri: str | None) -> int:
+    """The count, the parent run's end and the report, all from the store as the report reads it
+    (report/cells.py: a cell is finished when its run there is), so the closing line and the
+    report say the same."""
     from pipeline import report, ui
+    from pipeline.report.cells import read_cells
 
-    failed = [n for n, o in outcomes.items() if o["status"] != "finished"]
-    client.log_metric(parent, STUDY_CELLS_FINISHED, len(cells) - len(failed))
-    client.log_metric(parent, STUDY_CELLS_FAILED, len(failed))
-    client.set_terminated(parent, status="FAILED" if failed else "FINISHED")
+    _, rows = read_cells(client, experiment_id)
+    status = dict(zip(rows.cell, rows.status, strict=True))
+    # the report's rows: every cell of the plan, and any run that a cell no longer in the study left
+    done = [n for n, st in status.items() if st == "finished"]
+    others = [n for n in status if n not in done]
+    client.log_metric(parent, STUDY_CELLS_FINISHED, len(done))
+    client.log_metric(parent, STUDY_CELLS_FAILED, len(others))
+    client.set_terminated(parent, status="FAILED" if others else "FINISHED")
     out = report.write_report(uri, study.name, study.report_dir)
-    log.info("study %s: %d/%d cells finished%s; report in %s", study.name, len(cells) - len(failed), len(cells),
-             f" (failed: {', '.join(failed)})" if failed else "", out / "report.md")
-    if len(failed) < len(cells):
+    unfinished: dict[str, list[str]] = {}
+    for name in others:
+        unfinished.setdefault(status[name], []).append(name)
+    which = "; ".join(f"{kind}: {', '.join(names)}" for kind, names in unfinished.items())
+    log.info("study %s: %d/%d cells finished%s; report in %s", study.name, len(done), len(status),
+             f" ({which})" if which else "", out / "report.md")
+    if done:
         log.info("compare the cells in the MLflow UI: %s", ui.command(configured_uri, study=study.name))
-    return 1 if failed else 0
+    return 1 if others else 0
 
 
 def _record(client: MlflowClient, parent: str, cell: Cell, outcome: dict, previous: dict[str, dict]) -> None:
@@ -128,12 +142,30 @@ def _record(client: MlflowClient, parent: str, cell: Cell, outcome: dict, previo
     client.set_tag(parent, CELL_TAG_PREFIX + cell.name, json.dumps({**before, **cell.plan, **outcome}))
 
 
-def _skipped(client: MlflowClient, experiment_id: str, study: Study, cell: Cell) -> dict | None:
-    """The outcome of a cell that finished before (its run, or its output), else None."""
-    run_id = finished_run(client, experiment_id, study, cell)
-    if _finished_before(cell) or run_id:
+def _skipped(client: MlflowClient, experiment_id: str, study: Study, cell: Cell, uri: str,
+             parent: str) -> dict | None:
+    """The outcome of a cell that finished before (its run, or its output), else None. A cell whose
+    job finished (its runner killed meanwhile, or its tracking server) has what its journal holds
+    and the store lacks replayed first, under the parent run."""
+    finished = _finished_before(cell)
+    caught = _catch_up(cell, uri, parent) if finished else None
+    run_id = (caught.run_id if caught else None) or finished_run(client, experiment_id, study, cell)
+    if finished or run_id:
         return {"status": "finished", "exit_code": 0, "run_id": run_id, "skipped": True}
     return None
+
+
+def _catch_up(cell: Cell, uri: str, parent: str):
+    """The cell's run made to hold its whole journal (tracking.catch_up), under the parent run."""
+    from pipeline.tracking import catch_up
+
+    return catch_up(cell.output_dir, uri, {TAG_PARENT_RUN: parent})
+
+
+def _note_skip(study: Study, cell: Cell, outcome: dict) -> None:
+    """A cell skipped as finished says so in its log, after its earlier attempts."""
+    with open_attempt(_logs(study) / f"{cell.name}.log") as f:
+        f.write(f"finished before (its MLflow run: {outcome.get('run_id') or 'none in the store'}); not run again\n")
 
 
 @contextlib.contextmanager
@@ -152,10 +184,12 @@ def _tracking_for_cells(study: Study, uri: str, jobs: int, to_run: int) -> Itera
 
 
 def _run_schedule(client: MlflowClient, experiment_id: str, study: Study, schedule: Schedule, parent: str,
-                  previous: dict[str, dict], served: str | None) -> None:
+                  previous: dict[str, dict], cell_uri: str, uri: str) -> None:
     """Start what may start, record what ends, until every cell is settled. One cell at a time,
     its output goes to the console as well as its log; several, only to their logs (the console
-    gets one line per start and end)."""
+    gets one line per start and end). The cells track to `cell_uri`: the store `uri` itself, or
+    a server on it."""
+    served = cell_uri if cell_uri != uri else None
     ended: queue.Queue[Ended] = queue.Queue()
     running: dict[str, tuple[Cell, CellProcess, list[str]]] = {}
     echo = schedule.jobs == 1
@@ -190,7 +224,7 @@ def _run_schedule(client: MlflowClient, experiment_id: str, study: Study, schedu
             end = ended.get()
             cell, process, gpus = running.pop(end.name)
             process.join()
-            outcome = _outcome(client, experiment_id, study, cell, end)
+            outcome = _outcome(client, experiment_id, study, cell, end, cell_uri, parent)
             schedule.ended(cell, outcome)
             where = describe(gpus)
             if end.exit_code == 0:
@@ -210,11 +244,15 @@ def _run_schedule(client: MlflowClient, experiment_id: str, study: Study, schedu
         raise
 
 
-def _outcome(client: MlflowClient, experiment_id: str, study: Study, cell: Cell, end: Ended) -> dict:
+def _outcome(client: MlflowClient, experiment_id: str, study: Study, cell: Cell, end: Ended, cell_uri: str,
+             parent: str) -> dict:
+    """A cell that ended; one that finished has its run caught up with its journal (what a
+    tracking server that failed it meanwhile did not take)."""
     wall = round(end.wall_s, 1)
     if end.exit_code == 0:
-        return {"status": "finished", "exit_code": 0, "run_id": finished_run(client, experiment_id, study, cell),
-                "wall_s": wall}
+        caught = _catch_up(cell, cell_uri, parent)
+        run_id = (caught.run_id if caught else None) or finished_run(client, experiment_id, study, cell)
+        return {"status": "finished", "exit_code": 0, "run_id": run_id, "wall_s": wall}
     return {"status": "failed", "exit_code": end.exit_code, "reason": end.last_line[:300], "wall_s": wall}
 
 

@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from pipeline.errors import UserError
+from pipeline.study.cell_process import ATTEMPT
 from pipeline.study.runner import _logs, _open_study, _skipped, exit_file, report_only
 from pipeline.study.spec import Cell, Study, study_error
 
@@ -63,7 +64,7 @@ def submit_study(study: Study, cells: list[Cell], extra: list[str]) -> int:
     ids: dict[str, str] = {}
     for i, cell in enumerate(cells, 1):
         count = f"[{i}/{len(cells)}]"
-        if _skipped(client, experiment_id, study, cell):
+        if _skipped(client, experiment_id, study, cell, uri, parent):
             log.info("%s %s: finished before; skipped", count, cell.name)
             continue
         name = _job_name(study, cell)
@@ -126,7 +127,11 @@ def _cell_script(study: Study, cell: Cell, parent: str, gpus: int) -> str:
     if gpus:
         lines.append(f"#SBATCH --gpus-per-node={gpus}")
     lines += [f"#SBATCH {o}" for o in study.slurm.extra]
-    lines += ["export PYTHONUNBUFFERED=1"]
+    # the log keeps every attempt at the cell, each under its line (cell_process.open_attempt's)
+    log_path = shlex.quote(str((_logs(study) / f"{cell.name}.log").resolve()))
+    attempt = f"$(( $(grep -c '^{ATTEMPT}' {log_path} 2>/dev/null) + 1 ))"
+    lines += ["#SBATCH --open-mode=append", "export PYTHONUNBUFFERED=1",
+              f"echo \"{ATTEMPT}{attempt}, $(date -u '+%Y-%m-%d %H:%M:%S') UTC (job $SLURM_JOB_ID) ===\""]
     if nodes > 1:  # one torchrun agent per node
         lines.append('MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)')
         cmd = f"srun --ntasks-per-node=1 {cmd}"

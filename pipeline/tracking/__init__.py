@@ -7,7 +7,8 @@ even because the journal itself cannot be written, ends its run FAILED (or KILLE
 
 store: the tracking URI and the MLflow client; journal: the record types and their file;
 sink: records into an MLflow run; tracker: live logging; stage_run: a stage's run as a job
-opens it; replay: `pipeline sync`, replaying a journal.
+opens it; replay: `pipeline sync`, replaying a journal, and catch_up, which replays a finished
+job's journal where the store lacks part of it.
 
 May import: the layers below it (errors ... tasks, config, runtime, parts, measure, data, models,
 evaluation, kd); never plan, stage, train, jobs, report, study or the CLI.
@@ -15,12 +16,12 @@ evaluation, kd); never plan, stage, train, jobs, report, study or the CLI.
 Inside, lowest first: journal served_model store | sink | replay tracker | metrics stage_run
 """
 from pipeline.tracking.journal import JOURNAL, read_journal
-from pipeline.tracking.replay import settle_abandoned_run, sync
+from pipeline.tracking.replay import CaughtUp, catch_up, settle_abandoned_run, sync
 from pipeline.tracking.sink import dataset_inputs
 from pipeline.tracking.stage_run import StageRun, start_stage_run, what_ran
 from pipeline.tracking.store import open_client, open_experiment, redact, redact_config, resolve_uri, safe_params
 from pipeline.tracking.tracker import Tracker
 
-__all__ = ["JOURNAL", "StageRun", "Tracker", "dataset_inputs", "open_client", "open_experiment", "read_journal",
-           "redact", "redact_config", "resolve_uri", "safe_params", "settle_abandoned_run", "start_stage_run",
-           "sync", "what_ran"]
+__all__ = ["JOURNAL", "CaughtUp", "StageRun", "Tracker", "catch_up", "dataset_inputs", "open_client",
+           "open_experiment", "read_journal", "redact", "redact_config", "resolve_uri", "safe_params",
+           "settle_abandoned_run", "start_stage_run", "sync", "what_ran"]

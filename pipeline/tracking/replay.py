@@ -1,17 +1,34 @@
 """Replaying a journal into MLflow: `python -m pipeline sync` after a job ran with its server
-down, and the settling of a run whose job stopped without ending it."""
+down, the catching up of a finished job's run with what its journal holds and the store lacks
+(catch_up: a study's cells and a job asked again after it finished), and the settling of a run
+whose job stopped without ending it."""
 from __future__ import annotations
 
 import logging
+import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.errors import UserError
 from pipeline.layout import OutputDir
 from pipeline.tracking import sink
-from pipeline.tracking.journal import JOURNAL, End, Record, RunId, Start, Synced, append, read_journal
-from pipeline.tracking.store import few_retries, open_experiment, redact, resolve_uri
+from pipeline.tracking.journal import (
+    JOURNAL,
+    End,
+    Metric,
+    Model,
+    Params,
+    Record,
+    RunId,
+    Start,
+    Synced,
+    Tags,
+    append,
+    read_journal,
+)
+from pipeline.tracking.store import few_retries, open_client, open_experiment, redact, resolve_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -19,12 +36,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("pipeline")
 
 
-def sync(run_dir: Path | str, uri: str | None = None) -> str:
+def sync(run_dir: Path | str, uri: str | None = None, tags: dict[str, str] | None = None) -> str:
     """Upload a run directory's journal into one MLflow run; returns the run id.
 
-    The run the job created is completed if the server has it (only what is missing is
-    logged, so a sync after a partial upload does not duplicate history); otherwise a new run
-    is created from the journal's params and tags.
+    The run the job created (or a sync before created) is completed if the server has it (only
+    what is missing is logged, so a sync after a partial upload does not duplicate history);
+    otherwise a new run is created from the journal's params and tags. `tags` are set last (a
+    study's parent run, where the journal's differs).
     """
     path = _journal_file(run_dir)
     records = read_journal(path)
@@ -37,11 +55,98 @@ def sync(run_dir: Path | str, uri: str | None = None) -> str:
     target = resolve_uri(target)
     client, experiment_id = open_experiment(target, start.experiment)
     run_id = _run_on_server(client, records) or sink.create_run(client, experiment_id, start)
-    if not any(isinstance(r, End) for r in records):  # the job died
-        records.append(End("FAILED"))
+    records = _as_replayed(records, tags)
     sink.apply(client, run_id, records, sink.present_in(client, run_id, records))
     append(path, Synced(run_id, redact(target)))
     return run_id
+
+
+@dataclass(frozen=True)
+class CaughtUp:
+    """What catch_up found: the run in the store that holds the job's journal."""
+
+    run_id: str | None
+    """None: the journal could not be replayed (catch_up said why, and the command that will)."""
+    replayed: bool
+    """The store lacked part of the journal, and this call replayed it."""
+
+
+def catch_up(run_dir: Path | str, uri: str | None, tags: dict[str, str] | None = None,
+             active: bool = True) -> CaughtUp | None:
+    """A job's run in the store `uri`, made to hold everything its journal in run_dir holds:
+    the journal is replayed (as `pipeline sync` does, into the run the job or a sync before
+    created, else a new run) only where the store lacks some of it (the run, its end status,
+    params, tags, metric points, logged models), so a second call replays nothing. For a job
+    that finished while its tracking server was down (a study's cells after their runner was
+    killed) and a job asked again once finished. None when run_dir has no journal of a job. A
+    store that cannot take it is a warning naming the command that will, never an error: the
+    job's results stand on disk. Only global rank 0 talks to the store: elsewhere (active=False)
+    it does nothing."""
+    if not active:
+        return None
+    try:
+        records = read_journal(Path(run_dir) / JOURNAL)
+    except OSError:  # no journal (read_journal skips torn lines rather than raise)
+        return None
+    if not any(isinstance(r, Start) for r in records):
+        return None
+    few_retries()
+    target = resolve_uri(uri)
+    try:
+        client = open_client(target)
+        run_id = _run_on_server(client, records)
+        lacking = _lacking(client, run_id, _as_replayed(records, tags))
+        if not lacking:
+            return CaughtUp(run_id, replayed=False)
+        run_id = sync(run_dir, target, tags)
+    except Exception as e:  # noqa: BLE001 - the job's outputs are whole; its run waits for a sync
+        log.warning("tracking: %s: its journal could not be replayed into %s (%s); to replay it: "
+                    "python -m pipeline sync %s --uri %s", run_dir, redact(target), sink.reason(e), run_dir,
+                    redact(target))
+        return CaughtUp(None, replayed=False)
+    log.info("tracking: %s: the store lacked %s of its journal; replayed into run %s", run_dir,
+             ", ".join(lacking), run_id)
+    return CaughtUp(run_id, replayed=True)
+
+
+def _as_replayed(records: list[Record], tags: dict[str, str] | None) -> list[Record]:
+    """The records a replay applies: the journal's, then `tags`, and the end of a job that died
+    without one (FAILED)."""
+    records = [*records, *([Tags(tags)] if tags else [])]
+    if not any(isinstance(r, End) for r in records):  # the job died
+        records.append(End("FAILED"))
+    return records
+
+
+def _lacking(client: MlflowClient, run_id: str | None, records: list[Record]) -> list[str]:
+    """What of the records the run lacks, in words ([] if nothing)."""
+    if run_id is None:
+        return ["its run"]
+    run = client.get_run(run_id)
+    present = sink.present_in(client, run_id, records)
+    lacking = []
+    status = [r for r in records if isinstance(r, End)][-1].status
+    if run.info.status != status:
+        lacking.append(f"its end ({status}; the store has {run.info.status})")
+    start = next(r for r in records if isinstance(r, Start))
+    params = {*start.params, *(k for r in records if isinstance(r, Params) for k in r.params)}
+    if any(k not in present.params for k in params):
+        lacking.append("params")
+    tags = {k: v for r in records if isinstance(r, Start | Tags) for k, v in r.tags.items()}
+    if any(run.data.tags.get(k) != v for k, v in tags.items()):
+        lacking.append("tags")
+    logged = {key: {_point(*p) for p in points} for key, points in present.metrics.items()}
+    points = sum(1 for r in records if isinstance(r, Metric) and _point(r.step, r.ts, r.value) not in logged[r.key])
+    if points:
+        lacking.append(f"{points} metric point(s)")
+    if any(isinstance(r, Model) and Path(r.path).is_dir() and r.name not in present.models for r in records):
+        lacking.append("its model")
+    return lacking
+
+
+def _point(step: int, ts: int, value: float) -> tuple[int, int, float | None]:
+    """A metric point as compared: NaN (which equals nothing, itself included) as None."""
+    return step, ts, None if math.isnan(value) else value
 
 
 def _journal_file(run_dir: Path | str) -> Path:
@@ -57,15 +162,18 @@ def _journal_file(run_dir: Path | str) -> Path:
 
 
 def _run_on_server(client: MlflowClient, records: list[Record]) -> str | None:
-    """The last run the journal's job logged to, if this server has it."""
-    run_id = next((r.run_id for r in reversed(records) if isinstance(r, RunId) and r.run_id), None)
-    if run_id is None:
-        return None
-    try:
-        client.get_run(run_id)
-    except Exception:  # noqa: BLE001 - not on this server: upload as a new run
-        return None
-    return run_id
+    """The newest run the journal went to that this server has: the job's own, or the run a
+    sync created for a job that never reached MLflow (so that a second sync completes it)."""
+    for record in reversed(records):
+        run_id = record.run_id if isinstance(record, RunId | Synced) else None
+        if not run_id:
+            continue
+        try:
+            client.get_run(run_id)
+        except Exception:  # noqa: BLE001 - not on this server: an older one, else a new run
+            continue
+        return run_id
+    return None
 
 
 def settle_abandoned_run(output_dir: Path, uri: str) -> str | None:
