@@ -82,6 +82,20 @@ def test_the_logged_model_is_in_its_runs_experiment_not_default(logged):
     client = mlflow.MlflowClient()
     assert models_by_experiment(client) == [(run.info.experiment_id, run.info.run_id)]
     assert client.get_experiment_by_name(FLUENT) is None
+    # its files with the experiment's, beside the store (not in `Default`'s folder under the working directory)
+    assert model.artifact_location.startswith(client.get_experiment(run.info.experiment_id).artifact_location + "/")
+
+
+def test_ui_prints_the_models_page_of_an_experiment_with_models_only(logged):
+    from pipeline import ui
+    from pipeline.tracking import open_experiment
+
+    uri = mlflow.get_tracking_uri()
+    experiment_id = logged["run"].info.experiment_id
+    assert ui.pages_for(uri, "t", None) == (ui.runs_page(experiment_id), ui.models_page(experiment_id))
+    assert ui.models_page(experiment_id) == f"#/experiments/{experiment_id}/models?workflowType=machine_learning"
+    _, empty = open_experiment(uri, "no-models")
+    assert ui.pages_for(uri, "no-models", None) == (ui.runs_page(empty), None)
 
 
 def test_a_replay_into_another_store_logs_the_model_in_the_runs_experiment(logged, tmp_path, monkeypatch):

@@ -285,6 +285,9 @@ def test_ui_serves_the_study_experiment(ui_server, study):
     answer = json.load(urllib.request.urlopen(request, timeout=30))
     served = {r["info"]["run_id"] for r in answer["runs"]}
     assert served == {r.info.run_id for r in mlflow_runs(study["db"], STUDY)}
+    # some cells logged models: their Models page is printed too
+    assert ui_server("--experiment", STUDY, page="its logged models") == (
+        f"{base}/#/experiments/{experiment_id}/models?workflowType=machine_learning")
 
 
 # ------------------------------------------------------------------ the study in a browser
