@@ -2,7 +2,8 @@
 
 It prints the page a user came for: `--experiment NAME` the experiment's runs table (in MLflow's
 "Model training" view, not the GenAI overview), `--study NAME` the compare view of the study's
-finished cells (their params, metrics and plots side by side).
+finished cells (their params, metrics and plots side by side); and, where the experiment's runs
+logged models (tracking.log_model=true), its Models page: each model with the run it came from.
 """
 from __future__ import annotations
 
@@ -43,6 +44,11 @@ def compare_page(experiment_id: str, run_ids: list[str]) -> str:
             f"&experiments={quote(json.dumps([experiment_id]))}&{TRAINING_VIEW}")
 
 
+def models_page(experiment_id: str) -> str:
+    """The URL fragment of an experiment's Models page (its logged models, each linked to its run)."""
+    return f"#/experiments/{experiment_id}/models?{TRAINING_VIEW}"
+
+
 def study_runs(client: MlflowClient, experiment_id: str, study: str) -> list[str]:
     """Run ids of the study's finished cells (the parent run left out), oldest first."""
     runs = client.search_runs([experiment_id], f"tags.{names.TAG_STUDY} = '{study}' and "
@@ -50,8 +56,9 @@ def study_runs(client: MlflowClient, experiment_id: str, study: str) -> list[str
     return [r.info.run_id for r in runs if r.data.tags.get(names.PARENT_TAG) != "true"]
 
 
-def page_for(uri: str, experiment: str | None, study: str | None) -> str:
-    """The URL fragment to open: a study's comparison, an experiment's runs, or the home page."""
+def pages_for(uri: str, experiment: str | None, study: str | None) -> tuple[str, str | None]:
+    """The URL fragment to open (a study's comparison, an experiment's runs, or the home page), and
+    the experiment's Models page if its runs logged models (else None)."""
     if study:
         from mlflow.tracking import MlflowClient
 
@@ -63,11 +70,15 @@ def page_for(uri: str, experiment: str | None, study: str | None) -> str:
         run_ids = study_runs(client, experiment_id, study)
         if not run_ids:
             raise UserError(f"ui: --study {study}: no finished cell runs in experiment '{experiment or study}'")
-        return compare_page(experiment_id, run_ids)
+        return compare_page(experiment_id, run_ids), _models_page_if_any(client, experiment_id)
     if experiment:
-        _, experiment_id = open_experiment(uri, experiment)
-        return runs_page(experiment_id)
-    return ""
+        client, experiment_id = open_experiment(uri, experiment)
+        return runs_page(experiment_id), _models_page_if_any(client, experiment_id)
+    return "", None
+
+
+def _models_page_if_any(client: MlflowClient, experiment_id: str) -> str | None:
+    return models_page(experiment_id) if client.search_logged_models([experiment_id], max_results=1) else None
 
 
 def command(uri: str | None = None, experiment: str | None = None, study: str | None = None) -> str:
@@ -96,8 +107,11 @@ def main(args: list[str]) -> int:
     if not uri.startswith("sqlite:"):
         raise UserError(f"ui: --uri {uri}: is a server already; open it in a browser")
     port = opts.port or free_port(opts.host)
-    url = f"http://{opts.host}:{port}/" + page_for(uri, opts.experiment, opts.study)
-    print(f"MLflow UI: {url}  (Ctrl-C stops it)", flush=True)
+    base = f"http://{opts.host}:{port}/"
+    page, models = pages_for(uri, opts.experiment, opts.study)
+    if models:
+        print(f"its logged models: {base}{models}")
+    print(f"MLflow UI: {base}{page}  (Ctrl-C stops it)", flush=True)
     cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri, "--host", opts.host,
            "--port", str(port), "--workers", "1"]
     try:

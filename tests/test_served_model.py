@@ -1,11 +1,12 @@
 """tracking.log_model=true: best/ logged as an MLflow model of the transformers flavor, offline, linked
-to its run and metrics; loaded back through MLflow it reproduces the run's test predictions and can
-be registered."""
+to its run and metrics, in the run's experiment; loaded back through MLflow it reproduces the run's
+test predictions and can be registered."""
 import json
 
 import mlflow
 import numpy as np
 import pytest
+from mlflow.entities import ViewType
 
 from helpers import FAST, mlflow_runs, tracking_db
 from pipeline import names
@@ -15,14 +16,19 @@ from pipeline.tasks import get_task
 
 pytestmark = pytest.mark.slow
 
+# the fluent API's experiment while the job runs: one the job must leave alone
+FLUENT = "fluent-elsewhere"
+
 
 @pytest.fixture(scope="module")
 def logged(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("served")
     out, db = tmp / "out", tracking_db(tmp, "mlflow.db")
-    figures = run(load_config(None, [*FAST, "train.epochs=1", f"output_dir={out}", f"tracking.uri=sqlite:///{db}",
-                                     "tracking.experiment=t", "tracking.log_model=true",
-                                     "seed=3"]))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MLFLOW_EXPERIMENT_NAME", FLUENT)
+        figures = run(load_config(None, [*FAST, "train.epochs=1", f"output_dir={out}",
+                                         f"tracking.uri=sqlite:///{db}", "tracking.experiment=t",
+                                         "tracking.log_model=true", "seed=3"]))
     (mlrun,) = mlflow_runs(db, "t")
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(f"sqlite:///{db}")
@@ -57,6 +63,51 @@ def test_the_logged_model_is_saved_offline_with_its_example_and_can_be_registere
     version = mlflow.register_model(f"models:/{output.model_id}", "sentiment-student")
     assert str(version.version) == "1"
     assert mlflow.transformers.load_model("models:/sentiment-student/1").task == "text-classification"
+
+
+def models_by_experiment(client):
+    """(experiment id, source run id) of every logged model in the store, whatever its experiment."""
+    experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]
+    return sorted((m.experiment_id, m.source_run_id) for m in client.search_logged_models(experiments))
+
+
+def test_the_logged_model_is_in_its_runs_experiment_not_default(logged):
+    """Where the experiment's Models page looks: MLflow's search of the run's experiment finds the
+    model, none is in `Default` (id 0), and the fluent API's experiment was not used (nor created)."""
+    run = logged["run"]
+    (output,) = run.outputs.model_outputs
+    (model,) = mlflow.search_logged_models(experiment_ids=[run.info.experiment_id], output_format="list")
+    assert (model.model_id, model.source_run_id) == (output.model_id, run.info.run_id)
+    assert mlflow.search_logged_models(experiment_ids=["0"], output_format="list") == []
+    client = mlflow.MlflowClient()
+    assert models_by_experiment(client) == [(run.info.experiment_id, run.info.run_id)]
+    assert client.get_experiment_by_name(FLUENT) is None
+    # its files with the experiment's, beside the store (not in `Default`'s folder under the working directory)
+    assert model.artifact_location.startswith(client.get_experiment(run.info.experiment_id).artifact_location + "/")
+
+
+def test_ui_prints_the_models_page_of_an_experiment_with_models_only(logged):
+    from pipeline import ui
+    from pipeline.tracking import open_experiment
+
+    uri = mlflow.get_tracking_uri()
+    experiment_id = logged["run"].info.experiment_id
+    assert ui.pages_for(uri, "t", None) == (ui.runs_page(experiment_id), ui.models_page(experiment_id))
+    assert ui.models_page(experiment_id) == f"#/experiments/{experiment_id}/models?workflowType=machine_learning"
+    _, empty = open_experiment(uri, "no-models")
+    assert ui.pages_for(uri, "no-models", None) == (ui.runs_page(empty), None)
+
+
+def test_a_replay_into_another_store_logs_the_model_in_the_runs_experiment(logged, tmp_path, monkeypatch):
+    """`pipeline sync` to a store that never saw the run creates it, and its model beside it."""
+    from pipeline.tracking import sync
+
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", FLUENT)
+    uri = f"sqlite:///{tracking_db(tmp_path, 'other.db')}"
+    run_id = sync(str(logged["out"]), uri)
+    client = mlflow.MlflowClient(uri)
+    experiment_id = client.get_experiment_by_name("t").experiment_id
+    assert models_by_experiment(client) == [(experiment_id, run_id)]
 
 
 def test_a_sync_replay_logs_the_model_once(logged):

@@ -4,8 +4,9 @@ A small study (sentiment, FP32 vs AMP, two seeds, plus a cell that crashes and o
 it) runs end to end, two cells at a time (`--jobs 2`, through the MLflow server the runner starts
 on the store): every run holds every figure its job wrote, its report's numbers are the runs'
 own, the crash is reported as failed and the rest completes, a second invocation (one cell at a
-time) skips what finished, the parent run holds the children, and `pipeline ui` serves the
-experiment (to headless Chromium too). The report is also checked on hand-built runs with known
+time) skips what finished, the parent run holds the children, the cells that log their model
+log it in the study's experiment, and `pipeline ui` serves the experiment, its compare view and
+its Models page (to headless Chromium too). The report is also checked on hand-built runs with known
 figures, and bad study files fail with one line naming file and key.
 """
 import json
@@ -65,7 +66,9 @@ def study(tmp_path_factory):
                              "overrides": ["kd.teacher=${broken.output_dir}"]},
         },
         "matrix": [
-            {"tasks": ["sentiment"], "precisions": ["fp32", "auto"], "seeds": [1, 2]},
+            # the seed-1 cells also log their best model (tracking.log_model=true)
+            {"tasks": ["sentiment"], "precisions": ["fp32", "auto"],
+             "seeds": {1: ["tracking.log_model=true"], 2: []}},
             {"tasks": ["sentiment"], "procedures": ["broken", "needs_broken"]},
         ],
     }
@@ -83,6 +86,7 @@ def study(tmp_path_factory):
 
 
 FINISHED = ["sentiment-fp32-s1", "sentiment-fp32-s2", "sentiment-auto-s1", "sentiment-auto-s2"]
+LOGGED_MODELS = ["sentiment-fp32-s1", "sentiment-auto-s1"]
 
 
 @pytest.mark.slow
@@ -154,6 +158,19 @@ def test_parent_run_holds_the_children(study):
 
 
 @pytest.mark.slow
+def test_cells_log_their_models_in_the_study_experiment(study):
+    """MLflow's own search: the study's experiment (its Models page) holds the model of each cell
+    that logged one, its source the cell's run; MLflow's `Default` experiment holds none."""
+    client = client_for(study["db"])
+    experiment_id = client.get_experiment_by_name(STUDY).experiment_id
+    cells = {r.info.run_id: r.data.tags["cell"] for r in child_runs(study["db"], STUDY)}
+    models = client.search_logged_models([experiment_id])
+    assert sorted(cells[m.source_run_id] for m in models) == sorted(LOGGED_MODELS)
+    assert {m.experiment_id for m in models} == {experiment_id}
+    assert list(client.search_logged_models(["0"])) == []
+
+
+@pytest.mark.slow
 def test_second_invocation_skips_finished_cells(study):
     second = study["second"]
     assert second.returncode == 1  # the broken cell is retried and fails again
@@ -216,32 +233,40 @@ def test_report_numbers_are_the_runs_metrics(study):
 
 @pytest.fixture(scope="module")
 def ui_server(study):
-    """Start `pipeline ui ARGS` on the study's store; yields a function returning the printed URL
-    once the server answers. The tests of this module share a server per ARGS (the UI is read-only)."""
+    """Start `pipeline ui ARGS` on the study's store; yields a function returning a URL it printed
+    (the page it opens, or another line's by its label) once the server answers. The tests of this
+    module share a server per ARGS (the UI is read-only)."""
     procs, urls = [], {}
 
-    def start(*args):
-        if args in urls:
-            return urls[args]
+    def start(*args, page="MLflow UI"):
+        """The URL printed after `page: ` (the page it opens, or `its logged models`)."""
+        if args not in urls:
+            urls[args] = launch(args)
+        return urls[args][page]
+
+    def launch(args):
         proc = subprocess.Popen([sys.executable, "-m", "pipeline", "ui", *args, "--uri", f"sqlite:///{study['db']}"],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
         procs.append(proc)
-        line = proc.stdout.readline()
-        match = re.search(r"(http://[\d.]+:\d+)/(\S*)", line)
-        assert match, line
+        printed = {}
+        while "MLflow UI" not in printed:  # the page it opens is the last line before the server's
+            line = proc.stdout.readline()
+            match = re.match(r"(.+?): (http://[\d.]+:\d+)/(\S*)", line)
+            assert match, line
+            printed[match.group(1)] = match.group(2) + "/" + match.group(3)
+        base = re.match(r"http://[\d.]+:\d+", printed["MLflow UI"]).group(0)
         deadline = time.time() + 120
         while True:
             try:
-                urllib.request.urlopen(match.group(1) + "/health", timeout=5)
+                urllib.request.urlopen(base + "/health", timeout=5)
                 break
             except OSError:
                 assert proc.poll() is None and time.time() < deadline, "the UI did not answer"
                 time.sleep(0.5)
         session = subprocess.run(["ps", "-s", str(proc.pid), "-o", "args="], capture_output=True, text=True).stdout
         assert "mlflow.server.jobs" not in session  # no job runner: the UI of training runs has no jobs to run
-        urls[args] = match.group(0)
-        return urls[args]
+        return printed
 
     yield start
     for proc in procs:
@@ -261,6 +286,9 @@ def test_ui_serves_the_study_experiment(ui_server, study):
     answer = json.load(urllib.request.urlopen(request, timeout=30))
     served = {r["info"]["run_id"] for r in answer["runs"]}
     assert served == {r.info.run_id for r in mlflow_runs(study["db"], STUDY)}
+    # some cells logged models: their Models page is printed too
+    assert ui_server("--experiment", STUDY, page="its logged models") == (
+        f"{base}/#/experiments/{experiment_id}/models?workflowType=machine_learning")
 
 
 # ------------------------------------------------------------------ the study in a browser
@@ -317,6 +345,22 @@ def test_study_opens_the_compare_view_of_its_finished_cells(ui_server, study):
         assert metric in dom
     for run_id in children:
         assert run_id in dom
+
+
+@pytest.mark.slow
+@needs_chromium
+def test_study_ui_prints_its_models_page_listing_each_model_with_its_run(ui_server, study):
+    """`pipeline ui --study` also prints the experiment's Models page: the cells' logged models, each
+    in a row with a link to the run it came from."""
+    client = client_for(study["db"])
+    experiment_id = client.get_experiment_by_name(STUDY).experiment_id
+    url = ui_server("--study", STUDY, page="its logged models")
+    assert url.endswith(f"/#/experiments/{experiment_id}/models?workflowType=machine_learning")
+    dom = render(url, "ui-study-models.png")
+    runs = {r.data.tags["cell"]: r.info.run_id for r in child_runs(study["db"], STUDY)}
+    for cell in LOGGED_MODELS:
+        assert re.search(rf'href="[^"]*/experiments/{experiment_id}/runs/{runs[cell]}"[^>]*>[^<]*{cell}<', dom), cell
+    assert "sentiment-fp32-s2" not in dom  # a cell without a model has no row
 
 
 @pytest.mark.slow

@@ -124,7 +124,12 @@ def log_saved_model(client: MlflowClient, run_id: str, record: Model) -> None:
     Model.log: a LoggedModel whose source is the run, the run's output, the run's metrics at
     `record.step` linked to it, its artifacts uploaded) without building it again: the flavor
     handed to Model.log copies the saved directory and its MLmodel description. The serving input
-    was checked when the model was saved (validate_serving_input off here)."""
+    was checked when the model was saved (validate_serving_input off here).
+
+    The LoggedModel is created first, in the run's experiment (for a study cell, the study's), and
+    Model.log fills it: left to create it, Model.log files it under the fluent API's active
+    experiment (MLflow's `Default` here, the pipeline logging through a client) and the
+    experiment's Models page never shows it."""
     import shutil
     import types
 
@@ -142,6 +147,10 @@ def log_saved_model(client: MlflowClient, run_id: str, record: Model) -> None:
 
     flavor = types.SimpleNamespace(__name__=next(iter(k for k in saved.flavors if k != "python_function"), "custom"),
                                    save_model=copy_saved)
+    run = client.get_run(run_id)
     with _use_tracking_uri(client._tracking_client.tracking_uri):
+        # initialize_logged_model adds the source tags Model.log would (user, entry point, git commit)
+        model = mlflow.initialize_logged_model(name=record.name, source_run_id=run_id, params=run.data.params,
+                                               experiment_id=run.info.experiment_id)
         mlflow.models.Model.log(None, name=record.name, flavor=flavor, run_id=run_id, step=record.step,
-                                validate_serving_input=False)
+                                model_id=model.model_id, validate_serving_input=False)
