@@ -5,7 +5,7 @@ a model that serves, and the registry can take it.
 
 Offline, nothing fetched: mlflow/transformers/__init__.py save_model fetches the model card from
 the hub unless one is given (a card is given), looks up a license file in the hub repository named
-by the model's name_or_path (a local path here: refused by huggingface_hub's repo-id check before any
+by the model's name_or_path (an absolute local path here: refused by huggingface_hub's repo-id check before any
 request, so it writes its fallback LICENSE.txt), and infers pip requirements by loading the model in
 a subprocess unless they are given (they are: the installed torch, transformers, tokenizers).
 """
@@ -63,7 +63,10 @@ def save_served_model(best: Path, task: Task, examples: list[dict], target: Path
     import mlflow.transformers
     import transformers
 
-    pipe = transformers.pipeline(task.serving_task, model=str(best), tokenizer=str(best), device="cpu")
+    # absolute: a relative path such as out/best is also a valid hub repo id, which the license look-up
+    # would try over the network; an absolute path is refused by the repo-id check before any request
+    local = str(Path(best).resolve())
+    pipe = transformers.pipeline(task.serving_task, model=local, tokenizer=local, device="cpu")
     card = huggingface_hub.ModelCard(f"---\nlicense: other\n---\nA {task.name} model trained by the pipeline: "
                                      f"{task.serving_task}; inputs are text normalized as the task normalizes it.")
     requirements = [f"{name}=={importlib.metadata.version(name)}" for name in REQUIREMENTS]
