@@ -5,8 +5,8 @@ a model that serves, and the registry can take it.
 
 Offline, nothing fetched: mlflow/transformers/__init__.py save_model fetches the model card from
 the hub unless one is given (a card is given), looks up a license file in the hub repository named
-by the model's name_or_path (an absolute local path here: refused by huggingface_hub's repo-id check before any
-request, so it writes its fallback LICENSE.txt), and infers pip requirements by loading the model in
+by the model's name_or_path (an absolute local path here: refused by huggingface_hub's repo-id check
+before any request, so it writes its fallback LICENSE.txt), and infers pip requirements by loading the model in
 a subprocess unless they are given (they are: the installed torch, transformers, tokenizers).
 """
 from __future__ import annotations
