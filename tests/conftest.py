@@ -24,9 +24,15 @@ list scheduling). xdist's own order, by test count, would leave the files with f
 (faults, DeepSpeed, study) for last, and one worker would sit idle while the other finished them."""
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's own order stays
+    if not re.search(r"(?<!not )\binstall\b", config.getoption("markexpr") or ""):
+        # minutes of installing, run by `make test-offline` after `make wheelhouse`
+        left_out = [item for item in items if item.get_closest_marker("install")]
+        if left_out:
+            config.hook.pytest_deselected(items=left_out)
+            items[:] = [item for item in items if not item.get_closest_marker("install")]
 
 
 def pytest_configure(config):
