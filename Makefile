@@ -41,7 +41,7 @@ test-gpu: $(STAMP)
 
 # On a CUDA machine, within 8 minutes of one H100 (GPU_CHECK_BUDGET seconds of checks and a minute of
 # start-up): DDP on the one GPU, the fallback, grad_accum under CUDA graphs (bf16, fp16), DeepSpeed
-# ZeRO-2/3 with compile=auto, pytest -m gpu, the one-seed GPU demo side by side, then energy with and
+# ZeRO-2/3 with compile=auto, pytest -m gpu, the one-seed GPU demo, 4 side by side, then energy with and
 # without compile alone; what does not fit is listed as not run. One JSON in benchmarks/results/,
 # rewritten after every check (benchmarks/README.md, "GPU check")
 GPU_CHECK_BUDGET ?= 420

@@ -25,7 +25,7 @@ and 40 steps amplify it; a .grad freed under CUDA graphs gives garbage or torch'
 far outside both. Energy: compiled joules per sample at most ENERGY_RATIO x eager's (with compile
 energy counted in, a short compiled job's would be several times eager's).
 
-    python benchmarks/gpu_check.py [--budget 420] [--only ddp,fallback] [--parallel 3] [--out FILE]
+    python benchmarks/gpu_check.py [--budget 420] [--only ddp,fallback] [--parallel 4] [--out FILE]
     python benchmarks/gpu_check.py --quick   # this script's own code on a CPU, tiny jobs in-process
 
 --quick is a smoke run of this script, not of the GPU path: tiny model, fp32, compile off, no
@@ -398,7 +398,10 @@ def stop_children_on_sigterm(report: Report) -> None:
     """A kill (a lease ending) keeps the JSON as written and takes the checks' processes along."""
     def handler(signum, frame):
         for proc in report.children.values():  # each in its own session: its jobs go with it
-            os.killpg(proc.pid, signal.SIGKILL)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:  # ended meanwhile
+                pass
         report.write()
         sys.exit(128 + signum)
 
@@ -410,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a CPU smoke run of this script (seconds, not a check)")
     parser.add_argument("--only", default=",".join(BY_NAME), help=f"comma-separated subset of {', '.join(BY_NAME)}")
     parser.add_argument("--budget", type=float, help=f"seconds the checks may take (default {BUDGET_S}; quick: none)")
-    parser.add_argument("--parallel", type=int, help="correctness checks side by side (default 3; quick: 1)")
+    parser.add_argument("--parallel", type=int, help="correctness checks side by side (default 4; quick: 1)")
     parser.add_argument("--estimates", type=Path, help="a previous run's JSON: its check_seconds as the estimates")
     parser.add_argument("--out", type=Path, help="the JSON (default: benchmarks/results/gpu-check-MACHINE-DATE.json)")
     parser.add_argument("--work", type=Path, help="the jobs' outputs and MLflow store (default: a new temp folder)")
@@ -441,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         measured = json.loads(opts.estimates.read_text())["checks"]
         estimates.update({n: c["check_seconds"] for n, c in measured.items() if "check_seconds" in c})
     budget = opts.budget if opts.budget is not None else (float("inf") if opts.quick else BUDGET_S)
-    parallel = opts.parallel or (1 if opts.quick else 3)
+    parallel = opts.parallel or (1 if opts.quick else 4)
     todo, not_run = plan([c for c in CHECKS if c.name in opts.only.split(",")], estimates, budget, parallel)
     head = {"benchmark": "gpu-check", "quick": opts.quick, "machine": machine(), "budget_s": budget,
             "parallel": parallel, "estimates_s": estimates, "run": [c.name for c in todo],

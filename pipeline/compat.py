@@ -63,9 +63,12 @@ def checkpoint_reruns_module_hooks() -> bool:
     wraps each layer class's `forward`, so the layer's `__call__` and its hooks (DeepSpeed ZeRO-3's
     parameter gather/release, any forward hook) stay outside the checkpoint and run once. transformers
     5.17 (modeling_layers.py: `GradientCheckpointingLayer.__call__`, lines 80-109) checkpoints
-    `super().__call__`, hooks included: they run again when the backward recomputes the layer (ZeRO-3
-    gathers the layer's parameters a second time; the results are the same). DDP's gradient hooks sit on
-    the parameters' autograd nodes, not on modules, and fire once per gradient in both."""
+    `super().__call__`, hooks included: its forward pre-hooks run again when the backward recomputes the
+    layer (ZeRO-3 gathers the layer's parameters a second time; the results are the same); its forward
+    hooks do not, as torch's non-reentrant recompute stops once the last saved tensor is recomputed
+    (torch/utils/checkpoint.py of 2.11: `_StopRecomputationError`, lines 1077 and 1120; early stop is
+    on by default, `set_checkpoint_early_stop`, line 755). DDP's gradient hooks sit on the parameters'
+    autograd nodes, not on modules, and fire once per gradient in both."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     return "__call__" in vars(GradientCheckpointingLayer)

@@ -73,7 +73,7 @@ def checkpoint_activations(model: PreTrainedModel, spec: str) -> None:
     activations are recomputed in the backward pass instead of kept. Non-reentrant
     torch.utils.checkpoint through transformers' own switch (compat.enable_activation_checkpointing):
     the reentrant variant breaks DDP ("marked ready twice") and needs inputs that require grad. Whether a
-    layer's module hooks (DeepSpeed ZeRO-3's gather and release) run once or again in the recompute
+    layer's forward pre-hooks (DeepSpeed ZeRO-3's gather) run once or again in the recompute
     depends on the transformers version (compat.checkpoint_reruns_module_hooks: once from 5.24, twice on
     5.17); DDP's gradient hooks fire once either way. torch.utils.checkpoint stashes the CPU and device RNG
     states at each layer's forward and restores them for the recompute (preserve_rng_state=True, its

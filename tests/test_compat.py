@@ -31,12 +31,13 @@ def test_ddp_is_built_without_a_buffer_sync_before_each_forward_on_this_torch():
 
 
 def test_checkpointing_runs_a_layers_module_hooks_as_many_times_as_compat_says():
-    """A forward hook on an encoder layer (as ZeRO-3 registers its gather): once per step where transformers
-    checkpoints the layer's forward, twice where it checkpoints its __call__ (the recompute runs it again)."""
+    """A forward pre-hook on an encoder layer (where ZeRO-3 gathers the layer's parameters): once per step
+    where transformers checkpoints the layer's forward, twice where it checkpoints its __call__ (the
+    recompute runs it again)."""
     model = tiny_classifier()
     models.checkpoint_activations(model, "preset:test")
     calls = []
-    model.bert.encoder.layer[0].register_forward_hook(lambda *_: calls.append(1))
+    model.bert.encoder.layer[0].register_forward_pre_hook(lambda *_: calls.append(1))
     model.train()
     out = model(input_ids=torch.randint(5, 100, (2, 8)), labels=torch.tensor([0, 1]))
     out.loss.backward()
