@@ -26,22 +26,23 @@ def test_the_pipeline_installs_from_the_wheelhouse_with_no_index_and_keeps_the_n
     wheelhouse = Path(os.environ.get("WHEELHOUSE", ROOT / "wheelhouse"))
     if not any(wheelhouse.glob("bangla_amp_pipeline-*.whl")):
         pytest.fail(f"no wheelhouse at {wheelhouse}: run `make wheelhouse` (or `make test-offline`)")
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # nothing of this checkout on the path
     venv = tmp_path / "node"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = str(venv / "bin" / "python")
     # the node's torch: the same release as this environment's, installed before the pipeline as an image
     # brings it (with the index: this is the image, not the install under test)
     version = torch.__version__
-    subprocess.run([py, "-m", "pip", "install", "-q", f"torch=={version}"], check=True)
+    subprocess.run([py, "-m", "pip", "install", "-q", f"torch=={version}"], check=True, env=clean)
     before = torch_files(venv)
     out = subprocess.run(["make", "-s", "install-offline", f"TARGET_PY={py}", f"WHEELHOUSE={wheelhouse}"], cwd=ROOT,
-                         capture_output=True, text=True, env={**os.environ, "PIP_INDEX_URL": "http://127.0.0.1:9/"})
+                         capture_output=True, text=True, env={**clean, "PIP_INDEX_URL": "http://127.0.0.1:9/"})
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert torch_files(venv) == before  # not one file of torch replaced
     check = subprocess.run([py, "-c", "import torch, pipeline; print(torch.__version__, pipeline.__file__)"],
-                           cwd=tmp_path, capture_output=True, text=True, check=True).stdout.split()
+                           cwd=tmp_path, capture_output=True, text=True, check=True, env=clean).stdout.split()
     assert check[0] == version and str(venv) in check[1]  # the installed copy, not this checkout
-    cli = subprocess.run([py, "-m", "pipeline", "--help"], cwd=tmp_path, capture_output=True, text=True)
+    cli = subprocess.run([py, "-m", "pipeline", "--help"], cwd=tmp_path, capture_output=True, text=True, env=clean)
     assert cli.returncode == 0 and "train" in cli.stdout, cli.stderr[-2000:]
 
 
