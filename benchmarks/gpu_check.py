@@ -336,21 +336,24 @@ class Report:
 
 def run_here(check: Check, jobs: Jobs) -> dict:
     t0 = time.perf_counter()
-    return {**check.run(jobs), "check_seconds": round(time.perf_counter() - t0, 1)}
+    try:
+        result = check.run(jobs)
+    except Exception as e:  # noqa: BLE001 - a check that breaks is a failed check, reported; the rest go on
+        result = {"pass": False, "log": f"{type(e).__name__}: {e}"}
+    return {**result, "check_seconds": round(time.perf_counter() - t0, 1)}
 
 
 def run_checks(todo: list[Check], report: Report, work: Path, quick: bool, parallel: int, deadline: float) -> None:
-    """The correctness checks side by side in child processes (in this process, one after another, when
-    parallel is 1), then the alone ones; none started that its estimate says cannot finish by `deadline`,
-    any still running at `deadline` stopped."""
-    jobs = Jobs(work, quick)
-    side_by_side = [c for c in todo if not c.alone]
+    """The correctness checks side by side in child processes, then the alone ones one at a time, each in
+    its own process too (in this process, one after another, when parallel is 1: quick); none started
+    that its estimate says cannot finish by `deadline`, any still running at `deadline` stopped."""
+    side_by_side, alone = [c for c in todo if not c.alone], [c for c in todo if c.alone]
     if parallel > 1:
         children(side_by_side, report, work, quick, parallel, deadline)
-    else:
-        for check in side_by_side:
-            report.add(check.name, run_here(check, jobs))
-    for check in [c for c in todo if c.alone]:
+        children(alone, report, work, quick, 1, deadline)
+        return
+    jobs = Jobs(work, quick)
+    for check in side_by_side + alone:
         if time.monotonic() + report.estimates[check.name] > deadline:
             report.not_run[check.name] = "not run: the checks before it left too little of the budget"
             report.write()
@@ -446,7 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     budget = opts.budget if opts.budget is not None else (float("inf") if opts.quick else BUDGET_S)
     parallel = opts.parallel or (1 if opts.quick else 4)
     todo, not_run = plan([c for c in CHECKS if c.name in opts.only.split(",")], estimates, budget, parallel)
-    head = {"benchmark": "gpu-check", "quick": opts.quick, "machine": machine(), "budget_s": budget,
+    head = {"benchmark": "gpu-check", "quick": opts.quick, "machine": machine(),
+            "budget_s": None if budget == float("inf") else budget,
             "parallel": parallel, "estimates_s": estimates, "run": [c.name for c in todo],
             "tolerances": {"loss_rtol": LOSS_RTOL, "score_atol": SCORE_ATOL, "energy_ratio": ENERGY_RATIO}}
     report = Report(opts.out or result_path("gpu-check"), head, estimates, not_run)

@@ -1,6 +1,7 @@
 """pipeline/compat.py on whichever torch and transformers are installed: `make test` runs it on the newest
 tested, `make test-floor` on the floors (pyproject.toml). Each test holds on both; what differs is which
 branch answers."""
+import pytest
 import torch
 from transformers import BertConfig
 
@@ -16,6 +17,7 @@ def tiny_classifier():
     return get_task("sentiment").model_class.from_config(config, dtype=torch.float32)
 
 
+@pytest.mark.slow  # a gloo group and transformers' first model: ~3 s in a fresh process
 def test_ddp_is_built_without_a_buffer_sync_before_each_forward_on_this_torch():
     """The keyword differs across torch versions (a TypeError on the wrong one): construction and a step
     run, and the wrapper says it will not broadcast buffers before a forward."""
@@ -30,6 +32,7 @@ def test_ddp_is_built_without_a_buffer_sync_before_each_forward_on_this_torch():
         torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow  # transformers' first model in a fresh process
 def test_checkpointing_runs_a_layers_module_hooks_as_many_times_as_compat_says():
     """A forward pre-hook on an encoder layer (where ZeRO-3 gathers the layer's parameters): once per step
     where transformers checkpoints the layer's forward, twice where it checkpoints its __call__ (the
