@@ -50,7 +50,7 @@ gpu-check: $(STAMP)
 
 # The oldest versions the pipeline supports (floor-versions.txt, pyproject.toml's floors), proven: a second
 # virtualenv with exactly those, and there the fast suite plus the DDP, DeepSpeed and activation
-# checkpointing tests. torch 2.11 from the package index is its CUDA build (about 3 GB to download, 4.6 GB
+# checkpointing tests. torch 2.11 from the package index is its CUDA build (with its CUDA libraries 4.6 GB
 # installed; it runs on a CPU): README, "Versions tested".
 FLOOR_VENV ?= .venv-floor
 FLOOR_PY := $(FLOOR_VENV)/bin/python
