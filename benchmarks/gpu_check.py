@@ -1,13 +1,23 @@
-"""`make gpu-check`: the GPU path a user runs by default, proven in one command on a CUDA machine
-(budget: 20 minutes of one H100), with one JSON of pass/fail and figures per check:
+"""`make gpu-check`: the GPU path a user runs by default, proven on a CUDA machine within a budget
+(default BUDGET_S: 8 minutes of one H100 with start-up), with one JSON of pass/fail and figures per
+check, rewritten after every check so that a kill keeps what finished. The checks, in the order of what
+they prove (CHECKS):
 
-- pytest_gpu: the whole `pytest -m gpu` suite (tests/test_gpu.py);
-- demo: `make demo` on the GPU (launch/studies/demo-gpu.yaml), into this check's own store;
+- ddp: two torchrun ranks sharing the GPU over gloo (PIPELINE_SHARE_GPU=1; NCCL refuses two ranks on
+  one device), eager (what train.compile=auto picks under DDP today) and under CUDA graphs (what auto
+  would pick once this passes), each against one process at the same global batch;
 - fallback: `torchrun --nproc_per_node 2` on one GPU runs one process with grad_accum doubled under
   CUDA graphs; its losses against the same job with train.compile=off;
 - grad_accum: grad_accum=2 under CUDA graphs in bf16 and in fp16 (GradScaler), each against eager;
 - deepspeed: ZeRO-2 and ZeRO-3 in bf16 with train.compile=auto (what auto chose, and why);
-- energy: joules per sample with and without compile (compile energy left out: EnergyMeter).
+- pytest_gpu: `pytest -m gpu` (tests/test_gpu.py), at most PYTEST_GPU_S;
+- demo: the GPU demo with one seed (launch/studies/demo-gpu-check.yaml), into this check's own store;
+- energy: joules per sample with and without compile (compile energy left out: EnergyMeter), alone.
+
+The correctness checks run side by side, up to --parallel processes (tiny models: the GPU has room);
+the energy check runs alone, after them. --budget SECONDS runs what fits by each check's estimate
+(ESTIMATE_S; --estimates reads a previous run's JSON instead) and lists the rest as not run; a check
+still running at the end of the budget is stopped and recorded as such.
 
 Tolerances: a compiled job's final training loss within LOSS_RTOL (relative) of eager's and its dev
 score within SCORE_ATOL: inductor's fused 16-bit kernels round differently from eager's per-op ones,
@@ -15,13 +25,14 @@ and 40 steps amplify it; a .grad freed under CUDA graphs gives garbage or torch'
 far outside both. Energy: compiled joules per sample at most ENERGY_RATIO x eager's (with compile
 energy counted in, a short compiled job's would be several times eager's).
 
-    python benchmarks/gpu_check.py [--only fallback,grad_accum] [--out FILE]
+    python benchmarks/gpu_check.py [--budget 420] [--only ddp,fallback] [--parallel 4] [--out FILE]
     python benchmarks/gpu_check.py --quick   # this script's own code on a CPU, tiny jobs in-process
 
 --quick is a smoke run of this script, not of the GPU path: tiny model, fp32, compile off, no
-launcher (the fallback by requested_world_size=2, which takes the same path in runtime/fallback.py),
-pytest collecting only, the demo as --dry-run and DeepSpeed left out (its CPU launcher takes
-minutes); its pass/fail says the script works. Not measured on a GPU yet (benchmarks/README.md).
+launcher (the fallback and DDP's two ranks by requested_world_size=2, which takes the same path in
+runtime/fallback.py), pytest collecting only, the demo as --dry-run and DeepSpeed left out (its CPU
+launcher takes minutes); its pass/fail says the script works. Not measured on a GPU yet
+(benchmarks/README.md).
 """
 from __future__ import annotations
 
@@ -29,10 +40,13 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,6 +55,9 @@ sys.path.insert(0, str(ROOT))
 LOSS_RTOL = 0.05
 SCORE_ATOL = 0.05
 ENERGY_RATIO = 1.1
+BUDGET_S = 420
+"""make gpu-check's budget: 8 minutes of one H100 less a minute for the machine's start and the imports."""
+PYTEST_GPU_S = 240
 JOB_TIMEOUT_S = 600
 NO_DROPOUT = ["model_config.hidden_dropout_prob=0", "model_config.attention_probs_dropout_prob=0"]
 WIDE = ["model=preset:bangla-base", "model_config.hidden_size=768", "model_config.intermediate_size=3072",
@@ -49,7 +66,8 @@ GPU_JOB = ["model=preset:bangla-tiny", "train.max_length=48", "train.lr=1e-3", "
            "train.batch_size=16", "train.max_steps=40", *NO_DROPOUT]
 QUICK_JOB = ["model=preset:bangla-tiny", "train.max_length=32", "train.lr=1e-3", "tracking.system_metrics=false",
              "train.batch_size=8", "train.max_steps=2", "train.eval_batch_size=256", *NO_DROPOUT]
-CHECKS = ("pytest_gpu", "demo", "fallback", "grad_accum", "deepspeed", "energy")
+ENERGY_STEPS = 120
+"""The energy check's steps per job: both jobs (start-up and compilation included) within about 90 s."""
 
 
 class Jobs:
@@ -61,19 +79,19 @@ class Jobs:
         self.work, self.quick, self.done = work, quick, {}
         self.db = work / "mlflow.db"
 
-    def run(self, args: list[str], launcher: str = "none", nproc: int = 1) -> dict:
+    def run(self, args: list[str], launcher: str = "none", nproc: int = 1, env: dict | None = None) -> dict:
         """The job's final metrics, its resolved.* params and how it went: {ok, seconds, metrics, params, log}."""
         if self.quick:
             args = [a for a in args if not a.startswith(("precision=", "train.compile="))]
             args = [*args, "precision=fp32", "train.compile=off"]
             if launcher == "torchrun":
-                args, launcher = [*args, f"requested_world_size={nproc}"], "none"
-        key = (launcher, nproc, tuple(args))
+                args, launcher, env = [*args, f"requested_world_size={nproc}"], "none", None
+        key = (launcher, nproc, tuple(args), tuple(sorted((env or {}).items())))
         if key not in self.done:
-            self.done[key] = self._run(args, launcher, nproc, self.work / f"job{len(self.done)}")
+            self.done[key] = self._run(args, launcher, nproc, self.work / f"job{len(self.done)}", env or {})
         return self.done[key]
 
-    def _run(self, args: list[str], launcher: str, nproc: int, out: Path) -> dict:
+    def _run(self, args: list[str], launcher: str, nproc: int, out: Path, env: dict) -> dict:
         common = [*args, f"output_dir={out}", f"tracking.uri=sqlite:///{self.db}", "tracking.experiment=gpu-check"]
         start = time.perf_counter()
         if self.quick:
@@ -91,7 +109,7 @@ class Jobs:
                                 f"--nproc_per_node={nproc}", "-m", "pipeline"],
                    "deepspeed": [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(nproc),
                                  "--module", "pipeline"]}[launcher]
-            ok, log = run_command([*cmd, "train", *common])
+            ok, log = run_command([*cmd, "train", *common], env=env)
         seconds = time.perf_counter() - start
         metrics_file = out / "metrics.json"
         metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
@@ -112,13 +130,14 @@ class Jobs:
         return {}
 
 
-def run_command(cmd: list[str], timeout: int = JOB_TIMEOUT_S) -> tuple[bool, str]:
+def run_command(cmd: list[str], timeout: int = JOB_TIMEOUT_S, env: dict | None = None) -> tuple[bool, str]:
     """(exit code 0, the output's tail) of a command run from the repository root."""
     try:
         result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     except subprocess.TimeoutExpired as e:
-        return False, f"timed out after {timeout} s: {(e.stdout or '')[-1500:]}"
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        return False, f"timed out after {timeout} s: {out[-1500:]}"
     return result.returncode == 0, (result.stdout + result.stderr)[-3000:]
 
 
@@ -142,19 +161,21 @@ def compare(eager: dict, compiled: dict) -> dict:
 # ---------------------------------------------------------------------- the checks
 
 
-def check_pytest_gpu(jobs: Jobs) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_gpu.py"]
-    ok, log = run_command([*cmd, "--collect-only"] if jobs.quick else cmd, timeout=900)
-    counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|tests? collected)", log)}
-    return {"pass": ok, "counts": counts, "log": log[-1500:]}
-
-
-def check_demo(jobs: Jobs) -> dict:
-    cmd = [sys.executable, "-m", "pipeline", "study", "launch/studies/demo-gpu.yaml",
-           f"tracking.uri=sqlite:///{jobs.work / 'demo.db'}"]
-    start = time.perf_counter()
-    ok, log = run_command([*cmd, "--dry-run"] if jobs.quick else cmd, timeout=900)
-    return {"pass": ok, "seconds": round(time.perf_counter() - start, 1), "log": log[-1500:]}
+def check_ddp(jobs: Jobs) -> dict:
+    """Two DDP ranks on the one GPU over gloo (batch 16 each) against one process at batch 32, eager:
+    with train.compile=auto (what it picks under DDP, and why) and with CUDA graphs (what auto would
+    pick once this passes). The figures say whether `runtime/compiler.py` may let auto pick CUDA graphs."""
+    job = [*(QUICK_JOB if jobs.quick else GPU_JOB), "precision=bf16"]
+    one = jobs.run([*job, "train.batch_size=32" if not jobs.quick else "train.grad_accum=2", "train.compile=off"])
+    shared = {"PIPELINE_SHARE_GPU": "1"}
+    auto = jobs.run([*job, "train.compile=auto"], launcher="torchrun", nproc=2, env=shared)
+    graphs = jobs.run([*job, "train.compile=reduce-overhead"], launcher="torchrun", nproc=2, env=shared)
+    results = {"auto": compare(one, auto), "cuda_graphs": compare(one, graphs)}
+    ranks = "1" if jobs.quick else "2"  # quick: the two ranks are the fallback's one process
+    two_ranks = all(r["params"].get("resolved.world_size") == ranks for r in (auto, graphs))
+    return {"pass": two_ranks and all(r["pass"] for r in results.values()), "two_ranks": two_ranks,
+            "auto_picked": auto["params"].get("resolved.compile"),
+            "auto_reason": auto["params"].get("resolved.compile_reason"), **results}
 
 
 def check_fallback(jobs: Jobs) -> dict:
@@ -185,12 +206,12 @@ def check_deepspeed(jobs: Jobs) -> dict:
     """ZeRO-2 and ZeRO-3 in bf16 with train.compile=auto, one GPU under the deepspeed launcher."""
     if jobs.quick:
         return {"pass": True, "skipped": "quick: DeepSpeed's launcher on a CPU takes minutes"}
+    from pipeline import names
+
     per_stage = {}
     for stage in (2, 3):
         result = jobs.run([*GPU_JOB, "precision=bf16", "train.compile=auto", f"deepspeed=ds_configs/zero{stage}.json"],
                           launcher="deepspeed")
-        from pipeline import names
-
         per_stage[f"zero{stage}"] = {"pass": result["ok"], "seconds": result["seconds"],
                                      "compile": result["params"].get("resolved.compile"),
                                      "compile_reason": result["params"].get("resolved.compile_reason"),
@@ -200,12 +221,31 @@ def check_deepspeed(jobs: Jobs) -> dict:
     return {"pass": all(r["pass"] for r in per_stage.values()), **per_stage}
 
 
+def check_pytest_gpu(jobs: Jobs) -> dict:
+    """`pytest -m gpu` on 3 workers (the tests sharing jobs kept on one: --dist loadgroup), within
+    PYTEST_GPU_S. Its figures are pass/fail only: nothing in it is timed, so it may share the GPU."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_gpu.py"]
+    cmd = [*cmd, "--collect-only"] if jobs.quick else [*cmd, "-n", "3", "--dist", "loadgroup"]
+    ok, log = run_command(cmd, timeout=PYTEST_GPU_S)
+    counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|tests? collected)", log)}
+    return {"pass": ok, "counts": counts, "log": log[-1500:]}
+
+
+def check_demo(jobs: Jobs) -> dict:
+    """The GPU demo with one seed: FP32 vs AMP at BERT-base size, its report written."""
+    cmd = [sys.executable, "-m", "pipeline", "study", "launch/studies/demo-gpu-check.yaml",
+           f"tracking.uri=sqlite:///{jobs.work / 'demo.db'}"]
+    start = time.perf_counter()
+    ok, log = run_command([*cmd, "--dry-run"] if jobs.quick else cmd, timeout=JOB_TIMEOUT_S)
+    return {"pass": ok, "seconds": round(time.perf_counter() - start, 1), "log": log[-1500:]}
+
+
 def check_energy(jobs: Jobs) -> dict:
     """Joules per sample of the same bf16 job eager and under CUDA graphs (compile energy left out)."""
     from pipeline import names
 
     # quick: grad_accum's eager job again (one job fewer; no energy counter on a CPU either way)
-    job = [*QUICK_JOB, "train.grad_accum=2"] if jobs.quick else [*GPU_JOB, *WIDE, "train.max_steps=200"]
+    job = [*QUICK_JOB, "train.grad_accum=2"] if jobs.quick else [*GPU_JOB, *WIDE, f"train.max_steps={ENERGY_STEPS}"]
     runs = {mode: jobs.run([*job, "precision=bf16", f"train.compile={mode}"]) for mode in ("off", "reduce-overhead")}
     figures = {mode: {k: r["metrics"].get(k) for k in (names.JOULES_PER_SAMPLE, names.ENERGY_JOULES, names.AVG_POWER,
                                                        names.SAMPLES_PER_S, names.COMPILE_TIME)}
@@ -218,12 +258,169 @@ def check_energy(jobs: Jobs) -> dict:
     return {"pass": compiled <= ENERGY_RATIO * eager, "compiled_over_eager": compiled / eager, **figures}
 
 
+@dataclass(frozen=True)
+class Check:
+    name: str
+    run: Callable[[Jobs], dict]
+    estimate_s: float
+    """Seconds on one H100, start-up included, beside the other correctness checks (not measured on a GPU
+    yet: from the jobs each check runs, ~40 s a tiny job with its compilation; --estimates replaces them)."""
+    alone: bool = False
+    """A speed or energy figure: nothing else on the GPU meanwhile."""
+
+
+CHECKS = [  # in the order of what they prove: the main launch first, figures last
+    Check("ddp", check_ddp, 150),
+    Check("fallback", check_fallback, 90),
+    Check("grad_accum", check_grad_accum, 150),
+    Check("deepspeed", check_deepspeed, 120),
+    Check("pytest_gpu", check_pytest_gpu, PYTEST_GPU_S),
+    Check("demo", check_demo, 180),
+    Check("energy", check_energy, 90, alone=True),
+]
+BY_NAME = {c.name: c for c in CHECKS}
+
+
+def plan(checks: list[Check], estimates: dict[str, float], budget: float, parallel: int) -> tuple[list, dict]:
+    """Which checks fit the budget by their estimates: the correctness checks in order on `parallel` lanes
+    (each starts when a lane frees up), then the alone ones one after another. Returns the checks to run
+    in order and, for the rest, why not."""
+    lanes, run, not_run = [0.0] * max(1, parallel), [], {}
+    for check in [c for c in checks if not c.alone]:
+        lane = min(range(len(lanes)), key=lanes.__getitem__)
+        if lanes[lane] + estimates[check.name] <= budget:
+            lanes[lane] += estimates[check.name]
+            run.append(check)
+        else:
+            not_run[check.name] = (f"not run: ~{estimates[check.name]:.0f} s from ~{lanes[lane]:.0f} s would pass "
+                                   f"the {budget:.0f} s budget")
+    clock = max(lanes)
+    for check in [c for c in checks if c.alone]:
+        if clock + estimates[check.name] <= budget:
+            clock += estimates[check.name]
+            run.append(check)
+        else:
+            not_run[check.name] = f"not run: ~{estimates[check.name]:.0f} s alone from ~{clock:.0f} s would pass the " \
+                                  f"{budget:.0f} s budget"
+    return run, not_run
+
+
+class Report:
+    """The JSON, written again (atomically) after every check; the checks' child processes it waits on."""
+
+    def __init__(self, out: Path, head: dict, estimates: dict[str, float], not_run: dict[str, str]):
+        self.out, self.head, self.estimates, self.not_run = out, head, estimates, not_run
+        self.checks, self.children = {}, {}
+        self.start = time.perf_counter()
+        out.parent.mkdir(parents=True, exist_ok=True)
+
+    def add(self, name: str, result: dict) -> None:
+        self.checks[name] = result
+        print(f"{name}: {'pass' if result['pass'] else 'FAIL'} ({result.get('check_seconds')} s)", flush=True)
+        self.write()
+
+    @property
+    def passed(self) -> bool:
+        """Every check that ran passed, and one did."""
+        return bool(self.checks) and all(c["pass"] for c in self.checks.values())
+
+    def write(self) -> None:
+        checks = {n: self.checks[n] for n in BY_NAME if n in self.checks}
+        complete = not self.not_run and len(checks) == len(self.head["run"])
+        payload = {**self.head, "pass": self.passed, "complete": complete,
+                   "seconds": round(time.perf_counter() - self.start, 1), "checks": checks, "not_run": self.not_run}
+        tmp = self.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        tmp.replace(self.out)
+
+
+def run_here(check: Check, jobs: Jobs) -> dict:
+    t0 = time.perf_counter()
+    try:
+        result = check.run(jobs)
+    except Exception as e:  # noqa: BLE001 - a check that breaks is a failed check, reported; the rest go on
+        result = {"pass": False, "log": f"{type(e).__name__}: {e}"}
+    return {**result, "check_seconds": round(time.perf_counter() - t0, 1)}
+
+
+def run_checks(todo: list[Check], report: Report, work: Path, quick: bool, parallel: int, deadline: float) -> None:
+    """The correctness checks side by side in child processes, then the alone ones one at a time, each in
+    its own process too (in this process, one after another, when parallel is 1: quick); none started
+    that its estimate says cannot finish by `deadline`, any still running at `deadline` stopped."""
+    side_by_side, alone = [c for c in todo if not c.alone], [c for c in todo if c.alone]
+    if parallel > 1:
+        children(side_by_side, report, work, quick, parallel, deadline)
+        children(alone, report, work, quick, 1, deadline)
+        return
+    jobs = Jobs(work, quick)
+    for check in side_by_side + alone:
+        if time.monotonic() + report.estimates[check.name] > deadline:
+            report.not_run[check.name] = "not run: the checks before it left too little of the budget"
+            report.write()
+            continue
+        report.add(check.name, run_here(check, jobs))
+
+
+def children(checks: list[Check], report: Report, work: Path, quick: bool, parallel: int, deadline: float) -> None:
+    waiting, running = list(checks), {}
+    while waiting or running:
+        while waiting and len(running) < parallel:
+            check = waiting.pop(0)
+            if time.monotonic() + report.estimates[check.name] > deadline:
+                report.not_run[check.name] = "not run: the checks before it left too little of the budget"
+                report.write()
+                continue
+            part = work / f"{check.name}.json"
+            cmd = [sys.executable, __file__, "--child", check.name, "--work", str(work / check.name),
+                   "--out", str(part), *(["--quick"] if quick else [])]
+            log = (work / f"{check.name}.log").open("w")
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            running[check.name] = (proc, part, time.perf_counter(), log)
+            report.children[check.name] = proc
+        time.sleep(1)
+        for name, (proc, part, t0, log) in list(running.items()):
+            late = time.monotonic() > deadline
+            if proc.poll() is None and not late:
+                continue
+            if late and proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+            log.close()
+            seconds = round(time.perf_counter() - t0, 1)
+            if part.is_file():
+                result = json.loads(part.read_text())
+            else:
+                tail = (work / f"{name}.log").read_text()[-1500:]
+                why = "stopped at the end of the budget" if late else f"exit {proc.returncode}"
+                result = {"pass": False, "stopped": why, "log": tail}
+            report.add(name, {**result, "check_seconds": seconds})
+            del running[name], report.children[name]
+
+
+def stop_children_on_sigterm(report: Report) -> None:
+    """A kill (a lease ending) keeps the JSON as written and takes the checks' processes along."""
+    def handler(signum, frame):
+        for proc in report.children.values():  # each in its own session: its jobs go with it
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:  # ended meanwhile
+                pass
+        report.write()
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a CPU smoke run of this script (seconds, not a check)")
-    parser.add_argument("--only", default=",".join(CHECKS), help=f"comma-separated subset of {', '.join(CHECKS)}")
+    parser.add_argument("--only", default=",".join(BY_NAME), help=f"comma-separated subset of {', '.join(BY_NAME)}")
+    parser.add_argument("--budget", type=float, help=f"seconds the checks may take (default {BUDGET_S}; quick: none)")
+    parser.add_argument("--parallel", type=int, help="correctness checks side by side (default 4; quick: 1)")
+    parser.add_argument("--estimates", type=Path, help="a previous run's JSON: its check_seconds as the estimates")
     parser.add_argument("--out", type=Path, help="the JSON (default: benchmarks/results/gpu-check-MACHINE-DATE.json)")
     parser.add_argument("--work", type=Path, help="the jobs' outputs and MLflow store (default: a new temp folder)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one check, its result to --out (run_checks' children)
     opts = parser.parse_args(argv)
     import torch
 
@@ -238,21 +435,32 @@ def main(argv: list[str] | None = None) -> int:
     quiet()
     work = opts.work or Path(tempfile.mkdtemp(prefix="gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
-    jobs = Jobs(work, opts.quick)
-    checks, start = {}, time.perf_counter()
-    for name in opts.only.split(","):
-        t0 = time.perf_counter()
-        checks[name] = {**globals()[f"check_{name}"](jobs), "check_seconds": round(time.perf_counter() - t0, 1)}
-        print(f"{name}: {'pass' if checks[name]['pass'] else 'FAIL'} ({checks[name]['check_seconds']} s)", flush=True)
-    payload = {"benchmark": "gpu-check", "quick": opts.quick, "pass": all(c["pass"] for c in checks.values()),
-               "seconds": round(time.perf_counter() - start, 1), "machine": machine(),
-               "tolerances": {"loss_rtol": LOSS_RTOL, "score_atol": SCORE_ATOL, "energy_ratio": ENERGY_RATIO},
-               "checks": checks}
-    out = opts.out or result_path("gpu-check")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    print(f"{'all pass' if payload['pass'] else 'FAILED'}: {out}")
-    return 0 if payload["pass"] else 1
+    if opts.child:
+        opts.out.write_text(json.dumps(BY_NAME[opts.child].run(Jobs(work, opts.quick)), default=str))
+        return 0
+    unknown = [n for n in opts.only.split(",") if n not in BY_NAME]
+    if unknown:
+        print(f"gpu_check: --only {','.join(unknown)}: no such check ({', '.join(BY_NAME)})", file=sys.stderr)
+        return 2
+    estimates = {c.name: c.estimate_s for c in CHECKS}
+    if opts.estimates:
+        measured = json.loads(opts.estimates.read_text())["checks"]
+        estimates.update({n: c["check_seconds"] for n, c in measured.items() if "check_seconds" in c})
+    budget = opts.budget if opts.budget is not None else (float("inf") if opts.quick else BUDGET_S)
+    parallel = opts.parallel or (1 if opts.quick else 4)
+    todo, not_run = plan([c for c in CHECKS if c.name in opts.only.split(",")], estimates, budget, parallel)
+    head = {"benchmark": "gpu-check", "quick": opts.quick, "machine": machine(),
+            "budget_s": None if budget == float("inf") else budget,
+            "parallel": parallel, "estimates_s": estimates, "run": [c.name for c in todo],
+            "tolerances": {"loss_rtol": LOSS_RTOL, "score_atol": SCORE_ATOL, "energy_ratio": ENERGY_RATIO}}
+    report = Report(opts.out or result_path("gpu-check"), head, estimates, not_run)
+    report.write()  # the plan, before any check: a kill at once still leaves what would have run
+    stop_children_on_sigterm(report)
+    run_checks(todo, report, work, opts.quick, parallel, time.monotonic() + budget)
+    report.write()
+    left = f" (not run: {', '.join(report.not_run)})" if report.not_run else ""
+    print(f"{'all pass' if report.passed else 'FAILED'}{left}: {report.out}")
+    return 0 if report.passed else 1
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import AutoConfig, AutoTokenizer, BertConfig, PreTrainedTokenizerFast
 
+from pipeline.compat import enable_activation_checkpointing
 from pipeline.data.features import update_texts_hash
 from pipeline.errors import UserError
 from pipeline.fsutil import atomic_dir, cache_root
@@ -72,10 +73,11 @@ def build(spec: str, task: Task, train_texts: Iterable[str], overrides: dict, ma
 def checkpoint_activations(model: PreTrainedModel, spec: str) -> None:
     """Activation checkpointing of every encoder layer (train.gradient_checkpointing): each layer's
     activations are recomputed in the backward pass instead of kept. Non-reentrant
-    torch.utils.checkpoint through transformers' own switch (PreTrainedModel.activation_checkpointing_enable,
-    which checkpoints each GradientCheckpointingLayer's forward, its module hooks outside, so DDP's,
-    DeepSpeed ZeRO-3's and compile's hooks run once): the reentrant variant breaks DDP ("marked ready
-    twice") and needs inputs that require grad. torch.utils.checkpoint stashes the CPU and device RNG
+    torch.utils.checkpoint through transformers' own switch (compat.enable_activation_checkpointing):
+    the reentrant variant breaks DDP ("marked ready twice") and needs inputs that require grad. Whether a
+    layer's forward pre-hooks (DeepSpeed ZeRO-3's gather) run once or again in the recompute
+    depends on the transformers version (compat.checkpoint_reruns_module_hooks: once from 5.24, twice on
+    5.17); DDP's gradient hooks fire once either way. torch.utils.checkpoint stashes the CPU and device RNG
     states at each layer's forward and restores them for the recompute (preserve_rng_state=True, its
     default), so dropout draws the same masks and the losses are those of a job without it."""
     if not getattr(model, "supports_gradient_checkpointing", False):
@@ -84,7 +86,7 @@ def checkpoint_activations(model: PreTrainedModel, spec: str) -> None:
     # an encoder being trained keeps no key/value cache; unset, each checkpointed layer turns it off
     # with a warning, a graph break in a compiled forward
     model.config.use_cache = False
-    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    enable_activation_checkpointing(model)
 
 
 def offline_copy(spec: str) -> Path | None:

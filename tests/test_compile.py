@@ -11,7 +11,7 @@ import transformers
 from transformers import BertConfig, BertForSequenceClassification, BertForTokenClassification
 
 from helpers import free_port
-from pipeline import names
+from pipeline import compat, names
 from pipeline.config import load_config
 from pipeline.data.loaders import IGNORED, ShapedCollate, real_rows
 from pipeline.errors import UserError
@@ -217,7 +217,7 @@ def test_device_defaults_follow_the_measurements():
 
 
 @pytest.mark.parametrize("requested, device, backend, stage, mode", [
-    ("auto", "cuda", "single", 0, "reduce-overhead"), ("auto", "cuda", "ddp", 0, "reduce-overhead"),
+    ("auto", "cuda", "single", 0, "reduce-overhead"), ("auto", "cuda", "ddp", 0, "off"),
     ("auto", "cpu", "single", 0, "off"), ("auto", "cuda", "deepspeed", 2, "off"),
     ("auto", "cuda", "deepspeed", 3, "off"), ("default", "cuda", "deepspeed", 3, "default"),
     ("reduce-overhead", "cpu", "single", 0, "reduce-overhead")])
@@ -227,6 +227,8 @@ def test_auto_compile_resolves_per_device_and_backend_and_says_why(requested, de
     assert ("(set)" in chosen.reason) == (requested != "auto")
     if backend == "deepspeed" and requested == "auto":
         assert f"ZeRO-{stage}" in chosen.reason
+    if (backend, device, requested) == ("ddp", "cuda", "auto"):  # eager until the GPU check's ddp check passes
+        assert "gpu_check" in chosen.reason
 
 
 def test_the_compile_policy_answers_what_the_stage_asks():
@@ -302,10 +304,10 @@ def test_a_mask_without_padding_changes_no_logit_and_one_with_padding_does():
 
 
 def test_ddp_broadcasts_no_buffers_as_the_models_buffers_are_constants(gloo_group):
-    """DDP without a buffer sync before every forward (forward_sync_buffers=False): what makes that safe is that
-    training never changes a buffer (position and token-type ids), so every rank's stay equal."""
+    """DDP without a buffer sync before every forward (compat.ddp_without_forward_buffer_sync): what makes that
+    safe is that training never changes a buffer (position and token-type ids), so every rank's stay equal."""
     backend = backend_for(tiny_classifier(), "off", gloo_group)
-    assert backend.model.forward_sync_buffers is False
+    assert not compat.ddp_syncs_buffers_every_forward(backend.model)
     before = {k: v.clone() for k, v in backend.module.named_buffers()}
     losses(backend, batches(n=2))
     assert before and all(torch.equal(v, before[k]) for k, v in backend.module.named_buffers())

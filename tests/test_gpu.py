@@ -48,42 +48,51 @@ def test_nccl_two_ranks_match_one_process_on_the_same_global_batch(tmp_path):
     assert abs(two[names.EVAL_MAIN] - one[names.EVAL_MAIN]) < 0.05
 
 
-def test_fp16_with_grad_scaler_end_to_end(tmp_path):
-    final, run, out = finished(tmp_path, *JOB, "precision=fp16")
+NO_DROPOUT = ["model_config.hidden_dropout_prob=0", "model_config.attention_probs_dropout_prob=0"]
+GRAPHS_JOB = [*JOB, *NO_DROPOUT, "train.batch_size=8", "train.grad_accum=2"]
+"""The jobs the CUDA-graph, fp16 and energy tests share (one eager and one compiled job per precision):
+grad_accum=2, so the first micro-batch's .grad is a captured backward's output the second adds to."""
+
+
+@pytest.fixture(scope="module")
+def graphs_and_eager(tmp_path_factory):
+    """(final metrics, MLflow run, output_dir) of GRAPHS_JOB per (precision, compile), each run once per
+    worker (`pytest -m gpu -n 3 --dist loadgroup` keeps the tests that share them on one worker)."""
+    done = {}
+
+    def job(precision: str, mode: str):
+        if (precision, mode) not in done:
+            where = tmp_path_factory.mktemp(f"{precision}-{mode}")
+            done[precision, mode] = finished(where, *GRAPHS_JOB, f"precision={precision}", f"train.compile={mode}")
+        return done[precision, mode]
+    return job
+
+
+@pytest.mark.xdist_group("graphs")
+def test_fp16_with_grad_scaler_end_to_end(graphs_and_eager):
+    final, run, out = graphs_and_eager("fp16", "off")
     assert run.data.metrics[names.LOSS_SCALE] >= 1.0 and final[names.NONFINITE_LOSSES] == 0
     assert final[names.SKIPPED_STEPS] < 10  # a few overflow skips while the scale settles, not a stuck scaler
     assert json.loads((out / "best" / "config.json").read_text())["dtype"] == "float32"
 
 
+@pytest.mark.xdist_group("graphs")
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_cuda_graphs_train_like_eager_and_keep_compilation_out_of_the_rate(tmp_path, precision):
-    """train.compile=reduce-overhead (the GPU default) against eager on the same job, without dropout
-    (compiled dropout draws inductor's random numbers): the same loss and dev score within 5%, a
-    handful of graphs (length buckets and the filled last batch), compile time logged apart."""
-    no_dropout = ["model_config.hidden_dropout_prob=0", "model_config.attention_probs_dropout_prob=0"]
-    eager, _, _ = finished(tmp_path / "eager", *JOB, *no_dropout, f"precision={precision}", "train.compile=off")
-    graphs, run, _ = finished(tmp_path / "graphs", *JOB, *no_dropout, f"precision={precision}",
-                              "train.compile=reduce-overhead")
+def test_grad_accumulation_under_cuda_graphs_trains_like_eager(graphs_and_eager, precision):
+    """train.compile=reduce-overhead (the GPU default) with grad_accum=2 against eager on the same job,
+    without dropout (compiled dropout draws inductor's random numbers). The step is marked once per
+    optimizer step, so the first micro-batch's .grad (a captured backward's output) is never freed
+    before the second adds to it (CompilePolicy.begin_optimizer_step): the final loss within 5% and the
+    dev score within 0.05 (inductor's fused 16-bit kernels round differently from eager's per-op ones
+    over 40 steps; a freed .grad gives garbage or torch's "overwritten" error); a handful of graphs
+    (length buckets and the filled last batch), compile time logged apart."""
+    eager, _, _ = graphs_and_eager(precision, "off")
+    graphs, run, _ = graphs_and_eager(precision, "reduce-overhead")
+    assert run.data.params["resolved.grad_accum"] == "2" and run.data.params["resolved.compile"] == "reduce-overhead"
     assert graphs[names.TRAIN_LOSS] == pytest.approx(eager[names.TRAIN_LOSS], rel=0.05)
     assert abs(graphs[names.EVAL_MAIN] - eager[names.EVAL_MAIN]) < 0.05
     assert graphs[names.COMPILE_TIME] > 0 and 1 <= graphs[names.COMPILES] <= 16
     assert names.COMPILE_TIME not in eager and run.data.params["train.compile"] == "reduce-overhead"
-
-
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
-def test_grad_accumulation_under_cuda_graphs_trains_like_eager(tmp_path, precision):
-    """grad_accum=2 under reduce-overhead: the step is marked once per optimizer step, so the first
-    micro-batch's .grad (a captured backward's output) is never freed before the second adds to it
-    (CompilePolicy.begin_optimizer_step). Against eager, without dropout: the final loss within 5%
-    and the dev score within 0.05 (inductor's fused 16-bit kernels round differently from eager's
-    per-op ones over 40 steps; a freed .grad gives garbage or torch's "overwritten" error)."""
-    no_dropout = ["model_config.hidden_dropout_prob=0", "model_config.attention_probs_dropout_prob=0"]
-    job = [*JOB, *no_dropout, "train.batch_size=8", "train.grad_accum=2", f"precision={precision}"]
-    eager, _, _ = finished(tmp_path / "eager", *job, "train.compile=off")
-    graphs, run, _ = finished(tmp_path / "graphs", *job, "train.compile=reduce-overhead")
-    assert run.data.params["resolved.grad_accum"] == "2" and run.data.params["resolved.compile"] == "reduce-overhead"
-    assert graphs[names.TRAIN_LOSS] == pytest.approx(eager[names.TRAIN_LOSS], rel=0.05)
-    assert abs(graphs[names.EVAL_MAIN] - eager[names.EVAL_MAIN]) < 0.05
 
 
 @two_gpus
@@ -141,8 +150,11 @@ def test_bf16_under_deepspeed_is_autocast_on_fp32_weights_on_cuda(monkeypatch):
         dist.shutdown()
 
 
-def test_energy_is_measured_on_a_gpu(tmp_path):
-    final, run, _ = finished(tmp_path, *JOB, *WIDE, "precision=bf16", "train.max_steps=200")
+@pytest.mark.xdist_group("graphs")
+def test_energy_is_measured_on_a_gpu(graphs_and_eager):
+    """NVML's counter read over the training segments (its figures against compile: the GPU check's energy
+    check, alone on the GPU)."""
+    final, run, _ = graphs_and_eager("bf16", "off")
     if run.data.tags["energy_available"] != "true":
         pytest.skip("NVML's total-energy counter cannot be read on this GPU (pre-Volta, or no permission)")
     assert final[names.ENERGY_JOULES] > 0 and final[names.AVG_POWER] > 10  # an idle H100 draws ~70 W

@@ -1,7 +1,9 @@
-"""`make gpu-check` (benchmarks/gpu_check.py) proves the GPU path on a CUDA machine; here its --quick
-mode runs the script's own code on the CPU (tiny in-process jobs, fp32, compile off, pytest collecting
-only, the demo as --dry-run, DeepSpeed left out), so the command a lent GPU will run is known to work
-up to the GPU itself. What its checks check on a GPU is not shown by this test."""
+"""`make gpu-check` (benchmarks/gpu_check.py) proves the GPU path on a CUDA machine within a budget; here
+its --quick mode runs the script's own code on the CPU (tiny in-process jobs, fp32, compile off, pytest
+collecting only, the demo as --dry-run, DeepSpeed left out), so the command a lent GPU will run is known
+to work up to the GPU itself, and its plan of what fits a budget is checked on the estimates. What its
+checks check on a GPU is not shown by this test."""
+import importlib.util
 import json
 import subprocess
 import sys
@@ -9,6 +11,14 @@ import sys
 import pytest
 
 from helpers import ROOT, tracking_db
+
+
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 @pytest.mark.slow
@@ -20,13 +30,48 @@ def test_the_gpu_check_quick_run_writes_one_json_with_every_check(tmp_path):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     payload = json.loads(out.read_text())
     checks = payload["checks"]
-    assert payload["quick"] and payload["pass"]
-    assert list(checks) == ["pytest_gpu", "demo", "fallback", "grad_accum", "deepspeed", "energy"]
+    assert payload["quick"] and payload["pass"] and payload["complete"] and payload["not_run"] == {}
+    assert list(checks) == ["ddp", "fallback", "grad_accum", "deepspeed", "pytest_gpu", "demo", "energy"]
     assert checks["pytest_gpu"]["counts"]["tests collected"] >= 10
     # the fallback ran as one process with grad_accum doubled, and was compared with its reference
     assert checks["fallback"]["one_process_grad_accum_2"] and checks["fallback"]["loss_rel_gap"] == 0
+    assert checks["ddp"]["two_ranks"] and checks["ddp"]["cuda_graphs"]["loss_rel_gap"] == 0
     assert checks["grad_accum"]["fp16"]["compiled_params"]["resolved.grad_accum"] == "2"
     assert "skipped" in checks["energy"] and "skipped" in checks["deepspeed"]
+
+
+@pytest.mark.slow
+def test_a_side_by_side_check_runs_as_a_process_and_what_the_budget_leaves_out_is_listed(tmp_path):
+    """The demo check in a child process (the GPU run's way for the correctness checks), the energy check
+    past the budget by its estimate (demo ~180 s, then energy ~90 s alone): listed as not run, with why,
+    and never started."""
+    out = tmp_path / "gpu-check.json"
+    result = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--quick", "--only", "demo,energy",
+                             "--parallel", "2", "--budget", "200", "--out", str(out), "--work", str(tmp_path / "w")],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    payload = json.loads(out.read_text())
+    assert list(payload["checks"]) == ["demo"] and payload["pass"] and not payload["complete"]
+    assert payload["checks"]["demo"]["check_seconds"] > 0 and "sentiment-auto-s1" in payload["checks"]["demo"]["log"]
+    assert list(payload["not_run"]) == ["energy"] and "200 s budget" in payload["not_run"]["energy"]
+    assert not (tmp_path / "w" / "mlflow.db").exists()  # no job ran: the energy check never started
+
+
+def test_the_plan_fits_the_budget_in_order_side_by_side_then_alone():
+    gc = gpu_check()
+    checks = gc.CHECKS
+    estimates = {c.name: c.estimate_s for c in checks}
+    run, not_run = gc.plan(checks, estimates, float("inf"), 3)
+    assert [c.name for c in run] == [c.name for c in checks] and not not_run
+    assert [c.name for c in run][-1] == "energy"  # alone, after the side-by-side ones
+    est = {"ddp": 100, "fallback": 50, "grad_accum": 60, "deepspeed": 40, "pytest_gpu": 200, "demo": 30, "energy": 90}
+    # lanes of 2: ddp 0-100, fallback 0-50, grad_accum 50-110, deepspeed 100-140, pytest_gpu would end at 310,
+    # demo 110-140; energy alone from 140 to 230
+    run, not_run = gc.plan(checks, est, 250, 2)
+    assert [c.name for c in run] == ["ddp", "fallback", "grad_accum", "deepspeed", "demo", "energy"]
+    assert list(not_run) == ["pytest_gpu"]
+    run, not_run = gc.plan(checks, est, 200, 2)  # energy no longer fits after them
+    assert "energy" in not_run and "alone" in not_run["energy"]
 
 
 @pytest.mark.slow

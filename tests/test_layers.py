@@ -17,7 +17,7 @@ from helpers import ROOT
 
 PACKAGE = ROOT / "pipeline"
 LAYERS = [  # lowest first; a name covers a module or a package and everything in it
-    ("errors", "names", "fsutil", "layout"),
+    ("errors", "names", "fsutil", "layout", "compat"),
     ("tasks",),
     ("config",),
     ("runtime",),

@@ -82,13 +82,14 @@ class TrainConfig:
     max_length / 8 (at least 8) when compiling, else 1 (no extra padding)."""
     compile: str = "auto"
     """torch.compile the trained module, the frozen teacher and evaluation: off | default |
-    reduce-overhead (CUDA graphs) | max-autotune | auto (reduce-overhead on a GPU under torchrun or
-    alone, off on a CPU and under DeepSpeed, as measured in benchmarks/README.md; the run's
-    resolved.compile_reason says why). Compile time and the energy drawn meanwhile are logged apart
-    (perf/compile_s) and left out of the rates; checkpoints are the same compiled or not."""
+    reduce-overhead (CUDA graphs) | max-autotune | auto (reduce-overhead on a GPU in one process, off on
+    a CPU, under DeepSpeed and under DDP until its CUDA graphs pass the GPU check, as measured in
+    benchmarks/README.md; the run's resolved.compile_reason says why). Compile time and the energy drawn
+    meanwhile are logged apart (perf/compile_s) and left out of the rates; checkpoints are the same
+    compiled or not."""
     gradient_checkpointing: bool = False
     """Recompute each encoder layer's activations in the backward pass instead of keeping them
-    (non-reentrant activation checkpointing, as transformers' activation_checkpointing_enable): far
+    (non-reentrant activation checkpointing through transformers' own switch): far
     less activation memory for about one more forward pass of compute; the same losses (the RNG is
     restored for the recompute, so dropout draws the same masks). docs/small-gpus.md has the numbers."""
     group_by_length: bool | None = None

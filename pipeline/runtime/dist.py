@@ -22,6 +22,14 @@ T = TypeVar("T")
 
 DEVICES_ENV = "PIPELINE_DEVICES"
 """Devices per node the pipeline may use (an integer); unset: the GPUs torch sees, no limit on CPU."""
+SHARE_GPU_ENV = "PIPELINE_SHARE_GPU"
+"""Set to 1: a node's ranks share its visible GPUs (local rank modulo their count) over gloo, where
+NCCL refuses two ranks on one device; no fallback. A check of the DDP path on one GPU, never a way to
+train fast (benchmarks/gpu_check.py, ddp)."""
+
+
+def shares_gpu() -> bool:
+    return os.environ.get(SHARE_GPU_ENV, "") == "1"
 
 
 @dataclass
@@ -91,7 +99,7 @@ def init(backend: str, want_cuda: bool = True, timeout_s: int = 1800, fallback: 
     num_nodes = max(1, world // max(1, local_world))
     requested = 0
     devices = devices_per_node(want_cuda)
-    if devices is not None and local_world > devices:
+    if devices is not None and local_world > devices and not shares_gpu():
         if launcher != "torchrun" or not fallback:
             why = "fallback=false" if launcher == "torchrun" else f"the {launcher} launcher cannot shrink its group"
             raise UserError(f"launch: {local_world} processes per node but {devices} device(s) visible ({why}); "
@@ -130,6 +138,8 @@ def this_device(want_cuda: bool, local_rank: int) -> torch.device:
     """The local rank's GPU (made the current one), else the CPU."""
     if not (want_cuda and torch.cuda.is_available()):
         return torch.device("cpu")
+    if shares_gpu():
+        local_rank %= torch.cuda.device_count()
     if local_rank >= torch.cuda.device_count():
         raise UserError(f"launch: local rank {local_rank} but only {torch.cuda.device_count()} visible GPU(s); "
                         "lower --nproc_per_node")
@@ -140,11 +150,12 @@ def this_device(want_cuda: bool, local_rank: int) -> torch.device:
 
 def init_process_group(device: torch.device, rank: int, world: int, timeout_s: int = 1800,
                        namespace: str = "") -> None:
-    """NCCL bound to this rank's GPU (device_id: eager init, no guessing which GPU a rank uses), gloo on CPU.
+    """NCCL bound to this rank's GPU (device_id: eager init, no guessing which GPU a rank uses), gloo on CPU
+    and where ranks share a GPU (shares_gpu: gloo reduces CUDA tensors too, DDP's buckets among them).
     A `namespace` forms the group over the launcher's store under its own keys, with `rank` and
     `world` rather than the launcher's (the fallback's smaller group)."""
-    kind = "nccl" if device.type == "cuda" else "gloo"
-    device_id = device if device.type == "cuda" else None
+    kind = "nccl" if device.type == "cuda" and not shares_gpu() else "gloo"
+    device_id = device if kind == "nccl" else None
     timeout = datetime.timedelta(seconds=timeout_s)
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if restart != "0" or namespace:

@@ -10,6 +10,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from pipeline import names
+from pipeline.compat import ddp_without_forward_buffer_sync
 from pipeline.layout import CheckpointFiles
 from pipeline.runtime.backend import StepResult
 from pipeline.runtime.compiler import OFF, CompilePolicy
@@ -56,10 +57,9 @@ class TorchBackend:
             if self.masters is not None:
                 self.masters.broadcast_from(0)  # as DDP broadcasts rank 0's module below
             ids = [self.rt.device.index] if self.rt.device.type == "cuda" else None
-            # buffers synced once at init, not before every forward: the models' buffers are constants
-            # (position and token-type ids, registered by the embeddings); torch 2.13 spells it so
-            # (torch/nn/parallel/distributed.py: broadcast_buffers is deprecated)
-            self.model = DistributedDataParallel(self.module, device_ids=ids, forward_sync_buffers=False)
+            # no buffer broadcast before every forward: the models' buffers are constants (compat.py says
+            # how each torch version spells it)
+            self.model = ddp_without_forward_buffer_sync(self.module, ids)
         else:
             self.model = self.module
         return self.model

