@@ -17,7 +17,7 @@ import torch
 import transformers
 from transformers import PreTrainedTokenizerBase
 
-from pipeline import models
+from pipeline import models, names
 from pipeline.config.schema import SettledConfig
 from pipeline.data import features
 from pipeline.data.loaders import shaped_collate
@@ -31,6 +31,7 @@ from pipeline.layout import OutputDir
 from pipeline.loop.best_model import model_dir_of
 from pipeline.loop.optim import build_optimizer
 from pipeline.measure import inference, memory
+from pipeline.measure.load import LoadSampler
 from pipeline.measure.flops import FlopModel, step_flop_model
 from pipeline.runtime.backend import Backend
 from pipeline.runtime.compiler import CompilePolicy
@@ -141,7 +142,7 @@ class Stage:
         lengths = inference.typical_lengths(features.sequence_lengths(self.features["test"]),
                                             self.cfg.train.pad_to_multiple_of, self.cfg.train.max_length)
         # the other ranks wait in a collective meanwhile: rank 0 takes every core, as a server would
-        with inference.serving_threads(self.rt.device):
+        with inference.serving_threads(self.rt.device), LoadSampler(self.rt.device) as load:
             result = inference.bench(saved.load, self.rt.device, vocab_size=saved.config.vocab_size,
                                      input_names=saved.tokenizer.model_input_names, lengths=lengths,
                                      precisions=inference.inference_precisions(self.policy.name, self.rt.device),
@@ -151,7 +152,7 @@ class Stage:
         log.info("inference (%s, %d tokens): %.1f ms at batch 1 (p50), %.0f samples/s at batch %d; measured in %.1fs",
                  first.precision, first.length, first.latency_ms_p50, first.samples_per_s, result.batch_size,
                  time.perf_counter() - t0)
-        return result.metrics()
+        return {**result.metrics(), **load.last.metrics(names.INFER_LOAD)}
 
     def fit_batch(self) -> Stage:
         """train.batch_size=auto: this stage with its global batch split into the largest micro-batch

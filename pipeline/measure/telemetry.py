@@ -21,6 +21,7 @@ import torch
 from pipeline import names
 from pipeline.measure.energy import EnergyMeter
 from pipeline.measure.flops import FlopModel
+from pipeline.measure.load import LoadSampler
 from pipeline.runtime import compiler, dist
 
 
@@ -196,6 +197,8 @@ class StageMeters:
         """FLOPs of this epoch's timed micro-batches as computed on this rank."""
         self.throughput = ThroughputMeter(device, compiled)
         self.totals = MeterTotals()
+        self.load = LoadSampler(device)
+        """The machine's load from other work over the same segments (this process's figures)."""
 
     def state_dict(self) -> dict:
         return dataclasses.asdict(self.totals)
@@ -215,15 +218,18 @@ class StageMeters:
         self.flops = self.padded_flops = 0.0
         self.throughput.start()
         self.energy.start()
+        self.load.start()
 
     def pause(self) -> None:
         """A checkpoint save: neither training time nor training energy (both meters stop)."""
         self.throughput.stop()
         self.energy.pause()
+        self.load.pause()
 
     def resume(self) -> None:
         self.throughput.start()
         self.energy.resume()
+        self.load.resume()
 
     def add_batch(self, lengths: list[int], rows: int, padded_length: int) -> None:
         """A timed micro-batch: the real lengths of its data rows, and its shape as computed (rows,
@@ -259,6 +265,7 @@ class StageMeters:
         metrics.update(self.compile_metrics(compiling))
         metrics.update(self._energy_metrics(joules_here, samples, elapsed))
         totals.joules += metrics.get(names.ENERGY_JOULES, 0.0)
+        metrics.update(self.load.stop().metrics())
         return metrics
 
     # -------------------------------------------------------------- the job
@@ -272,7 +279,7 @@ class StageMeters:
             names.TOKENS_PER_S: totals.tokens / totals.train_seconds,
             names.PADDED_TOKENS_PER_S: totals.padded_tokens / totals.train_seconds, **totals.peak,
             **self.compute_metrics(totals.flops, totals.padded_flops, totals.samples, totals.train_seconds),
-            **self.compile_metrics(totals.compile_seconds),
+            **self.compile_metrics(totals.compile_seconds), **self.load.job_figures().metrics(),
         }
         if totals.joules:
             metrics.update({names.ENERGY_JOULES: totals.joules, names.AVG_POWER: totals.joules / totals.train_seconds,
