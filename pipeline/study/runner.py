@@ -158,6 +158,7 @@ def _run_schedule(client: MlflowClient, experiment_id: str, study: Study, schedu
     gets one line per start and end)."""
     ended: queue.Queue[Ended] = queue.Queue()
     running: dict[str, tuple[Cell, CellProcess, list[str]]] = {}
+    sharing: dict[str, set[str]] = {}  # cell -> the cells that ran beside it on one of its devices
     echo = schedule.jobs == 1
     try:
         while not schedule.done:
@@ -178,6 +179,7 @@ def _run_schedule(client: MlflowClient, experiment_id: str, study: Study, schedu
                 elif schedule.jobs > 1 and "OMP_NUM_THREADS" not in os.environ:  # cells side by side on the CPU
                     env["OMP_NUM_THREADS"] = str(cpu_threads(cell, schedule.jobs))
                 process = CellProcess(cell.name, cmd, env, _logs(study) / f"{cell.name}.log", echo, ended)
+                _note_sharing(sharing, cell.name, gpus, running)
                 running[cell.name] = (cell, process, gpus)
                 where = describe(gpus)
                 if echo:
@@ -191,6 +193,8 @@ def _run_schedule(client: MlflowClient, experiment_id: str, study: Study, schedu
             cell, process, gpus = running.pop(end.name)
             process.join()
             outcome = _outcome(client, experiment_id, study, cell, end)
+            if sharing.get(cell.name):  # its speed figures are partly its neighbours'
+                outcome["shared_device_with"] = sorted(sharing[cell.name])
             schedule.settle(cell, outcome)
             where = describe(gpus)
             if end.exit_code == 0:
@@ -208,6 +212,15 @@ def _run_schedule(client: MlflowClient, experiment_id: str, study: Study, schedu
         for _, process, _ in running.values():
             process.join()
         raise
+
+
+def _note_sharing(sharing: dict[str, set[str]], name: str, gpus: list[str], running: dict) -> None:
+    """`name` starts beside the running cells: those on one of its GPUs, or all of them where it or
+    they run on the CPU, share a device with it (both ways)."""
+    for other, (_, _, their_gpus) in running.items():
+        if not gpus or not their_gpus or set(gpus) & set(their_gpus):
+            sharing.setdefault(name, set()).add(other)
+            sharing.setdefault(other, set()).add(name)
 
 
 def _outcome(client: MlflowClient, experiment_id: str, study: Study, cell: Cell, end: Ended) -> dict:
