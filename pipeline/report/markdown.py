@@ -24,6 +24,7 @@ from pipeline.report.columns import AMP_DELTAS, TEST_COLUMNS
 from pipeline.report.compare import SPREAD_FACTOR, comparisons
 from pipeline.report.confound import BUSY_CPU, BUSY_GPU_PCT
 from pipeline.report.payoff import NOTE, PAYOFF_CHART, payoff_display, sentences
+from pipeline.report.side_by_side import where_and_when
 from pipeline.report.tables import amp_display, kd_display
 from pipeline.report.training_speed import speed_sentences
 from pipeline.report.verdicts import amp_sentence, kd_sentences
@@ -125,7 +126,8 @@ def md_table(df: pd.DataFrame) -> str:
 
 
 def render(experiment: str, uri: str, parent_id: str | None, cells: pd.DataFrame, amp: pd.DataFrame,
-           kd: pd.DataFrame, stats: pd.DataFrame, charts: list[str], payoff: pd.DataFrame | None = None) -> str:
+           kd: pd.DataFrame, stats: pd.DataFrame, charts: list[str], payoff: pd.DataFrame | None = None,
+           side: dict | None = None) -> str:
     """report.md: the header, the AMP and KD sections (where the study has them; KD opens with what
     the student buys at inference), seeds, cells."""
     found = comparisons(cells) if not cells.empty else []
@@ -139,7 +141,7 @@ def render(experiment: str, uri: str, parent_id: str | None, cells: pd.DataFrame
     if not kd.empty:
         lines += _kd_section(kd, charts, [amp_sentence(c) for c in found if c.kind == "kd_amp"] + kd_sentences(found)
                              + speed_sentences(found),
-                             payoff if payoff is not None else pd.DataFrame())
+                             payoff if payoff is not None else pd.DataFrame(), side)
     lines += _seed_section(stats) + _cells_section(cells)
     return "\n".join(lines)
 
@@ -191,16 +193,24 @@ def _amp_section(amp: pd.DataFrame, charts: list[str], findings: list[str]) -> l
     return lines
 
 
-def _payoff_lines(payoff: pd.DataFrame, charts: list[str]) -> list[str]:
+def _payoff_lines(payoff: pd.DataFrame, charts: list[str], side: dict | None) -> list[str]:
     if payoff.empty:
         return []
-    return ["### What the student buys: inference against the teacher", "",
+    if side is not None and side.get("tasks"):
+        where = where_and_when(side)
+    else:
+        why = (side or {}).get("reason") or "the report was written without timing (`--no-timing`) and found no record"
+        where = (f"Inference not measured side by side: {why}. No speed-up is stated: dividing the runs' own "
+                 "`infer/*` figures, each timed at its stage's end, would divide the machine's load as much as "
+                 "the models' speed.")
+    return ["### What the student buys: inference against the teacher", "", where, "",
             *[f"- **{line}**" for line in sentences(payoff)], "", md_table(payoff_display(payoff)), "", NOTE, "",
             *([f"![{PAYOFF_CHART}]({PAYOFF_CHART})", ""] if PAYOFF_CHART in charts else []),
             "### Training", ""]
 
 
-def _kd_section(kd: pd.DataFrame, charts: list[str], findings: list[str], payoff: pd.DataFrame) -> list[str]:
+def _kd_section(kd: pd.DataFrame, charts: list[str], findings: list[str], payoff: pd.DataFrame,
+                side: dict | None = None) -> list[str]:
     shown = kd_display(kd)
     table = pd.DataFrame({
         "task": shown.task, "procedure": shown.procedure, "stage": shown.stage, "model": shown.model,
@@ -215,7 +225,7 @@ def _kd_section(kd: pd.DataFrame, charts: list[str], findings: list[str], payoff
         "stalled runs": [str(n) if n else "" for n in kd.stalled],
         "runs": shown.seeds,
     })
-    lines = ["## Knowledge distillation procedures", "", *_payoff_lines(payoff, charts), md_table(table), "",
+    lines = ["## Knowledge distillation procedures", "", *_payoff_lines(payoff, charts, side), md_table(table), "",
              *[f"- {line}" for line in findings], "",
              f"- wall time: `{TRAIN_TIME}` (training steps only); P/R/F1: `{test_metric('precision')}`, "
              f"`{test_metric('recall')}`, `{test_metric('f1')}` (the positive class for WikiQA); MAP/MRR: "
