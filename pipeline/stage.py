@@ -31,8 +31,8 @@ from pipeline.layout import OutputDir
 from pipeline.loop.best_model import model_dir_of
 from pipeline.loop.optim import build_optimizer
 from pipeline.measure import inference, memory
-from pipeline.measure.load import LoadSampler
 from pipeline.measure.flops import FlopModel, step_flop_model
+from pipeline.measure.load import LoadSampler
 from pipeline.runtime.backend import Backend
 from pipeline.runtime.compiler import CompilePolicy
 from pipeline.runtime.dist import Runtime

@@ -27,11 +27,11 @@ import logging
 from pathlib import Path
 
 from pipeline.errors import UserError
+from pipeline.report import side_by_side
 from pipeline.report.cells import read_cells
 from pipeline.report.charts import plot_amp, plot_kd
 from pipeline.report.compare import comparisons
 from pipeline.report.markdown import render
-from pipeline.report import side_by_side
 from pipeline.report.payoff import payoff_table, plot_payoff
 from pipeline.report.tables import amp_display, amp_table, kd_display, kd_table, seed_stats
 
