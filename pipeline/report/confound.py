@@ -58,8 +58,8 @@ def confounded(sides: list[SideLoad]) -> str:
     if shared:
         reasons.append("; ".join(f"the {s.name} run(s) ran beside other cells on one device (--jobs): "
                                  f"{', '.join(s.shared_with)}" for s in shared))
-    for label, attr, limit, unit in (("of the machine's cores", "others_cpu", BUSY_CPU, "frac"),
-                                     ("of the GPU", "others_gpu", BUSY_GPU_PCT, "pct")):
+    for label, attr, limit, unit in (("the machine's cores", "others_cpu", BUSY_CPU, "frac"),
+                                     ("the GPU", "others_gpu", BUSY_GPU_PCT, "pct")):
         values = [(s.name, getattr(s, attr)) for s in sides if not math.isnan(getattr(s, attr))]
         if not values:
             continue
@@ -67,7 +67,7 @@ def confounded(sides: list[SideLoad]) -> str:
         differ = len(values) == len(sides) and max(v for _, v in values) - min(v for _, v in values) > limit
         if busy or differ:
             each = ", ".join(f"{name} {_pct(v, unit)}" for name, v in values)
-            reasons.append(f"other processes kept {label} busy ({each}; threshold {_pct(limit, unit)}"
+            reasons.append(f"other processes used {label} ({each}; threshold {_pct(limit, unit)}"
                            f"{', and the sides differ by more' if differ else ''})")
     return "confounded: " + "; ".join(reasons) if reasons else ""
 

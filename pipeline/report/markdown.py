@@ -66,7 +66,8 @@ def headline(amp: pd.DataFrame) -> str:
     busy = compared[compared.speed_confounded.fillna("") != ""] if "speed_confounded" in compared else compared.iloc[:0]
     confound = "" if busy.empty else (
         f" (confounded in {len(busy)} of the {n} cell{'s' if n != 1 else ''}: "
-        + "; ".join(f"{r.task} / {r.model}: {r.speed_confounded}" for r in busy.itertuples()) + ")")
+        + "; ".join(f"{r.task} / {r.model}: {r.speed_confounded.removeprefix('confounded: ')}"
+                   for r in busy.itertuples()) + ")")
     same_note = "" if same.empty else (
         f"; {len(same)} more ran one precision on both sides ("
         + ", ".join(f"{r.task} / {r.model}: {r.amp_precision}" for r in same.itertuples())

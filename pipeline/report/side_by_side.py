@@ -37,13 +37,18 @@ def candidates(cells: pd.DataFrame) -> pd.DataFrame:
     if cells.empty:
         return cells
     kd = cells[cells.tables.fillna("").str.contains("kd") & (cells.status == "finished")]
-    return kd[kd.task.isin(_tasks_with_teacher(cells))]
+    return kd[kd.task.isin(_teachers(cells))]
 
 
-def _tasks_with_teacher(cells: pd.DataFrame) -> set:
+def _teachers(cells: pd.DataFrame) -> dict[str, set[str]]:
+    """task -> the procedures its students are distilled from."""
     from pipeline.report.compare import comparisons
 
-    return {c.task for c in comparisons(cells) if c.kind == "teacher"}
+    found: dict[str, set[str]] = {}
+    for c in comparisons(cells):
+        if c.kind == "teacher":
+            found.setdefault(c.task, set()).add(c.reference)
+    return found
 
 
 def measure(cells: pd.DataFrame, device: str | None = None, reps: int = REPS, budget_s: float = BUDGET_S) -> dict:
@@ -54,6 +59,7 @@ def measure(cells: pd.DataFrame, device: str | None = None, reps: int = REPS, bu
     if chosen.empty:
         return {**record, "reason": "no finished teacher and student runs"}
     groups: dict[str, dict] = {}
+    teachers = _teachers(cells)
     for task, g in chosen.groupby("task", sort=False):
         found = {r.cell: _best_dir(r.output_dir) for r in g.itertuples()}
         missing = [c for c, path in found.items() if path is None]
@@ -66,7 +72,7 @@ def measure(cells: pd.DataFrame, device: str | None = None, reps: int = REPS, bu
                                                      "split's median length is unknown")
             continue
         present = {c: p for c, p in found.items() if p is not None}
-        if present:
+        if not g[g.cell.isin(present) & g.procedure.isin(teachers[task])].empty:  # no teacher here: no payoff
             groups[task] = {"length": int(length), "batch_size": int(batch) if not math.isnan(batch) else 32,
                             "cells": present, "rows": g.set_index("cell")}
     if not groups:
