@@ -49,7 +49,8 @@ def test_an_idle_machine_flags_nothing():
 
 def test_cells_sharing_a_device_are_named_as_such():
     amp = amp_table(amp_cells(0.0, 0.0, shared="ner-m1-fp32-s1"))
-    assert "the AMP run(s) ran beside other cells on one device (--jobs): ner-m1-fp32-s1" in amp.speed_confounded.iloc[0]
+    clause = amp.speed_confounded.iloc[0]
+    assert "the AMP run(s) ran beside other cells on one device (--jobs): ner-m1-fp32-s1" in clause
 
 
 def test_one_precision_on_both_sides_states_no_speed_up_or_memory_saving():

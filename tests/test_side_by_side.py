@@ -119,8 +119,8 @@ def test_the_payoff_headline_is_the_side_by_side_runs_not_the_stages(outputs, tm
     assert kd.throughput_x != pytest.approx(10.0)  # not the runs' own 100 / 10
     side_by_side.write(record, tmp_path)
     assert side_by_side.stored(tmp_path, cells)["tasks"] == record["tasks"]  # --no-timing reads it back
-    text = render("s", "sqlite://", None, cells, pd.DataFrame(), kd_table(cells), pd.DataFrame(), [], payoff.reset_index(),
-                  record)
+    text = render("s", "sqlite://", None, cells, pd.DataFrame(), kd_table(cells), pd.DataFrame(), [],
+                  payoff.reset_index(), record)
     headline = next(line for line in text.splitlines() if line.startswith("- **wikiqa: kd keeps"))
     assert f"at {kd.throughput_x:.1f}x ({min(ratios):.1f}-{max(ratios):.1f}x over 3 repetitions) its throughput" \
         in headline
