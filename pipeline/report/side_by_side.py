@@ -64,7 +64,9 @@ def measure(cells: pd.DataFrame, device: str | None = None, reps: int = REPS, bu
         found = {r.cell: _best_dir(r.output_dir) for r in g.itertuples()}
         missing = [c for c, path in found.items() if path is None]
         for c in missing:
-            record["not_measured"][c] = f"best/ of {g.set_index('cell').output_dir.get(c)} is not on this machine"
+            where = g.set_index("cell").output_dir.get(c)
+            record["not_measured"][c] = (f"best/ of {where} is not on this machine" if isinstance(where, str) and where
+                                         else "its run logged no output_dir")
         length, batch = _first(g.infer_length), _first(g.infer_batch)
         if math.isnan(length):
             for c in found:
