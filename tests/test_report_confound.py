@@ -73,3 +73,16 @@ def test_kd_training_speed_comparisons_say_when_confounded():
     assert speed_sentences(comparisons(same)) == ["sentiment: kd_amp and kd_fp32 both ran fp32: no AMP training "
                                                   "speed-up to compare."]
     assert "confounded" in render("s", "sqlite://", None, cells, pd.DataFrame(), kd_table(cells), pd.DataFrame(), [])
+
+
+def test_the_study_records_which_cells_ran_at_once_on_one_device():
+    """--jobs N: cells on the CPU share it with every cell running beside them; cells on GPUs of
+    their own share nothing, except with a cell on the CPU (whose threads run on the same host)."""
+    from pipeline.study.runner import _note_sharing
+
+    sharing = {}
+    running = {}
+    for name, gpus in (("a", ["0"]), ("b", ["1"]), ("c", ["1", "2"]), ("d", [])):
+        _note_sharing(sharing, name, gpus, running)
+        running[name] = (None, None, gpus)
+    assert sharing == {"b": {"c", "d"}, "c": {"b", "d"}, "a": {"d"}, "d": {"a", "b", "c"}}
