@@ -151,6 +151,7 @@ def _infer_bench(args: list[str]) -> int:
     parser.add_argument("--device", help="cpu or cuda[:N]; default: cuda if there is one")
     parser.add_argument("--budget-s", type=float, default=20.0, help="seconds of timed passes per model")
     parser.add_argument("--reps", type=int, default=5, help="repetitions: turns each model takes")
+    parser.add_argument("--threads", type=int, help="torch threads on a CPU (default: torch's, one per core)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     opts = parser.parse_args(args)
     import json
@@ -165,8 +166,11 @@ def _infer_bench(args: list[str]) -> int:
         lengths = {str(n): n for n in (int(x) for x in opts.lengths.split(",") if x.strip())}
     except ValueError:
         raise UserError(f"infer-bench: --lengths {opts.lengths}: expected whole numbers, e.g. 64,128") from None
-    if not lengths or min(lengths.values()) < 1 or opts.batch_size < 1 or opts.budget_s <= 0 or opts.reps < 1:
-        raise UserError("infer-bench: --lengths, --batch-size, --budget-s and --reps must be positive")
+    if (not lengths or min(lengths.values()) < 1 or opts.batch_size < 1 or opts.budget_s <= 0 or opts.reps < 1
+            or (opts.threads is not None and opts.threads < 1)):
+        raise UserError("infer-bench: --lengths, --batch-size, --budget-s, --reps and --threads must be positive")
+    if opts.threads:
+        torch.set_num_threads(opts.threads)
     try:
         device = torch.device(opts.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except RuntimeError:

@@ -37,9 +37,16 @@ from pipeline.runtime.precision import cpu_supports_bf16, cuda_supports_bf16
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 LATENCY_REPS = (10, 100)
-"""Batch-1 passes per measurement: at least, at most (the budget decides in between)."""
+"""Batch-1 passes per measurement: at least, at most (the budget decides in between); over several
+repetitions, shared out between them (per_turn)."""
 THROUGHPUT_REPS = (3, 30)
 """Serving-batch passes per measurement: at least, at most."""
+
+
+def per_turn(bounds: tuple[int, int], reps: int, floor: int) -> tuple[int, int]:
+    """A measurement's pass bounds shared out over `reps` turns (at least `floor` passes a turn), so
+    taking turns costs about what one measurement costs."""
+    return max(floor, -(-bounds[0] // reps)), max(floor, bounds[1] // reps)
 
 
 @dataclass(frozen=True)
@@ -192,14 +199,15 @@ def bench_side_by_side(models: dict[str, Served], device: torch.device, *, lengt
         timed: dict[tuple[str, int], list[tuple[list[float], float, int]]] = {}
         matmul = torch.backends.cuda.matmul.allow_tf32
         torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        latency_bounds, throughput_bounds = per_turn(LATENCY_REPS, reps, 3), per_turn(THROUGHPUT_REPS, reps, 1)
         try:
             for rep in range(reps):
                 for name in turn_order(list(models), rep):
                     model, inputs, _ = loaded[name]
                     for n in distinct:
                         one, many = inputs[n]
-                        latencies = _time_latency(model, device, one, share / 2)
-                        samples_per_s, passes = _time_throughput(model, device, many, share / 2)
+                        latencies = _time_latency(model, device, one, share / 2, latency_bounds)
+                        samples_per_s, passes = _time_throughput(model, device, many, share / 2, throughput_bounds)
                         timed.setdefault((name, n), []).append((latencies, samples_per_s, passes))
         finally:
             torch.backends.cuda.matmul.allow_tf32 = matmul
@@ -242,11 +250,12 @@ def _warm_up(model: torch.nn.Module, device: torch.device, one: dict, many: dict
 
 
 @torch.inference_mode()
-def _time_latency(model: torch.nn.Module, device: torch.device, one: dict, budget: float) -> list[float]:
-    """Seconds of each batch-1 pass: LATENCY_REPS[0] at least, then until `budget` or LATENCY_REPS[1]."""
+def _time_latency(model: torch.nn.Module, device: torch.device, one: dict, budget: float,
+                  bounds: tuple[int, int] = LATENCY_REPS) -> list[float]:
+    """Seconds of each batch-1 pass: bounds[0] at least, then until `budget` or bounds[1]."""
     latencies = []
     t_end = time.perf_counter() + budget
-    while len(latencies) < LATENCY_REPS[1] and (len(latencies) < LATENCY_REPS[0] or time.perf_counter() < t_end):
+    while len(latencies) < bounds[1] and (len(latencies) < bounds[0] or time.perf_counter() < t_end):
         t0 = time.perf_counter()
         model(**one)
         synchronize(device)  # a request's answer is on the host only once its kernels ran
@@ -255,13 +264,14 @@ def _time_latency(model: torch.nn.Module, device: torch.device, one: dict, budge
 
 
 @torch.inference_mode()
-def _time_throughput(model: torch.nn.Module, device: torch.device, many: dict, budget: float) -> tuple[float, int]:
-    """(samples/s, passes) at the serving batch: THROUGHPUT_REPS[0] passes at least, then until
-    `budget` or THROUGHPUT_REPS[1]; one synchronization at the end, as a server streams batches."""
+def _time_throughput(model: torch.nn.Module, device: torch.device, many: dict, budget: float,
+                     bounds: tuple[int, int] = THROUGHPUT_REPS) -> tuple[float, int]:
+    """(samples/s, passes) at the serving batch: bounds[0] passes at least, then until `budget` or
+    bounds[1]; one synchronization at the end, as a server streams batches."""
     reps = 0
     t_end = time.perf_counter() + budget
     t0 = time.perf_counter()
-    while reps < THROUGHPUT_REPS[1] and (reps < THROUGHPUT_REPS[0] or time.perf_counter() < t_end):
+    while reps < bounds[1] and (reps < bounds[0] or time.perf_counter() < t_end):
         model(**many)
         reps += 1
     synchronize(device)
