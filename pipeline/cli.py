@@ -150,7 +150,8 @@ def _infer_bench(args: list[str]) -> int:
                                             "the device runs inference in")
     parser.add_argument("--device", help="cpu or cuda[:N]; default: cuda if there is one")
     parser.add_argument("--budget-s", type=float, default=20.0, help="seconds of timed passes per model")
-    parser.add_argument("--reps", type=int, default=5, help="repetitions: turns each model takes")
+    parser.add_argument("--reps", type=int, default=20, help="repetitions: turns each model takes (each turn a few "
+                        "passes, so the models alternate closely)")
     parser.add_argument("--threads", type=int, help="torch threads on a CPU (default: torch's, one per core)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON instead of a table")
     opts = parser.parse_args(args)

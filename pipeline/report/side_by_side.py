@@ -26,7 +26,7 @@ import pandas as pd
 from pipeline.report.columns import PAYOFF_PRECISION
 
 FILE = "side_by_side.json"
-REPS = 5
+REPS = 20
 """Turns each model takes."""
 BUDGET_S = 4.0
 """Timed seconds per model, over its turns."""
