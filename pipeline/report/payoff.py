@@ -119,7 +119,7 @@ def _pm(value: float, spread: float, fmt: str, unit: str) -> str:
 
 
 def _x(value: float, low: float, high: float, reps: int) -> str:
-    """"2.9x (2.7-3.1x over 5 repetitions)", or "2.9x" from one repetition."""
+    """"2.9x (2.7-3.1x over 20 repetitions)", or "2.9x" from one repetition."""
     if math.isnan(value):
         return "n/a"
     return f"{value:.1f}x" + (f" ({low:.1f}-{high:.1f}x over {reps} repetitions)" if reps > 1 else "")
