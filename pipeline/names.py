@@ -48,6 +48,21 @@ MFU_PADDED = "perf/mfu_padded"  # of the batches as padded and computed
 COMPILE_TIME = "perf/compile_s"  # torch.compile's time inside training, left out of every rate
 COMPILES = "perf/compiles"  # graphs compiled in this process
 
+# How busy the machine was with other work while the segment was timed (measure/load.py): per epoch
+# and for the job under perf/NAME while training, under perf/infer_NAME while the best model was timed.
+PERF = "perf/"
+LOAD_OTHERS_CPU = "others_cpu_frac"  # mean share of the machine's cores busy with other processes (0-1)
+LOAD_OTHERS_CPU_MAX = "others_cpu_frac_max"  # the busiest one-second reading's share
+LOAD_OTHERS_GPU_UTIL = "others_gpu_util_pct"  # NVML: other processes' SM utilization on this GPU, %
+LOAD_OWN_GPU_SHARE = "own_gpu_share"  # NVML: this job's share of the GPU's SM utilization (0-1)
+LOAD_OTHERS_GPU_PROCS = "others_gpu_procs"  # NVML: most other processes running on this GPU at once
+INFER_LOAD = "perf/infer_"
+
+
+def load_metric(quantity: str, prefix: str = PERF) -> str:
+    """perf/others_cpu_frac (training) or, with INFER_LOAD, perf/infer_others_cpu_frac (inference)."""
+    return prefix + quantity
+
 # ---------------------------------------------------------------- energy (NVML; absent where not measured)
 ENERGY_JOULES = "energy/joules"
 AVG_POWER = "energy/avg_power_w"

@@ -15,7 +15,7 @@ import torch
 import transformers
 from transformers import PreTrainedTokenizerBase
 
-from pipeline import models
+from pipeline import models, names
 from pipeline.config.schema import SettledConfig
 from pipeline.data import features
 from pipeline.data.loaders import shaped_collate
@@ -23,6 +23,7 @@ from pipeline.kd.distill import Distiller, build_distillation
 from pipeline.layout import OutputDir
 from pipeline.measure import inference, memory
 from pipeline.measure.flops import FlopModel, step_flop_model
+from pipeline.measure.load import LoadSampler
 from pipeline.plan.settle import Plan
 from pipeline.runtime.backend import Backend
 from pipeline.runtime.compiler import CompilePolicy
@@ -137,7 +138,7 @@ class Stage:
         lengths = inference.typical_lengths(features.sequence_lengths(self.features["test"]),
                                             self.cfg.train.pad_to_multiple_of, self.cfg.train.max_length)
         # the other ranks wait in a collective meanwhile: rank 0 takes every core, as a server would
-        with inference.serving_threads(self.rt.device):
+        with inference.serving_threads(self.rt.device), LoadSampler(self.rt.device) as load:
             result = inference.bench(saved.load, self.rt.device, vocab_size=saved.config.vocab_size,
                                      input_names=saved.tokenizer.model_input_names, lengths=lengths,
                                      precisions=inference.inference_precisions(self.policy.name, self.rt.device),
@@ -147,7 +148,7 @@ class Stage:
         log.info("inference (%s, %d tokens): %.1f ms at batch 1 (p50), %.0f samples/s at batch %d; measured in %.1fs",
                  first.precision, first.length, first.latency_ms_p50, first.samples_per_s, result.batch_size,
                  time.perf_counter() - t0)
-        return result.metrics()
+        return {**result.metrics(), **load.last.metrics(names.INFER_LOAD)}
 
     def plain_step(self, batch: dict) -> None:
         """Forward, loss and backward of the unwrapped model, as the loop computes them."""

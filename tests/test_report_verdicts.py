@@ -116,16 +116,22 @@ def test_a_fallback_run_says_so_in_its_row():
 
 
 def test_headline_says_when_amp_fell_back_to_fp32():
-    """precision=auto on a CPU without bf16 runs fp32: the demo's AMP column then measures noise,
-    and the headline must not call it an AMP speed-up."""
+    """precision=auto on a CPU without bf16 runs fp32: both sides ran one precision, so there is no
+    speed-up or memory saving to state, and the headline prints no percentage (a +527% between two
+    fp32 runs is the machine, not AMP)."""
     import pandas as pd
 
     from pipeline.report.markdown import headline
 
-    amp = pd.DataFrame([{"speedup_pct": 13.1, "mem_reduction_pct": 1.5, "retention_pct": 100.0,
-                         "amp_precision": "fp32", "memory": "CPU peak RSS"}])
+    amp = pd.DataFrame([{"speedup_pct": 527.2, "mem_reduction_pct": 1.5, "retention_pct": 100.0,
+                         "fp32_precision": "fp32", "amp_precision": "fp32", "same_precision": True,
+                         "speed_confounded": "", "memory": "CPU peak RSS", "task": "t", "model": "m"}])
     text = headline(amp)
-    assert text.startswith("AMP resolved to fp32 in every cell") and "+13.1% in samples/s" in text
-    assert "faster" not in text
-    bf16 = headline(amp.assign(amp_precision="bf16"))
+    assert text.startswith("AMP resolved to fp32 in every cell") and "nothing to compare" in text
+    assert "%" not in text and "faster" not in text
+    bf16 = headline(amp.assign(amp_precision="bf16", same_precision=False, speedup_pct=13.1))
     assert bf16.startswith("Averaged over 1 task x model cell, AMP (bf16) trained 13.1% faster")
+    both = headline(pd.concat([amp, amp.assign(amp_precision="bf16", same_precision=False, speedup_pct=13.1,
+                                               model="m2")], ignore_index=True))
+    assert "trained 13.1% faster" in both and "1 more ran one precision on both sides (t / m: fp32)" in both
+    assert "527" not in both

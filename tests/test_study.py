@@ -206,10 +206,13 @@ def test_report_numbers_are_the_runs_metrics(study):
     assert (row.fp32_seeds, row.amp_seeds) == ("2/2", "2/2")
     assert float(row.fp32_samples_per_s) == pytest.approx(mean("fp32", names.SAMPLES_PER_S), rel=1e-9)
     assert float(row.amp_main) == pytest.approx(mean("auto", names.TEST_MAIN), rel=1e-9)
-    assert float(row.speedup_pct) == pytest.approx(
-        (mean("auto", names.SAMPLES_PER_S) / mean("fp32", names.SAMPLES_PER_S) - 1) * 100, rel=1e-9)
-    assert float(row.mem_reduction_pct) == pytest.approx(
-        (1 - mean("auto", names.PEAK_RSS) / mean("fp32", names.PEAK_RSS)) * 100, rel=1e-9)
+    if row.amp_precision == "fp32":  # precision=auto without bf16: one precision on both sides, nothing compared
+        assert row.speedup_pct == row.mem_reduction_pct == "same precision: nothing to compare"
+    else:
+        assert float(row.speedup_pct) == pytest.approx(
+            (mean("auto", names.SAMPLES_PER_S) / mean("fp32", names.SAMPLES_PER_S) - 1) * 100, rel=1e-9)
+        assert float(row.mem_reduction_pct) == pytest.approx(
+            (1 - mean("auto", names.PEAK_RSS) / mean("fp32", names.PEAK_RSS)) * 100, rel=1e-9)
     assert float(row.retention_pct) == pytest.approx(mean("auto", names.TEST_MAIN) / mean("fp32", names.TEST_MAIN)
                                                      * 100, rel=1e-9)
     assert row.fp32_energy_j == "n/a"  # CPU: tagged energy_available=false, never a zero
@@ -223,7 +226,7 @@ def test_report_numbers_are_the_runs_metrics(study):
     text = (report / "report.md").read_text()
     # precision=auto is bf16 on a CPU with bf16 and fp32 on one without: the headline says which
     if row.amp_precision == "fp32":
-        assert "AMP resolved to fp32 in every cell" in text and "run-to-run noise" in text
+        assert "AMP resolved to fp32 in every cell" in text and "nothing to compare" in text
     else:
         assert f"Averaged over 1 task x model cell, AMP ({row.amp_precision}) trained" in text
     assert "| failed |" in text
@@ -592,17 +595,21 @@ def test_report_says_what_the_scores_show_with_their_spread(hand_report):
 
 
 @pytest.mark.slow
-def test_report_payoff_reads_the_runs_inference_metrics(hand_report):
+def test_report_payoff_never_divides_the_runs_own_inference_figures(hand_report):
+    """The runs' infer/* figures say 3x; their models are on no disk here, so nothing is timed side by
+    side and the payoff states sizes and scores, and why there is no speed-up."""
     payoff = read_table(hand_report["out"] / "payoff.csv").set_index("procedure")
     assert list(payoff.index) == ["teacher", "kd_fp32", "kd_amp", "baseline"]
-    assert float(payoff.loc["kd_amp", "throughput_x"]) == pytest.approx(3.0)
-    assert float(payoff.loc["kd_amp", "latency_x"]) == pytest.approx(2.5)
+    raw = pd.read_csv(hand_report["out"] / "payoff.csv")
+    assert raw.throughput_x.isna().all() and raw.latency_x.isna().all()
     assert float(payoff.loc["kd_amp", "params_pct"]) == pytest.approx(100 * 15.6 / 22.7)
     assert float(payoff.loc["baseline", "retained_pct"]) == pytest.approx(100 * 0.41 / 0.60)
     kd_section = (hand_report["out"] / "report.md").read_text().split("## Knowledge distillation procedures")[1]
     assert kd_section.lstrip().startswith("### What the student buys")
-    assert "- **wikiqa: kd_amp keeps 83% of the teacher's F1 at 3.0x its throughput (2.5x faster at batch 1)" \
-        in kd_section
+    assert "Inference not measured side by side: " in kd_section
+    assert ("- **wikiqa: kd_amp keeps 83% of the teacher's F1 with 69% of its parameters" in kd_section
+            and "3.0x" not in kd_section)
+    assert not (hand_report["out"] / "side_by_side.json").exists()
 
 
 @pytest.mark.slow
@@ -644,7 +651,7 @@ def test_report_seed_statistics(hand_report):
 def test_report_files_and_parent_artifacts(hand_report):
     out = hand_report["out"]
     for name in ("report.md", "cells.csv", "amp_table.csv", "kd_table.csv", "seed_stats.csv", "payoff.csv",
-                 "speedup.png", "memory_reduction.png", "retention.png", "kd.png", "payoff.png"):
+                 "speedup.png", "memory_reduction.png", "retention.png", "kd.png"):
         assert (out / name).is_file(), name
     logged = {a.path for a in hand_report["client"].list_artifacts(hand_report["parent"], "report")}
     assert "report/report.md" in logged and "report/kd.png" in logged

@@ -6,5 +6,5 @@ predictions collapsed to a trivial answer (collapse).
 
 May import: errors, names, fsutil, layout, tasks, config, runtime.
 
-Inside, lowest first: collapse energy flops kernels memory | telemetry | inference
+Inside, lowest first: collapse energy flops kernels load memory | telemetry | inference
 """

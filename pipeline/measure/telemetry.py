@@ -23,6 +23,7 @@ import torch
 from pipeline import names
 from pipeline.measure.energy import EnergyMeter
 from pipeline.measure.flops import FlopModel
+from pipeline.measure.load import LoadSampler
 from pipeline.runtime import compiler, dist
 
 
@@ -215,6 +216,8 @@ class StageMeters:
         self.throughput = ThroughputMeter(device, compiled)
         self.totals = MeterTotals()
         self._memory_names: list[str] = []
+        self.load = LoadSampler(device)
+        """The machine's load from other work over the same segments (this process's figures)."""
 
     def state_dict(self) -> dict:
         return dataclasses.asdict(self.totals)
@@ -234,15 +237,18 @@ class StageMeters:
         self.flops = self.padded_flops = 0.0
         self.throughput.start()
         self.energy.start()
+        self.load.start()
 
     def pause(self) -> None:
         """A checkpoint save: neither training time nor training energy (both meters stop)."""
         self.throughput.stop()
         self.energy.pause()
+        self.load.pause()
 
     def resume(self) -> None:
         self.throughput.start()
         self.energy.resume()
+        self.load.resume()
 
     def add_batch(self, lengths: list[int], rows: int, padded_length: int) -> None:
         """A timed micro-batch: the real lengths of its data rows, and its shape as computed (rows,
@@ -258,6 +264,7 @@ class StageMeters:
         summed, time and peak memory the largest, each GPU's energy per rank (counted once by UUID)."""
         elapsed = self.throughput.stop()
         joules = self.energy.stop()
+        self._load = self.load.stop()
         meter, energy, mem = self.throughput, self.energy, peak_memory(self.device)
         self._memory_names = list(mem)
         return dist.Local(
@@ -290,6 +297,7 @@ class StageMeters:
         metrics.update(self.compile_metrics(compiling))
         metrics.update(_energy_metrics(reduced.per_rank, samples, elapsed))
         totals.joules += metrics.get(names.ENERGY_JOULES, 0.0)
+        metrics.update(self._load.metrics())
         return metrics
 
     # -------------------------------------------------------------- the job
@@ -303,7 +311,7 @@ class StageMeters:
             names.TOKENS_PER_S: totals.tokens / totals.train_seconds,
             names.PADDED_TOKENS_PER_S: totals.padded_tokens / totals.train_seconds, **totals.peak,
             **self.compute_metrics(totals.flops, totals.padded_flops, totals.samples, totals.train_seconds),
-            **self.compile_metrics(totals.compile_seconds),
+            **self.compile_metrics(totals.compile_seconds), **self.load.job_figures().metrics(),
         }
         if totals.joules:
             metrics.update({names.ENERGY_JOULES: totals.joules, names.AVG_POWER: totals.joules / totals.train_seconds,

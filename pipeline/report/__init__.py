@@ -8,6 +8,9 @@ each ended; the child runs hold the metrics) and writes to reports/NAME/:
   statistics, the cells and their outcomes, the charts;
 - amp_table.csv, kd_table.csv, payoff.csv (each student and the baseline against the teacher at
   inference: payoff.py), seed_stats.csv, cells.csv (one row per cell, raw metrics);
+- side_by_side.json: where a study has a KD section, its models' best/ timed side by side in this
+  process (side_by_side.py), which the payoff's speed-ups come from; `--no-timing` reuses the one
+  beside the report if it measured the same runs;
 - speedup.png, memory_reduction.png, retention.png, kd.png, payoff.png (matplotlib, Agg).
 It also logs them as artifacts (report/) of the study's parent run.
 
@@ -17,7 +20,8 @@ a metric a run could not measure (energy on a CPU) shows as "n/a".
 May import: everything below the report layer except stage and train (it reads MLflow, never a
 running job); it imports tracking and the task registry.
 
-Inside, lowest first: columns compare | cells charts tables verdicts | payoff | markdown
+Inside, lowest first: columns compare confound | cells charts side_by_side tables training_speed verdicts |
+payoff | markdown
 """
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ import logging
 from pathlib import Path
 
 from pipeline.errors import UserError
+from pipeline.report import side_by_side
 from pipeline.report.cells import read_cells
 from pipeline.report.charts import plot_amp, plot_kd
 from pipeline.report.compare import comparisons
@@ -43,14 +48,21 @@ def main(args: list[str]) -> int:
     parser.add_argument("--experiment", required=True, help="MLflow experiment (a study's name)")
     parser.add_argument("--uri", help="tracking URI (default: $MLFLOW_TRACKING_URI, else the project's store)")
     parser.add_argument("--out", help="output directory (default: reports/EXPERIMENT)")
+    parser.add_argument("--no-timing", action="store_true",
+                        help="do not time the KD section's models side by side; use the record beside the report "
+                             "if it measured the same runs")
+    parser.add_argument("--device", help="where to time them: cpu or cuda[:N] (default: cuda if there is one)")
     opts = parser.parse_args(args)
-    out = write_report(resolve_uri(opts.uri), opts.experiment, opts.out)
+    out = write_report(resolve_uri(opts.uri), opts.experiment, opts.out, timing=not opts.no_timing,
+                       device=opts.device)
     print(f"report: {out / 'report.md'}")
     return 0
 
 
-def write_report(uri: str, experiment: str, out: str | Path | None = None) -> Path:
-    """Build every table and chart of `experiment`; returns the output directory."""
+def write_report(uri: str, experiment: str, out: str | Path | None = None, timing: bool = True,
+                 device: str | None = None) -> Path:
+    """Build every table and chart of `experiment`; returns the output directory. With `timing`,
+    a KD section's models are first timed side by side on `device` (side_by_side.py)."""
     logging.getLogger("alembic").setLevel(logging.WARNING)
     from mlflow.tracking import MlflowClient
 
@@ -63,7 +75,8 @@ def write_report(uri: str, experiment: str, out: str | Path | None = None) -> Pa
     parent, cells = read_cells(client, exp.experiment_id)
     out = Path(out or f"reports/{experiment}")
     out.mkdir(parents=True, exist_ok=True)
-    amp, kd, stats, payoff = amp_table(cells), kd_table(cells), seed_stats(cells), payoff_table(cells)
+    side = _side_by_side(cells, out, timing, device)
+    amp, kd, stats, payoff = amp_table(cells), kd_table(cells), seed_stats(cells), payoff_table(cells, side)
     cells.to_csv(out / "cells.csv", index=False)
     amp_display(amp).to_csv(out / "amp_table.csv", index=False)
     kd_display(kd).to_csv(out / "kd_table.csv", index=False)
@@ -72,8 +85,27 @@ def write_report(uri: str, experiment: str, out: str | Path | None = None) -> Pa
     charts = (plot_amp(amp, out) + plot_kd(kd, out, comparisons(cells) if not cells.empty else [])
               + plot_payoff(payoff, out))
     text = render(experiment, redact(uri), parent.info.run_id if parent else None, cells, amp, kd, stats, charts,
-                  payoff)
+                  payoff, side)
     (out / "report.md").write_text(text, encoding="utf-8")
     if parent is not None:
         client.log_artifacts(parent.info.run_id, str(out), "report")
     return out
+
+
+def _side_by_side(cells, out: Path, timing: bool, device: str | None) -> dict | None:
+    """The KD section's side-by-side record: measured now (and written beside the report), or the
+    one an earlier report left for the same runs; None where there is no KD section."""
+    if side_by_side.candidates(cells).empty:
+        return None
+    if not timing:
+        return side_by_side.stored(out, cells) or {"reason": "not timed (--no-timing) and no record of these runs "
+                                                             f"beside the report ({side_by_side.FILE})"}
+    log = logging.getLogger("pipeline")
+    log.info("report: timing the KD section's models side by side")
+    record = side_by_side.measure(cells, device)
+    if record.get("tasks"):
+        side_by_side.write(record, out)
+    else:  # an older record beside the report would read as this report's
+        (out / side_by_side.FILE).unlink(missing_ok=True)
+        log.warning("report: models not timed side by side: %s", record["reason"])
+    return record

@@ -43,9 +43,12 @@ if TYPE_CHECKING:
 
 ROW_COLUMNS = ["cell", "task", "model", "procedure", "stage", "seed", "precision_requested", "precision",
                "precision_mode", "role", "tables", "needs", "launcher", "status", "exit_code", "reason", "run_id",
-               "device_type", "energy_available", "main_source", "memory", "test_scores", "stalled", *COLUMNS]
+               "device_type", "energy_available", "main_source", "memory", "test_scores", "stalled", "output_dir",
+               "shared_with", *COLUMNS]
 """The columns of a cell row (cells.csv); stalled: why the run's predictions collapsed (its
-stall_reason tag), "" for a run that learned or was not checked."""
+stall_reason tag), "" for a run that learned or was not checked; output_dir: the run's (its best/
+is what the side-by-side measurement loads); shared_with: the cells that ran at the same time on
+the same device (a study's --jobs), comma-separated."""
 
 
 def read_cells(client: MlflowClient, experiment_id: str):
@@ -120,6 +123,8 @@ def _row(client: MlflowClient, name: str, plan: dict | None, run: Run | None) ->
         "device_type": tags.get(TAG_DEVICE_TYPE), "energy_available": tags.get(TAG_ENERGY_AVAILABLE),
         "main_source": None, "memory": None, "test_scores": "",
         "stalled": (tags.get(TAG_STALL_REASON) or "stalled") if tags.get(TAG_STALLED) == "true" else "",
+        "output_dir": (getattr(run.data, "params", {}).get("output_dir") if run else None) or plan.get("output_dir"),
+        "shared_with": ",".join(plan.get("shared_device_with") or []),
         **{f: math.nan for f in COLUMNS},
     }
     if status == "finished":  # metrics of failed runs are partial: never reported

@@ -73,6 +73,11 @@ def plot_amp(amp: pd.DataFrame, out: Path) -> list[str]:
     for column, spread_column, name, title, ref in AMP_CHARTS:
         fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(amp) + 1), 3.8))
         values = amp[column].astype(float).to_numpy()
+        same = (amp.same_precision.astype(bool).to_numpy() if "same_precision" in amp and column != "retention_pct"
+                else np.zeros(len(values), dtype=bool))  # one precision on both sides: nothing to draw
+        values = np.where(same, np.nan, values)
+        confounded = (amp.speed_confounded.fillna("").astype(bool).to_numpy() if "speed_confounded" in amp
+                      and column == "speedup_pct" else np.zeros(len(values), dtype=bool))
         spread = amp[spread_column].astype(float).to_numpy()
         beyond = amp[f"{column}_beyond"].fillna("").astype(str).tolist()
         x = np.arange(len(values))
@@ -87,11 +92,14 @@ def plot_amp(amp: pd.DataFrame, out: Path) -> list[str]:
         ax.axhline(ref, color="grey", linewidth=0.8)
         ax.set_xticks(x, labels, fontsize=7)
         ax.set_title(title, fontsize=9)
-        for xi, v, s, b, same in zip(x, values, spread, beyond, identical):
+        for xi, v, s, b, equal, one, busy in zip(x, values, spread, beyond, identical, same, confounded):
+            if one:
+                ax.annotate("same precision:\nnothing to compare", (xi, ref), ha="center", va="bottom", fontsize=7)
             if np.isnan(v):
                 continue
             top = max(v, ref) + (0 if np.isnan(s) else s)
-            ax.annotate(bar_text(v, s, b, same), (xi, top), ha="center", va="bottom", fontsize=7)
+            text = bar_text(v, s, b, equal) + ("\nconfounded" if busy else "")
+            ax.annotate(text, (xi, top), ha="center", va="bottom", fontsize=7)
         ax.margins(y=0.3)
         fig.tight_layout()
         fig.savefig(out / name, dpi=110)

@@ -6,16 +6,21 @@ from __future__ import annotations
 from pipeline.names import (
     ENERGY_JOULES,
     EPOCH_TIME,
+    INFER_BATCH,
     INFER_LATENCY_P50,
     INFER_PARAMS,
     INFER_PARAMS_NO_EMBED,
     INFER_SAMPLES_PER_S,
     INFER_SIZE_MB,
+    LOAD_OTHERS_CPU,
+    LOAD_OTHERS_GPU_UTIL,
     PEAK_MEM_ALLOCATED,
     PEAK_RSS,
     SAMPLES_PER_S,
     TRAIN_TIME,
+    infer_length,
     infer_metric,
+    load_metric,
     test_metric,
 )
 
@@ -37,6 +42,10 @@ METRICS = {
         ("params", INFER_PARAMS), ("params_no_embed", INFER_PARAMS_NO_EMBED), ("size_mb", INFER_SIZE_MB))},
     "infer_latency_ms": infer_metric(INFER_LATENCY_P50, PAYOFF_PRECISION, PAYOFF_LENGTH),
     "infer_samples_per_s": infer_metric(INFER_SAMPLES_PER_S, PAYOFF_PRECISION, PAYOFF_LENGTH),
+    "infer_length": infer_length(PAYOFF_LENGTH),
+    "infer_batch": INFER_BATCH,
+    "others_cpu": load_metric(LOAD_OTHERS_CPU),
+    "others_gpu": load_metric(LOAD_OTHERS_GPU_UTIL),
 }
 """Report column -> MLflow metric (the main metric and peak memory are picked per run, in collect)."""
 MEMORY = {PEAK_MEM_ALLOCATED: "CUDA peak allocated", PEAK_RSS: "CPU peak RSS"}

@@ -9,48 +9,73 @@ import pandas as pd
 from pipeline.names import (
     ENERGY_JOULES,
     EVAL_MAIN,
+    LOAD_OTHERS_CPU,
+    LOAD_OTHERS_GPU_UTIL,
     PEAK_MEM_ALLOCATED,
     PEAK_RSS,
     TAG_STALL_REASON,
     TAG_STALLED,
     TEST_MAIN,
     TRAIN_TIME,
+    load_metric,
     test_metric,
 )
 from pipeline.report.columns import AMP_DELTAS, TEST_COLUMNS
 from pipeline.report.compare import SPREAD_FACTOR, comparisons
+from pipeline.report.confound import BUSY_CPU, BUSY_GPU_PCT
 from pipeline.report.payoff import NOTE, PAYOFF_CHART, payoff_display, sentences
+from pipeline.report.side_by_side import where_and_when
 from pipeline.report.tables import amp_display, kd_display
+from pipeline.report.training_speed import speed_sentences
 from pipeline.report.verdicts import amp_sentence, kd_sentences
 
 STALLED_NOTE = (f"- stalled runs: runs tagged `{TAG_STALLED}=true`, whose best model's test predictions collapsed "
                 "(one class for every row, a common class never predicted, no entity, no candidate called correct, "
                 "no question answered; "
                 f"`{TAG_STALL_REASON}` says which): a mean with one in it is no comparison of recipes.")
+CONFOUND_NOTE = (f"- confounded: a speed comparison whose side ran while other processes kept more than "
+                 f"{100 * BUSY_CPU:.0f}% of the machine's cores (`{load_metric(LOAD_OTHERS_CPU)}`) or "
+                 f"{BUSY_GPU_PCT:.0f}% of its GPU (`{load_metric(LOAD_OTHERS_GPU_UTIL)}`) busy, whose sides differ "
+                 "in that load by more, or that ran beside other cells on one device (`--jobs`): its difference "
+                 "is partly the machine's.")
 TEST_LABELS = ("P", "R", "F1", "MAP", "MRR")
 """The KD table's column headers of TEST_COLUMNS, in their order."""
 
 
 def headline(amp: pd.DataFrame) -> str:
     """Speed and memory averaged over the matrix in one sentence (the scores are compared pair
-    by pair, against the seed spread: amp_sentence)."""
+    by pair, against the seed spread: amp_sentence). Pairs whose sides resolved to one precision
+    have nothing to compare and are left out of the averages; a speed-up measured on a machine busy
+    with other work (confound.py) is called confounded in the sentence itself."""
     if amp.empty:
         return "No FP32/AMP pairs in this study."
     ok = amp.dropna(subset=list(AMP_DELTAS))
     if ok.empty:
         return f"No task x model cell has both an FP32 and an AMP run that finished ({len(amp)} planned)."
-    s, m = ok.speedup_pct.mean(), ok.mem_reduction_pct.mean()
-    precisions = "/".join(sorted(set("/".join(ok.amp_precision).split("/"))))
-    memory = "/".join(sorted(set(ok.memory) - {""})) or "peak memory"
     left_out = f" ({len(amp) - len(ok)} more failed or are missing)" if len(ok) < len(amp) else ""
-    if precisions == "fp32":  # precision=auto on a device with neither bf16 nor fp16: no AMP ran
-        return (f"AMP resolved to fp32 in every cell{left_out} (precision=auto on a device without bf16 or fp16): "
-                f"both sides ran FP32, so the {s:+.1f}% in samples/s and {m:+.1f}% in peak memory ({memory}) "
-                "are run-to-run noise, not an AMP effect.")
-    return (f"Averaged over {len(ok)} task x model cell{'s' if len(ok) != 1 else ''}{left_out}, AMP ({precisions}) "
-            f"trained {abs(s):.1f}% {'faster' if s >= 0 else 'slower'} than FP32 (samples/s), used {abs(m):.1f}% "
-            f"{'less' if m >= 0 else 'more'} peak memory ({memory}); the scores, pair by pair, are below the table.")
-
+    same = ok[ok.same_precision.astype(bool)] if "same_precision" in ok else ok.iloc[:0]
+    compared = ok.drop(same.index)
+    if compared.empty:  # precision=auto on a device with neither bf16 nor fp16: no AMP ran
+        ran = "/".join(sorted(set(same.amp_precision)))
+        return (f"AMP resolved to {ran} in every cell{left_out} (precision=auto on a device without bf16 or fp16): "
+                f"both sides ran {ran}, so there is nothing to compare: no AMP speed-up, no memory saving.")
+    s, m = compared.speedup_pct.mean(), compared.mem_reduction_pct.mean()
+    precisions = "/".join(sorted(set("/".join(compared.amp_precision).split("/"))))
+    memory = "/".join(sorted(set(compared.memory) - {""})) or "peak memory"
+    n = len(compared)
+    busy = compared[compared.speed_confounded.fillna("") != ""] if "speed_confounded" in compared else compared.iloc[:0]
+    confound = "" if busy.empty else (
+        f" (confounded in {len(busy)} of the {n} cell{'s' if n != 1 else ''}: "
+        + "; ".join(f"{r.task} / {r.model}: {r.speed_confounded.removeprefix('confounded: ')}"
+                   for r in busy.itertuples()) + ")")
+    same_note = "" if same.empty else (
+        f"; {len(same)} more ran one precision on both sides ("
+        + ", ".join(f"{r.task} / {r.model}: {r.amp_precision}" for r in same.itertuples())
+        + "): nothing to compare there")
+    return (f"Averaged over {n} task x model cell{'s' if n != 1 else ''}{left_out}, AMP ({precisions}) "
+            f"trained {abs(s):.1f}% {'faster' if s >= 0 else 'slower'} than FP32 (samples/s){confound}, used "
+            f"{abs(m):.1f}% {'less' if m >= 0 else 'more'} peak memory ({memory}){same_note}; the scores, pair by "
+            "pair, are below the table.")
 
 
 def _fmt(value: float | str, std: float | None = math.nan, digits: int = 2) -> str:
@@ -102,7 +127,8 @@ def md_table(df: pd.DataFrame) -> str:
 
 
 def render(experiment: str, uri: str, parent_id: str | None, cells: pd.DataFrame, amp: pd.DataFrame,
-           kd: pd.DataFrame, stats: pd.DataFrame, charts: list[str], payoff: pd.DataFrame | None = None) -> str:
+           kd: pd.DataFrame, stats: pd.DataFrame, charts: list[str], payoff: pd.DataFrame | None = None,
+           side: dict | None = None) -> str:
     """report.md: the header, the AMP and KD sections (where the study has them; KD opens with what
     the student buys at inference), seeds, cells."""
     found = comparisons(cells) if not cells.empty else []
@@ -114,8 +140,9 @@ def render(experiment: str, uri: str, parent_id: str | None, cells: pd.DataFrame
     if not amp.empty:
         lines += _amp_section(amp, charts, [amp_sentence(c) for c in found if c.kind == "amp"])
     if not kd.empty:
-        lines += _kd_section(kd, charts, [amp_sentence(c) for c in found if c.kind == "kd_amp"] + kd_sentences(found),
-                             payoff if payoff is not None else pd.DataFrame())
+        lines += _kd_section(kd, charts, [amp_sentence(c) for c in found if c.kind == "kd_amp"] + kd_sentences(found)
+                             + speed_sentences(found),
+                             payoff if payoff is not None else pd.DataFrame(), side)
     lines += _seed_section(stats) + _cells_section(cells)
     return "\n".join(lines)
 
@@ -136,8 +163,9 @@ def _amp_section(amp: pd.DataFrame, charts: list[str], findings: list[str]) -> l
         "AMP epoch s": [_fmt(v, s, 2) for v, s in zip(shown.amp_epoch_time_s, shown.amp_epoch_time_s_std)],
         "FP32 energy J": [_fmt(v, s, 1) for v, s in zip(shown.fp32_energy_j, shown.fp32_energy_j_std)],
         "AMP energy J": [_fmt(v, s, 1) for v, s in zip(shown.amp_energy_j, shown.amp_energy_j_std)],
-        "speed-up": [_pct(v, s, b) for v, s, b in zip(shown.speedup_pct, amp.speedup_pct_spread,
-                                                      amp.speedup_pct_beyond)],
+        "speed-up": [_pct(v, s, b) + (f" ({c})" if c and not isinstance(v, str) else "")
+                     for v, s, b, c in zip(shown.speedup_pct, amp.speedup_pct_spread, amp.speedup_pct_beyond,
+                                           shown.speed_confounded)],
         "memory reduction": [_pct(v, s, b) for v, s, b in zip(shown.mem_reduction_pct, amp.mem_reduction_pct_spread,
                                                               amp.mem_reduction_pct_beyond)],
         "retention": [_retention(v, s, i) for v, s, i in zip(shown.retention_pct, shown.retention_spread_pct,
@@ -154,27 +182,36 @@ def _amp_section(amp: pd.DataFrame, charts: list[str], findings: list[str]) -> l
              f"`{EVAL_MAIN}`, the best dev epoch, where a run has no test metrics).",
              f"- peak memory: `{PEAK_MEM_ALLOCATED}` on CUDA, `{PEAK_RSS}` (process peak RSS) on CPU; "
              "the memory column says which.",
-             "- speed-up = AMP samples/s / FP32 samples/s - 1; memory reduction = 1 - AMP peak / FP32 peak; "
+             "- speed-up = AMP samples/s / FP32 samples/s - 1; memory reduction = 1 - AMP peak / FP32 peak "
+             "(\"same precision: nothing to compare\" where both sides resolved to one precision); "
              "retention = AMP main / FP32 main; each ± the pooled std of the two sides in % of the FP32 mean, "
              f"\"within the spread\" where the difference is at most {SPREAD_FACTOR:g} x that std. With "
              "several seeds: means, ± the sample std; runs: finished / planned; identical test scores: seeds "
              "whose FP32 and AMP runs have equal test scores in every metric, of those run in both.",
              f"- energy: `{ENERGY_JOULES}` (NVML); n/a where the run is tagged energy_available=false.",
-             STALLED_NOTE, ""]
+             CONFOUND_NOTE, STALLED_NOTE, ""]
     lines += [f"![{c}]({c})" for c in charts if c not in ("kd.png", PAYOFF_CHART)] + [""]
     return lines
 
 
-def _payoff_lines(payoff: pd.DataFrame, charts: list[str]) -> list[str]:
+def _payoff_lines(payoff: pd.DataFrame, charts: list[str], side: dict | None) -> list[str]:
     if payoff.empty:
         return []
-    return ["### What the student buys: inference against the teacher", "",
+    if side is not None and side.get("tasks"):
+        where = where_and_when(side)
+    else:
+        why = (side or {}).get("reason") or "the report was written without timing (`--no-timing`) and found no record"
+        where = (f"Inference not measured side by side: {why}. No speed-up is stated: dividing the runs' own "
+                 "`infer/*` figures, each timed at its stage's end, would divide the machine's load as much as "
+                 "the models' speed.")
+    return ["### What the student buys: inference against the teacher", "", where, "",
             *[f"- **{line}**" for line in sentences(payoff)], "", md_table(payoff_display(payoff)), "", NOTE, "",
             *([f"![{PAYOFF_CHART}]({PAYOFF_CHART})", ""] if PAYOFF_CHART in charts else []),
             "### Training", ""]
 
 
-def _kd_section(kd: pd.DataFrame, charts: list[str], findings: list[str], payoff: pd.DataFrame) -> list[str]:
+def _kd_section(kd: pd.DataFrame, charts: list[str], findings: list[str], payoff: pd.DataFrame,
+                side: dict | None = None) -> list[str]:
     shown = kd_display(kd)
     table = pd.DataFrame({
         "task": shown.task, "procedure": shown.procedure, "stage": shown.stage, "model": shown.model,
@@ -189,12 +226,12 @@ def _kd_section(kd: pd.DataFrame, charts: list[str], findings: list[str], payoff
         "stalled runs": [str(n) if n else "" for n in kd.stalled],
         "runs": shown.seeds,
     })
-    lines = ["## Knowledge distillation procedures", "", *_payoff_lines(payoff, charts), md_table(table), "",
+    lines = ["## Knowledge distillation procedures", "", *_payoff_lines(payoff, charts, side), md_table(table), "",
              *[f"- {line}" for line in findings], "",
              f"- wall time: `{TRAIN_TIME}` (training steps only); P/R/F1: `{test_metric('precision')}`, "
              f"`{test_metric('recall')}`, `{test_metric('f1')}` (the positive class for WikiQA); MAP/MRR: "
-             f"`{test_metric('map')}`, `{test_metric('mrr')}`; n/a where the task has no such metric.", STALLED_NOTE,
-             ""]
+             f"`{test_metric('map')}`, `{test_metric('mrr')}`; n/a where the task has no such metric.", CONFOUND_NOTE,
+             STALLED_NOTE, ""]
     if "kd.png" in charts:
         lines += ["![kd.png](kd.png)", ""]
     return lines

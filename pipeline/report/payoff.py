@@ -4,12 +4,17 @@ table, one sentence per procedure and a chart of score retained against speed-up
 (the student's architecture trained without distillation) is set against the same teacher, so the
 gain of distillation shows at equal speed.
 
-The inference figures are the stages' own infer/* metrics (measure/inference.py) in fp32 at the
-test split's median length (columns.PAYOFF_PRECISION, PAYOFF_LENGTH).
+The inference speed comes from one side-by-side measurement of every model (side_by_side.py: one
+process, one device, the models taking turns), in fp32 at the test split's median length
+(columns.PAYOFF_PRECISION, PAYOFF_LENGTH): per repetition, the mean over a procedure's seeds
+against the teacher's, then the median over repetitions with its range. The stages' own infer/*
+figures, each timed at its own end, are never divided: without the side-by-side record the
+speed-up is n/a and the sentence says why.
 """
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -17,18 +22,20 @@ import pandas as pd
 
 from pipeline.report.columns import PAYOFF_LENGTH, PAYOFF_PRECISION
 from pipeline.report.compare import Comparison, comparisons, difference, stats
+from pipeline.report.side_by_side import FILE
 from pipeline.report.verdicts import metric_name
 
 PAYOFF_CHART = "payoff.png"
 
 
-def payoff_table(cells: pd.DataFrame) -> pd.DataFrame:
+def payoff_table(cells: pd.DataFrame, side: dict | None = None) -> pd.DataFrame:
     """Per task: its teacher (the reference, 100% and 1.0x), each distilled student and each
     baseline against that teacher. *_pct: the model's mean in % of the teacher's; *_x: speed-ups
-    (teacher latency / model latency; model samples/s / teacher samples/s), *_x_spread their seed
-    spread (relative stds added in quadrature, NaN below 2 seeds a side); retained_pct: main in %
-    of the teacher's, retained_spread_pct the pooled std in % of the teacher's mean (as the AMP
-    table's retention), retained_beyond the verdict on the difference (compare.difference)."""
+    from the side-by-side record `side` (teacher latency / model latency; model samples/s /
+    teacher samples/s, per repetition, then the median), *_x_min/_max their range over repetitions,
+    speed_note why there is none; retained_pct: main in % of the teacher's, retained_spread_pct the
+    pooled std in % of the teacher's mean (as the AMP table's retention), retained_beyond the
+    verdict on the difference (compare.difference)."""
     if cells.empty:
         return pd.DataFrame()
     found = comparisons(cells)
@@ -44,9 +51,41 @@ def payoff_table(cells: pd.DataFrame) -> pd.DataFrame:
         against += [Comparison(task, f"{task}: {b} vs {teacher.reference}", "baseline_vs_teacher", teacher.reference,
                                b, teacher.ref, g[g.procedure == b]) for b in baselines]
         for c in against:
-            rows.append(_row(c, "teacher" if c.compared == c.reference else
-                             "baseline" if c.kind == "baseline_vs_teacher" else "student"))
+            row = _row(c, "teacher" if c.compared == c.reference else
+                       "baseline" if c.kind == "baseline_vs_teacher" else "student")
+            row.update(_speed(side, task, c))
+            rows.append(row)
     return pd.DataFrame(rows)
+
+
+SPEED_COLUMNS = ("infer_latency_ms", "infer_samples_per_s", "latency_x", "latency_x_min", "latency_x_max",
+                 "throughput_x", "throughput_x_min", "throughput_x_max")
+
+
+def _speed(side: dict | None, task: str, c: Comparison) -> dict:
+    """The row's inference speed from the side-by-side record, or NaN and speed_note saying why not."""
+    out = dict.fromkeys(SPEED_COLUMNS, math.nan)
+    models = (side or {}).get("tasks", {}).get(task, {}).get("models", {})
+    mine = [models[n] for n in c.cmp[c.cmp.status == "finished"].cell if n in models]
+    ref = [models[n] for n in c.ref[c.ref.status == "finished"].cell if n in models]
+    if not mine or not ref:
+        missing = [n for n in (*c.ref.cell, *c.cmp.cell) if n not in models]
+        why = ((side or {}).get("reason") or "; ".join(sorted({(side or {}).get("not_measured", {}).get(n, "")
+                                                               for n in missing} - {""}))
+               or "no side-by-side record") if side is not None else "not measured side by side"
+        return {**out, "speed_note": why, "speed_reps": 0}
+    reps = min(len(m["samples_per_s_by_rep"]) for m in (*mine, *ref))
+
+    def at(group: list[dict], key: str, rep: int) -> float:  # the seeds' mean in one repetition
+        return statistics.mean(m[key][rep] for m in group)
+
+    tput = [at(mine, "samples_per_s_by_rep", r) / at(ref, "samples_per_s_by_rep", r) for r in range(reps)]
+    lat = [at(ref, "latency_ms_p50_by_rep", r) / at(mine, "latency_ms_p50_by_rep", r) for r in range(reps)]
+    return {"infer_latency_ms": statistics.median(at(mine, "latency_ms_p50_by_rep", r) for r in range(reps)),
+            "infer_samples_per_s": statistics.median(at(mine, "samples_per_s_by_rep", r) for r in range(reps)),
+            "latency_x": statistics.median(lat), "latency_x_min": min(lat), "latency_x_max": max(lat),
+            "throughput_x": statistics.median(tput), "throughput_x_min": min(tput), "throughput_x_max": max(tput),
+            "speed_note": "", "speed_reps": reps}
 
 
 def _row(c: Comparison, role: str) -> dict:
@@ -54,34 +93,22 @@ def _row(c: Comparison, role: str) -> dict:
     row = {"task": c.task, "procedure": c.compared, "role": role, "teacher": c.reference,
            "model": "/".join(dict.fromkeys(c.cmp.model.dropna().map(str))), "seeds": n, "main": main,
            "main_std": main_std, "metric": metric_name(c.task)}
-    for column in ("infer_params", "infer_params_no_embed", "infer_size_mb", "infer_latency_ms", "infer_samples_per_s"):
+    for column in ("infer_params", "infer_params_no_embed", "infer_size_mb"):  # the same on any machine
         row[column] = stats(c.cmp, column)[1]
     for column, name in (("infer_params", "params_pct"), ("infer_params_no_embed", "params_no_embed_pct"),
                          ("infer_size_mb", "size_pct")):
         row[name] = _ratio(stats(c.cmp, column)[1], stats(c.ref, column)[1]) * 100
-    row["latency_x"], row["latency_x_spread"] = _speedup(c.ref, c.cmp, "infer_latency_ms")
-    row["throughput_x"], row["throughput_x_spread"] = _speedup(c.cmp, c.ref, "infer_samples_per_s")
     d = difference(c, "main")
     row["retained_pct"] = _ratio(d["compared_mean"], d["reference_mean"]) * 100
     row["retained_spread_pct"] = _ratio(d["pooled_std"], d["reference_mean"]) * 100
     row["retained_beyond"] = d["exceeds_spread"]
     if role == "teacher":  # the reference itself: no spread against itself
-        row.update(latency_x_spread=math.nan, throughput_x_spread=math.nan, retained_spread_pct=math.nan,
-                   retained_beyond="")
+        row.update(retained_spread_pct=math.nan, retained_beyond="")
     return row
 
 
 def _ratio(a: float, b: float) -> float:
     return float(a) / float(b) if b and not (math.isnan(a) or math.isnan(b)) else math.nan
-
-
-def _speedup(top: pd.DataFrame, bottom: pd.DataFrame, column: str) -> tuple[float, float]:
-    """mean(top) / mean(bottom) and its spread: relative sample stds added in quadrature."""
-    tn, tm, ts = stats(top, column)
-    bn, bm, bs = stats(bottom, column)
-    ratio = _ratio(tm, bm)
-    spread = ratio * math.hypot(ts / tm, bs / bm) if tn >= 2 and bn >= 2 and tm and bm else math.nan
-    return ratio, spread
 
 
 def _pm(value: float, spread: float, fmt: str, unit: str) -> str:
@@ -91,24 +118,41 @@ def _pm(value: float, spread: float, fmt: str, unit: str) -> str:
     return text if math.isnan(spread) else f"{text} ± {spread:{fmt}}{unit}"
 
 
+def _x(value: float, low: float, high: float, reps: int) -> str:
+    """"2.9x (2.7-3.1x over 20 repetitions)", or "2.9x" from one repetition."""
+    if math.isnan(value):
+        return "n/a"
+    return f"{value:.1f}x" + (f" ({low:.1f}-{high:.1f}x over {reps} repetitions)" if reps > 1 else "")
+
+
 def sentences(payoff: pd.DataFrame) -> list[str]:
     """One sentence per student and baseline, as DistilBERT's paper puts it ("keeps 97% of BERT's
-    score at 60% more speed with 40% fewer parameters"), with the seed spread where there is one."""
+    score at 60% more speed with 40% fewer parameters"), with the seed spread of the score and the
+    range over repetitions of the side-by-side speed-up; where no side-by-side ran, why not, and
+    no speed-up."""
     out = []
     for r in payoff[payoff.role != "teacher"].itertuples() if not payoff.empty else []:
-        if math.isnan(r.throughput_x):
-            out.append(f"{r.task}: {r.procedure} keeps {_pm(r.retained_pct, r.retained_spread_pct, '.0f', '%')} of "
-                       f"the teacher's {r.metric}; no inference figures (its runs or the teacher's have no infer/* "
-                       "metrics: infer.bench=false?).")
-            continue
         within = " (within the seed spread)" if r.retained_beyond == "no" else ""
         kind = " (no distillation)" if r.role == "baseline" else ""
-        out.append(f"{r.task}: {r.procedure}{kind} keeps {_pm(r.retained_pct, r.retained_spread_pct, '.0f', '%')} "
-                   f"of the teacher's {r.metric}{within} at {_pm(r.throughput_x, r.throughput_x_spread, '.1f', 'x')} "
-                   f"its throughput ({_pm(r.latency_x, r.latency_x_spread, '.1f', 'x')} faster at batch 1) "
-                   f"with {r.params_pct:.0f}% of its parameters ({r.params_no_embed_pct:.0f}% of those outside "
-                   f"the embeddings) and {r.size_pct:.0f}% of its size on disk.")
+        size = (f"{r.params_pct:.0f}% of its parameters ({r.params_no_embed_pct:.0f}% of those outside the "
+                f"embeddings) and {r.size_pct:.0f}% of its size on disk")
+        kept = (f"{r.task}: {r.procedure}{kind} keeps {_pm(r.retained_pct, r.retained_spread_pct, '.0f', '%')} of the "
+                f"teacher's {r.metric}{within}")
+        if math.isnan(r.throughput_x):
+            out.append(f"{kept} with {size}; its inference speed was not measured side by side ({r.speed_note}), "
+                       "and the runs' own infer/* figures, each timed at its stage's end under whatever else the "
+                       "machine ran then, are not divided.")
+            continue
+        out.append(f"{kept} at {_x(r.throughput_x, r.throughput_x_min, r.throughput_x_max, r.speed_reps)} its "
+                   f"throughput ({_x(r.latency_x, r.latency_x_min, r.latency_x_max, r.speed_reps)} faster at batch 1) "
+                   f"with {size}.")
     return out
+
+
+def _range(value: float, low: float, high: float) -> str:
+    if math.isnan(value):
+        return "n/a"
+    return f"{value:.2f}x" if low == high else f"{value:.2f}x ({low:.2f}-{high:.2f}x)"
 
 
 def payoff_display(payoff: pd.DataFrame) -> pd.DataFrame:
@@ -123,10 +167,11 @@ def payoff_display(payoff: pd.DataFrame) -> pd.DataFrame:
         "% outside embeddings": [num(v, ".0f") for v in payoff.params_no_embed_pct],
         "size MB": [num(v, ".1f") for v in payoff.infer_size_mb],
         "latency ms": [num(v, ".1f") for v in payoff.infer_latency_ms],
-        "latency speed-up": [_pm(v, s, ".2f", "x") for v, s in zip(payoff.latency_x, payoff.latency_x_spread)],
+        "latency speed-up": [_range(v, lo, hi) for v, lo, hi in zip(payoff.latency_x, payoff.latency_x_min,
+                                                                    payoff.latency_x_max)],
         "samples/s": [num(v, ".1f") for v in payoff.infer_samples_per_s],
-        "throughput speed-up": [_pm(v, s, ".2f", "x") for v, s in zip(payoff.throughput_x,
-                                                                       payoff.throughput_x_spread)],
+        "throughput speed-up": [_range(v, lo, hi) for v, lo, hi in zip(payoff.throughput_x, payoff.throughput_x_min,
+                                                                       payoff.throughput_x_max)],
         "main": [_pm(v, s, ".4f", "") for v, s in zip(payoff.main, payoff.main_std)],
         "retained": ["reference" if role == "teacher" else _pm(v, s, ".1f", "%")
                      for v, s, role in zip(payoff.retained_pct, payoff.retained_spread_pct, payoff.role)],
@@ -134,13 +179,14 @@ def payoff_display(payoff: pd.DataFrame) -> pd.DataFrame:
     })
 
 
-NOTE = (f"- inference: each stage's best model measured at its end (`infer/*`, measure/inference.py) in "
-        f"{PAYOFF_PRECISION} at the test split's {PAYOFF_LENGTH} length, on token tensors already on the device; "
-        "latency at batch 1 (p50), throughput at the serving batch (infer.batch_size), on the device the stage ran "
-        "on (a study's cells share a machine: a busy machine slows every model alike only if they ran alike). "
-        "Speed-ups: teacher latency / model latency and model samples/s / teacher samples/s, ± the seed spread "
-        "(relative stds in quadrature); retained: main / the teacher's main ± the pooled std in % of the "
-        "teacher's.")
+NOTE = (f"- inference: every model's best/ timed side by side in one process on one device "
+        f"(`{FILE}`, `pipeline/measure/inference.py`'s bench_side_by_side, as `infer-bench`), in {PAYOFF_PRECISION} "
+        f"at the test split's {PAYOFF_LENGTH} length, on token tensors already on the device, the models taking "
+        "turns over the repetitions; latency at batch 1 (p50), throughput at the serving batch. Latency ms and "
+        "samples/s: the median over repetitions of the mean over seeds; speed-ups: teacher latency / model latency "
+        "and model samples/s / teacher samples/s in each repetition, their median and (range). Each run keeps its "
+        "own `infer/*` figures, timed at its stage's end, which are not divided here. Retained: main / the teacher's "
+        "main ± the pooled std in % of the teacher's.")
 
 
 def plot_payoff(payoff: pd.DataFrame, out: Path) -> list[str]:
@@ -157,7 +203,8 @@ def plot_payoff(payoff: pd.DataFrame, out: Path) -> list[str]:
     colours = {"teacher": "tab:grey", "student": "tab:orange", "baseline": "tab:blue"}
     placed: list[tuple[float, float]] = []
     for r in shown.itertuples():
-        ax.errorbar(r.throughput_x, r.retained_pct, xerr=np.nan_to_num(r.throughput_x_spread),
+        xerr = [[max(0.0, r.throughput_x - r.throughput_x_min)], [max(0.0, r.throughput_x_max - r.throughput_x)]]
+        ax.errorbar(r.throughput_x, r.retained_pct, xerr=np.nan_to_num(xerr),
                     yerr=np.nan_to_num(r.retained_spread_pct), fmt="o", capsize=3, color=colours[r.role])
         near = sum(abs(x - r.throughput_x) < 0.1 and abs(y - r.retained_pct) < 1.0 for x, y in placed)
         placed.append((r.throughput_x, r.retained_pct))
@@ -165,9 +212,10 @@ def plot_payoff(payoff: pd.DataFrame, out: Path) -> list[str]:
                     textcoords="offset points", xytext=(6, 5 - 10 * near), fontsize=7)  # coinciding points: stacked
     ax.axhline(100, color="grey", linewidth=0.6)
     ax.axvline(1, color="grey", linewidth=0.6)
-    ax.set_xlabel(f"inference throughput vs the teacher (x; {PAYOFF_PRECISION}, {PAYOFF_LENGTH} length)", fontsize=8)
-    ax.set_ylabel("main metric, % of the teacher's", fontsize=8)
-    ax.set_title("What the student buys: score retained vs speed-up (± seed spread)", fontsize=9)
+    ax.set_xlabel(f"inference throughput vs the teacher, measured side by side (x; {PAYOFF_PRECISION}, "
+                  f"{PAYOFF_LENGTH} length; range over repetitions)", fontsize=8)
+    ax.set_ylabel("main metric, % of the teacher's (± seed spread)", fontsize=8)
+    ax.set_title("What the student buys: score retained vs speed-up", fontsize=9)
     ax.margins(0.2)
     fig.tight_layout()
     fig.savefig(out / PAYOFF_CHART, dpi=110)

@@ -10,6 +10,7 @@ import pandas as pd
 
 from pipeline.report.columns import AMP_COLUMNS, AMP_DELTAS, COLUMNS, KD_COLUMNS, KD_SHOWN, SPREAD_COLUMNS
 from pipeline.report.compare import Comparison, amp_pairs, comparisons, difference, identical_scores, stalled
+from pipeline.report.confound import confounded, side_load
 
 
 def _aggregate(rows: pd.DataFrame) -> dict:
@@ -44,7 +45,10 @@ def amp_table(cells: pd.DataFrame) -> pd.DataFrame:
     it compares in % of the FP32 mean (2+ seeds a side; retention_spread_pct for retention) and
     D_beyond the verdict: yes / no (the difference is within SPREAD_FACTOR x the pooled std) / ""
     (fewer than 2 seeds a side). identical_seeds "k/n": n seeds run on both sides, k of them with
-    equal test scores; fp32_stalled, amp_stalled: runs whose predictions collapsed."""
+    equal test scores; fp32_stalled, amp_stalled: runs whose predictions collapsed; same_precision:
+    both sides resolved to one precision (AMP fell back to fp32: no speed-up or memory saving to
+    compare); speed_confounded: why the speed-up measures the machine as much as AMP, or ""
+    (confound.py)."""
     rows = []
     for (task, model, procedure), fp32, amp in amp_pairs(cells):
         f, a = _aggregate(fp32), _aggregate(amp)
@@ -65,6 +69,8 @@ def amp_table(cells: pd.DataFrame) -> pd.DataFrame:
             row[spread] = _ratio(d["pooled_std"], f[column]) * 100
             row[f"{delta}_beyond"] = d["exceeds_spread"]
         row["fp32_stalled"], row["amp_stalled"] = f["stalled"], a["stalled"]
+        row["same_precision"] = bool(f["n"] and a["n"]) and f["precision"] == a["precision"]
+        row["speed_confounded"] = confounded([side_load("FP32", fp32), side_load("AMP", amp)])
         row["identical_seeds"] = "{1}/{0}".format(*identical_scores(pair))
         rows.append(row)
     return pd.DataFrame(rows)
@@ -136,10 +142,16 @@ def amp_display(amp: pd.DataFrame) -> pd.DataFrame:
             out[f"{p}_{col}_std"] = [r[f"{p}_{col}_std"] if r[f"{p}_status"] == "ok" else None
                                      for _, r in amp.iterrows()]
     for d in AMP_DELTAS:
-        out[d] = [r[d] if not math.isnan(r[d]) else _pair_mark(r) for _, r in amp.iterrows()]
+        out[d] = [SAME_PRECISION if d != "retention_pct" and bool(r.get("same_precision", False)) else
+                  r[d] if not math.isnan(r[d]) else _pair_mark(r) for _, r in amp.iterrows()]
+    out["speed_confounded"] = amp.speed_confounded if "speed_confounded" in amp else ""
     out["retention_spread_pct"] = amp.retention_spread_pct
     out["identical_seeds"] = amp.identical_seeds
     return out
+
+
+SAME_PRECISION = "same precision: nothing to compare"
+"""The speed-up and memory reduction of a pair whose sides resolved to one precision."""
 
 
 def _pair_mark(r: pd.Series) -> str:

@@ -192,6 +192,7 @@ def _run_schedule(client: MlflowClient, experiment_id: str, study: Study, schedu
     served = cell_uri if cell_uri != uri else None
     ended: queue.Queue[Ended] = queue.Queue()
     running: dict[str, tuple[Cell, CellProcess, list[str]]] = {}
+    sharing: dict[str, set[str]] = {}  # cell -> the cells that ran beside it on one of its devices
     echo = schedule.jobs == 1
     try:
         while not schedule.done:
@@ -212,6 +213,7 @@ def _run_schedule(client: MlflowClient, experiment_id: str, study: Study, schedu
                 elif schedule.jobs > 1 and "OMP_NUM_THREADS" not in os.environ:  # cells side by side on the CPU
                     env["OMP_NUM_THREADS"] = str(cpu_threads(cell, schedule.jobs))
                 process = CellProcess(cell.name, cmd, env, _logs(study) / f"{cell.name}.log", echo, ended)
+                _note_sharing(sharing, cell.name, gpus, running)
                 running[cell.name] = (cell, process, gpus)
                 where = describe(gpus)
                 if echo:
@@ -225,6 +227,8 @@ def _run_schedule(client: MlflowClient, experiment_id: str, study: Study, schedu
             cell, process, gpus = running.pop(end.name)
             process.join()
             outcome = _outcome(client, experiment_id, study, cell, end, cell_uri, parent)
+            if sharing.get(cell.name):  # its speed figures are partly its neighbours'
+                outcome["shared_device_with"] = sorted(sharing[cell.name])
             schedule.ended(cell, outcome)
             where = describe(gpus)
             if end.exit_code == 0:
@@ -242,6 +246,15 @@ def _run_schedule(client: MlflowClient, experiment_id: str, study: Study, schedu
         for _, process, _ in running.values():
             process.join()
         raise
+
+
+def _note_sharing(sharing: dict[str, set[str]], name: str, gpus: list[str], running: dict) -> None:
+    """`name` starts beside the running cells: those on one of its GPUs, or all of them where it or
+    they run on the CPU, share a device with it (both ways)."""
+    for other, (_, _, their_gpus) in running.items():
+        if not gpus or not their_gpus or set(gpus) & set(their_gpus):
+            sharing.setdefault(name, set()).add(other)
+            sharing.setdefault(other, set()).add(name)
 
 
 def _outcome(client: MlflowClient, experiment_id: str, study: Study, cell: Cell, end: Ended, cell_uri: str,

@@ -1,0 +1,86 @@
+"""Whether a speed comparison measured the recipes or the machine.
+
+Two training runs compared on speed (AMP against FP32, a distilled student against the baseline)
+ran at different times, perhaps beside other work. Each run logs how busy its machine was with
+other processes while it trained (perf/others_cpu_frac, perf/others_gpu_util_pct:
+pipeline/measure/load.py), and a study records which cells ran at the same time on one device
+(--jobs). A comparison is confounded when a side ran on a machine busy with other work beyond
+BUSY_CPU (or BUSY_GPU_PCT on its GPU), when its sides differ in that load by more than the same
+threshold, or when a side shared its device with other cells; the sentence that states the
+comparison says so itself.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+BUSY_CPU = 0.10
+"""A tenth of the machine's cores busy with other processes (on 2 cores: a fifth of one core)."""
+BUSY_GPU_PCT = 10.0
+"""Other processes' SM utilization on the run's GPU, % of the GPU."""
+
+
+@dataclass
+class SideLoad:
+    name: str
+    measured: int
+    """Finished runs that logged the load."""
+    runs: int
+    others_cpu: float
+    """Mean over those runs; NaN where none logged it."""
+    others_gpu: float
+    shared_with: list[str]
+
+
+def side_load(name: str, rows: pd.DataFrame) -> SideLoad:
+    done = rows[rows.status == "finished"]
+    cpu = _values(done, "others_cpu")
+    gpu = _values(done, "others_gpu")
+    shared = sorted({n for v in _column(done, "shared_with") for n in str(v).split(",") if n and v == v})
+    return SideLoad(name, len(cpu), len(done), float(cpu.mean()) if len(cpu) else math.nan,
+                    float(gpu.mean()) if len(gpu) else math.nan, shared)
+
+
+def _column(rows: pd.DataFrame, column: str) -> pd.Series:
+    return rows[column] if column in rows else pd.Series(dtype=object)
+
+
+def _values(rows: pd.DataFrame, column: str) -> pd.Series:
+    return _column(rows, column).astype(float).dropna()
+
+
+def confounded(sides: list[SideLoad]) -> str:
+    """"" where the comparison stands, else "confounded: ..." naming each side's load and the threshold."""
+    reasons = []
+    shared = [s for s in sides if s.shared_with]
+    if shared:
+        reasons.append("; ".join(f"the {s.name} run(s) ran beside other cells on one device (--jobs): "
+                                 f"{', '.join(s.shared_with)}" for s in shared))
+    for label, attr, limit, unit in (("the machine's cores", "others_cpu", BUSY_CPU, "frac"),
+                                     ("the GPU", "others_gpu", BUSY_GPU_PCT, "pct")):
+        values = [(s.name, getattr(s, attr)) for s in sides if not math.isnan(getattr(s, attr))]
+        if not values:
+            continue
+        busy = max(v for _, v in values) > limit
+        differ = len(values) == len(sides) and max(v for _, v in values) - min(v for _, v in values) > limit
+        if busy or differ:
+            each = ", ".join(f"{name} {_pct(v, unit)}" for name, v in values)
+            reasons.append(f"other processes used {label} ({each}; threshold {_pct(limit, unit)}"
+                           f"{', and the sides differ by more' if differ else ''})")
+    return "confounded: " + "; ".join(reasons) if reasons else ""
+
+
+def _pct(value: float, unit: str) -> str:
+    return f"{100 * value:.0f}%" if unit == "frac" else f"{value:.0f}%"
+
+
+def load_words(sides: list[SideLoad]) -> str:
+    """The sides' load in a few words where measured ("machine load from other work: fp32 3%, bf16 4%
+    of the cores"), or "machine load not recorded" where no run logged it."""
+    values = [(s.name, s.others_cpu) for s in sides if not math.isnan(s.others_cpu)]
+    if not values:
+        return "machine load not recorded"
+    return ("other processes used " + ", ".join(f"{_pct(v, 'frac')} ({name})" for name, v in values)
+            + " of the machine's cores")
