@@ -42,9 +42,8 @@ def main() -> None:
 
     def measure(m: SavedModel):
         def run() -> dict:
-            r = inference.bench(m.load, torch.device("cpu"), vocab_size=m.config.vocab_size,
-                                input_names=m.tokenizer.model_input_names, lengths=lengths, precisions=["fp32"],
-                                size_mb=m.size_mb, settings=settings)
+            r = inference.bench(m.served(), torch.device("cpu"), lengths=lengths, precisions=["fp32"],
+                                settings=settings)
             out = {"params": r.params, "params_no_embed": r.params_no_embed, "size_mb": r.size_mb}
             for x in r.measurements:
                 out.update({f"{x.length_name}_p50_ms": x.latency_ms_p50, f"{x.length_name}_p95_ms": x.latency_ms_p95,

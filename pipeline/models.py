@@ -28,6 +28,7 @@ from pipeline.data.features import update_texts_hash
 from pipeline.errors import UserError
 from pipeline.fsutil import atomic_dir, cache_root
 from pipeline.layout import OutputDir
+from pipeline.measure.inference import Served
 from pipeline.tasks.base import Task
 
 if TYPE_CHECKING:
@@ -269,6 +270,10 @@ class SavedModel:
             raise UserError(f"{spec}: cannot load{'' if looks_local else ' (offline, not in the cache?)'}: "
                             f"{first}") from None
         self.size_mb = sum(f.stat().st_size for pattern in self.WEIGHTS for f in folder.glob(pattern)) / 2**20
+
+    def served(self) -> Served:
+        """What the inference benchmark measures of it (measure/inference.py)."""
+        return Served(self.load, self.config.vocab_size, self.tokenizer.model_input_names, self.size_mb)
 
     def load(self, dtype: torch.dtype, device: torch.device) -> PreTrainedModel:
         import transformers

@@ -139,10 +139,8 @@ class Stage:
                                             self.cfg.train.pad_to_multiple_of, self.cfg.train.max_length)
         # the other ranks wait in a collective meanwhile: rank 0 takes every core, as a server would
         with inference.serving_threads(self.rt.device), LoadSampler(self.rt.device) as load:
-            result = inference.bench(saved.load, self.rt.device, vocab_size=saved.config.vocab_size,
-                                     input_names=saved.tokenizer.model_input_names, lengths=lengths,
+            result = inference.bench(saved.served(), self.rt.device, lengths=lengths,
                                      precisions=inference.inference_precisions(self.policy.name, self.rt.device),
-                                     size_mb=saved.size_mb,
                                      settings=inference.BenchSettings(infer.batch_size, infer.budget_s))
         first = result.measurements[0]
         log.info("inference (%s, %d tokens): %.1f ms at batch 1 (p50), %.0f samples/s at batch %d; measured in %.1fs",

@@ -29,6 +29,7 @@ LAYERS = [  # lowest first; a name covers a module or a package and everything i
     ("batch_finder", "train"),
     ("jobs",),
     ("report", "ui", "study"),
+    ("commands",),
     ("cli", "__main__"),
 ]
 NEVER = [  # within their layers, beyond the order: these packages start or read jobs, never run them

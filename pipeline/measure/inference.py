@@ -154,14 +154,13 @@ def count_params(model: torch.nn.Module) -> tuple[int, int]:
     return model.num_parameters(), model.num_parameters(exclude_embeddings=True)
 
 
-def bench(load: Callable[[torch.dtype, torch.device], torch.nn.Module], device: torch.device, *,
-          vocab_size: int, input_names: list[str], lengths: dict[str, int], precisions: list[str],
-          size_mb: float, settings: BenchSettings) -> BenchResult:
-    """Measure the model `load(dtype, device)` builds (in eval mode), once per precision, at each
-    named length (`{"median": 37, "longest": 64}`; equal lengths are measured once): the
+def bench(model: Served, device: torch.device, *, lengths: dict[str, int], precisions: list[str],
+          settings: BenchSettings) -> BenchResult:
+    """Measure the model `model.load(dtype, device)` builds (in eval mode), once per precision, at
+    each named length (`{"median": 37, "longest": 64}`; equal lengths are measured once): the
     side-by-side measurement of one model in one repetition."""
-    return bench_side_by_side({"model": Served(load, vocab_size, input_names, size_mb)}, device, lengths=lengths,
-                              precisions=precisions, settings=settings, reps=1)["model"]
+    return bench_side_by_side({"model": model}, device, lengths=lengths, precisions=precisions, settings=settings,
+                              reps=1)["model"]
 
 
 def turn_order(names_: list[str], rep: int) -> list[str]:

@@ -1,4 +1,4 @@
-"""`python -m pipeline report --experiment NAME [--uri URI] [--out DIR]`: compare a study's runs.
+"""A study's report (`python -m pipeline report --experiment NAME`, pipeline/commands/report.py).
 
 Reads the runs back from MLflow (the study's parent run says which cells were planned and how
 each ended; the child runs hold the metrics) and writes to reports/NAME/:
@@ -25,7 +25,6 @@ payoff | markdown
 """
 from __future__ import annotations
 
-import argparse
 import logging
 from pathlib import Path
 
@@ -38,25 +37,7 @@ from pipeline.report.markdown import render
 from pipeline.report.payoff import payoff_table, plot_payoff
 from pipeline.report.tables import amp_display, amp_table, kd_display, kd_table, seed_stats
 
-__all__ = ["main", "write_report"]
-
-
-def main(args: list[str]) -> int:
-    from pipeline.tracking import resolve_uri
-
-    parser = argparse.ArgumentParser(prog="python -m pipeline report")
-    parser.add_argument("--experiment", required=True, help="MLflow experiment (a study's name)")
-    parser.add_argument("--uri", help="tracking URI (default: $MLFLOW_TRACKING_URI, else the project's store)")
-    parser.add_argument("--out", help="output directory (default: reports/EXPERIMENT)")
-    parser.add_argument("--no-timing", action="store_true",
-                        help="do not time the KD section's models side by side; use the record beside the report "
-                             "if it measured the same runs")
-    parser.add_argument("--device", help="where to time them: cpu or cuda[:N] (default: cuda if there is one)")
-    opts = parser.parse_args(args)
-    out = write_report(resolve_uri(opts.uri), opts.experiment, opts.out, timing=not opts.no_timing,
-                       device=opts.device)
-    print(f"report: {out / 'report.md'}")
-    return 0
+__all__ = ["write_report"]
 
 
 def write_report(uri: str, experiment: str, out: str | Path | None = None, timing: bool = True,

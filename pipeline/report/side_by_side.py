@@ -86,10 +86,10 @@ def measure(cells: pd.DataFrame, device: str | None = None, reps: int = REPS, bu
 def _best_dir(output_dir) -> str | None:
     if not isinstance(output_dir, str) or not output_dir:
         return None
-    from pipeline.loop.best_model import model_dir_of
+    from pipeline.layout import OutputDir
 
     path = Path(output_dir)
-    best = model_dir_of(path) if path.is_dir() else None
+    best = OutputDir(path).trained_model() if path.is_dir() else None
     return str(best) if best is not None else None
 
 
@@ -111,8 +111,7 @@ def _run(record: dict, groups: dict, device_name: str | None) -> dict:
     with inference.serving_threads(device) as threads, LoadSampler(device) as load:
         for task, group in groups.items():
             saved = {cell: SavedModel(path) for cell, path in group["cells"].items()}
-            served = {cell: inference.Served(m.load, m.config.vocab_size, m.tokenizer.model_input_names, m.size_mb)
-                      for cell, m in saved.items()}
+            served = {cell: m.served() for cell, m in saved.items()}
             results = inference.bench_side_by_side(
                 served, device, lengths={"median": group["length"]}, precisions=[PAYOFF_PRECISION],
                 settings=inference.BenchSettings(group["batch_size"], record["budget_s"]), reps=record["reps"])

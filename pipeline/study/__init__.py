@@ -1,5 +1,5 @@
-"""`python -m pipeline study STUDY.yaml [--jobs N] [--executor local|slurm] [--dry-run] [key=value ...]`:
-run a matrix of stages.
+"""A study: a matrix of stages run as processes (`python -m pipeline study STUDY.yaml [--jobs N]
+[--executor local|slurm] [--dry-run] [key=value ...]`, pipeline/commands/study.py).
 
 Every cell of the matrix is one stage (`train` or `distill`) in its own process, started
 through its launcher (none, torchrun, deepspeed), logged as a child of the study's one MLflow
@@ -59,38 +59,7 @@ Inside, lowest first: cell_process spec store_server | devices matrix | parser s
 """
 from __future__ import annotations
 
-import argparse
-
-from pipeline.errors import UserError
 from pipeline.study.parser import load_study
 from pipeline.study.runner import dry_run, report_only, run_study
 
-__all__ = ["main", "load_study", "dry_run", "report_only", "run_study"]
-
-
-def main(args: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline study")
-    parser.add_argument("study", help="study file (YAML); see launch/studies/")
-    parser.add_argument("overrides", nargs="*", help="key=value applied to every cell (after the study file's)")
-    parser.add_argument("--dry-run", action="store_true", help="print the cells and their commands; run nothing")
-    parser.add_argument("--jobs", type=int, default=None,
-                        help="cells at once on this node (default: one per visible GPU; 1 without GPUs)")
-    parser.add_argument("--executor", choices=("local", "slurm"), default="local",
-                        help="local: run the cells here; slurm: submit each cell as a Slurm job (sbatch)")
-    parser.add_argument("--report-only", action="store_true",
-                        help="record the cells' outcomes from their outputs and write the report; run nothing")
-    opts = parser.parse_intermixed_args(args)  # overrides may come before or after the options
-    if opts.jobs is not None and opts.jobs < 1:
-        raise UserError(f"study: --jobs {opts.jobs}: must be >= 1")
-    if opts.jobs is not None and opts.executor == "slurm":
-        raise UserError("study: --jobs: with --executor slurm, Slurm decides how many cells run at once")
-    study, cells = load_study(opts.study, opts.overrides)
-    if opts.dry_run:
-        return dry_run(study, cells)
-    if opts.report_only:
-        return report_only(study, cells)
-    if opts.executor == "slurm":
-        from pipeline.study.slurm import submit_study
-
-        return submit_study(study, cells, opts.overrides)
-    return run_study(study, cells, opts.jobs)
+__all__ = ["load_study", "dry_run", "report_only", "run_study"]
