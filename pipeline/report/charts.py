@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.report.compare import Comparison, difference
+from pipeline.report.compare import Comparison, difference, identical_counts
 
 
 def pyplot():
@@ -110,7 +110,7 @@ def plot_amp(amp: pd.DataFrame, out: Path) -> list[str]:
 
 def _identical(amp: pd.DataFrame) -> list[bool]:
     """Pairs whose every seed run in both gave equal test scores ("k/n" with k == n > 0)."""
-    return [n not in ("", "0") and k == n for k, _, n in (str(v).partition("/") for v in amp.identical_seeds)]
+    return [n > 0 and k == n for k, n in map(identical_counts, amp.identical_seeds)]
 
 
 KD_PANELS = (("train_time_s", "wall time (s)"), ("samples_per_s", "samples/s"), ("peak_mem_mb", "peak memory (MB)"),

@@ -138,3 +138,15 @@ def _by_seed(rows: pd.DataFrame) -> dict:
     """seed -> (test scores, main metric) of the finished runs that logged test scores."""
     done = rows[(rows.status == "finished") & (rows.test_scores.fillna("") != "")]
     return {str(r.seed): (json.loads(r.test_scores), r.main) for r in done.itertuples()}
+
+
+def ratio(a: float, b: float) -> float:
+    """a / b, NaN (shown as n/a) where b is zero or either is unknown."""
+    return float(a) / float(b) if b and not (math.isnan(a) or math.isnan(b)) else math.nan
+
+
+def identical_counts(seeds: object) -> tuple[int, int]:
+    """A table's identical_seeds "k/n" read back: (seeds with equal test scores, seeds run on both
+    sides); (0, 0) where nothing was compared."""
+    same, _, pairs = str(seeds).partition("/")
+    return (int(same), int(pairs)) if pairs not in ("", "0") else (0, 0)

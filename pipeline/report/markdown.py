@@ -21,7 +21,7 @@ from pipeline.names import (
     test_metric,
 )
 from pipeline.report.columns import AMP_DELTAS, TEST_COLUMNS
-from pipeline.report.compare import SPREAD_FACTOR, comparisons
+from pipeline.report.compare import SPREAD_FACTOR, comparisons, identical_counts
 from pipeline.report.confound import BUSY_CPU, BUSY_GPU_PCT
 from pipeline.report.payoff import NOTE, PAYOFF_CHART, payoff_display, sentences
 from pipeline.report.side_by_side import where_and_when
@@ -97,8 +97,8 @@ def _retention(value: float | str, spread: float | None, identical: str) -> str:
 
 def _identical(seeds: str) -> str:
     """"k/n" (seeds with equal test scores / seeds run in both) as words."""
-    same, _, pairs = seeds.partition("/")
-    return "" if pairs in ("", "0") else "all" if same == pairs else "none" if same == "0" else f"{same} of {pairs}"
+    same, pairs = identical_counts(seeds)
+    return "" if not pairs else "all" if same == pairs else "none" if not same else f"{same} of {pairs}"
 
 
 def _pct(value: float | str, spread: float = math.nan, beyond: str = "") -> str:

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from pipeline.report.columns import PAYOFF_LENGTH, PAYOFF_PRECISION
-from pipeline.report.compare import Comparison, comparisons, difference, stats
+from pipeline.report.compare import Comparison, comparisons, difference, ratio, stats
 from pipeline.report.side_by_side import FILE
 from pipeline.report.verdicts import metric_name
 
@@ -97,18 +97,14 @@ def _row(c: Comparison, role: str) -> dict:
         row[column] = stats(c.cmp, column)[1]
     for column, name in (("infer_params", "params_pct"), ("infer_params_no_embed", "params_no_embed_pct"),
                          ("infer_size_mb", "size_pct")):
-        row[name] = _ratio(stats(c.cmp, column)[1], stats(c.ref, column)[1]) * 100
+        row[name] = ratio(stats(c.cmp, column)[1], stats(c.ref, column)[1]) * 100
     d = difference(c, "main")
-    row["retained_pct"] = _ratio(d["compared_mean"], d["reference_mean"]) * 100
-    row["retained_spread_pct"] = _ratio(d["pooled_std"], d["reference_mean"]) * 100
+    row["retained_pct"] = ratio(d["compared_mean"], d["reference_mean"]) * 100
+    row["retained_spread_pct"] = ratio(d["pooled_std"], d["reference_mean"]) * 100
     row["retained_beyond"] = d["exceeds_spread"]
     if role == "teacher":  # the reference itself: no spread against itself
         row.update(retained_spread_pct=math.nan, retained_beyond="")
     return row
-
-
-def _ratio(a: float, b: float) -> float:
-    return float(a) / float(b) if b and not (math.isnan(a) or math.isnan(b)) else math.nan
 
 
 def _pm(value: float, spread: float, fmt: str, unit: str) -> str:

@@ -9,7 +9,7 @@ import math
 import pandas as pd
 
 from pipeline.report.columns import AMP_COLUMNS, AMP_DELTAS, COLUMNS, KD_COLUMNS, KD_SHOWN, SPREAD_COLUMNS
-from pipeline.report.compare import Comparison, amp_pairs, comparisons, difference, identical_scores, stalled
+from pipeline.report.compare import Comparison, amp_pairs, comparisons, difference, identical_scores, ratio, stalled
 from pipeline.report.confound import confounded, side_load
 
 
@@ -59,14 +59,14 @@ def amp_table(cells: pd.DataFrame) -> pd.DataFrame:
             for col in AMP_COLUMNS:
                 row[f"{prefix}_{col}"] = agg[col]
                 row[f"{prefix}_{col}_std"] = agg[f"{col}_std"]
-        row["speedup_pct"] = (_ratio(a["samples_per_s"], f["samples_per_s"]) - 1) * 100
-        row["mem_reduction_pct"] = (1 - _ratio(a["peak_mem_mb"], f["peak_mem_mb"])) * 100
-        row["retention_pct"] = _ratio(a["main"], f["main"]) * 100
+        row["speedup_pct"] = (ratio(a["samples_per_s"], f["samples_per_s"]) - 1) * 100
+        row["mem_reduction_pct"] = (1 - ratio(a["peak_mem_mb"], f["peak_mem_mb"])) * 100
+        row["retention_pct"] = ratio(a["main"], f["main"]) * 100
         pair = Comparison(task, "", "amp", "fp32", a["precision"], fp32, amp, model=model)
         for delta, column in DELTA_SOURCES.items():
             d = difference(pair, column)
             spread = "retention_spread_pct" if delta == "retention_pct" else f"{delta}_spread"
-            row[spread] = _ratio(d["pooled_std"], f[column]) * 100
+            row[spread] = ratio(d["pooled_std"], f[column]) * 100
             row[f"{delta}_beyond"] = d["exceeds_spread"]
         row["fp32_stalled"], row["amp_stalled"] = f["stalled"], a["stalled"]
         row["same_precision"] = bool(f["n"] and a["n"]) and f["precision"] == a["precision"]
@@ -74,11 +74,6 @@ def amp_table(cells: pd.DataFrame) -> pd.DataFrame:
         row["identical_seeds"] = "{1}/{0}".format(*identical_scores(pair))
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def _ratio(a: float, b: float) -> float:
-    """a / b, NaN (shown as n/a) where b is zero or either is unknown."""
-    return float(a) / float(b) if b and not (math.isnan(a) or math.isnan(b)) else math.nan
 
 
 def kd_table(cells: pd.DataFrame) -> pd.DataFrame:
