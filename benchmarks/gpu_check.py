@@ -10,7 +10,7 @@ they prove (CHECKS):
   CUDA graphs; its losses against the same job with train.compile=off;
 - grad_accum: grad_accum=2 under CUDA graphs in bf16 and in fp16 (GradScaler), each against eager;
 - deepspeed: ZeRO-2 and ZeRO-3 in bf16 with train.compile=auto (what auto chose, and why);
-- pytest_gpu: `pytest -m gpu` (tests/test_gpu.py), at most PYTEST_GPU_S;
+- pytest_gpu: `pytest -m gpu` (tests/integration/test_gpu.py), at most PYTEST_GPU_S;
 - demo: the GPU demo with one seed (launch/studies/demo-gpu-check.yaml), into this check's own store;
 - energy: joules per sample with and without compile (compile energy left out: EnergyMeter), alone.
 
@@ -61,7 +61,7 @@ PYTEST_GPU_S = 240
 JOB_TIMEOUT_S = 600
 NO_DROPOUT = ["model_config.hidden_dropout_prob=0", "model_config.attention_probs_dropout_prob=0"]
 WIDE = ["model=preset:bangla-base", "model_config.hidden_size=768", "model_config.intermediate_size=3072",
-        "model_config.num_attention_heads=12"]  # tests/test_gpu.py's: energy that is not noise
+        "model_config.num_attention_heads=12"]  # tests/integration/test_gpu.py's: energy that is not noise
 GPU_JOB = ["model=preset:bangla-tiny", "train.max_length=48", "train.lr=1e-3", "tracking.system_metrics=false",
            "train.batch_size=16", "train.max_steps=40", *NO_DROPOUT]
 QUICK_JOB = ["model=preset:bangla-tiny", "train.max_length=32", "train.lr=1e-3", "tracking.system_metrics=false",
@@ -224,7 +224,7 @@ def check_deepspeed(jobs: Jobs) -> dict:
 def check_pytest_gpu(jobs: Jobs) -> dict:
     """`pytest -m gpu` on 3 workers (the tests sharing jobs kept on one: --dist loadgroup), within
     PYTEST_GPU_S. Its figures are pass/fail only: nothing in it is timed, so it may share the GPU."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/test_gpu.py"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/integration/test_gpu.py"]
     cmd = [*cmd, "--collect-only"] if jobs.quick else [*cmd, "-n", "3", "--dist", "loadgroup"]
     ok, log = run_command(cmd, timeout=PYTEST_GPU_S)
     counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|tests? collected)", log)}

@@ -90,7 +90,7 @@ def help_text(command: str) -> str:
 def markdown() -> str:
     """docs/configuration.md: the same keys, a table per section."""
     lines = [f"<!-- Generated from the docstrings in pipeline/config/schema.py by `{REGENERATE}`;",
-             "     edit those and regenerate (tests/test_cli_help.py fails while this page is stale). -->",
+             "     edit those and regenerate (tests/unit/test_cli_help.py fails while this page is stale). -->",
              "", "# Configuration", "", f"Regenerate this page with `{REGENERATE}`.",
              "Every key is also listed by `python -m pipeline train --help`.", "", INTRO]
     for section in sections():
@@ -139,7 +139,7 @@ def _show(value: Any) -> str:
 
 
 def _meaning(cls: type, name: str) -> str:
-    """The field's docstring on one line; "" if it has none (tests/test_cli_help.py fails then)."""
+    """The field's docstring on one line; "" if it has none (tests/unit/test_cli_help.py fails then)."""
     return " ".join(_field_docs(cls).get(name, "").split())
 
 

@@ -1,0 +1,64 @@
+"""train.batch_size=auto: the largest micro-batch that fits, the global batch kept (grad_accum
+raised), every rank agreeing on the smallest fit, evaluation's batch found on its own, a clean
+refusal when one row does not fit; and the CPU's stand-in for a device's memory (tensors counted
+against train.memory_limit_mb)."""
+import json
+
+import pytest
+import yaml
+
+from helpers import FAST, mlflow_runs, run_cli, torchrun, tracking_db
+from pipeline import names
+from pipeline.config import load_config
+
+# ---------------------------------------------------------------- whole jobs
+
+AUTO = [*FAST, "train.batch_size=auto", "train.max_steps=2", "train.log_every=1"]
+
+
+@pytest.mark.slow
+def test_a_found_batch_is_in_the_params_and_config_yaml_and_resume_sees_the_same_job(tmp_path):
+    from pipeline.jobs.run import run
+
+    db, out = tracking_db(tmp_path), tmp_path / "out"
+    job = [*AUTO, "train.grad_accum=2", "train.memory_limit_mb=12", f"output_dir={out}",
+           f"tracking.uri=sqlite:///{db}", "tracking.experiment=auto"]
+    final = run(load_config(None, job))
+    written = yaml.safe_load((out / "config.yaml").read_text())["train"]
+    assert written["batch_size"] < 32 and written["batch_size"] * written["grad_accum"] == 32  # 16 x 2 kept
+    (mlrun,) = mlflow_runs(db, "auto")
+    assert mlrun.data.params["train.batch_size"] == str(written["batch_size"])
+    assert mlrun.data.params["resolved.global_batch"] == "32"
+    assert f"micro-batch {written['batch_size']} x grad_accum {written['grad_accum']}" in mlrun.data.tags[
+        names.TAG_BATCH_FIT]
+    assert json.loads((out / "job.json").read_text())["global_batch"] == "32 rows"
+    # the same command again with resume=auto: the finished job, not another one
+    assert run(load_config(None, [*job, "resume=auto"])) == final
+    assert len(mlflow_runs(db, "auto")) == 1
+
+
+@pytest.mark.slow
+def test_when_one_row_does_not_fit_the_job_stops_in_one_line_and_leaves_nothing(tmp_path):
+    db, out = tracking_db(tmp_path), tmp_path / "out"
+    result = run_cli("train", *AUTO, "train.memory_limit_mb=1", f"output_dir={out}", f"tracking.uri=sqlite:///{db}",
+                     "tracking.experiment=refused")
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "does not fit for training: it needs" in errors[0]
+    assert "the device has 1.0 MiB" in errors[0]
+    assert not out.exists()  # no output_dir, no checkpoint
+    assert mlflow_runs(db, "refused") == []  # no run left RUNNING: none was opened
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_agree_on_one_split_that_keeps_the_global_batch(tmp_path):
+    db, out = tracking_db(tmp_path), tmp_path / "out"
+    # 16 MiB less DDP's buckets (bangla-tiny's 3.6 MiB of gradients): about the in-process test's 12
+    result = torchrun(2, "train", *AUTO, "train.grad_accum=2", "train.memory_limit_mb=16", f"output_dir={out}",
+                      f"tracking.uri=sqlite:///{db}", "tracking.experiment=ddp-auto")
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = yaml.safe_load((out / "config.yaml").read_text())["train"]
+    assert written["batch_size"] < 32 and written["batch_size"] * written["grad_accum"] == 32
+    (mlrun,) = mlflow_runs(db, "ddp-auto")
+    assert mlrun.data.params["resolved.global_batch"] == "64"  # 16 x grad_accum 2 x 2 ranks, as asked
+    assert mlrun.info.status == "FINISHED"

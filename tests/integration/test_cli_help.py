@@ -1,0 +1,27 @@
+"""`train --help` / `distill --help` list every config key from the dataclasses' docstrings; a
+misspelt key or choice names the nearest valid one; docs/configuration.md is what the code says."""
+
+import pytest
+
+from helpers import run_cli
+from pipeline.config import reference
+from unit.test_cli_help import KEYS, leaf_keys  # noqa: F401
+
+
+@pytest.mark.slow  # starts the CLI's process
+def test_train_help_lists_every_key_with_its_default_and_meaning():
+    result = run_cli("train", "--help")  # the real entry point, once: it must not read --help as a config file
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith("usage: python -m pipeline train [CONFIG.yaml] [key=value ...]")
+    assert "key=value" in out and "CONFIG.yaml" in out
+    assert len(KEYS) > 40 and "train.lr" in KEYS and "tracking.system_metrics_interval" in KEYS
+    for key, default in KEYS.items():
+        assert f"\n  {key} = {default}  [" in out, key
+    flat = " ".join(out.split())
+    assert ("train.epochs = unset [int | None] Passes over the training set; unset: the task's "
+            "(3; error_cls 5, qa 8)") in flat
+    assert "precision = fp32 [fp32 | tf32 | fp16 | bf16 | bf16-pure | auto] fp32 (strict, TF32 off)" in flat
+    for section in reference.sections():  # every docstring's text, whitespace aside
+        for key in section.keys:
+            assert key.meaning and key.meaning in flat, f"{key.key}: no docstring under the field"

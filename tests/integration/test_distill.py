@@ -1,0 +1,139 @@
+"""Knowledge distillation: loss properties, the DistilBERT-style student, the teacher-logit
+cache, and a distill stage on two torchrun nodes (ZeRO-2 distillation: test_model_families)."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import FAST, ROOT, free_port, mlflow_runs, run_cli, tracking_db
+from pipeline import names
+from pipeline.config import load_config
+from pipeline.errors import UserError
+from pipeline.fsutil import cache_root
+from pipeline.jobs.run import run
+from pipeline.tasks import get_task
+from unit.test_distill import CPU, make_distiller  # noqa: F401
+
+
+@pytest.mark.slow  # three teacher passes, over 2 s
+def test_teacher_logit_cache_hits_misses_and_invalidates():
+    from pipeline import models
+
+    task = get_task("sentiment")
+    examples = task.load(None, "train")[:96]
+    tokenizer, teacher = models.build("preset:bangla-tiny", task, task.texts(task.load(None, "train")), {}, 48)
+    features = task.featurize(examples, tokenizer, 48, "train")
+    collate = task.collator(tokenizer)
+
+    first = make_distiller(teacher)
+    first.prepare(features, collate, 48, tokenizer)
+    assert first.cache_hit is False and first.cached["logits"].dtype == torch.float16
+    assert first.cached["logits"].shape == (96, 3)
+    with torch.inference_mode():  # the cache holds what the teacher says, in fp16
+        batch = collate([features[i] for i in range(4)])
+        batch.pop("idx")
+        live = teacher(**{k: v for k, v in batch.items() if k != "labels"}).logits
+    assert torch.allclose(first.cached["logits"][:4].float(), live, atol=1e-2)
+
+    again = make_distiller(teacher)
+    again.prepare(features, collate, 48, tokenizer)
+    assert again.cache_hit is True
+
+    fewer = task.featurize(examples[:95], tokenizer, 48, "train")  # another dataset
+    other_data = make_distiller(teacher)
+    other_data.prepare(fewer, collate, 48, tokenizer)
+    assert other_data.cache_hit is False
+
+    with torch.no_grad():
+        teacher.classifier.bias.add_(0.01)  # another teacher
+    other_teacher = make_distiller(teacher)
+    other_teacher.prepare(features, collate, 48, tokenizer)
+    assert other_teacher.cache_hit is False
+
+
+@pytest.fixture(scope="module")
+def teacher_dir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("teacher")
+    run(load_config(None, [*FAST, "model=preset:bangla-small", "train.epochs=1", f"output_dir={tmp}",
+                           f"tracking.uri=sqlite:///{tracking_db(tmp)}"]))
+    return tmp
+
+
+def two_node_job(tmp_path, args, caches) -> list[subprocess.CompletedProcess]:
+    """A 2-node torchrun job on this machine (one worker per node, static rendezvous): each node
+    has its own PIPELINE_CACHE, as a node-local ~/.cache would be."""
+    port, procs = free_port(), []
+    for node, cache in enumerate(caches):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+               f"--node_rank={node}", "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "pipeline", *args]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PIPELINE_CACHE": str(cache)}
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))
+    outputs = [p.communicate(timeout=600) for p in procs]
+    return [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(procs, outputs)]
+
+
+@pytest.mark.slow
+def test_distill_on_two_nodes_splits_the_teacher_pass_and_learns(tmp_path, teacher_dir, monkeypatch):
+    """One process fills node 0's cache; then a 2-node torchrun job whose node 1 has an empty cache:
+    every rank computes its share (one missing node makes all compute), node 1 writes its own copy,
+    and that copy holds what the single process computed (to fp16 rounding). The 2-process
+    student then learns from the cached logits (KD under DDP; the loss is checked in this file)."""
+    job = [*FAST, "model=from_teacher:2", f"kd.teacher={teacher_dir}"]
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    monkeypatch.setenv("PIPELINE_CACHE", str(node0))
+    one_db = tracking_db(tmp_path, "1.db")
+    run(load_config(None, [*job, "train.max_steps=2", f"output_dir={tmp_path / 'one'}",
+                           f"tracking.uri=sqlite:///{one_db}"]), kind="distill")  # the pass covers every row
+    (single,) = (cache_root() / "teacher_logits").glob("*/logits.safetensors")
+
+    db = tracking_db(tmp_path, "2.db")
+    nodes = two_node_job(tmp_path, ["distill", *job, "train.epochs=2", f"output_dir={tmp_path / 'two'}",
+                                    f"tracking.uri=sqlite:///{db}", "tracking.experiment=split"], [node0, node1])
+    assert [n.returncode for n in nodes] == [0, 0], nodes[0].stderr[-3000:] + nodes[1].stderr[-3000:]
+    assert "split across 2 ranks" in nodes[0].stderr
+    final = json.loads((tmp_path / "two" / "metrics.json").read_text())
+    assert final[names.TEST_MAIN] > 0.5  # chance is ~0.33 macro-F1 (one epoch gave 0.51-0.7 across fresh caches)
+    (mlrun,) = mlflow_runs(db, "split")
+    assert mlrun.data.tags[names.TAG_KD_CACHE] == "miss"  # node 0 alone would have hit
+    assert mlrun.data.tags["stage"] == "distill" and mlrun.data.tags["world_size"] == "2"
+    assert mlrun.data.params["kd.alpha"] == "0.5"
+    split = node1 / single.relative_to(node0)  # the same key: the same features and teacher
+    from safetensors.torch import load_file
+
+    a, b = load_file(single), load_file(split)
+    assert a.keys() == b.keys() and all(a[k].shape == b[k].shape for k in a)
+    for k in a:
+        torch.testing.assert_close(b[k].float(), a[k].float(), rtol=2**-10, atol=2**-14)
+
+
+@pytest.mark.slow  # its teacher_dir trains a teacher
+def test_tokenizer_mismatch_is_refused_at_start(tmp_path, teacher_dir):
+    cfg = load_config(None, [*FAST, "model=sentence-transformers/all-MiniLM-L6-v2", f"kd.teacher={teacher_dir}",
+                             f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{tmp_path}/m.db"])
+    with pytest.raises(UserError, match="its tokenizer differs from the student's"):
+        run(cfg, kind="distill")
+    assert not (tmp_path / "m.db").exists() and not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_distill_needs_a_teacher(tmp_path):
+    result = run_cli("distill", *FAST, f"output_dir={tmp_path / 'out'}")  # the CLI path: exit 2, one line
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+        "error: config: kd.teacher: required by distill (a train stage's output_dir, hub id or local model)"]
+
+
+@pytest.mark.slow
+def test_distill_with_the_hidden_term_saves_a_plain_student(tmp_path, teacher_dir):
+    figures = run(load_config(None, [*FAST, "model=preset:bangla-tiny", f"kd.teacher={teacher_dir}",
+                                     "kd.hidden_weight=1.0", "train.max_steps=6", f"output_dir={tmp_path / 'out'}",
+                                     f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]), kind="distill")
+    assert np.isfinite(figures[names.TRAIN_LOSS])
+    from safetensors.torch import load_file
+
+    saved = load_file(tmp_path / "out" / "best" / "model.safetensors")
+    assert not any(k.startswith("kd_projection") for k in saved) and "classifier.weight" in saved

@@ -1,0 +1,150 @@
+"""The sentiment job end to end in one process: it learns, writes its outputs, lands in MLflow."""
+import json
+import math
+
+import pytest
+from safetensors import safe_open
+
+from helpers import FAST, mlflow_runs, run_cli, tracking_db
+from pipeline import names
+from pipeline.config import load_config
+from pipeline.jobs.run import run
+from pipeline.runtime import precision
+from pipeline.runtime import torch_backend as backend_mod
+
+EXPECTED_METRICS = {names.TRAIN_LOSS, names.TRAIN_LR, names.TRAIN_GRAD_NORM, names.EVAL_MAIN,
+                    names.eval_metric("macro_f1"), names.eval_metric("accuracy"), names.eval_metric("micro_f1"),
+                    names.EPOCH_TIME, names.SAMPLES_PER_S, names.TOKENS_PER_S, names.PADDED_TOKENS_PER_S,
+                    names.PEAK_RSS, names.SKIPPED_STEPS, names.NONFINITE_LOSSES, names.TEST_MAIN}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prec", ["fp32", "bf16", "bf16-pure"])
+def test_sentiment_learns_and_lands_in_mlflow(tmp_path, prec):
+    if prec.startswith("bf16") and not precision.cpu_supports_bf16():
+        pytest.skip("this CPU has no bf16")
+    out, db = tmp_path / "out", tracking_db(tmp_path, "mlflow.db")
+    cfg = load_config(None, [*FAST, "train.epochs=3", f"precision={prec}", f"output_dir={out}",
+                             f"tracking.uri=sqlite:///{db}", "tracking.experiment=t", "infer.bench=true",
+                             "infer.budget_s=0.2"])
+    figures = run(cfg)
+
+    assert figures[names.EVAL_MAIN] > 0.6  # chance is ~0.33 macro-F1 on three balanced classes
+    assert figures[names.TEST_MAIN] > 0.6
+    assert json.loads((out / "metrics.json").read_text()) == pytest.approx(figures)
+    assert {"config.yaml", "metrics.json", "journal.jsonl", "report.txt", "best"} <= {p.name for p in out.iterdir()}
+    assert (out / "best" / "model.safetensors").is_file() and (out / "best" / "tokenizer.json").is_file()
+    with safe_open(out / "best" / "model.safetensors", "pt") as f:  # master weights saved in fp32
+        assert all(f.get_tensor(k).dtype.is_floating_point and f.get_tensor(k).dtype.itemsize == 4
+                   for k in f.keys() if f.get_tensor(k).dtype.is_floating_point)
+
+    (mlrun,) = mlflow_runs(db, "t")
+    assert mlrun.info.status == "FINISHED"
+    assert EXPECTED_METRICS <= set(mlrun.data.metrics)
+    assert mlrun.data.tags["precision"] == prec and mlrun.data.tags["world_size"] == "1"
+    assert mlrun.data.tags["energy_available"] == "false"
+    assert mlrun.data.tags[names.TAG_DATA_CACHE] in ("hit", "miss", "partial")  # the prepared-data cache
+    assert mlrun.data.params["train.lr"] == "0.001"
+    assert mlrun.data.metrics[names.TEST_MAIN] == pytest.approx(figures[names.TEST_MAIN])
+    # the best model's inference figures, at the test split's median and longest lengths
+    served = {names.INFER_PARAMS, names.INFER_PARAMS_NO_EMBED, names.INFER_SIZE_MB,
+              *(names.infer_metric(q, prec, length) for length in names.INFER_LENGTHS
+                for q in (names.INFER_LATENCY_P50, names.INFER_LATENCY_P95, names.INFER_SAMPLES_PER_S,
+                          names.INFER_PEAK_RSS))}
+    assert served <= set(figures) and served <= set(mlrun.data.metrics)
+    assert 0 < figures[names.INFER_PARAMS_NO_EMBED] < figures[names.INFER_PARAMS]
+    assert figures[names.INFER_SIZE_MB] * 2**20 == (out / "best" / "model.safetensors").stat().st_size
+    assert figures[names.infer_length("median")] <= figures[names.infer_length("longest")] <= 48
+
+
+@pytest.mark.slow
+def test_fp16_overflow_in_the_loop_skips_one_step_and_keeps_the_schedule(tmp_path, monkeypatch):
+    """Force an inf loss at optimizer step 3: the step is skipped, the scale halves, the LR holds."""
+    monkeypatch.setattr(precision, "cpu_supports_fp16", lambda: True)  # CPU autocast fp16 runs, if slowly
+    calls = {"n": 0}
+    original = backend_mod.TorchBackend.backward
+
+    def backward_with_overflow(self, loss):
+        calls["n"] += 1
+        original(self, loss * math.inf if calls["n"] == 3 else loss)
+
+    monkeypatch.setattr(backend_mod.TorchBackend, "backward", backward_with_overflow)
+    out = tmp_path / "out"
+    cfg = load_config(None, [*FAST, "precision=fp16", "train.max_steps=6", "train.log_every=1",
+                             "train.warmup_ratio=0", f"output_dir={out}", f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"])
+    figures = run(cfg)
+
+    assert figures[names.SKIPPED_STEPS] == 1 and figures[names.TRAIN_STEPS] == 6
+    records = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
+
+    def series(key):
+        return {r["step"]: r["value"] for r in records if r.get("key") == key}
+
+    scale, lr = series(names.LOSS_SCALE), series(names.TRAIN_LR)
+    assert scale[3] == scale[2] / 2 and scale[4] == scale[3]
+    assert lr[3] == lr[2]  # the skipped step did not advance the schedule
+    assert lr[2] > lr[4] > lr[5]  # every real step did (linear decay)
+    assert figures[names.LOSS_SCALE] == scale[6]
+
+
+@pytest.mark.slow
+def test_bad_data_fails_before_any_run(tmp_path):
+    bad = tmp_path / "train.tsv"
+    bad.write_text("id\ttext\tlabel\n1\tভালো\tPositive\n2\tখারাপ\tVeryBad\n", encoding="utf-8")
+    db = tmp_path / "m.db"
+    result = run_cli("train", f"data.train={bad}", f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{db}")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"error: {bad}: line 3: unknown label 'VeryBad' "
+                                                  "(expected Positive, Negative, Neutral)"]
+    assert not (tmp_path / "out").exists() and not db.exists()
+
+
+@pytest.mark.slow
+def test_uncached_hub_model_offline_is_one_line(tmp_path):
+    # a fresh process: huggingface_hub reads HF_HUB_OFFLINE when it is imported
+    result = run_cli("train", "model=csebuetnlp/banglabert", f"output_dir={tmp_path / 'out'}",
+                     env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    assert result.returncode == 2
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: config: model=csebuetnlp/banglabert: cannot load (offline and not in the")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_step_losses_are_read_and_reduced_only_at_log_boundaries(tmp_path, monkeypatch):
+    """The loop reduces over ranks once per train.log_every steps, not once per step (each reduction
+    is a device sync on a GPU), and the logged train/loss is still the mean of the steps' losses."""
+    from pipeline import train
+    from pipeline.runtime import dist
+
+    losses, in_epoch, reductions = [], [False], []
+    real = {"reduce": dist.reduce_together, "forward_backward": train.forward_backward, "epoch": train.train_epoch}
+
+    def counted_reduce(parts):
+        if in_epoch[0]:
+            reductions.append(len(parts))
+        return real["reduce"](parts)
+
+    def recorded_forward_backward(*args):
+        loss = real["forward_backward"](*args)
+        losses.append(float(loss))
+        return loss
+
+    def epoch(*args):
+        in_epoch[0] = True
+        try:
+            return real["epoch"](*args)
+        finally:
+            in_epoch[0] = False
+
+    monkeypatch.setattr(dist, "reduce_together", counted_reduce)
+    monkeypatch.setattr(train, "forward_backward", recorded_forward_backward)
+    monkeypatch.setattr(train, "train_epoch", epoch)
+    out = tmp_path / "out"
+    run(load_config(None, [*FAST, "train.max_steps=20", "train.log_every=5", f"output_dir={out}",
+                           f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))
+
+    assert len(losses) == 20 and len(reductions) == 20 // 5  # one reduction per log boundary, none per step
+    records = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
+    logged = {r["step"]: r["value"] for r in records if r.get("key") == names.TRAIN_LOSS and r["step"] % 5 == 0}
+    assert logged == pytest.approx({step: sum(losses[step - 5:step]) / 5 for step in (5, 10, 15, 20)}, rel=1e-6)

@@ -1,0 +1,77 @@
+"""Config: YAML + dotted overrides, typed; every mistake is one line naming the key (exit 2)."""
+import pytest
+
+from pipeline.config import flatten, load_config
+from pipeline.errors import UserError
+from pipeline.plan.settle import settle_config
+from pipeline.tasks import get_task
+
+
+def test_defaults_and_overrides_are_typed(tmp_path):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text("task: sentiment\ntrain:\n  lr: 1e-4\n  epochs: 2\n")  # YAML reads 1e-4 as text
+    cfg = load_config(str(cfg_file), ["train.batch_size=8", "precision=bf16", "kd.cache=false",
+                                      "data.dev=null", "model_config.hidden_dropout_prob=0.0"])
+    assert cfg.train.lr == pytest.approx(1e-4) and isinstance(cfg.train.lr, float)
+    assert cfg.train.epochs == 2 and cfg.train.batch_size == 8
+    assert cfg.precision == "bf16" and cfg.kd.cache is False and cfg.data.dev is None
+    assert cfg.model_config == {"hidden_dropout_prob": 0.0}
+    assert cfg.output_dir is None  # as the user left it; the job settles it
+    assert settle_config(cfg, "preset:bangla-tiny", get_task("sentiment"), "cpu").output_dir == "outputs/sentiment-bf16"
+    assert flatten(cfg.to_dict())["train.lr"] == pytest.approx(1e-4)
+
+
+@pytest.mark.parametrize("task, override, grouped", [
+    ("sentiment", [], True), ("error_cls", [], True),  # kept the dev score within the seed spread
+    ("ner", [], False), ("wikiqa", [], False), ("qa", [], False),  # lowered it, or not measured
+    ("sentiment", ["train.group_by_length=false"], False), ("ner", ["train.group_by_length=true"], True),
+])
+def test_length_grouping_defaults_to_the_tasks_choice_and_an_explicit_value_wins(task, override, grouped):
+    cfg = load_config(None, [f"task={task}", *override])
+    assert settle_config(cfg, "preset:bangla-tiny", get_task(task), "cpu").train.group_by_length is grouped
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["train.foo=1"], "unknown key 'train.foo'"),
+    (["nosuch=1"], "unknown key 'nosuch'"),
+    (["train.lr=0"], "train.lr=0.0: must be > 0"),
+    (["train.lr=-1e-3"], "train.lr=-0.001: must be > 0"),
+    (["train.batch_size=0"], "train.batch_size=0: must be >= 1"),
+    (["train.batch_size=abc"], "train.batch_size='abc': expected int"),
+    (["train.epochs=1.5"], "train.epochs='1.5': expected int"),
+    (["precision=fp8"], "precision=fp8: must be one of"),
+    (["backend=horovod"], "backend=horovod: must be one of"),
+    (["task=pos"], "task=pos: must be one of"),
+    (["kd.alpha=2"], "kd.alpha=2.0: must be in [0, 1]"),
+    (["kd.hidden_weight=-1"], "kd.hidden_weight=-1.0: must be >= 0 (0 = off)"),
+    (["train.warmup_ratio=1"], "train.warmup_ratio=1.0: must be in [0, 1)"),
+    (["kd.cache=maybe"], "kd.cache='maybe': expected bool"),
+    (["train=3"], "train: is a section"),
+    (["lr"], "expected key=value"),
+    (["deepspeed=/nonexistent/ds.json"], "deepspeed=/nonexistent/ds.json: no such file"),
+])
+def test_bad_overrides_name_the_key(overrides, fragment):
+    with pytest.raises(UserError, match=None) as e:
+        load_config(None, overrides)
+    assert fragment in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_bad_yaml_files(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1, 2\n")
+    with pytest.raises(UserError, match="not valid YAML"):
+        load_config(str(bad))
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("train:\n  learning_rate: 0.1\n")
+    with pytest.raises(UserError, match="unknown key 'train.learning_rate'"):
+        load_config(str(typo))
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("train:\n  epochs: true\n")
+    with pytest.raises(UserError, match="train.epochs=True: expected int"):
+        load_config(str(wrong))
+    wrong.write_text("train:\n  batch_size: '16'\n")
+    with pytest.raises(UserError, match="train.batch_size='16': expected int"):
+        load_config(str(wrong))
+    with pytest.raises(UserError, match="no such file"):
+        load_config(str(tmp_path / "missing.yaml"))

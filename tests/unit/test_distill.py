@@ -1,0 +1,171 @@
+"""Knowledge distillation: loss properties, the DistilBERT-style student, the teacher-logit
+cache, and a distill stage on two torchrun nodes (ZeRO-2 distillation: test_model_families)."""
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+
+from pipeline.config import load_config
+from pipeline.kd import distill, teacher_cache
+from pipeline.runtime.dist import Runtime
+from pipeline.runtime.precision import PrecisionPolicy
+from pipeline.tasks import get_task
+
+CPU = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
+
+
+def test_kd_loss_is_zero_for_identical_logits_and_scales_with_t_squared():
+    torch.manual_seed(0)
+    s, t = torch.randn(5, 4), torch.randn(5, 4)
+    assert distill.kd_loss(t.clone(), t, 2.0).item() == pytest.approx(0.0, abs=1e-7)
+    for temperature in (1.0, 2.0, 4.0):
+        p = torch.softmax(t / temperature, -1).numpy()
+        q = torch.softmax(s / temperature, -1).numpy()
+        kl = float(np.mean(np.sum(p * (np.log(p) - np.log(q)), -1)))  # KL(teacher || student) per row
+        assert distill.kd_loss(s, t, temperature).item() == pytest.approx(temperature**2 * kl, rel=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_kd_loss_gradients_stay_finite_with_extreme_16bit_logits(dtype):
+    s = torch.tensor([[6e4, -6e4, 0.0], [-6e4, 6e4, 1.0]]).to(dtype).requires_grad_()
+    t = torch.tensor([[-6e4, 6e4, 0.0], [6e4, -6e4, 1.0]]).to(dtype)
+    loss = distill.kd_loss(s, t, 2.0)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(s.grad).all()
+
+
+def test_from_teacher_copies_embeddings_head_and_evenly_spaced_layers():
+    torch.manual_seed(0)
+    teacher = BertForSequenceClassification(BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=6,
+                                                       num_attention_heads=2, intermediate_size=32, num_labels=3))
+    student, chosen = distill.student_from_teacher(3, teacher, get_task("sentiment"))
+    assert chosen == [0, 2, 4] and student.config.num_hidden_layers == 3
+    t, s = teacher.state_dict(), student.state_dict()
+    for j, i in enumerate(chosen):
+        key = "bert.encoder.layer.{}.attention.self.query.weight"
+        assert torch.equal(s[key.format(j)], t[key.format(i)])
+    for key in ("bert.embeddings.word_embeddings.weight", "classifier.weight", "bert.pooler.dense.weight"):
+        assert torch.equal(s[key], t[key])
+    assert distill.student_from_teacher(2, teacher, get_task("sentiment"))[1] == [0, 3]
+
+
+def make_distiller(teacher, cfg_overrides=()):
+    cfg = load_config(None, list(cfg_overrides))
+    return distill.Distiller(cfg.kd, cfg.train.eval_batch_size, get_task("sentiment"), PrecisionPolicy("fp32", "cpu"),
+                             CPU, teacher)
+
+
+def tiny_setup(rows=64):
+    from pipeline import models
+
+    task = get_task("sentiment")
+    tokenizer, teacher = models.build("preset:bangla-tiny", task, task.texts(task.load(None, "train")), {}, 48)
+    return task, task.load(None, "train")[:rows], tokenizer, teacher
+
+
+def test_a_tokenizer_loaded_from_another_path_hits_the_cache(tmp_path):
+    """The same vocabulary saved to two folders gives the same token ids, so the same teacher
+    outputs: the second job hits. Features in another row order miss (row i must stay row i)."""
+    from transformers import AutoTokenizer
+
+    task, examples, tokenizer, teacher = tiny_setup()
+    for folder in ("a", "b"):
+        tokenizer.save_pretrained(tmp_path / folder)
+    first, second = (AutoTokenizer.from_pretrained(tmp_path / folder) for folder in ("a", "b"))
+    d = make_distiller(teacher)
+    d.prepare(task.featurize(examples, first, 48, "train"), task.collator(first), 48, first)
+    again = make_distiller(teacher)
+    again.prepare(task.featurize(examples, second, 48, "train"), task.collator(second), 48, second)
+    assert (d.cache_hit, again.cache_hit) == (False, True)
+    assert torch.equal(again.cached["logits"], d.cached["logits"])
+    shuffled = make_distiller(teacher)
+    shuffled.prepare(task.featurize(examples[::-1], second, 48, "train"), task.collator(second), 48, second)
+    assert shuffled.cache_hit is False
+    assert torch.equal(shuffled.cached["logits"], d.cached["logits"].flip(0))
+
+
+def test_a_teacher_with_the_same_weights_but_another_architecture_misses():
+    """model_config overrides reach the teacher too: 4 attention heads instead of 2 over the same
+    weights is another function, so its logits must not come from the 2-head teacher's cache."""
+    task, examples, tokenizer, teacher = tiny_setup()
+    features, collate = task.featurize(examples, tokenizer, 48, "train"), task.collator(tokenizer)
+    config = teacher.config.__class__.from_dict({**teacher.config.to_dict(), "num_attention_heads": 4})
+    four_heads = task.model_class.from_config(config)
+    four_heads.load_state_dict(teacher.state_dict())
+    two, four = make_distiller(teacher), make_distiller(four_heads)
+    two.prepare(features, collate, 48, tokenizer)
+    four.prepare(features, collate, 48, tokenizer)
+    assert four.cache_hit is False
+    assert not torch.allclose(two.cached["logits"], four.cached["logits"])
+
+
+def test_the_teacher_pass_is_dealt_out_evenly_and_covers_every_row_once():
+    lengths = np.random.default_rng(0).lognormal(3.5, 0.7, size=1001).clip(3, 256).astype(np.int64)  # long-tailed
+    (single,) = teacher_cache.deal_batches(lengths, 16, 1)
+    assert sorted(np.concatenate(single).tolist()) == list(range(1001))
+    for world in (2, 3, 8):
+        shares = teacher_cache.deal_batches(lengths, 16, world)
+        # the batches one process forms (identical padding, identical results), each on one rank
+        assert sorted(b.tolist() for share in shares for b in share) == sorted(b.tolist() for b in single)
+        tokens = [sum(len(b) * int(lengths[b].max()) for b in share) for share in shares]  # padded cost
+        assert max(tokens) - min(tokens) <= max(len(b) * int(lengths[b].max()) for b in single)  # < one batch
+
+
+def test_hidden_mse_counts_real_tokens_only():
+    student = torch.tensor([[[1.0, 2.0], [3.0, 4.0], [100.0, 100.0]]])
+    teacher = torch.tensor([[[1.0, 0.0], [3.0, 1.0], [0.0, 0.0]]])
+    mask = torch.tensor([[1, 1, 0]])  # the third position is padding
+    # squared errors of the real tokens: (0 + 4) + (0 + 9) over 2 tokens x 2 dims
+    assert distill.hidden_mse(student, teacher, mask).item() == pytest.approx(13 / 4)
+    assert distill.hidden_mse(teacher, teacher, mask).item() == 0.0
+
+
+def test_hidden_term_adds_to_the_loss_and_trains_the_projection():
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=50, num_attention_heads=2, num_labels=3)
+    teacher = BertForSequenceClassification(BertConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                                       **sizes))
+    student = BertForSequenceClassification(BertConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                                       **sizes))
+    assert distill.attach_projection(student, teacher)
+    student.eval()  # no dropout: both forward passes see the same student
+    batch = {"input_ids": torch.randint(5, 50, (4, 7)), "attention_mask": torch.ones(4, 7, dtype=torch.long),
+             "labels": torch.tensor([0, 1, 2, 0])}
+    batch["attention_mask"][0, 5:] = 0
+    losses = {}
+    for weight in (0.0, 1.5):
+        d = make_distiller(teacher, ["kd.cache=false", f"kd.hidden_weight={weight}"])
+        outputs = student(**batch, **d.forward_kwargs)
+        losses[weight] = d.loss(outputs, batch, torch.arange(4), student)
+    with torch.no_grad():
+        hidden_t = teacher(**batch, output_hidden_states=True).hidden_states[-1]
+        hidden_s = student.kd_projection(outputs.hidden_states[-1])
+    expected = losses[0.0] + 1.5 * distill.hidden_mse(hidden_s, hidden_t, batch["attention_mask"])
+    assert losses[1.5].item() == pytest.approx(expected.item(), rel=1e-5)
+    losses[1.5].backward()
+    assert student.kd_projection.weight.grad.abs().sum() > 0
+    assert all(p.grad is None for p in teacher.parameters())  # the teacher stays frozen
+
+
+def test_the_teacher_is_dropped_once_its_logits_are_cached():
+    """With the cache, no teacher stays in the Distiller (on a GPU: its memory would be charged to
+    the student's peak); the loss then comes from the cache alone. A live teacher stays."""
+    from pipeline import models
+
+    task = get_task("sentiment")
+    examples = task.load(None, "train")[:32]
+    tokenizer, teacher = models.build("preset:bangla-tiny", task, task.texts(task.load(None, "train")), {}, 48)
+    features = task.featurize(examples, tokenizer, 48, "train")
+    collate = task.collator(tokenizer)
+    for attempt in ("miss", "hit"):
+        d = make_distiller(teacher)
+        d.prepare(features, collate, 48, tokenizer)
+        assert d.cache_hit is (attempt == "hit") and d.teacher is None
+    batch = collate([features[i] for i in range(4)])
+    idx = batch.pop("idx")
+    outputs = teacher(**batch)  # any student of the right shape
+    assert torch.isfinite(d.loss(outputs, batch, idx))
+    live = make_distiller(teacher, ["kd.cache=false"])
+    live.prepare(features, collate, 48, tokenizer)
+    assert live.teacher is teacher and live.cached is None

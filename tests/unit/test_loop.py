@@ -1,0 +1,323 @@
+"""The loop's phases in one process, in milliseconds: a tiny torch model, batches in a list and an
+in-process backend stand in for the data pipeline, the transformer and DDP/DeepSpeed (whose own
+behaviour tests/integration/test_train.py, test_ddp.py and test_deepspeed.py check through the real launchers).
+What these tests pin down is the loop's own bookkeeping: accumulation groups, the LR schedule
+around skipped updates, the non-finite streak, checkpoint cadence, preemption, and that a job
+killed and resumed from its checkpoint ends exactly where the uninterrupted one does."""
+import contextlib
+import math
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+
+from pipeline import names, train
+from pipeline.config import load_config
+from pipeline.errors import MachineError, UserError
+from pipeline.layout import OutputDir
+from pipeline.measure.telemetry import StageMeters
+from pipeline.parts import checkpoint
+from pipeline.parts.best_model import BestModel
+from pipeline.parts.checkpoint import LoadedCheckpoint
+from pipeline.parts.optim import build_optimizer
+from pipeline.plan.job_record import JobRecord
+from pipeline.plan.settle import Plan, settle_config
+from pipeline.runtime import compiler, precision
+from pipeline.runtime.backend import StepResult
+from pipeline.runtime.dist import AgreedFlag, Runtime
+from pipeline.stage import Stage
+
+CPU = torch.device("cpu")
+
+
+class TinyClassifier(torch.nn.Module):
+    """Mean of token embeddings -> 3 classes: no dropout, so every step is deterministic."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = torch.nn.Embedding(16, 8)
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, input_ids, attention_mask=None, labels=None):
+        return SimpleNamespace(logits=self.head(self.embed(input_ids).mean(dim=1)))
+
+
+class ClassifyTask:
+    main_metric = "accuracy"
+
+    def loss(self, outputs, inputs):
+        return F.cross_entropy(outputs.logits.float(), inputs["labels"])
+
+
+class InProcessBackend:
+    """The Backend protocol in one process with a plain AdamW; `applied` scripts which updates are
+    skipped (as fp16's scaler or a non-finite gradient would), True for every step when empty."""
+
+    fused_optimizer = False
+    loss_scale = None
+    extra_artifacts: dict = {}
+    extra_tags: dict = {}
+
+    def __init__(self, applied: list[bool] = ()):
+        self.applied = list(applied)
+        self.steps = 0
+
+    def describe(self):
+        return {}
+
+    def prepare(self, model, optimizer):
+        self.module, self.optimizer = model, optimizer
+        return model
+
+    def no_sync(self):
+        return contextlib.nullcontext()
+
+    def backward(self, loss):
+        loss.backward()
+
+    def step(self):
+        norm = torch.nn.utils.clip_grad_norm_(self.module.parameters(), 1.0)
+        stepped = self.applied[self.steps] if self.steps < len(self.applied) else True
+        if stepped:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.steps += 1
+        return StepResult(torch.tensor(stepped), norm)
+
+    def save(self, directory: Path, rank: int):
+        torch.save({"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict()},
+                   directory / "backend.pt")
+
+    def load(self, directory: Path):
+        state = torch.load(directory / "backend.pt", weights_only=True)
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    def full_state_dict(self):
+        return {k: v.detach().clone().float() for k, v in self.module.state_dict().items()}
+
+    def load_full_state_dict(self, state):
+        self.module.load_state_dict(state)
+
+
+class Batches:
+    """A training loader: fixed batches, resumable at a micro-batch (as ResumableSampler is)."""
+
+    def __init__(self, n: int, rows: int = 4, length: int = 6):
+        g = torch.Generator().manual_seed(1)
+        self.batches = [{"input_ids": torch.randint(0, 16, (rows, length), generator=g),
+                         "attention_mask": torch.ones(rows, length, dtype=torch.long),
+                         "labels": torch.randint(0, 3, (rows,), generator=g), "idx": torch.arange(rows)}
+                        for _ in range(n)]
+        self.skip = 0
+
+    def start_epoch(self, epoch: int, epoch_steps: int):
+        self.skip = epoch_steps
+
+    @property
+    def train(self):
+        return self
+
+    def __len__(self):
+        return len(self.batches)
+
+    def __iter__(self):
+        return iter([dict(b) for b in self.batches[self.skip:]])
+
+
+class RecordingTracker:
+    def __init__(self):
+        self.logged: list[tuple[int, dict]] = []
+
+    def log_metrics(self, metrics, step):
+        self.logged.append((step, metrics))
+
+
+def make_loop(tmp_path, overrides=(), applied=(), micro_batches=6, epochs=1, total_steps=None):
+    cfg = load_config(None, [f"output_dir={tmp_path}", "train.lr=1e-2", "train.warmup_ratio=0", "train.epochs=1",
+                             "train.group_by_length=false", *overrides])
+    rt, task, policy = Runtime("none", "single", 0, 0, 1, 1, CPU), ClassifyTask(), precision.resolve("fp32", CPU)
+    settled = settle_config(cfg, "tiny", task, "cpu")
+    record = JobRecord(config={}, global_batch=f"{4 * cfg.train.grad_accum} rows", world_size=1, backend="torch",
+                       precision="fp32", data={})
+    model = TinyClassifier()
+    backend = InProcessBackend(applied)
+    plan = Plan(settled, rt, "train", task, policy, record, compiler.resolve(settled.train.compile, "cpu", "single"))
+    s = Stage(plan, {}, {}, None, model, "tiny", backend, None)
+    loaders = Batches(micro_batches)
+    steps = total_steps or math.ceil(micro_batches / cfg.train.grad_accum) * epochs
+    optimizer, scheduler = build_optimizer(model, settled.train, steps, fused=False)
+    wrapped = backend.prepare(model, optimizer)
+    return train.Loop(s, loaders, scheduler, wrapped, epochs, steps, AgreedFlag(CPU), StageMeters(CPU, "fp32", 1),
+                      RecordingTracker(), None, record)
+
+
+def logged(lp, name):
+    return {step: m[name] for step, m in lp.records.tracker.logged if name in m}
+
+
+def test_an_optimizer_step_every_grad_accum_micro_batches_the_last_group_short(tmp_path):
+    lp = make_loop(tmp_path, ["train.grad_accum=2", "train.log_every=1"], micro_batches=5)
+    train.train_epoch(lp, 0)
+    assert (lp.progress.step, lp.progress.epoch_steps, lp.stage.backend.steps) == (3, 3, 3)
+    assert sorted(logged(lp, names.TRAIN_LOSS)) == [1, 2, 3]
+    assert lp.meters.throughput.samples == 5 * 4
+
+
+def test_under_cuda_graphs_a_step_is_marked_once_per_optimizer_step_before_its_first_micro_batch(
+        tmp_path, monkeypatch):
+    """A CUDA-graph step mark inside an accumulation group would free the first micro-batch's
+    `.grad` (an output of the captured backward) before the next backward adds to it
+    (CompilePolicy.begin_optimizer_step). No GPU here: torch's mark is replaced by a recorder, and
+    the tiny model is not compiled; what is checked is where the loop marks."""
+    lp = make_loop(tmp_path, ["train.grad_accum=2", "train.compile=reduce-overhead"], micro_batches=5)
+    events = []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: events.append("mark"))
+    backend = lp.stage.backend
+    backward, step = backend.backward, backend.step
+    monkeypatch.setattr(backend, "backward", lambda loss: (events.append("backward"), backward(loss))[1])
+    monkeypatch.setattr(backend, "step", lambda: (events.append("step"), step())[1])
+    train.train_epoch(lp, 0)
+    group = ["mark", "backward", "backward", "step"]
+    assert events == group + group + ["mark", "backward", "step"]  # the last group is short
+
+
+def test_an_unpadded_batch_reaches_the_model_without_its_mask_compiled_or_not(tmp_path):
+    """Transformers never drops a mask while tracing (masking_utils), so under compile too the loop
+    leaves out the mask of a batch without padding, and passes a padded batch's; the losses read it."""
+    for mode in ("off", "default"):
+        lp = make_loop(tmp_path / mode, [f"train.compile={mode}"], micro_batches=2)
+        seen = []
+        lp.wrapped.register_forward_pre_hook(lambda _, args, kwargs, seen=seen: seen.append("attention_mask" in kwargs),
+                                             with_kwargs=True)
+        lp.loaders.batches[1]["attention_mask"][0, -2:] = 0
+        train.train_epoch(lp, 0)
+        assert seen == [False, True], mode
+
+
+def test_a_skipped_update_is_given_back_to_the_schedule_when_its_flag_is_read(tmp_path):
+    lp = make_loop(tmp_path, ["train.log_every=4"], applied=[True, False, True, True], micro_batches=8)
+    train.train_epoch(lp, 0)
+    reference = torch.optim.SGD([torch.zeros(1)], lr=1e-2)
+    schedule = transformers.get_linear_schedule_with_warmup(reference, 0, 8)
+    for _ in range(3):  # the three updates applied by step 4
+        reference.step()
+        schedule.step()
+    assert lp.losses.skipped == 1
+    assert logged(lp, names.TRAIN_LR)[4] == pytest.approx(schedule.get_last_lr()[0])
+    assert logged(lp, names.SKIPPED_STEPS)[4] == 1
+
+
+def test_a_streak_of_non_finite_losses_stops_the_job_at_the_step_that_completed_it(tmp_path):
+    lp = make_loop(tmp_path, ["train.log_every=10", "train.max_nonfinite=3"], total_steps=6)
+    bar = SimpleNamespace(set_postfix=lambda **_: None)
+    for loss in (1.0, math.nan, 2.0, math.nan, math.nan):  # a finite loss breaks the first streak
+        train.optimizer_step(lp, torch.tensor(loss), 0.5, bar)
+    with pytest.raises(train.Diverged, match="3 consecutive non-finite losses at step 6; last good checkpoint: none"):
+        train.optimizer_step(lp, torch.tensor(math.inf), 0.5, bar)  # step 6: the last, so read now
+    assert (lp.losses.nonfinite, lp.losses.nonfinite_streak) == (4, 3)
+
+
+def test_checkpoints_every_save_every_steps_inside_the_epoch_and_one_on_sigterm(tmp_path):
+    lp = make_loop(tmp_path, ["train.save_every=2", "train.keep_checkpoints=5"], micro_batches=6)
+    train.train_epoch(lp, 0)
+    # not 6: the epoch's end saves or finishes
+    assert [c.step for c in checkpoint.complete(OutputDir(tmp_path))] == [2, 4]
+
+    lp = make_loop(tmp_path / "preempted", micro_batches=6)
+    preempt = lp.preemption.raised
+    real_step = lp.stage.backend.step
+
+    def step_then_signal():
+        if lp.stage.backend.steps == 2:
+            preempt.set()  # SIGTERM during the third step
+        return real_step()
+
+    lp.stage.backend.step = step_then_signal
+    with pytest.raises(train.Preempted, match="written at step 3"):
+        train.train_epoch(lp, 0)
+    assert checkpoint.latest(OutputDir(tmp_path / "preempted")).step == 3
+
+
+def test_a_job_preempted_and_resumed_ends_exactly_where_the_uninterrupted_one_does(tmp_path):
+    overrides = ["train.log_every=2", "train.grad_accum=2"]
+    whole = make_loop(tmp_path / "whole", overrides, micro_batches=8, epochs=2)
+    for epoch in range(2):
+        train.train_epoch(whole, epoch)
+        whole.progress.epoch, whole.progress.epoch_steps = epoch + 1, 0
+
+    first = make_loop(tmp_path / "cut", overrides, micro_batches=8, epochs=2)
+    train.train_epoch(first, 0)
+    first.progress.epoch, first.progress.epoch_steps = 1, 0
+    preempt = first.preemption.raised
+    real_step = first.stage.backend.step
+    first.stage.backend.step = lambda: (preempt.set(), real_step())[1]
+    with pytest.raises(train.Preempted):
+        train.train_epoch(first, 1)  # stopped after the second epoch's first step
+
+    ckpt = checkpoint.latest(OutputDir(tmp_path / "cut"))
+    second = make_loop(tmp_path / "cut", overrides, micro_batches=8, epochs=2)  # a fresh process's objects
+    bundle = ckpt.load_bundle()
+    second.checkpointer.load(LoadedCheckpoint(ckpt, bundle))
+    assert (second.progress.epoch, second.progress.epoch_steps, second.progress.step) == (1, 1, 5)
+    train.train_epoch(second, 1)
+
+    assert second.progress.step == whole.progress.step == 8
+    assert second.scheduler.state_dict() == whole.scheduler.state_dict()
+    assert second.losses.state_dict() == pytest.approx(whole.losses.state_dict(), nan_ok=True)
+    for (k, a), b in zip(whole.stage.model.state_dict().items(), second.stage.model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
+
+
+def test_a_checkpoint_of_another_format_is_refused_in_one_line(tmp_path):
+    checkpoint.save(OutputDir(tmp_path), 3, {"scheduler": {}, "loop": {"step": 3}}, rank=0, keep=1)
+    ckpt = checkpoint.latest(OutputDir(tmp_path))
+    with pytest.raises(UserError, match=r"^checkpoint .*step-00000003: written in another checkpoint format") as e:
+        ckpt.load_bundle()
+    assert "\n" not in str(e.value)
+
+
+def test_the_best_model_keeps_the_best_weights_on_disk_and_counts_evaluations_since(tmp_path):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+
+    config = transformers.BertConfig(vocab_size=8, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
+                                     intermediate_size=8, num_labels=2)
+    model = transformers.BertForSequenceClassification(config)
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"[UNK]": 0}, "[UNK]")))
+    backend = InProcessBackend()
+    backend.prepare(model, None)
+    best = BestModel()
+
+    assert best.consider({"main": 0.5, "f1": 0.4}, 10.0, backend, tokenizer, OutputDir(tmp_path), is_main=True)
+    kept = {k: v.clone() for k, v in best.weights.items()}
+    with torch.no_grad():
+        model.classifier.weight.add_(1.0)  # training moves on; a worse evaluation keeps nothing
+    assert not best.consider({"main": 0.4, "f1": 0.9}, 20.0, backend, tokenizer, OutputDir(tmp_path), is_main=True)
+    assert (best.score, best.bad_evals, best.time_to_best) == (0.5, 1, 10.0)
+    assert best.metrics == {names.eval_metric("main"): 0.5, names.eval_metric("f1"): 0.4}
+
+    assert OutputDir(tmp_path).trained_model() == tmp_path / "best"
+    restored = BestModel()
+    restored.load_state_dict(best.state_dict())
+    restored.restore_weights(OutputDir(tmp_path), backend)
+    assert restored.state_dict() == best.state_dict()
+    for k, v in kept.items():
+        torch.testing.assert_close(restored.weights[k], v, msg=k)
+
+
+def test_a_checkpoint_that_matches_its_job_but_cannot_be_loaded_is_one_line(tmp_path):
+    lp = make_loop(tmp_path, ["train.save_every=1"], micro_batches=2)
+    train.train_epoch(lp, 0)
+    ckpt = checkpoint.latest(OutputDir(tmp_path))
+    state = torch.load(ckpt.path / "backend.pt", weights_only=True)
+    state["model"]["head.weight"] = torch.zeros(5, 8)  # saved by a model of another shape
+    torch.save(state, ckpt.path / "backend.pt")
+    fresh = make_loop(tmp_path, ["train.save_every=1"], micro_batches=2)
+    with pytest.raises(MachineError, match=r"^resume: checkpoint .*step-00000001: cannot be loaded \(Error") as e:
+        fresh.checkpointer.load(LoadedCheckpoint(ckpt, ckpt.load_bundle()))
+    assert "\n" not in str(e.value)

@@ -1,0 +1,85 @@
+"""Models train in fp32 whatever dtype a saved config names, and best/ is saved in fp32.
+
+A module that trains in 16 bit (DeepSpeed's bf16/fp16 blocks cast the whole module; on this CPU
+its bf16 block does, the fp16 one needs a GPU) writes its own dtype into config.json through a
+plain save_pretrained, and transformers 5 loads in the config's dtype: reusing such a directory as
+model=, kd.teacher= or from_teacher:N would train 16-bit parameters with no fp32 master copy."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import BertConfig
+
+from pipeline import models
+from pipeline.config import load_config
+from pipeline.kd import distill
+from pipeline.parts import best_model
+from pipeline.runtime.dist import Runtime
+from pipeline.runtime.precision import PrecisionPolicy
+from pipeline.tasks import get_task
+
+CPU = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
+TEXTS = ["আমি ভাত খাই", "সে বই পড়ে", "ভালো লাগল না", "খুব সুন্দর হয়েছে"] * 8
+
+
+def sixteen_bit_model_dir(tmp_path, fp32_save: bool):
+    """A tiny sentiment model that trained as a bf16 module, saved as best/ in fp32 or as a plain save_pretrained."""
+    task = get_task("sentiment")
+    tokenizer = models.preset_tokenizer(TEXTS, vocab_size=200)
+    config = BertConfig(vocab_size=len(tokenizer), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, pad_token_id=tokenizer.pad_token_id, **task.model_kwargs())
+    module = task.model_class.from_config(config).to(torch.bfloat16)  # as a 16-bit engine leaves it
+    directory = tmp_path / "best"
+    if fp32_save:
+        best_model.save_pretrained_fp32(module, module.state_dict(), tokenizer, directory)
+    else:  # a plain save_pretrained writes the module's dtype into config.json
+        module.save_pretrained(directory, state_dict=module.state_dict())
+        tokenizer.save_pretrained(directory)
+    return task, directory
+
+
+def test_best_is_saved_in_fp32_with_a_config_that_says_so(tmp_path):
+    _, directory = sixteen_bit_model_dir(tmp_path, fp32_save=True)
+    assert json.loads((directory / "config.json").read_text())["dtype"] == "float32"
+    assert {t.dtype for t in load_file(directory / "model.safetensors").values() if t.is_floating_point()} == {
+        torch.float32}
+
+
+@pytest.mark.parametrize("fp32_save", [True, False])
+def test_a_16bit_trained_model_reloads_as_fp32_everywhere(tmp_path, fp32_save):
+    task, directory = sixteen_bit_model_dir(tmp_path, fp32_save)
+    if not fp32_save:
+        assert json.loads((directory / "config.json").read_text())["dtype"] == "bfloat16"
+
+    _, model = models.build(str(directory), task, [], {}, 48)  # model=best/
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+    _, teacher = distill.load_teacher(str(tmp_path), task, {})  # kd.teacher=OUTPUT_DIR (its best/)
+    assert {p.dtype for p in teacher.parameters()} == {torch.float32}
+
+    student, _ = distill.student_from_teacher(1, teacher, task)  # model=from_teacher:1
+    assert {p.dtype for p in student.parameters()} == {torch.float32}
+
+    cfg = load_config(None, [f"kd.teacher={tmp_path}", "model=from_teacher:1"])
+    _, _, student, _ = distill.build_distillation(cfg, task, PrecisionPolicy("bf16", "cpu"), CPU, [])
+    assert {p.dtype for p in student.parameters()} == {torch.float32}
+
+
+def test_prepared_texts_find_their_preset_tokenizer_without_reading_every_text():
+    """The prepared training texts carry the sha256 the preset tokenizer's cache is keyed by, so a
+    warm start finds the tokenizer without a pass over every text (pages of a memory-mapped split)."""
+    import hashlib
+
+    texts = [f"বাক্য {i} আমার সোনার বাংলা" for i in range(200)]
+    built = models.preset_tokenizer(texts, vocab_size=300)
+    digest = hashlib.sha256(b"".join(t.encode("utf-8") + b"\0" for t in texts)).hexdigest()
+
+    class PreparedTexts:
+        sha256 = digest
+
+        def __iter__(self):
+            raise AssertionError("read every text although the hash was given")
+
+    found = models.preset_tokenizer(PreparedTexts(), vocab_size=300)
+    assert found.get_vocab() == built.get_vocab()

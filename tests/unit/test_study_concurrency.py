@@ -1,0 +1,126 @@
+"""A study's cells side by side and on Slurm.
+
+Which cells may start (their teacher finished, a slot and their GPUs free), the GPUs each gets
+and the one-line refusals are checked on the schedule itself, without processes. Concurrent
+cells on CPU are checked end to end by tests/integration/test_study.py, whose small study runs with
+`--jobs 2`. This machine has no Slurm: a fake `sbatch` and `squeue` stand in for it (the fake
+sbatch records each submission and runs its script at once, in submission order, honouring
+afterok and --kill-on-invalid-dep as Slurm does), so the test checks what is submitted, the
+dependencies, the resume rules and the report job; not a real cluster's scheduling.
+"""
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.errors import UserError
+from pipeline.study.devices import DevicePool, cpu_threads, width
+from pipeline.study.schedule import Schedule
+from pipeline.study.spec import Cell, Launcher
+
+
+def cell(name, launcher=None, needs=()):
+    return Cell(name=name, procedure="train", command="train", launcher=launcher or Launcher(),
+                output_dir=Path("/nowhere") / name, overrides=[], values={}, tables=[], needs=list(needs))
+
+
+def start_all(schedule):
+    return [(c.name, ids) for c, ids in schedule.startable()]
+
+
+def test_a_dependant_starts_only_after_its_teacher_finished():
+    teacher, student, other = cell("teacher"), cell("student", needs=["teacher"]), cell("other")
+    schedule = Schedule([teacher, student, other], {}, jobs=4, pool=DevicePool([]))
+    assert start_all(schedule) == [("teacher", []), ("other", [])]  # the student waits
+    schedule.ended(other, {"status": "finished"})
+    assert start_all(schedule) == []
+    schedule.ended(teacher, {"status": "finished"})
+    assert start_all(schedule) == [("student", [])]
+    assert schedule.count() == "[2/3 done, 1 running]"
+
+
+def test_a_failed_teacher_leaves_its_dependants_unrun_and_the_rest_goes_on():
+    teacher, student, other = cell("teacher"), cell("student", needs=["teacher"]), cell("other")
+    schedule = Schedule([teacher, student, other], {}, jobs=1, pool=DevicePool([]))
+    assert start_all(schedule) == [("teacher", [])]  # --jobs 1: one at a time, in run order
+    schedule.ended(teacher, {"status": "failed"})
+    assert [(c.name, broken) for c, broken in schedule.blocked()] == [("student", ["teacher"])]
+    assert start_all(schedule) == [("other", [])]
+
+
+def test_each_cell_gets_gpus_of_its_own():
+    ddp = Launcher("torchrun", 2)
+    cells = [cell("a", ddp), cell("b"), cell("c", ddp), cell("d")]
+    schedule = Schedule(cells, {}, jobs=8, pool=DevicePool(["0", "1", "2", "3"]))
+    assert start_all(schedule) == [("a", ["0", "1"]), ("b", ["2"]), ("d", ["3"])]  # c waits for two free GPUs
+    schedule.ended(cells[1], {"status": "finished"})
+    assert start_all(schedule) == []  # one free is not enough for c
+    schedule.ended(cells[0], {"status": "finished"})
+    assert start_all(schedule) == [("c", ["0", "1"])]
+
+
+def test_torchrun_auto_takes_the_whole_node_and_the_cpu_has_no_devices():
+    assert width(cell("x", Launcher("torchrun", "gpu")), 8) == 8
+    assert DevicePool([]).take(cell("x", Launcher("torchrun", 4))) == []  # CPU: cells share the cores
+
+
+def test_a_cell_wider_than_the_node_is_refused_up_front():
+    with pytest.raises(UserError, match=r"cell wide needs 4 GPUs \(torchrun:4\) but 2 are visible \(0,1\)"):
+        DevicePool(["0", "1"]).check([cell("wide", Launcher("torchrun", 4))])
+    with pytest.raises(UserError, match="the deepspeed launcher takes GPU indices"):
+        DevicePool(["GPU-aa", "GPU-bb"]).check([cell("ds", Launcher("deepspeed", 1))])
+
+
+def test_deepspeed_cell_is_told_its_gpus():
+    cmd = Launcher("deepspeed", 2).command("train", ["seed=1"], "id", ["2", "3"])
+    assert cmd[1:3] == ["--include", "localhost:2,3"]  # --num_gpus would take GPUs 0 and 1
+
+
+def _cli(args, capsys):
+    from pipeline.cli import main
+
+    code = main([str(a) for a in args])
+    return code, capsys.readouterr()
+
+
+@pytest.mark.parametrize("args,spec,message", [
+    (["--jobs", "0"], {"name": "x"}, "error: study: --jobs 0: must be >= 1"),
+    (["--executor", "slurm"], {"name": "x"}, "slurm.partition: required by --executor slurm"),
+    ([], {"name": "x", "slurm": {"partition": "gpu", "time": 14400}}, "slurm.time: 14400: expected one word"),
+    ([], {"name": "x", "slurm": {"gpus": 2}}, "slurm.gpus: unknown key"),
+], ids=["jobs", "partition", "time", "key"])
+def test_bad_concurrency_input_is_one_line_exit_2(tmp_path, capsys, args, spec, message):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    code, out = _cli(["study", path, *args], capsys)
+    assert code == 2
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], out.err
+
+
+def test_a_dataset_logged_by_two_runs_at_once_is_linked_not_lost():
+    """MLflow inserts a dataset after looking it up; the run that loses that race fails on the
+    unique key and logs it again, which then links the dataset the other run inserted."""
+    from mlflow.exceptions import MlflowException
+
+    from pipeline.tracking.store import _retry_dataset_race
+
+    calls = []
+
+    def log_inputs(run_id, datasets):
+        calls.append(run_id)
+        if len(calls) == 1:
+            raise MlflowException("(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.experiment_id, "
+                                  "datasets.name, datasets.digest")
+
+    _retry_dataset_race(log_inputs)("run", datasets=[])
+    assert calls == ["run", "run"]
+    with pytest.raises(MlflowException, match="other"):
+        _retry_dataset_race(lambda *a, **k: (_ for _ in ()).throw(MlflowException("other")))("run")
+
+
+def test_cells_side_by_side_on_a_cpu_split_its_cores():
+    """N cells at once on a CPU each take cores / N threads (a torchrun cell's processes share its part)."""
+    assert cpu_threads(cell("one"), jobs=2, cores=16) == 8
+    assert cpu_threads(cell("ddp", Launcher("torchrun", 2)), jobs=2, cores=16) == 4
+    assert cpu_threads(cell("many"), jobs=4, cores=2) == 1
