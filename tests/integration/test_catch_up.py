@@ -9,11 +9,97 @@ in tests/integration/test_study_kill.py and below.
 """
 import json
 import logging
+import math
 
 import pytest
 
 from helpers import FAST, free_port, mlflow_runs, tracking_db
 from pipeline import names
+from pipeline.tracking import catch_up
+from pipeline.tracking.journal import End, Metric, RunId, Start, Synced, Tags, append, read_journal
+
+pytestmark = pytest.mark.slow  # every test creates and migrates or copies an MLflow store
+
+START = Start("http://127.0.0.1:9", "caught", "job", {"task": "sentiment", "cell": "a"},
+              {"train.lr": "0.001", "seed": "7"})
+POINTS = [Metric("train/loss", 1.5, 5, 1700000000000), Metric("train/loss", 0.75, 10, 1700000001000),
+          Metric("test/macro_f1", 0.5, 10, 1700000002000),
+          Metric("test/energy_j", math.nan, 10, 1700000002000)]  # NaN equals nothing, itself included
+
+
+def client_for(db):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=f"sqlite:///{db}")
+
+
+def history(client, run_id, key):
+    return [(m.step, m.timestamp) for m in client.get_metric_history(run_id, key)]
+
+
+def synced(out):
+    return [r for r in read_journal(out / "journal.jsonl") if isinstance(r, Synced)]
+
+
+def test_a_run_the_server_left_running_is_completed_once_under_the_parent(tmp_path):
+    """The job reached the store, then its server died: its run holds the first point and is
+    RUNNING; the journal holds the rest and the end. catch_up completes that run (no second run,
+    no point twice, the parent tag set), then finds nothing to do."""
+    from mlflow.entities import Metric as MlflowMetric
+
+    from pipeline.tracking.store import open_experiment
+
+    db, out = tracking_db(tmp_path), tmp_path / "out"
+    out.mkdir()
+    uri = f"sqlite:///{db}"
+    client, experiment_id = open_experiment(uri, "caught")
+    run_id = client.create_run(experiment_id, run_name="job", tags=START.tags).info.run_id
+    client.log_batch(run_id, metrics=[MlflowMetric("train/loss", 1.5, 1700000000000, 5)])
+    append(out / "journal.jsonl", START, RunId(run_id), *POINTS, Tags({"data_cache": "hit"}), End("FINISHED"))
+
+    first = catch_up(out, uri, {names.TAG_PARENT_RUN: "parent-1"})
+    assert (first.run_id, first.replayed) == (run_id, True)
+    (run,) = mlflow_runs(db, "caught")
+    assert run.info.status == "FINISHED" and run.data.tags[names.TAG_PARENT_RUN] == "parent-1"
+    assert run.data.tags["data_cache"] == "hit" and run.data.params == {"train.lr": "0.001", "seed": "7"}
+    assert history(client, run_id, "train/loss") == [(5, 1700000000000), (10, 1700000001000)]
+    assert math.isnan(run.data.metrics["test/energy_j"])
+
+    again = catch_up(out, uri, {names.TAG_PARENT_RUN: "parent-1"})
+    assert (again.run_id, again.replayed) == (run_id, False)
+    assert len(synced(out)) == 1  # replayed once
+    assert history(client, run_id, "train/loss") == [(5, 1700000000000), (10, 1700000001000)]
+    assert len(client.get_metric_history(run_id, "test/energy_j")) == 1
+
+
+def test_a_job_that_never_reached_the_store_gets_one_run(tmp_path):
+    """Its server was down from the start (no run id in the journal): the first call creates the
+    run, the second finds that run (by the journal's sync record) and replays nothing."""
+    db, out = tracking_db(tmp_path), tmp_path / "out"
+    out.mkdir()
+    uri = f"sqlite:///{db}"
+    append(out / "journal.jsonl", START, RunId(None), *POINTS, End("FINISHED"))
+    first = catch_up(out, uri)
+    assert first.replayed and first.run_id
+    again = catch_up(out, uri)
+    assert (again.run_id, again.replayed) == (first.run_id, False)
+    (run,) = mlflow_runs(db, "caught")
+    assert run.info.run_id == first.run_id and run.info.status == "FINISHED"
+    assert run.data.metrics["test/macro_f1"] == 0.5
+    assert catch_up(tmp_path / "no-journal", uri) is None  # nothing to replay
+
+
+def test_a_store_that_cannot_take_it_names_the_command_that_will(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    out, dead = tmp_path / "out", f"http://127.0.0.1:{free_port()}"
+    out.mkdir()
+    append(out / "journal.jsonl", START, RunId(None), *POINTS, End("FINISHED"))
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        caught = catch_up(out, dead)
+    assert (caught.run_id, caught.replayed) == (None, False)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert f"python -m pipeline sync {out} --uri {dead}" in line and str(out) in line
+    assert synced(out) == []  # nothing was replayed
 
 
 @pytest.mark.slow  # two tiny jobs in this process: ~15 s of CPU
