@@ -1,4 +1,5 @@
-"""Checkpoints that a kill at any moment cannot corrupt.
+"""Checkpoints that a kill at any moment cannot corrupt, and the Checkpointer that owns them for a
+job: when to save, what, the durable write, the last K kept, the restore.
 
 Layout: OUTPUT_DIR/checkpoints/step-00000123/ with `state.pt` (every part of the loop's state by
 name, collected from parts that save and restore themselves; rank 0), `job.json` (what the job
