@@ -53,28 +53,33 @@ def run_cell(overrides: list[str], counted: bool = False) -> dict:
 
 
 def cell_main(overrides: list[str], counted: bool) -> None:
-    """--cell: train.run in this process; prints the finder's choice and the job's figures as JSON.
+    """--cell: a job in this process; prints the finder's choice and the job's figures as JSON.
     --counted: every tensor counted from the finder's end to the job's (TensorBytes)."""
     import contextlib
 
-    from pipeline import names, stage, train
+    from pipeline import batch_finder, names
     from pipeline.config import load_config
+    from pipeline.jobs.run import run
     from pipeline.measure.memory import MIB, TensorBytes
 
     found = {}
     counter = TensorBytes([], 2**62) if counted else None
-    real_fit = stage.Stage.fit_batch
+    real_find, real_fit = batch_finder.find, batch_finder.fit_batch
 
-    def fit_batch(self):
-        fitted = real_fit(self)
-        found.update(vars(fitted.batch_fit) if fitted.batch_fit else {})
+    def find(*args, **kwargs):
+        fit = real_find(*args, **kwargs)
+        found.update(vars(fit))
+        return fit
+
+    def fit_batch(stage):
+        fitted = real_fit(stage)
         if counter is not None:
             counter.peak = counter.live  # the job's own peak from here on, not the trials'
         return fitted
 
-    stage.Stage.fit_batch = fit_batch
+    batch_finder.find, batch_finder.fit_batch = find, fit_batch
     with counter if counter is not None else contextlib.nullcontext():
-        final = train.run(load_config(None, overrides))
+        final = run(load_config(None, overrides))
     figures = {"samples_per_s": final[names.SAMPLES_PER_S], "peak_rss_mb": final.get(names.PEAK_RSS),
                "peak_allocated_mb": final.get(names.PEAK_MEM_ALLOCATED), **found}
     if counter is not None:

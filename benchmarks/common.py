@@ -190,14 +190,14 @@ def seed_list(spec: str) -> list[int]:
 
 
 def pipeline_run(overrides: list[str], stage: str = "train") -> dict:
-    """One stage through the real pipeline (train.run), in this process; its figures."""
-    from pipeline import train
+    """One stage through the real pipeline (jobs/run.py), in this process; its figures."""
     from pipeline.config import load_config
+    from pipeline.jobs.run import run
 
     out = Path(tempfile.mkdtemp(dir=WORK))
     cfg = load_config(None, [f"output_dir={out}", f"tracking.uri=sqlite:///{WORK}/mlflow.db",
                              "tracking.experiment=bench", "tracking.system_metrics=false", *overrides])
-    return train.run(cfg, stage)
+    return run(cfg, stage)
 
 
 def last_run():

@@ -95,11 +95,11 @@ class Jobs:
         common = [*args, f"output_dir={out}", f"tracking.uri=sqlite:///{self.db}", "tracking.experiment=gpu-check"]
         start = time.perf_counter()
         if self.quick:
-            from pipeline import train
             from pipeline.config import load_config
+            from pipeline.jobs.run import run
 
             try:
-                train.run(load_config(None, common))
+                run(load_config(None, common))
                 ok, log = True, ""
             except Exception as e:  # noqa: BLE001 - a failed job is a failed check, reported
                 ok, log = False, f"{type(e).__name__}: {e}"

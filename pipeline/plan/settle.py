@@ -7,7 +7,7 @@ compile mode, the padding multiple and the loader workers; with the task and the
 the learning rate, the epochs and length grouping; batch_size=auto's global batch), and the job's
 record (job_record.py) a resume compares. One thing is left for later, by name: under
 batch_size=auto the split of the global batch into micro-batches (Plan.find_batch), which only
-the built model on its device can measure (stage.Stage.fit_batch, batch_finder.py,
+the built model on its device can measure (batch_finder.fit_batch,
 Plan.resplit): until then the plan holds the default split of that global batch, a job that
 runs as it is. Every later reader takes the plan: `Plan.cfg` is a `SettledConfig`, whose types
 say that nothing in it is unset or `auto`. Resolving changes no process-wide setting: the

@@ -7,7 +7,7 @@ collections, ~5 s of CPU, in a 2-step stage of ~25 s on the 2-core development m
 interpreter's last collection at exit walks them once more. So `python -m pipeline` pauses the
 collector before anything is imported, and the stage turns it back on when it is set up, with
 what set-up made frozen (moved where no collection walks it): the loop's collections then walk
-only what the loop makes. Code that calls `pipeline.train.run` itself (a notebook, the tests)
+only what the loop makes. Code that calls `pipeline.jobs.run.run` itself (a notebook, the tests)
 never paused it and is left as it is.
 """
 import gc

@@ -89,8 +89,9 @@ def test_set_up_runs_without_the_collector_and_the_loop_with_set_ups_objects_fro
     gc_pause.resume_after_setup()
     assert gc.isenabled() and gc.get_freeze_count() >= len(made)  # walked by no collection
     frozen = gc.get_freeze_count()
-    gc_pause.resume_after_setup()  # a second call (the next stage's) changes nothing
-    assert gc.get_freeze_count() == frozen
+    gc_pause.resume_after_setup()  # a second call (the next stage's) freezes nothing more
+    # (the count can only fall meanwhile: a frozen object that another thread frees leaves it)
+    assert gc.get_freeze_count() <= frozen
 
 
 def test_a_caller_that_did_not_pause_the_collector_keeps_its_own_setting(collector_restored):
