@@ -1,7 +1,5 @@
-"""train.batch_size=auto: the largest micro-batch that fits, the global batch kept (grad_accum
-raised), every rank agreeing on the smallest fit, evaluation's batch found on its own, a clean
-refusal when one row does not fit; and the CPU's stand-in for a device's memory (tensors counted
-against train.memory_limit_mb)."""
+"""train.batch_size=auto: the tests that train a model or start a process (the others are in
+tests/unit/test_batch_fit.py)."""
 import json
 
 import pytest

@@ -1,5 +1,5 @@
-"""`train --help` / `distill --help` list every config key from the dataclasses' docstrings; a
-misspelt key or choice names the nearest valid one; docs/configuration.md is what the code says."""
+"""`train --help` / `distill --help` list every config key from the dataclasses' docstrings: the tests
+that train a model or start a process (the others are in tests/unit/test_cli_help.py)."""
 
 import pytest
 

@@ -1,6 +1,5 @@
-"""train.compile and the few batch shapes it needs: compiled steps agree with eager ones,
-checkpoints move between the two, batches meet a few shapes and filler rows carry no loss, no
-prediction and no throughput; the device defaults and the recompile warning."""
+"""train.compile and the few batch shapes it needs: the tests that train a model or start a process
+(the others are in tests/unit/test_compile.py)."""
 
 import pytest
 import torch

@@ -1,4 +1,5 @@
-"""Config: YAML + dotted overrides, typed; every mistake is one line naming the key (exit 2)."""
+"""Config: the tests that train a model or start a process (the others are in
+tests/unit/test_config.py)."""
 import pytest
 
 from helpers import run_cli

@@ -1,6 +1,5 @@
-"""Token-budget batches (train.batch_tokens): every row once per epoch across ranks, each batch's
-padded size within the budget, equal batch counts on every rank, seeded per epoch, resumable,
-and a job trained with them reports the rows it really processed."""
+"""Token-budget batches (train.batch_tokens): the tests that train a model or start a process (the
+others are in tests/unit/test_data.py)."""
 
 import pytest
 

@@ -1,8 +1,5 @@
-"""DeepSpeed on CPU (its CPU accelerator, gloo): ZeRO-3 in bf16 under the real deepspeed
-launcher, close to DDP; exact resume through ZeRO-2 engine checkpoints; the
-config's "auto" values and conflicts; bf16 as torch autocast with fp32 weights in every ZeRO
-stage, the fp16 loss scale of every ZeRO optimizer, bucket sizes from the model's hidden size;
-and a two-node torchrun job simulated on loopback."""
+"""DeepSpeed on CPU (its CPU accelerator, gloo): the tests that train a model or start a process (the
+others are in tests/unit/test_deepspeed.py)."""
 import json
 import os
 import signal

@@ -1,5 +1,5 @@
-"""Knowledge distillation: loss properties, the DistilBERT-style student, the teacher-logit
-cache, and a distill stage on two torchrun nodes (ZeRO-2 distillation: test_model_families)."""
+"""Knowledge distillation: the tests that train a model or start a process (the others are in
+tests/unit/test_distill.py)."""
 import json
 import os
 import subprocess

@@ -1,11 +1,5 @@
-"""Fallback mode: a job asking for more processes than there are devices runs on the devices
-there are, with the same global batch (gradient accumulation makes up the missing ranks), says
-so in one warning line and in its tags; fallback=false refuses it (exit 2).
-
-This machine has no GPU. PIPELINE_DEVICES (devices per node, a documented setting) stands in for
-the GPU count, so the real launchers and the real CPU processes run the GPU-shaped cases: 8
-processes asked of 1 device, 4 of 2.
-"""
+"""Fallback mode: the tests that train a model or start a process (the others are in
+tests/unit/test_fallback.py)."""
 import os
 import sys
 

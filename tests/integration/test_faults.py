@@ -1,5 +1,5 @@
-"""Faults: kill and resume exactly, preemption, divergence, corrupted checkpoints, a full disk,
-a finished job resumed, durable writes."""
+"""Faults: the tests that train a model or start a process (the others are in
+tests/unit/test_faults.py)."""
 import logging
 import math
 import os

@@ -1,6 +1,5 @@
-"""Prepared data (pipeline/data/features.py): features cached on disk are the features the task makes,
-a warm start reads and tokenizes nothing again, the fingerprint follows exactly what changes the
-features, an unreadable entry is rebuilt, and under torchrun one rank per node does the work."""
+"""Prepared data (pipeline/data/features.py): the tests that train a model or start a process (the
+others are in tests/unit/test_features.py)."""
 import hashlib
 import json
 import os

@@ -1,8 +1,5 @@
-"""`make gpu-check` (benchmarks/gpu_check.py) proves the GPU path on a CUDA machine within a budget; here
-its --quick mode runs the script's own code on the CPU (tiny in-process jobs, fp32, compile off, pytest
-collecting only, the demo as --dry-run, DeepSpeed left out), so the command a lent GPU will run is known
-to work up to the GPU itself, and its plan of what fits a budget is checked on the estimates. What its
-checks check on a GPU is not shown by this test."""
+"""`make gpu-check` (benchmarks/gpu_check.py) proves the GPU path on a CUDA machine within a budget:
+the tests that train a model or start a process (the others are in tests/unit/test_gpu_check.py)."""
 import json
 import subprocess
 import sys

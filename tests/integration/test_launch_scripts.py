@@ -1,12 +1,6 @@
-"""The launch scripts start one process per GPU that torch sees (CUDA_VISIBLE_DEVICES honoured),
-and the deepspeed launcher is told which GPUs those are.
-
-This machine has no GPU, so fakes on PATH stand in for the absent GPUs: `nvidia-smi -L` lists the
-8 physical GPUs of a node; the fake `python -c ...` answers torch.cuda.device_count() as torch
-does on that node (the entries of CUDA_VISIBLE_DEVICES when set, else 8) and otherwise prints the
-argv it was given, as do the fake `deepspeed`, `srun` and `scontrol`; so each test asserts the
-exact command a script would run.
-"""
+"""The launch scripts start one process per GPU that torch sees (CUDA_VISIBLE_DEVICES honoured), and
+the deepspeed launcher is told which GPUs those are: the tests that train a model or start a process
+(the others are in tests/unit/test_launch_scripts.py)."""
 import os
 
 import pytest

@@ -1,8 +1,5 @@
-"""The import layers of docs/ARCHITECTURE.md, enforced: a module imports only from its own layer or
-lower ones (every import counts: at the top, inside a function, under TYPE_CHECKING, relative, or
-by name through importlib), inside each package only from its own inner layer or lower ones (the
-order its __init__ docstring gives), no two modules import each other through any chain, and the
-config layer loads without torch."""
+"""The import layers of docs/ARCHITECTURE.md, enforced: the tests that train a model or start a process
+(the others are in tests/unit/test_layers.py)."""
 from __future__ import annotations
 
 import subprocess

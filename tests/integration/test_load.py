@@ -1,6 +1,5 @@
-"""How busy the machine was while a segment was timed (pipeline/measure/load.py): another
-process's CPU time shows in a stage's logged perf/ figures, this job's own does not, and on a GPU
-NVML's per-process use is split into this job's and the others'."""
+"""How busy the machine was while a segment was timed (pipeline/measure/load.py): the tests that train
+a model or start a process (the others are in tests/unit/test_load.py)."""
 import os
 import signal
 import subprocess

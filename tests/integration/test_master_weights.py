@@ -1,7 +1,5 @@
-"""precision=bf16-pure: the module holds bf16 weights, the fp32 master weights and AdamW's moments
-live only in the optimizer; checkpoints and best/ keep the fp32 masters, so a resume in any mode is
-exact. This CPU (AVX2, no AVX512-BF16) is refused bf16 by the pipeline, but bf16 arithmetic runs
-here (slowly): these tests build the policy directly to test the mechanics on small models."""
+"""precision=bf16-pure: the tests that train a model or start a process (the others are in
+tests/unit/test_master_weights.py)."""
 import pytest
 import torch
 

@@ -1,5 +1,6 @@
-"""Throughput, time and energy are measured over the training steps only, whatever the
-checkpoint cadence: a mid-epoch save pauses the meters, which then go on counting."""
+"""Throughput, time and energy are measured over the training steps only, whatever the checkpoint
+cadence: the tests that train a model or start a process (the others are in
+tests/unit/test_meters.py)."""
 import json
 import time
 

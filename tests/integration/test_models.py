@@ -1,9 +1,5 @@
-"""Models train in fp32 whatever dtype a saved config names, and best/ is saved in fp32.
-
-A module that trains in 16 bit (DeepSpeed's bf16/fp16 blocks cast the whole module; on this CPU
-its bf16 block does, the fp16 one needs a GPU) writes its own dtype into config.json through a
-plain save_pretrained, and transformers 5 loads in the config's dtype: reusing such a directory as
-model=, kd.teacher= or from_teacher:N would train 16-bit parameters with no fp32 master copy."""
+"""Models train in fp32 whatever dtype a saved config names, and best/ is saved in fp32: the tests that
+train a model or start a process (the others are in tests/unit/test_models.py)."""
 import json
 import os
 import subprocess

@@ -1,6 +1,5 @@
-"""Runtime paths that a GPU job takes, checked as far as a CPU can: the process group is bound to
-the rank's GPU on an elastic restart too, and evaluation leaves nothing behind that the next
-training step cannot use; the CLI's collector policy around set-up."""
+"""Runtime paths that a GPU job takes, checked as far as a CPU can: the tests that train a model or
+start a process (the others are in tests/unit/test_runtime.py)."""
 
 import pytest
 import torch

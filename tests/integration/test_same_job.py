@@ -1,7 +1,5 @@
-"""resume=auto continues the same job and never another: a job preempted mid-run (a real SIGTERM,
-in process) is resumed with one thing changed, and each change is either refused in one line
-naming it, before anything is loaded or written, or (the safe keys, the split of the global
-batch, an explicit accept_changes) continued and recorded."""
+"""resume=auto continues the same job and never another: the tests that train a model or start a
+process (the others are in tests/unit/test_same_job.py)."""
 import os
 import shutil
 import signal

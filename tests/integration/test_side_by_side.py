@@ -1,7 +1,5 @@
-"""Models compared on speed are timed side by side (measure/inference.bench_side_by_side): loaded
-first, then taking turns repetition by repetition in rotating order; and the study report's payoff
-takes its speed-ups from such a run of the saved models (report/side_by_side.py), never from the
-runs' own infer/* figures."""
+"""Models compared on speed are timed side by side (measure/inference.bench_side_by_side): the tests
+that train a model or start a process (the others are in tests/unit/test_side_by_side.py)."""
 
 import pandas as pd
 import pytest

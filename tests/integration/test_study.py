@@ -1,14 +1,5 @@
-"""The study runner and the comparison report.
-
-A small study (sentiment, FP32 vs AMP, two seeds, plus a cell that crashes and one that needs
-it) runs end to end, two cells at a time (`--jobs 2`, through the MLflow server the runner starts
-on the store): every run holds every figure its job wrote, its report's numbers are the runs'
-own, the crash is reported as failed and the rest completes, a second invocation (one cell at a
-time) skips what finished, the parent run holds the children, the cells that log their model
-log it in the study's experiment, and `pipeline ui` serves the experiment, its compare view and
-its Models page (to headless Chromium too). The report is also checked on hand-built runs with known
-figures, and bad study files fail with one line naming file and key.
-"""
+"""The study runner and the comparison report: the tests that train a model or start a process (the
+others are in tests/unit/test_study.py)."""
 import json
 import math
 import os

@@ -1,13 +1,5 @@
-"""A study's cells side by side and on Slurm.
-
-Which cells may start (their teacher finished, a slot and their GPUs free), the GPUs each gets
-and the one-line refusals are checked on the schedule itself, without processes. Concurrent
-cells on CPU are checked end to end by tests/integration/test_study.py, whose small study runs with
-`--jobs 2`. This machine has no Slurm: a fake `sbatch` and `squeue` stand in for it (the fake
-sbatch records each submission and runs its script at once, in submission order, honouring
-afterok and --kill-on-invalid-dep as Slurm does), so the test checks what is submitted, the
-dependencies, the resume rules and the report job; not a real cluster's scheduling.
-"""
+"""A study's cells side by side and on Slurm: the tests that train a model or start a process (the
+others are in tests/unit/test_study_concurrency.py)."""
 import json
 import os
 import shlex

@@ -1,4 +1,5 @@
-"""BaTEClaCor error classification: the CSV reader, both label sets, sklearn scores, learning end to end."""
+"""BaTEClaCor error classification: the tests that train a model or start a process (the others are in
+tests/unit/test_task_error_cls.py)."""
 import json
 
 import pytest

@@ -1,4 +1,5 @@
-"""Bangla health NER: the JSON reader, sub-word alignment, seqeval scores, learning end to end."""
+"""Bangla health NER: the tests that train a model or start a process (the others are in
+tests/unit/test_task_ner.py)."""
 import json
 
 import pytest

@@ -1,5 +1,5 @@
-"""Extractive QA (squad_bn / SQuAD v2): both file layouts, offsets kept through normalization,
-one-line errors, windows, span post-processing, SQuAD v2 scores, and the job end to end."""
+"""Extractive QA (squad_bn / SQuAD v2): the tests that train a model or start a process (the others are
+in tests/unit/test_task_qa.py)."""
 import json
 
 import numpy as np

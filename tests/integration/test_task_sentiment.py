@@ -1,5 +1,5 @@
-"""The BLP-2023 sentiment reader and metrics: real format, one-line errors, hand-computed scores;
-the sample set's structure, and that it leaves room between seeds."""
+"""The BLP-2023 sentiment reader and metrics: the tests that train a model or start a process (the
+others are in tests/unit/test_task_sentiment.py)."""
 import pytest
 
 from helpers import FAST, tracking_db

@@ -1,5 +1,5 @@
-"""WikiQA answer selection: its file formats, one-line errors, hand-computed P/R/F1, MAP and MRR
-(ties, unanswered questions), and the job learning above chance in fp32, bf16 and 2-process DDP."""
+"""WikiQA answer selection: the tests that train a model or start a process (the others are in
+tests/unit/test_task_wikiqa.py)."""
 import json
 
 import pytest

@@ -1,4 +1,5 @@
-"""The sentiment job end to end in one process: it learns, writes its outputs, lands in MLflow."""
+"""The sentiment job end to end in one process: the tests that train a model or start a process (the
+others are in tests/unit/test_train.py)."""
 import json
 import math
 
