@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from pipeline import names
+from pipeline.config.secrets import redact
 from pipeline.errors import UserError
-from pipeline.tracking import open_experiment, redact
+from pipeline.tracking import open_experiment
 
 if TYPE_CHECKING:
     from mlflow.tracking import MlflowClient

@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.config import flatten
 from pipeline.config.schema import SettledConfig
+from pipeline.config.secrets import redact_config
 from pipeline.data import features
 from pipeline.fsutil import write_json
 from pipeline.layout import CheckpointFiles
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
-from pipeline.tracking.store import redact_config
 
 if TYPE_CHECKING:
 
@@ -86,11 +86,8 @@ def describe(cfg: SettledConfig, task: Task, rt: Runtime, policy: PrecisionPolic
         global_batch=f"{int(amount) * rt.world_size} {unit}", world_size=rt.world_size,
         backend="deepspeed" if rt.backend == "deepspeed" else "torch",
         precision=policy.name,
-        data={split: data_identity(task, getattr(cfg.data, split), split) for split in FINGERPRINTED_SPLITS})
+        # a file's sha256 (remembered: a warm start does not read it again) or a hub dataset's fingerprint
+        data={split: {"file": getattr(cfg.data, split) or f"the built-in {task.name} {split} set",
+                      "fingerprint": features.source_identity(task, getattr(cfg.data, split), split)}
+              for split in FINGERPRINTED_SPLITS})
 
-
-def data_identity(task: Task, spec: str | None, split: str) -> dict[str, str]:
-    """The split's file (as the config names it, or the built-in sample file) and its fingerprint:
-    a file's sha256 (remembered, so a warm start does not read it again) or a hub dataset's."""
-    return {"file": spec or f"the built-in {task.name} {split} set",
-            "fingerprint": features.source_identity(task, spec, split)}

@@ -47,7 +47,7 @@ def write_report(uri: str, experiment: str, out: str | Path | None = None, timin
     logging.getLogger("alembic").setLevel(logging.WARNING)
     from mlflow.tracking import MlflowClient
 
-    from pipeline.tracking import redact
+    from pipeline.config.secrets import redact
 
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)

@@ -19,9 +19,9 @@ from pipeline.tracking.journal import JOURNAL, read_journal
 from pipeline.tracking.replay import CaughtUp, catch_up, settle_abandoned_run, sync
 from pipeline.tracking.sink import dataset_inputs
 from pipeline.tracking.stage_run import StageRun, start_stage_run, what_ran
-from pipeline.tracking.store import open_client, open_experiment, redact, redact_config, resolve_uri, safe_params
+from pipeline.tracking.store import open_client, open_experiment, resolve_uri, safe_params
 from pipeline.tracking.tracker import Tracker
 
 __all__ = ["JOURNAL", "CaughtUp", "StageRun", "Tracker", "catch_up", "dataset_inputs", "open_client",
-           "open_experiment", "read_journal", "redact", "redact_config", "resolve_uri", "safe_params",
+           "open_experiment", "read_journal", "resolve_uri", "safe_params",
            "settle_abandoned_run", "start_stage_run", "sync", "what_ran"]

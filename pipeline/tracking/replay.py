@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipeline.config.secrets import redact
 from pipeline.errors import UserError
 from pipeline.layout import OutputDir
 from pipeline.tracking import sink
@@ -28,7 +29,7 @@ from pipeline.tracking.journal import (
     append,
     read_journal,
 )
-from pipeline.tracking.store import few_retries, open_client, open_experiment, redact, resolve_uri
+from pipeline.tracking.store import few_retries, open_client, open_experiment, resolve_uri
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

@@ -11,11 +11,11 @@ import yaml
 
 from pipeline import fsutil, names
 from pipeline.config import Config, flatten
+from pipeline.config.secrets import redact_config
 from pipeline.layout import OutputDir
 from pipeline.measure import telemetry
 from pipeline.runtime import dist
 from pipeline.runtime.dist import Runtime
-from pipeline.tracking.store import redact_config
 from pipeline.tracking.tracker import Tracker
 
 if TYPE_CHECKING:

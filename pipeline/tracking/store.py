@@ -10,8 +10,8 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
+from pipeline.config.secrets import SECRET_NAME, redact
 from pipeline.errors import UserError
 
 if TYPE_CHECKING:
@@ -22,7 +22,6 @@ EXPERIMENT_KIND, TRAINING_KIND = "mlflow.experimentKind", "custom_model_developm
 MAX_PARAM_LEN = 6000  # MLflow's limit for a param value
 DEFAULT_URI = "sqlite:///mlruns/mlflow.db"
 KNOWN_SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks")
-SECRET_NAME = re.compile(r"(TOKEN|KEY|PASSWORD|SECRET|CREDENTIAL)S?$", re.IGNORECASE)
 
 
 def resolve_uri(configured: str | None) -> str:
@@ -41,24 +40,6 @@ def resolve_uri(configured: str | None) -> str:
             uri = f"sqlite:///{path}"
         Path(path).parent.mkdir(parents=True, exist_ok=True)
     return uri
-
-
-def redact(value: str) -> str:
-    """Drop credentials from a URI-looking string (user:password@host)."""
-    if "://" not in value or "@" not in value:
-        return value
-    parts = urlsplit(value)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=f"***@{host}"))
-
-
-def redact_config(value: Any, key: str = "") -> Any:
-    """A copy of a (nested) config with secret-looking keys masked and URI credentials dropped."""
-    if isinstance(value, dict):
-        return {k: redact_config(v, k) for k, v in value.items()}
-    if SECRET_NAME.search(key) and value is not None:
-        return "***"
-    return redact(value) if isinstance(value, str) else value
 
 
 def safe_params(params: dict[str, object]) -> dict[str, str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline import fsutil
+from pipeline.config.secrets import redact
 from pipeline.tracking import sink
 from pipeline.tracking.journal import (
     JOURNAL,
@@ -26,7 +27,7 @@ from pipeline.tracking.journal import (
     Tags,
     append,
 )
-from pipeline.tracking.store import few_retries, open_experiment, redact, safe_params
+from pipeline.tracking.store import few_retries, open_experiment, safe_params
 
 if TYPE_CHECKING:
     from pipeline.config import TrackingConfig
