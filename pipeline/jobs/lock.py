@@ -3,7 +3,8 @@
 Global rank 0 takes a POSIX lock (fcntl.lockf) on OUTPUT_DIR/.lock before anything is written
 there and holds it until the job ends; every rank learns the outcome, so a second job fails on
 all its ranks at once, with one line, exit 2, having touched nothing. The same check runs once,
-reading only, before the job loads its data and model, so a duplicate fails in seconds. The kernel (or the NFS
+reading only, where the job decides what to do with output_dir (resume.decide), before it loads
+its data and model, so a duplicate fails in seconds. The kernel (or the NFS
 server) drops the lock when its process dies, SIGKILL included, so a dead job never blocks the
 next; the file keeps the holder's pid, host and start time for the messages, and is emptied
 when a job ends normally, so a leftover record means the job that wrote it died.
@@ -40,6 +41,10 @@ class OutputLock:
 
     def __init__(self, path: Path, fd: int | None):
         self.path, self._fd = path, fd
+
+    def __getstate__(self) -> dict:
+        # the lock is the taking process's: a copy sent to another rank holds (and releases) nothing
+        return {"path": self.path, "_fd": None}
 
     def release(self) -> None:
         if self._fd is None:
@@ -80,32 +85,20 @@ def acquire(out: OutputDir) -> OutputLock:
     return OutputLock(path, fd)
 
 
-def check_free(out: OutputDir) -> None:
-    """Collective, reads only: fail at once, before a job spends minutes loading its data and
-    model, if another job holds output_dir (job_lock() then takes the lock for real)."""
-    dist.on_main(lambda: _refuse_if_busy(out))
-
-
 @contextlib.contextmanager
 def job_lock(out: OutputDir):
     """Collective: rank 0 holds the output_dir lock for the block; if another job has it,
     every rank raises the same UserError."""
-    held = None
-
-    def take() -> None:
-        nonlocal held
-        held = acquire(out)
-
-    dist.on_main(take)
+    held = dist.on_main(acquire)(out)
     try:
         yield held
     finally:
-        if held is not None:
-            held.release()
+        held.release()
 
 
-def _refuse_if_busy(out: OutputDir) -> None:
-    """A UserError if a live job holds out's lock (nothing is created)."""
+def refuse_if_busy(out: OutputDir) -> None:
+    """Reads only: a UserError if a live job holds out's lock (nothing is created), so a job fails
+    at once rather than after minutes of loading its data and model (job_lock takes the lock)."""
     try:
         fd = os.open(out.lock, os.O_RDONLY)
     except OSError:

@@ -19,8 +19,6 @@ def finished_metrics(out: OutputDir) -> dict | None:
     """A job that finished wrote metrics.json last: its metrics, else None."""
     if not out.metrics.is_file():
         return None
-    log.info("%s: this job finished before (%s); nothing to train. To train again: resume=never "
-             "(starts over) or another output_dir", out, out.metrics)
     return json.loads(out.metrics.read_text(encoding="utf-8"))
 
 

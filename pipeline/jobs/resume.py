@@ -1,12 +1,13 @@
 """The one entry point of the resume decision: what a job does with its output_dir.
 
-`decide(plan)` answers, before any data or model loads: the job finished already (`Finished`: its
-metrics, nothing to do), continue from the newest usable checkpoint (`FromCheckpoint`), or start
-over (`StartOver`). A resume of another job, or of a finished job asked for more, stops here in
-one line (same_job.py says what may differ). Once the stage is built, `FromCheckpoint.confirm`
-compares what only a built stage knows (the model's architecture, the tokenizer, the teacher's
-weights) and loads the checkpoint's bundle: `Resumed`, what the loop restores (a job that starts
-over clears output_dir: outputs.start_over).
+`decide(plan)` answers, before any data or model loads, from what global rank 0 reads in
+output_dir once (every rank gets its answer): the job finished already (`Finished`: its metrics,
+nothing to do), continue from the newest usable checkpoint (`FromCheckpoint`), or start over
+(`StartOver`). Another live job in output_dir (lock.py), a resume of another job, or of a finished
+job asked for more, stops here in one line (same_job.py says what may differ). Once the stage is
+built, `FromCheckpoint.confirm` compares what only a built stage knows (the model's architecture,
+the tokenizer, the teacher's weights) and loads the checkpoint's bundle: `Resumed`, what the loop
+restores (a job that starts over clears output_dir: outputs.start_over).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from pipeline.jobs import outputs, same_job
+from pipeline.jobs import lock, outputs, same_job
 from pipeline.jobs.same_job import Change
 from pipeline.parts import checkpoint
 from pipeline.parts.checkpoint import Checkpoint, LoadedCheckpoint
@@ -81,27 +82,22 @@ class FromCheckpoint:
         return Resumed(loaded, dataclasses.replace(built, accepted=carried), accepted)
 
 
+@dist.on_main
 def decide(plan: Plan) -> Finished | FromCheckpoint | StartOver:
-    """Collective: what this job does with its output_dir; a UserError when it may do nothing."""
+    """Collective, read on global rank 0: what this job does with its output_dir; a UserError when
+    it may do nothing (another job holds it, or holds the job asked for otherwise)."""
+    out, asked = plan.out, plan.record
+    lock.refuse_if_busy(out)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # an elastic restart resumes
     if plan.cfg.resume != "auto" and not restarted:
         return StartOver(resuming=False)
-    metrics = dist.on_main(lambda: _finished_metrics(plan))
+    metrics = outputs.finished_metrics(out)
     if metrics is not None:
+        same_job.check_finished(out, job_record.read(out), asked)
         return Finished(metrics)
-    ckpt = checkpoint.latest(plan.out)
+    ckpt = checkpoint.latest(out)
     if ckpt is None:
         return StartOver(resuming=True)
     trained = job_record.read(ckpt.path)
-    accepted = same_job.check_settings(ckpt.path, trained, plan.record, plan.cfg.accepted_changes)
-    return FromCheckpoint(ckpt, trained, accepted)
-
-
-def _finished_metrics(plan: Plan) -> dict | None:
-    """Rank 0: the final metrics of the job that finished in output_dir (None if none did); a
-    UserError when that job is not the one asked for (same_job.check_finished)."""
-    if not plan.out.metrics.is_file():
-        return None
-    same_job.check_finished(plan.out, job_record.read(plan.out), plan.record)
-    return outputs.finished_metrics(plan.out)
+    return FromCheckpoint(ckpt, trained, same_job.check_settings(ckpt.path, trained, asked, plan.cfg.accepted_changes))
 

@@ -1,7 +1,7 @@
 """One stage as a job, from the command line's config to its final metrics: build, train, close.
 
-run() settles the job into its plan (plan/settle.py), refuses an output_dir another job holds
-(lock.py), decides from where it starts (resume.py: finished, from a checkpoint, or over), builds
+run() settles the job into its plan (plan/settle.py), decides what it does with output_dir
+(resume.py: refused while another job holds it, finished, from a checkpoint, or over), builds
 the stage (stage.py: whatever can be the user's fault fails before any run or output exists;
 batch_finder.py under train.batch_size=auto), completes the job's record with what was built
 and confirms a checkpoint against it; then, holding the lock, it clears what a previous job left
@@ -36,9 +36,11 @@ def run(cfg: Config, kind: str = "train") -> dict[str, float]:
         return {}
     try:
         plan = settle(cfg, kind, rt)
-        lock.check_free(plan.out)  # a duplicate job fails before it loads data or models
-        start = resume.decide(plan)  # a resume of another job stops here, before data or models load
+        start = resume.decide(plan)  # another job's output_dir, or a resume of another job, stops here
         if isinstance(start, resume.Finished):  # what its journal holds and the store lacks, replayed first
+            if rt.is_main:
+                log.info("%s: this job finished before (%s); nothing to train. To train again: resume=never "
+                         "(starts over) or another output_dir", plan.out, plan.out.metrics)
             catch_up(plan.out, plan.cfg.tracking.uri, active=rt.is_main)
             return start.metrics
         uri = resolve_uri(plan.cfg.tracking.uri)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import logging
 import os
 import signal
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import ParamSpec, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -19,6 +20,7 @@ from pipeline.errors import UserError
 
 log = logging.getLogger("pipeline")
 T = TypeVar("T")
+P = ParamSpec("P")
 
 DEVICES_ENV = "PIPELINE_DEVICES"
 """Devices per node the pipeline may use (an integer); unset: the GPUs torch sees, no limit on CPU."""
@@ -262,19 +264,24 @@ def _all_gather_rows(values: list[float]) -> list[list[float]]:
     return torch.stack(gathered).tolist()
 
 
-def on_main(read: Callable[[], T]) -> T:
-    """Collective: `read()` on global rank 0 only (it reads files), its answer on every rank; a
-    UserError it raises is raised on every rank, so all of them fail with the same line."""
-    outcome: tuple[str | None, T | None] = (None, None)
-    if not dist.is_initialized() or dist.get_rank() == 0:
-        try:
-            outcome = (None, read())
-        except UserError as e:
-            outcome = (str(e), None)
-    error, value = broadcast_object(outcome)
-    if error is not None:
-        raise UserError(error)
-    return value
+def on_main(read: Callable[P, T]) -> Callable[P, T]:
+    """A decorator: the function becomes a collective that runs on global rank 0 only (it reads
+    files) and returns rank 0's answer on every rank; a UserError it raises is raised on every
+    rank, so all of them fail with the same line (Lightning's rank_zero_only, with the answer
+    shared)."""
+    @functools.wraps(read)
+    def collective(*args: P.args, **kwargs: P.kwargs) -> T:
+        outcome: tuple[str | None, T | None] = (None, None)
+        if not dist.is_initialized() or dist.get_rank() == 0:
+            try:
+                outcome = (None, read(*args, **kwargs))
+            except UserError as e:
+                outcome = (str(e), None)
+        error, value = broadcast_object(outcome)
+        if error is not None:
+            raise UserError(error)
+        return value
+    return collective
 
 
 def all_gather_objects(obj: T) -> list[T]:
