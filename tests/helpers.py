@@ -29,14 +29,21 @@ FAST = ["model=preset:bangla-tiny", "train.max_length=48", "train.batch_size=32"
         "tracking.system_metrics=false", "infer.bench=false"]
 
 
+def settled_config(cfg, model_spec: str, task, device: str = "cpu"):
+    """`cfg` settled as a one-process job on `device` settles it, for `model_spec` and `task`."""
+    from pipeline.plan.settle import settle_config
+    from pipeline.runtime import compiler
+
+    return settle_config(cfg, model_spec, task, device, compiler.resolve(cfg.train.compile, device, "single"))
+
+
 def settled_train(*overrides: str, device: str = "cpu"):
     """A train section settled as a job on `device` settles it (the backends take only that)."""
     from pipeline.config import load_config
-    from pipeline.plan.settle import settle_config
     from pipeline.tasks import get_task
 
     cfg = load_config(None, list(overrides))
-    return settle_config(cfg, cfg.model or "preset:bangla-tiny", get_task(cfg.task), device).train
+    return settled_config(cfg, cfg.model or "preset:bangla-tiny", get_task(cfg.task), device).train
 
 
 def write_file(tmp_path, content, name):

@@ -99,11 +99,10 @@ def settle(cfg: Config, kind: str, rt: Runtime) -> Plan:
 
 
 def settle_config(cfg: Config, model_spec: str, task: Task, device_type: str,
-                  compile_policy: CompilePolicy | None = None) -> SettledConfig:
+                  compile_policy: CompilePolicy) -> SettledConfig:
     """The config with every derived default filled in for this model, task and device (cuda | cpu);
-    train.compile from `compile_policy` (by default resolved for one process on this device)."""
+    train.compile from `compile_policy` (compiler.resolve)."""
     t = cfg.train
-    compile_policy = compile_policy or compiler.resolve(t.compile, device_type, "single")
     train = SettledTrain(**{**_fields(t), **device_defaults(t, device_type == "cuda", compile_policy),
                             "lr": t.lr if t.lr is not None else (
                                 PRESET_LR if model_spec.startswith("preset:") else task.pretrained_lr),

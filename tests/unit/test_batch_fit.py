@@ -6,6 +6,7 @@ against train.memory_limit_mb)."""
 import pytest
 import torch
 
+from helpers import settled_config
 from pipeline import batch_finder
 from pipeline.config import load_config
 from pipeline.errors import UserError
@@ -40,7 +41,7 @@ def test_auto_settles_the_default_global_batch_and_resplit_keeps_it():
     with pytest.raises(ValueError, match="another global batch"):
         plan.resplit(8, 4, 64)
     with pytest.raises(ValueError, match="batch_size not settled"):
-        settle.settle_config(cfg, "preset:x", plan.task, "cpu").train.__class__(
+        settled_config(cfg, "preset:x", plan.task).train.__class__(
             **{**vars(plan.cfg.train), "batch_size": "auto"})
 
 

@@ -1,9 +1,9 @@
 """Config: YAML + dotted overrides, typed; every mistake is one line naming the key (exit 2)."""
 import pytest
 
+from helpers import settled_config
 from pipeline.config import flatten, load_config
 from pipeline.errors import UserError
-from pipeline.plan.settle import settle_config
 from pipeline.tasks import get_task
 
 
@@ -17,7 +17,7 @@ def test_defaults_and_overrides_are_typed(tmp_path):
     assert cfg.precision == "bf16" and cfg.kd.cache is False and cfg.data.dev is None
     assert cfg.model_config == {"hidden_dropout_prob": 0.0}
     assert cfg.output_dir is None  # as the user left it; the job settles it
-    assert settle_config(cfg, "preset:bangla-tiny", get_task("sentiment"), "cpu").output_dir == "outputs/sentiment-bf16"
+    assert settled_config(cfg, "preset:bangla-tiny", get_task("sentiment")).output_dir == "outputs/sentiment-bf16"
     assert flatten(cfg.to_dict())["train.lr"] == pytest.approx(1e-4)
 
 
@@ -28,7 +28,7 @@ def test_defaults_and_overrides_are_typed(tmp_path):
 ])
 def test_length_grouping_defaults_to_the_tasks_choice_and_an_explicit_value_wins(task, override, grouped):
     cfg = load_config(None, [f"task={task}", *override])
-    assert settle_config(cfg, "preset:bangla-tiny", get_task(task), "cpu").train.group_by_length is grouped
+    assert settled_config(cfg, "preset:bangla-tiny", get_task(task)).train.group_by_length is grouped
 
 
 @pytest.mark.parametrize("overrides, fragment", [

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
+from helpers import settled_config
 from pipeline import names, train
 from pipeline.config import load_config
 from pipeline.errors import MachineError, UserError
@@ -24,7 +25,7 @@ from pipeline.parts.best_model import BestModel
 from pipeline.parts.checkpoint import LoadedCheckpoint
 from pipeline.parts.optim import build_optimizer
 from pipeline.plan.job_record import JobRecord
-from pipeline.plan.settle import Plan, settle_config
+from pipeline.plan.settle import Plan
 from pipeline.runtime import compiler, precision
 from pipeline.runtime.backend import StepResult
 from pipeline.runtime.dist import AgreedFlag, Runtime
@@ -141,7 +142,7 @@ def make_loop(tmp_path, overrides=(), applied=(), micro_batches=6, epochs=1, tot
     cfg = load_config(None, [f"output_dir={tmp_path}", "train.lr=1e-2", "train.warmup_ratio=0", "train.epochs=1",
                              "train.group_by_length=false", *overrides])
     rt, task, policy = Runtime("none", "single", 0, 0, 1, 1, CPU), ClassifyTask(), precision.resolve("fp32", CPU)
-    settled = settle_config(cfg, "tiny", task, "cpu")
+    settled = settled_config(cfg, "tiny", task)
     record = JobRecord(config={}, global_batch=f"{4 * cfg.train.grad_accum} rows", world_size=1, backend="torch",
                        precision="fp32", data={})
     model = TinyClassifier()

@@ -5,8 +5,8 @@ built-in data; benchmarks/studies/README.md, "Recipes over seeds"); presets trai
 none in 5; QA's sat near the null answer in 3); a set value always wins."""
 import pytest
 
+from helpers import settled_config
 from pipeline.config import load_config
-from pipeline.plan.settle import settle_config
 from pipeline.tasks import get_task
 
 
@@ -20,18 +20,18 @@ from pipeline.tasks import get_task
 def test_unset_lr_follows_the_task_and_the_model_kind(task, model, lr):
     cfg = load_config(None, [f"task={task}"])
     assert cfg.train.lr is None
-    assert settle_config(cfg, model, get_task(task), "cpu").train.lr == pytest.approx(lr)
+    assert settled_config(cfg, model, get_task(task)).train.lr == pytest.approx(lr)
 
 
 def test_a_set_lr_wins():
     cfg = load_config(None, ["task=wikiqa", "train.lr=2e-5"])
-    settled = settle_config(cfg, "sentence-transformers/all-MiniLM-L6-v2", get_task("wikiqa"), "cpu")
+    settled = settled_config(cfg, "sentence-transformers/all-MiniLM-L6-v2", get_task("wikiqa"))
     assert settled.train.lr == pytest.approx(2e-5)
 
 
 @pytest.mark.parametrize("task, epochs", [("error_cls", 5), ("sentiment", 3), ("ner", 3), ("wikiqa", 3), ("qa", 8)])
 def test_unset_epochs_follow_the_task_and_a_set_value_wins(task, epochs):
-    unset = settle_config(load_config(None, [f"task={task}"]), "preset:bangla-tiny", get_task(task), "cpu")
+    unset = settled_config(load_config(None, [f"task={task}"]), "preset:bangla-tiny", get_task(task))
     assert unset.train.epochs == epochs
-    assert settle_config(load_config(None, [f"task={task}", "train.epochs=2"]), "preset:bangla-tiny",
-                         get_task(task), "cpu").train.epochs == 2
+    assert settled_config(load_config(None, [f"task={task}", "train.epochs=2"]), "preset:bangla-tiny",
+                          get_task(task)).train.epochs == 2
