@@ -24,6 +24,7 @@ from pipeline.layout import OutputDir
 from pipeline.measure import inference, memory
 from pipeline.measure.flops import FlopModel, step_flop_model
 from pipeline.measure.load import LoadSampler
+from pipeline.plan.job_record import JobRecord
 from pipeline.plan.settle import Plan
 from pipeline.runtime.backend import Backend
 from pipeline.runtime.compiler import CompilePolicy
@@ -51,6 +52,9 @@ class Stage:
     backend: Backend
     distiller: Distiller | None
     """Under distillation: the KD loss, with the teacher's logits cached or the teacher live."""
+    identity: dict[str, object]
+    """What a resume compares of the built stage (JobRecord.built): the model's architecture, the
+    tokenizer, the teacher's config and weights."""
 
     @property
     def cfg(self) -> SettledConfig:
@@ -85,12 +89,10 @@ class Stage:
         """A live or cached-logits distillation's teacher model, if it is loaded."""
         return self.distiller.teacher if self.distiller is not None else None
 
-    def identity(self) -> dict[str, object]:
-        """What a resume compares of the built stage (JobRecord.built): the teacher's config and
-        weights, the model's architecture, the tokenizer."""
-        return {"teacher": self.distiller.teacher_fingerprint if self.distiller is not None else None,
-                "architecture": models.architecture(self.model),
-                "tokenizer": features.tokenizer_identity(self.tokenizer)}
+    @property
+    def record(self) -> JobRecord:
+        """The job's record completed with what was built: what its checkpoints carry."""
+        return self.plan.record.built(**self.identity)
 
     def forward_loss(self, call: torch.nn.Module, inputs: dict, idx: torch.Tensor, unpadded: bool = False
                      ) -> torch.Tensor:
@@ -176,6 +178,8 @@ def build_stage(plan: Plan) -> Stage:
     else:
         model_spec = cfg.model or task.default_model
         tokenizer, model = models.build(model_spec, task, train_texts, cfg.model_config, cfg.train.max_length)
+    identity = {"architecture": models.architecture(model), "tokenizer": features.tokenizer_identity(tokenizer),
+                "teacher": distiller.teacher_fingerprint if distiller is not None else None}
     if cfg.train.gradient_checkpointing:  # the trained model only: the teacher computes no gradients
         models.checkpoint_activations(model, model_spec)
     prepared = {split: features.prepare_features(task, split, getattr(cfg.data, split), examples[split], tokenizer,
@@ -185,4 +189,4 @@ def build_stage(plan: Plan) -> Stage:
     if distiller is not None:  # the teacher's logits for the whole training set, once (cached on disk)
         distiller.prepare(prepared["train"], shaped_collate(task.collator(tokenizer), cfg.train,
                                                             tokenizer.pad_token_id), cfg.train.max_length, tokenizer)
-    return Stage(plan, examples, prepared, tokenizer, model, model_spec, backend, distiller)
+    return Stage(plan, examples, prepared, tokenizer, model, model_spec, backend, distiller, identity)

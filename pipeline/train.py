@@ -111,13 +111,13 @@ def setup(stage: Stage, tracker: Tracker, run_id: str | None, meters: StageMeter
     """Loaders, the FLOP model, AdamW, the LR schedule, the backend's wrapper; the Loop around them."""
     train_cfg, rt = stage.cfg.train, stage.rt
     collate = stage.task.collator(stage.tokenizer)
+    meters.flop_model = stage.step_flop_model(collate)  # before the wrapper: no collective, no timer
     loaders = build_loaders(stage.features, collate, train_cfg, rt, stage.cfg.seed, stage.tokenizer.pad_token_id,
                             fill=stage.compile.fill_short_batches(distilling=stage.distiller is not None))
     steps_per_epoch = math.ceil(len(loaders.train) / train_cfg.grad_accum)
     # max_steps wins, as in HF
     epochs = train_cfg.epochs if train_cfg.max_steps < 0 else math.ceil(train_cfg.max_steps / steps_per_epoch)
     total_steps = steps_per_epoch * epochs if train_cfg.max_steps < 0 else train_cfg.max_steps
-    meters.flop_model = stage.step_flop_model(collate)  # before the wrapper: no collective, no timer
     optimizer, scheduler = build_optimizer(stage.model, train_cfg, total_steps, fused=stage.backend.fused_optimizer)
     wrapped = stage.backend.prepare(stage.model, optimizer)
     if stage.backend.optimizer is not optimizer:  # DeepSpeed's: the schedule sets the lr of what steps

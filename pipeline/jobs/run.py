@@ -47,7 +47,7 @@ def run(cfg: Config, kind: str = "train") -> dict[str, float]:
         stage = build_stage(plan)
         if plan.find_batch:
             stage = batch_finder.fit_batch(stage)
-        record = stage.plan.record.built(**stage.identity())
+        record = stage.record
         if isinstance(start, resume.FromCheckpoint):  # the checkpoint against the model, tokenizer and teacher
             start = start.confirm(record, plan.cfg.accepted_changes)
             record = start.record

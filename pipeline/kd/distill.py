@@ -69,9 +69,9 @@ def attach_projection(student: PreTrainedModel, teacher: PreTrainedModel) -> boo
 
 def load_teacher(spec: str, task: Task, overrides: dict) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """(tokenizer, model) of the teacher: a train stage's output dir (its best/), hub id or local model."""
-    spec = str(OutputDir(Path(spec).expanduser()).trained_model() or spec)
-    try:
-        return models.build(spec, task, [], overrides, max_length=512, teacher=True)
+    try:  # a train stage's output_dir stands for its best model
+        return models.build(str(OutputDir(Path(spec).expanduser()).trained_model() or spec), task, [], overrides,
+                            max_length=512, teacher=True)
     except UserError as e:
         raise UserError(str(e).replace("config: model=", "config: kd.teacher=", 1)) from None
 

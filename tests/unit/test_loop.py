@@ -148,7 +148,7 @@ def make_loop(tmp_path, overrides=(), applied=(), micro_batches=6, epochs=1, tot
     model = TinyClassifier()
     backend = InProcessBackend(applied)
     plan = Plan(settled, rt, "train", task, policy, record, compiler.resolve(settled.train.compile, "cpu", "single"))
-    s = Stage(plan, {}, {}, None, model, "tiny", backend, None)
+    s = Stage(plan, {}, {}, None, model, "tiny", backend, None, identity={})
     loaders = Batches(micro_batches)
     steps = total_steps or math.ceil(micro_batches / cfg.train.grad_accum) * epochs
     optimizer, scheduler = build_optimizer(model, settled.train, steps, fused=False)
