@@ -75,24 +75,15 @@ def fit_batch(stage: Stage) -> Stage:
     """Collective, train.batch_size=auto: the stage with its global batch split into the largest
     micro-batch that fits the device, and its evaluation batch found; the model's weights and the
     RNG as they were. A UserError when even one row does not fit."""
-    cfg, device, model, rows = stage.cfg, stage.rt.device, stage.model, stage.features
-    longest = {split: _longest(rows[split]) for split in SPLITS}  # (row, length)
-    eval_split = max(("dev", "test"), key=lambda split: longest[split][1])
-    row = {"train": rows["train"][longest["train"][0]], "eval": rows[eval_split][longest[eval_split][0]]}
-    collate = shaped_collate(stage.task.collator(stage.tokenizer), cfg.train, stage.tokenizer.pad_token_id)
     trials = _Trials(stage)
+    cfg, device, model = stage.cfg, stage.rt.device, stage.model
     saved = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     was_training = model.training
+    capacity = memory.capacity(device, cfg.train.memory_limit_mb) - stage.backend.standing_bytes(model)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         try:
-            found = find(
-                cfg.train.batch_size * cfg.train.grad_accum,
-                math.ceil(max(len(rows["dev"]), len(rows["test"])) / stage.rt.world_size),
-                _released(device, lambda n, limit: trials.train(collate([row["train"]] * n), limit)),
-                _released(device, lambda n, limit: trials.eval(collate([row["train"]]), collate([row["eval"]] * n),
-                                                               limit)),
-                memory.capacity(device, cfg.train.memory_limit_mb) - stage.backend.standing_bytes(model),
-                f"{max(length for _, length in longest.values())} tokens")
+            found = find(cfg.train.batch_size * cfg.train.grad_accum, trials.eval_rows, trials.train, trials.eval,
+                         capacity, f"{trials.longest} tokens")
         finally:
             model.load_state_dict(saved)
             model.train(was_training)
@@ -106,78 +97,77 @@ def fit_batch(stage: Stage) -> Stage:
 
 
 class _Trials:
-    """The finder's trials on a built stage: a whole training step, or a forward pass beside the
-    optimizer's state, at a batch; each gives its peak bytes, or None when it ran out of memory."""
+    """The finder's trials on a built stage, at its longest rows: a whole training step, or a
+    forward pass beside the optimizer's state, at a number of rows; each gives its peak bytes, or
+    None when it ran out of memory, and gives the memory back once it is over."""
 
     def __init__(self, stage: Stage):
         self.stage = stage
+        rows = stage.features
+        longest = {split: _longest(rows[split]) for split in SPLITS}  # (row, length)
+        eval_split = max(("dev", "test"), key=lambda split: longest[split][1])
+        self.train_row = rows["train"][longest["train"][0]]
+        self.eval_row = rows[eval_split][longest[eval_split][0]]
+        self.longest = max(length for _, length in longest.values())
+        self.eval_rows = math.ceil(max(len(rows["dev"]), len(rows["test"])) / stage.rt.world_size)
+        """The largest evaluation split's rows per rank: no evaluation batch is larger."""
+        self.collate = shaped_collate(stage.task.collator(stage.tokenizer), stage.cfg.train,
+                                      stage.tokenizer.pad_token_id)
 
-    def train(self, batch: dict, limit: int) -> int | None:
-        """One training step at `batch` (forward, loss, backward, a fused-or-not AdamW step as the
-        backend builds it): its peak bytes, or None when it ran out of memory."""
-        def measure() -> int:
-            self.stage.model.train()
-            with memory.measured(self.stage.rt.device, self._standing(), limit) as peak:
-                self._optimizer_step(batch)
-            return peak.bytes
-        return self._unless_out_of_memory(measure)
+    def train(self, rows: int, limit: int) -> int | None:
+        """One training step at `rows` (forward, loss, backward, a fused-or-not AdamW step as the
+        backend builds it)."""
+        return self._peak(self.collate([self.train_row] * rows), None, limit)
 
-    def eval(self, one_row: dict, batch: dict, limit: int) -> int | None:
-        """A forward pass without gradients at `batch`, beside the optimizer's state (a one-row step
-        made it, its gradients freed, as the loop leaves them before evaluating): its peak bytes,
-        or None when it ran out of memory."""
-        def measure() -> int:
-            self.stage.model.train()
-            optimizer = self._optimizer_step(one_row)
-            self.stage.model.zero_grad(set_to_none=True)
-            self.stage.model.eval()
-            state = [t for st in optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
-            with memory.measured(self.stage.rt.device, [*self._standing(), *state], limit) as peak, torch.no_grad():
-                inputs = {k: v.to(self.stage.rt.device) for k, v in batch.items() if k != "idx"}
-                with self.stage.policy.autocast():
-                    self.stage.model(**inputs)
-            return peak.bytes
-        return self._unless_out_of_memory(measure)
+    def eval(self, rows: int, limit: int) -> int | None:
+        """A forward pass without gradients at `rows`, beside the optimizer's state (a one-row step
+        made it, its gradients freed, as the loop leaves them before evaluating)."""
+        return self._peak(self.collate([self.eval_row] * rows), self.collate([self.train_row]), limit)
 
-    def _optimizer_step(self, batch: dict) -> torch.optim.Optimizer:
-        """A fresh AdamW (fused or not, as the backend builds it) stepped once on `batch`'s
-        gradients, so its state exists; returned, for the caller to count or drop."""
-        stage = self.stage
-        optimizer, _ = build_optimizer(stage.model, stage.cfg.train, 1, fused=stage.backend.fused_optimizer)
-        self.stage.plain_step(dict(batch))
-        optimizer.step()
-        return optimizer
-
-    def _unless_out_of_memory(self, measure: Callable[[], int]) -> int | None:
-        """`measure()`'s peak bytes, or None when it ran out of memory; the gradients dropped either
-        way. The trial's tensors (its optimizer among them) go with its frame; the memory itself is
-        given back once the trial returned (_released)."""
+    def _peak(self, batch: dict, one_row: dict | None, limit: int) -> int | None:
+        """The trial's peak bytes (a training step at `batch`, or with `one_row` a forward pass at
+        `batch` after a step at one_row), or None when it ran out of memory. The trial's tensors
+        (its optimizer among them) go with its frame, an out-of-memory exception's traceback
+        with the handler: the memory is given back once both are left."""
+        stage, device = self.stage, self.stage.rt.device
         try:
-            return measure()
+            peak = self._measure(batch, one_row, limit)
         except (torch.OutOfMemoryError, RuntimeError) as e:
             if not memory.is_out_of_memory(e):
                 raise
-            return None
+            peak = None
         finally:
-            self.stage.model.zero_grad(set_to_none=True)
-
-    def _standing(self) -> list[torch.Tensor]:
-        """The tensors that live on the device through a step: the model's parameters, buffers and
-        gradients, and a live teacher's (the CPU's tensor count starts from them)."""
-        teacher = self.stage.teacher
-        modules = [self.stage.model] + ([teacher] if teacher is not None else [])
-        return [t for m in modules for p in (*m.parameters(), *m.buffers())
-                for t in (p, p.grad) if t is not None]
-
-
-def _released(device: torch.device, trial: Callable[[int, int], int | None]) -> Callable[[int, int], int | None]:
-    """The trial, then its memory given back once it has returned: an out-of-memory exception's
-    traceback holds the failed step's tensors until the handler is left."""
-    def run(rows: int, limit: int) -> int | None:
-        peak = trial(rows, limit)
+            stage.model.zero_grad(set_to_none=True)
         memory.release(device)
         return peak
-    return run
+
+    def _measure(self, batch: dict, one_row: dict | None, limit: int) -> int:
+        stage, model, device = self.stage, self.stage.model, self.stage.rt.device
+        # what lives on the device through a step: the model's (and a live teacher's) parameters,
+        # buffers and gradients (the CPU's tensor count starts from them)
+        modules = [model] + ([stage.teacher] if stage.teacher is not None else [])
+        model.train()
+        if one_row is None:
+            with memory.measured(device, _tensors(modules), limit) as peak:
+                stage.plain_step(dict(batch))
+                optimizer, schedule = build_optimizer(model, stage.cfg.train, 1, fused=stage.backend.fused_optimizer)
+                optimizer.step()
+            return peak.bytes
+        stage.plain_step(dict(one_row))
+        optimizer, schedule = build_optimizer(model, stage.cfg.train, 1, fused=stage.backend.fused_optimizer)
+        optimizer.step()  # its state exists now, as in the loop
+        model.zero_grad(set_to_none=True)
+        model.eval()
+        state = [t for st in optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+        with memory.measured(device, [*_tensors(modules), *state], limit) as peak, torch.no_grad():
+            inputs = {k: v.to(device) for k, v in batch.items() if k != "idx"}
+            with stage.policy.autocast():
+                model(**inputs)
+        return peak.bytes
+
+
+def _tensors(modules: list[torch.nn.Module]) -> list[torch.Tensor]:
+    return [t for m in modules for p in (*m.parameters(), *m.buffers()) for t in (p, p.grad) if t is not None]
 
 
 def _longest(rows) -> tuple[int, int]:
@@ -193,15 +183,24 @@ def find(rows_per_rank: int, eval_rows: int, train_trial: Trial, eval_trial: Tri
     (up to eval_rows, EVAL_MAX) that fit `capacity` bytes on every rank; `what` names the longest
     rows in a refusal. A UserError when even one row does not fit."""
     usable = int(capacity * (1 - MARGIN))
-    divisors = [b for b in range(1, rows_per_rank + 1) if rows_per_rank % b == 0]
-    micro, peak = _largest(divisors, lambda b: _agreed(train_trial, b, capacity, usable))
-    if micro is None:
-        _refuse("training", train_trial, capacity, what)
     bound = max(1, min(eval_rows, EVAL_MAX))
-    sizes = sorted({*(2 ** k for k in range(bound.bit_length()) if 2 ** k < bound), bound})
-    evals, eval_peak = _largest(sizes, lambda b: _agreed(eval_trial, b, capacity, usable))
-    if evals is None:
-        _refuse("evaluation", eval_trial, capacity, what)
+    searched = {"training": ([b for b in range(1, rows_per_rank + 1) if rows_per_rank % b == 0], train_trial),
+                "evaluation": (sorted({*(2 ** k for k in range(bound.bit_length()) if 2 ** k < bound), bound}),
+                               eval_trial)}
+    found = {}
+    for phase, (candidates, trial) in searched.items():
+        found[phase] = _largest(candidates, lambda b, trial=trial: _agreed(trial, b, capacity, usable))
+        if found[phase][0] is not None:
+            continue
+        # how much one row needs: measured without the cap where the device can count past it (a
+        # CPU); on a GPU, at least the device's memory
+        need = dist.all_reduce([float(trial(1, 2**62) or 0)], "max")[0]
+        needed = f"{need / MIB:.1f} MiB" if need > usable else f"more than {capacity / MIB:.1f} MiB"
+        raise UserError(f"train.batch_size=auto: one row of {what} does not fit for {phase}: it needs {needed}, the "
+                        f"device has {capacity / MIB:.1f} MiB ({usable / MIB:.1f} usable with a {MARGIN:.0%} margin; "
+                        "train.memory_limit_mb or the device's free memory); less memory: precision=bf16/fp16, "
+                        "train.gradient_checkpointing=true, a shorter train.max_length, ZeRO offload")
+    (micro, peak), (evals, eval_peak) = found["training"], found["evaluation"]
     return BatchFit(micro, rows_per_rank // micro, micro, peak / MIB, evals, eval_peak / MIB, capacity / MIB)
 
 
@@ -228,15 +227,3 @@ def _agreed(trial: Trial, rows: int, capacity: int, usable: int) -> tuple[bool, 
     peak = trial(rows, capacity)
     failed, most = dist.all_reduce([float(peak is None or peak > usable), float(peak or 0)], "max")
     return not failed, int(most)
-
-
-def _refuse(phase: str, trial: Trial, capacity: int, what: str) -> None:
-    """Even one row does not fit: how much it needs (measured without the cap where the device can
-    count past it, a CPU; on a GPU at least the device's memory), on every rank alike."""
-    peak = trial(1, 2**62)
-    need = dist.all_reduce([float(peak or 0)], "max")[0]
-    needed = f"{need / MIB:.1f} MiB" if need > capacity * (1 - MARGIN) else f"more than {capacity / MIB:.1f} MiB"
-    raise UserError(f"train.batch_size=auto: one row of {what} does not fit for {phase}: it needs {needed}, the "
-                    f"device has {capacity / MIB:.1f} MiB ({capacity * (1 - MARGIN) / MIB:.1f} usable with a "
-                    f"{MARGIN:.0%} margin; train.memory_limit_mb or the device's free memory); less memory: "
-                    "precision=bf16/fp16, train.gradient_checkpointing=true, a shorter train.max_length, ZeRO offload")

@@ -178,10 +178,10 @@ def build_stage(plan: Plan) -> Stage:
     else:
         model_spec = cfg.model or task.default_model
         tokenizer, model = models.build(model_spec, task, train_texts, cfg.model_config, cfg.train.max_length)
-    identity = {"architecture": models.architecture(model), "tokenizer": features.tokenizer_identity(tokenizer),
-                "teacher": distiller.teacher_fingerprint if distiller is not None else None}
     if cfg.train.gradient_checkpointing:  # the trained model only: the teacher computes no gradients
         models.checkpoint_activations(model, model_spec)
+    identity = {"architecture": models.architecture(model), "tokenizer": features.tokenizer_identity(tokenizer),
+                "teacher": distiller.teacher_fingerprint if distiller is not None else None}
     prepared = {split: features.prepare_features(task, split, getattr(cfg.data, split), examples[split], tokenizer,
                                                  cfg.train.max_length, rt) for split in SPLITS}
     examples["train"].release()  # the builder's rows: the features are on disk now
