@@ -81,6 +81,7 @@ class Loop:
         self.checkpointer = Checkpointer(stage.out, self.parts(), stage.backend, stage.rt.rank, train_cfg.save_every,
                                          train_cfg.keep_checkpoints, run_id, record.to_json(),
                                          before_save=lambda: read_losses(self), clock=self.meters)
+        self.checkpointer.write_job()
 
     def parts(self) -> dict[str, Stateful]:
         return {"progress": self.progress, "losses": self.losses, "best": self.best, "meters": self.meters,

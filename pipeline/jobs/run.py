@@ -62,22 +62,21 @@ def _run_locked(stage: Stage, start: resume.Resumed | resume.StartOver, record: 
     """The stage in its MLflow run, from its checkpoint or from scratch (what a previous job left
     in output_dir cleared first)."""
     resumed = start if isinstance(start, resume.Resumed) else None
-    if resumed is None:
-        outputs.start_over(stage.out, stage.rt, uri, start.resuming)
-    if stage.rt.is_main:
-        record.write(stage.out)  # the job a later resume=auto compares with once it finished
     meters = StageMeters(stage.rt.device, stage.policy.arithmetic, stage.rt.world_size,
                          stage.compile.counts_compile_time)
+    energy_available = meters.energy_available_anywhere()
+    if resumed is None:
+        outputs.start_over(stage.out, stage.rt, uri, start.resuming)
     tracker, run_id = start_stage_run(stage.cfg, stage.rt, uri, StageRun(
-        stage.kind, stage.model_spec, stage.policy.name, meters.energy_available_anywhere(),
+        stage.kind, stage.model_spec, stage.policy.name, energy_available,
         what_ran(stage.cfg, stage.rt, stage.policy, stage.backend, stage.model_spec, stage.kind),
         resumed=resumed is not None, resume_run_id=resumed.run_id if resumed else None))
     if resumed is not None and resumed.accepted:
         _record_accepted(tracker, record, resumed.accepted, resumed.step)
-    tracker.log_datasets(describe_datasets(stage.cfg.data, stage.task, stage.examples))
     tracker.set_tags({names.TAG_DATA_CACHE: features.cache_outcome(stage.examples["train"], stage.features),
                       **({names.TAG_KD_CACHE: stage.distiller.cache_outcome} if stage.distiller else {}),
                       **({names.TAG_BATCH_FIT: stage.plan.batch_found} if stage.plan.batch_found else {})})
+    tracker.log_datasets(describe_datasets(stage.cfg.data, stage.task, stage.examples))
     gc_pause.resume_after_setup()  # the CLI paused it through set-up (runtime/gc_pause.py)
     try:
         final = fit(stage, tracker, run_id, meters, resumed.loaded if resumed else None, record)

@@ -133,6 +133,13 @@ class Checkpointer:
         self.clock = clock
         """Paused while saving: a save is neither training time nor training energy."""
 
+    def write_job(self) -> None:
+        """Rank 0: the job's record into output_dir too, what a later resume=auto compares with once
+        this job finished (its checkpoints carry their own)."""
+        if self.rank == 0:
+            self.out.root.mkdir(parents=True, exist_ok=True)
+            fsutil.write_json(self.out / OutputDir.JOB, self.job)
+
     def after_step(self, step: int, preempted: bool, last_of_epoch: bool) -> Path | None:
         """Collective, once per optimizer step: a checkpoint when the ranks agreed to stop
         (`preempted`) or every save_every steps (the epoch's last step leaves it to its end);

@@ -18,7 +18,6 @@ from pipeline.config import flatten
 from pipeline.config.schema import SettledConfig
 from pipeline.config.secrets import redact_config
 from pipeline.data import features
-from pipeline.fsutil import write_json
 from pipeline.layout import CheckpointFiles
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
@@ -58,10 +57,9 @@ class JobRecord:
         return dataclasses.replace(self, tokenizer=tokenizer, architecture=architecture, teacher=teacher)
 
     def to_json(self) -> dict[str, Any]:
+        """What the checkpointer writes as job.json (parts/checkpoint.py), into each checkpoint and
+        into output_dir."""
         return dataclasses.asdict(self)
-
-    def write(self, directory: Path) -> None:
-        write_json(Path(directory) / FILE, self.to_json())
 
 
 def read(directory: Path) -> JobRecord | None:

@@ -10,6 +10,7 @@ import pytest
 from pipeline.config import load_config
 from pipeline.data.loaders import ResumableSampler
 from pipeline.errors import UserError
+from pipeline.fsutil import write_json
 from pipeline.jobs import same_job
 from pipeline.plan import job_record
 
@@ -82,6 +83,6 @@ def test_a_position_in_optimizer_steps_is_the_same_rows_on_one_process_or_two(gr
 
 def test_a_record_survives_its_file(tmp_path):
     r = record(tokenizer="t", architecture={"hidden_size": 8, "parameters": "sha256:x"}, accepted=["a"])
-    r.write(tmp_path)
+    write_json(tmp_path / job_record.FILE, r.to_json())  # as the checkpointer writes it
     assert job_record.read(tmp_path) == r
     assert json.loads((tmp_path / job_record.FILE).read_text())["global_batch"] == "64 rows"
