@@ -3,7 +3,7 @@
 OUTPUT_DIR/
   .lock               one job at a time (jobs/lock.py)
   config.yaml         the config as the job resolved it (tracking/stage_run.py)
-  job.json            what the job trains with (plan/job_record.py), for a resume=auto once it finished
+  job.json            what the job trains with (job_record.py), for a resume=auto once it finished
   journal.jsonl       every param, tag, metric and artifact as produced (tracking/journal.py);
   journal.abandoned-STAMP.jsonl   a previous job's journal its store could not take
   checkpoints/step-NNNNNNNN/      (parts/checkpoint.py; CheckpointFiles below)
@@ -82,6 +82,10 @@ class OutputDir:
     @property
     def config(self) -> Path:
         return self.root / self.CONFIG
+
+    @property
+    def job(self) -> Path:
+        return self.root / self.JOB
 
     @property
     def journal(self) -> Path:

@@ -19,12 +19,12 @@ from pipeline import models, names
 from pipeline.config.schema import SettledConfig
 from pipeline.data import features
 from pipeline.data.loaders import shaped_collate
+from pipeline.job_record import JobRecord
 from pipeline.kd.distill import Distiller, build_distillation
 from pipeline.layout import OutputDir
 from pipeline.measure import inference, memory
 from pipeline.measure.flops import FlopModel, step_flop_model
 from pipeline.measure.load import LoadSampler
-from pipeline.plan.job_record import JobRecord
 from pipeline.plan.settle import Plan
 from pipeline.runtime.backend import Backend
 from pipeline.runtime.compiler import CompilePolicy

@@ -20,13 +20,13 @@ from tqdm.auto import tqdm
 
 from pipeline.data.loaders import Loaders, build_loaders, real_rows
 from pipeline.evaluation import evaluate
+from pipeline.job_record import JobRecord
 from pipeline.measure.telemetry import StageMeters
 from pipeline.parts.best_model import BestModel
 from pipeline.parts.checkpoint import Checkpointer, LoadedCheckpoint, Stateful
 from pipeline.parts.optim import build_optimizer, lr_schedule, rewind
 from pipeline.parts.progress import Progress
 from pipeline.parts.step_losses import StepLosses
-from pipeline.plan.job_record import JobRecord
 from pipeline.runtime import dist
 from pipeline.runtime.dist import AgreedFlag, Reduced
 from pipeline.stage import Stage
@@ -77,6 +77,7 @@ class Loop:
         stage, train_cfg = self.stage, self.stage.cfg.train
         self.records = MetricsProcessor(tracker, self.meters, self.losses, train_cfg.log_every, self.total_steps,
                                         stage.rt.is_main)
+        self.records.tag_energy()
         self.records.write_files(stage.out, stage.backend.extra_artifacts)  # e.g. the resolved DeepSpeed config
         self.checkpointer = Checkpointer(stage.out, self.parts(), stage.backend, stage.rt.rank, train_cfg.save_every,
                                          train_cfg.keep_checkpoints, run_id, record.to_json(),
@@ -88,13 +89,13 @@ class Loop:
                 "scheduler": self.scheduler}
 
 
-def fit(stage: Stage, tracker: Tracker, run_id: str | None, meters: StageMeters, resumed: LoadedCheckpoint | None,
-        record: JobRecord) -> dict[str, float]:
+def fit(stage: Stage, tracker: Tracker, run_id: str | None, resumed: LoadedCheckpoint | None, record: JobRecord
+        ) -> dict[str, float]:
     """Train every epoch (from where a resumed job stopped), then test; returns the final metrics.
     A SIGTERM checkpoints at the next step boundary every rank agrees on (Preempted)."""
     preemption = AgreedFlag(stage.rt.device)
     with dist.on_sigterm(preemption.raised):
-        loop = setup(stage, tracker, run_id, meters, preemption, record)
+        loop = setup(stage, tracker, run_id, preemption, record)
         if resumed is not None:  # model, optimizer, every part and the RNG; the best model's weights from best/
             loop.checkpointer.load(resumed)
             loop.best.restore_weights(stage.out, stage.backend)
@@ -107,12 +108,14 @@ def fit(stage: Stage, tracker: Tracker, run_id: str | None, meters: StageMeters,
         return finish(loop)
 
 
-def setup(stage: Stage, tracker: Tracker, run_id: str | None, meters: StageMeters, preemption: AgreedFlag,
-          record: JobRecord) -> Loop:
-    """Loaders, the FLOP model, AdamW, the LR schedule, the backend's wrapper; the Loop around them."""
+def setup(stage: Stage, tracker: Tracker, run_id: str | None, preemption: AgreedFlag, record: JobRecord) -> Loop:
+    """The FLOP model, the meters, loaders, AdamW, the LR schedule, the backend's wrapper; the Loop
+    around them."""
     train_cfg, rt = stage.cfg.train, stage.rt
     collate = stage.task.collator(stage.tokenizer)
-    meters.flop_model = stage.step_flop_model(collate)  # before the wrapper: no collective, no timer
+    flop_model = stage.step_flop_model(collate)  # before the wrapper: no collective, no timer
+    meters = StageMeters(rt.device, stage.policy.arithmetic, rt.world_size, stage.compile.counts_compile_time,
+                         flop_model)
     loaders = build_loaders(stage.features, collate, train_cfg, rt, stage.cfg.seed, stage.tokenizer.pad_token_id,
                             fill=stage.compile.fill_short_batches(distilling=stage.distiller is not None))
     steps_per_epoch = math.ceil(len(loaders.train) / train_cfg.grad_accum)

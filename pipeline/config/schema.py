@@ -30,7 +30,7 @@ CHOICES = {"task": TASKS, "precision": PRECISIONS, "backend": BACKENDS, "train.c
 
 
 RECORD_PARTS = ("global_batch", "tokenizer")
-"""Parts of a job's record (plan/job_record.py) that are not config keys, as accept_changes names them."""
+"""Parts of a job's record (job_record.py) that are not config keys, as accept_changes names them."""
 MAPPINGS = ("model_config", "task_options", "tracking.tags")
 
 

@@ -1,5 +1,5 @@
 """What of a config never leaves the job in clear: secret-looking keys masked, credentials dropped
-from URIs. The job's record (plan/job_record.py), config.yaml, the run's params and every log line
+from URIs. The job's record (job_record.py), config.yaml, the run's params and every log line
 that shows a tracking URI go through here."""
 from __future__ import annotations
 

@@ -15,12 +15,13 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+from pipeline import job_record
+from pipeline.job_record import JobRecord
 from pipeline.jobs import lock, outputs, same_job
 from pipeline.jobs.same_job import Change
+from pipeline.layout import CheckpointFiles
 from pipeline.parts import checkpoint
 from pipeline.parts.checkpoint import Checkpoint, LoadedCheckpoint
-from pipeline.plan import job_record
-from pipeline.plan.job_record import JobRecord
 from pipeline.plan.settle import Plan
 from pipeline.runtime import dist
 
@@ -91,13 +92,14 @@ def decide(plan: Plan) -> Finished | FromCheckpoint | StartOver:
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # an elastic restart resumes
     if plan.cfg.resume != "auto" and not restarted:
         return StartOver(resuming=False)
+    # what output_dir holds: a finished job's metrics, else its newest usable checkpoint; that job's record
     metrics = outputs.finished_metrics(out)
-    if metrics is not None:
-        same_job.check_finished(out, job_record.read(out), asked)
-        return Finished(metrics)
-    ckpt = checkpoint.latest(out)
-    if ckpt is None:
+    ckpt = checkpoint.latest(out) if metrics is None else None
+    if metrics is None and ckpt is None:
         return StartOver(resuming=True)
-    trained = job_record.read(ckpt.path)
+    trained = job_record.read(out.job if ckpt is None else ckpt.path / CheckpointFiles.JOB)
+    if ckpt is None:
+        same_job.check_finished(out, trained, asked)
+        return Finished(metrics)
     return FromCheckpoint(ckpt, trained, same_job.check_settings(ckpt.path, trained, asked, plan.cfg.accepted_changes))
 

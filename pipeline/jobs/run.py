@@ -16,10 +16,9 @@ from pipeline import batch_finder, names
 from pipeline.config import Config
 from pipeline.data import features
 from pipeline.data.loaders import describe_datasets
+from pipeline.job_record import JobRecord
 from pipeline.jobs import lock, outputs, resume
 from pipeline.jobs.same_job import Change, param_value
-from pipeline.measure.telemetry import StageMeters
-from pipeline.plan.job_record import JobRecord
 from pipeline.plan.settle import settle
 from pipeline.runtime import dist, gc_pause
 from pipeline.stage import Stage, build_stage
@@ -62,13 +61,10 @@ def _run_locked(stage: Stage, start: resume.Resumed | resume.StartOver, record: 
     """The stage in its MLflow run, from its checkpoint or from scratch (what a previous job left
     in output_dir cleared first)."""
     resumed = start if isinstance(start, resume.Resumed) else None
-    meters = StageMeters(stage.rt.device, stage.policy.arithmetic, stage.rt.world_size,
-                         stage.compile.counts_compile_time)
-    energy_available = meters.energy_available_anywhere()
     if resumed is None:
         outputs.start_over(stage.out, stage.rt, uri, start.resuming)
     tracker, run_id = start_stage_run(stage.cfg, stage.rt, uri, StageRun(
-        stage.kind, stage.model_spec, stage.policy.name, energy_available,
+        stage.kind, stage.model_spec, stage.policy.name,
         what_ran(stage.cfg, stage.rt, stage.policy, stage.backend, stage.model_spec, stage.kind),
         resumed=resumed is not None, resume_run_id=resumed.run_id if resumed else None))
     if resumed is not None and resumed.accepted:
@@ -79,7 +75,7 @@ def _run_locked(stage: Stage, start: resume.Resumed | resume.StartOver, record: 
     tracker.log_datasets(describe_datasets(stage.cfg.data, stage.task, stage.examples))
     gc_pause.resume_after_setup()  # the CLI paused it through set-up (runtime/gc_pause.py)
     try:
-        final = fit(stage, tracker, run_id, meters, resumed.loaded if resumed else None, record)
+        final = fit(stage, tracker, run_id, resumed.loaded if resumed else None, record)
     except BaseException as e:
         tracker.end("KILLED" if isinstance(e, (KeyboardInterrupt, Preempted)) else "FAILED")
         raise

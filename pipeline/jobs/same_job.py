@@ -1,5 +1,5 @@
 """resume=auto continues the same job, never another: a checkpoint's job record against the job
-asked for now (plan/job_record.py), compared before anything heavy is loaded. Comparing only:
+asked for now (job_record.py), compared before anything heavy is loaded. Comparing only:
 reading the records is job_record's, and sharing the answer across ranks the caller's.
 
 What may differ: the keys in SAFE (logging, tracking, checkpoint cadence, workers, timeouts:
@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import UserError
+from pipeline.job_record import JobRecord
 from pipeline.layout import OutputDir
-from pipeline.plan.job_record import JobRecord
 
 SAFE = ("train.log_every", "train.save_every", "train.keep_checkpoints", "train.num_workers",
         "train.eval_batch_size", "train.max_nonfinite", "train.compile", "train.pad_to_multiple_of", "tracking.*",

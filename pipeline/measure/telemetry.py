@@ -200,15 +200,16 @@ class StageMeters:
     over ranks (sums of work, the slowest rank's time, the largest peak). Owns the job's totals
     (`totals`) and saves and restores them with the checkpoint."""
 
-    def __init__(self, device: torch.device, precision_name: str, world_size: int, compiled: bool = False):
+    def __init__(self, device: torch.device, precision_name: str, world_size: int, compiled: bool = False,
+                 flop_model: FlopModel | None = None):
         self.device, self.world_size, self.compiled = device, world_size, compiled
         self.recompile_warning = compiler.RecompileWarning()
         self.energy = EnergyMeter(device, compiled)
         self.peak_tflops = peak_tflops(device_name(device), precision_name,
                                        torch.cuda.get_device_properties(device).multi_processor_count
                                        ) if device.type == "cuda" else None
-        self.flop_model: FlopModel | None = None
-        """Set once by the loop (counted outside the timed steps); None: no FLOP metrics."""
+        self.flop_model = flop_model
+        """Counted by the loop outside the timed steps (Stage.step_flop_model); None: no FLOP metrics."""
         self.flops = 0.0
         """FLOPs of this epoch's timed real tokens on this rank."""
         self.padded_flops = 0.0

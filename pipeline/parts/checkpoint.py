@@ -3,7 +3,7 @@ job: when to save, what, the durable write, the last K kept, the restore.
 
 Layout: OUTPUT_DIR/checkpoints/step-00000123/ with `state.pt` (every part of the loop's state by
 name, collected from parts that save and restore themselves; rank 0), `job.json` (what the job
-trains with: plan/job_record.py; rank 0), what the backend writes
+trains with: job_record.py; rank 0), what the backend writes
 (`backend.pt`: model, optimizer, loss scaler; or DeepSpeed's own engine checkpoint under
 `engine/`), `rng-rank{R}.pt` (every rank's RNG states) and `manifest.json` (sha256 of each
 file), written last. Every file goes into a temporary directory that is fsync'ed (files, then
@@ -138,7 +138,7 @@ class Checkpointer:
         this job finished (its checkpoints carry their own)."""
         if self.rank == 0:
             self.out.root.mkdir(parents=True, exist_ok=True)
-            fsutil.write_json(self.out / OutputDir.JOB, self.job)
+            fsutil.write_json(self.out.job, self.job)
 
     def after_step(self, step: int, preempted: bool, last_of_epoch: bool) -> Path | None:
         """Collective, once per optimizer step: a checkpoint when the ranks agreed to stop

@@ -4,25 +4,29 @@
 the world it runs on (the fallback to fewer devices: runtime/fallback.py), the precision policy,
 the task, every default an unset key or `auto` stands for (output_dir; with the device, the
 compile mode, the padding multiple and the loader workers; with the task and the kind of model,
-the learning rate, the epochs and length grouping; batch_size=auto's global batch), and the job's
-record (job_record.py) a resume compares. One thing is left for later, by name: under
-batch_size=auto the split of the global batch into micro-batches (Plan.find_batch), which only
-the built model on its device can measure (batch_finder.fit_batch,
-Plan.resplit): until then the plan holds the default split of that global batch, a job that
-runs as it is. Every later reader takes the plan: `Plan.cfg` is a `SettledConfig`, whose types
-say that nothing in it is unset or `auto`. Resolving changes no process-wide setting: the
-stage applies the matmul mode and the memory cap when it starts (stage.build_stage).
+the learning rate, the epochs and length grouping; batch_size=auto's global batch), and the part
+of the job's record a resume compares that is known before anything loads (describe; the record
+itself is pipeline/job_record.py). One thing is left for later, by name: under batch_size=auto the
+split of the global batch into micro-batches (Plan.find_batch), which only the built model on its
+device can measure (batch_finder.fit_batch, Plan.resplit): until then the plan holds the default
+split of that global batch, a job that runs as it is. Every later reader takes the plan:
+`Plan.cfg` is a `SettledConfig`, whose types say that nothing in it is unset or `auto`.
+Resolving changes no process-wide setting: the stage applies the matmul mode and the memory cap
+when it starts (stage.build_stage).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from typing import Any
 
-from pipeline.config import Config
+from pipeline.config import Config, flatten
 from pipeline.config.schema import SettledConfig, SettledTrain, TrainConfig, default_output_dir
+from pipeline.config.secrets import redact_config
+from pipeline.data import features
+from pipeline.job_record import JobRecord
 from pipeline.layout import OutputDir
-from pipeline.plan.job_record import JobRecord, describe
 from pipeline.runtime import compiler, precision
 from pipeline.runtime.compiler import CompilePolicy
 from pipeline.runtime.deepspeed_backend import zero_stage_of
@@ -35,6 +39,8 @@ from pipeline.tasks.base import Task
 KINDS = ("train", "distill")
 PRESET_LR = 3e-4
 """The learning rate of presets trained from scratch: a larger step than fine-tuning takes."""
+FINGERPRINTED_SPLITS = ("train", "dev")
+"""The splits a job's optimization and model selection read (test is only evaluated at the end)."""
 AUTO_BATCH = 16
 """batch_size=auto's rows per rank and accumulation group: the default batch_size, so the global
 batch is that of the default (16 x grad_accum x world size), whatever the card."""
@@ -111,6 +117,24 @@ def settle_config(cfg: Config, model_spec: str, task: Task, device_type: str,
                             "group_by_length": t.group_by_length if t.group_by_length is not None
                             else task.group_by_length})
     return SettledConfig(**{**_fields(cfg), "train": train, "output_dir": default_output_dir(cfg)})
+
+
+def describe(cfg: SettledConfig, task: Task, rt: Runtime, policy: PrecisionPolicy) -> JobRecord:
+    """The part of a job's record known before data and models load (settle makes it)."""
+    t = cfg.train
+    per_rank = f"{t.batch_tokens * t.grad_accum} tokens" if t.batch_tokens else f"{t.batch_size * t.grad_accum} rows"
+    amount, unit = per_rank.split()
+    return JobRecord(
+        # redacted as config.yaml is (no secrets in output_dir), and as JSON reads it back
+        config=json.loads(json.dumps({k: v for k, v in flatten(redact_config(cfg.to_dict())).items() if v != {}},
+                                     default=str)),  # an empty mapping (model_config={}) is no key
+        global_batch=f"{int(amount) * rt.world_size} {unit}", world_size=rt.world_size,
+        backend="deepspeed" if rt.backend == "deepspeed" else "torch",
+        precision=policy.name,
+        # a file's sha256 (remembered: a warm start does not read it again) or a hub dataset's fingerprint
+        data={split: {"file": getattr(cfg.data, split) or f"the built-in {task.name} {split} set",
+                      "fingerprint": features.source_identity(task, getattr(cfg.data, split), split)}
+              for split in FINGERPRINTED_SPLITS})
 
 
 def device_defaults(train: TrainConfig, gpu: bool, compile_policy: CompilePolicy) -> dict[str, Any]:

@@ -37,6 +37,12 @@ class MetricsProcessor:
         self.tracker, self.meters, self.losses = tracker, meters, losses
         self.log_every, self.total_steps, self.is_main = log_every, total_steps, is_main
 
+    def tag_energy(self) -> None:
+        """Collective: the run's energy_available tag (does any rank measure energy?), which tells the
+        report a missing energy figure from a zero."""
+        available = self.meters.energy_available_anywhere()
+        self.tracker.set_tags({names.TAG_ENERGY_AVAILABLE: "true" if available else "false"})
+
     def should_log(self, step: int) -> bool:
         return step % self.log_every == 0 or step == self.total_steps
 

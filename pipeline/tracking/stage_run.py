@@ -32,7 +32,6 @@ class StageRun:
     model_spec: str
     precision: str
     """The resolved precision policy's name."""
-    energy_available: bool
     ran: dict[str, dict[str, Any]] = field(default_factory=dict)
     """what_ran(): `resolved.*` params and the backend's tags."""
     resumed: bool = False
@@ -103,7 +102,6 @@ def run_tags(cfg: Config, rt: Runtime, run: StageRun) -> dict[str, object]:
         names.TAG_NUM_NODES: rt.num_nodes, names.TAG_STAGE: run.kind, names.TAG_PROCEDURE: run.kind,
         names.TAG_DEVICE: telemetry.device_name(rt.device), names.TAG_DEVICE_TYPE: rt.device.type,
         names.TAG_SEED: cfg.seed, names.TAG_STUDY: "",
-        names.TAG_ENERGY_AVAILABLE: "true" if run.energy_available else "false",
         **telemetry.environment_tags(), **run.ran.get("tags", {}), **cfg.tracking.tags,
     }
     if cfg.tracking.parent_run_id:

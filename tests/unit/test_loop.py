@@ -18,13 +18,13 @@ from helpers import settled_config
 from pipeline import names, train
 from pipeline.config import load_config
 from pipeline.errors import MachineError, UserError
+from pipeline.job_record import JobRecord
 from pipeline.layout import OutputDir
 from pipeline.measure.telemetry import StageMeters
 from pipeline.parts import checkpoint
 from pipeline.parts.best_model import BestModel
 from pipeline.parts.checkpoint import LoadedCheckpoint
 from pipeline.parts.optim import build_optimizer
-from pipeline.plan.job_record import JobRecord
 from pipeline.plan.settle import Plan
 from pipeline.runtime import compiler, precision
 from pipeline.runtime.backend import StepResult
@@ -133,9 +133,13 @@ class Batches:
 class RecordingTracker:
     def __init__(self):
         self.logged: list[tuple[int, dict]] = []
+        self.tags: dict[str, str] = {}
 
     def log_metrics(self, metrics, step):
         self.logged.append((step, metrics))
+
+    def set_tags(self, tags):
+        self.tags.update(tags)
 
 
 def make_loop(tmp_path, overrides=(), applied=(), micro_batches=6, epochs=1, total_steps=None):

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from pipeline import job_record
 from pipeline.config import load_config
 from pipeline.data.loaders import ResumableSampler
 from pipeline.errors import UserError
 from pipeline.fsutil import write_json
 from pipeline.jobs import same_job
-from pipeline.plan import job_record
 
 
 def test_an_older_checkpoint_without_its_jobs_record_is_refused_in_one_line(tmp_path):
@@ -83,6 +83,7 @@ def test_a_position_in_optimizer_steps_is_the_same_rows_on_one_process_or_two(gr
 
 def test_a_record_survives_its_file(tmp_path):
     r = record(tokenizer="t", architecture={"hidden_size": 8, "parameters": "sha256:x"}, accepted=["a"])
-    write_json(tmp_path / job_record.FILE, r.to_json())  # as the checkpointer writes it
-    assert job_record.read(tmp_path) == r
-    assert json.loads((tmp_path / job_record.FILE).read_text())["global_batch"] == "64 rows"
+    write_json(tmp_path / "job.json", r.to_json())  # as the checkpointer writes it
+    assert job_record.read(tmp_path / "job.json") == r
+    assert json.loads((tmp_path / "job.json").read_text())["global_batch"] == "64 rows"
+    assert job_record.read(tmp_path / "none.json") is None
