@@ -77,8 +77,7 @@ class Loop:
         stage, train_cfg = self.stage, self.stage.cfg.train
         self.records = MetricsProcessor(tracker, self.meters, self.losses, train_cfg.log_every, self.total_steps,
                                         stage.rt.is_main)
-        self.records.tag_energy()
-        self.records.write_files(stage.out, stage.backend.extra_artifacts)  # e.g. the resolved DeepSpeed config
+        self.records.begin(stage.out, stage.backend.extra_artifacts)
         self.checkpointer = Checkpointer(stage.out, self.parts(), stage.backend, stage.rt.rank, train_cfg.save_every,
                                          train_cfg.keep_checkpoints, run_id, record.to_json(),
                                          before_save=lambda: read_losses(self), clock=self.meters)

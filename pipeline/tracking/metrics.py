@@ -37,11 +37,16 @@ class MetricsProcessor:
         self.tracker, self.meters, self.losses = tracker, meters, losses
         self.log_every, self.total_steps, self.is_main = log_every, total_steps, is_main
 
-    def tag_energy(self) -> None:
-        """Collective: the run's energy_available tag (does any rank measure energy?), which tells the
-        report a missing energy figure from a zero."""
+    def begin(self, out: OutputDir, files: dict[str, dict]) -> None:
+        """Collective, as the loop starts: the run's energy_available tag (does any rank measure
+        energy? the report tells a missing figure from a zero by it); rank 0 writes `files` (the
+        backend's, e.g. the resolved DeepSpeed config) into output_dir and the run."""
         available = self.meters.energy_available_anywhere()
         self.tracker.set_tags({names.TAG_ENERGY_AVAILABLE: "true" if available else "false"})
+        if self.is_main:
+            for name, content in files.items():
+                write_json(out / name, content)
+                self.tracker.log_artifact(out / name)
 
     def should_log(self, step: int) -> bool:
         return step % self.log_every == 0 or step == self.total_steps
@@ -91,13 +96,6 @@ class MetricsProcessor:
         """Rank 0: the job's closing console line."""
         log.info("test %s %.4f  |  %.1f samples/s over %.1fs of training  |  outputs in %s", main_metric, test_main,
                  final[names.SAMPLES_PER_S], self.meters.totals.train_seconds, out)
-
-    def write_files(self, out: OutputDir, files: dict[str, dict]) -> None:
-        """Rank 0: JSON files into output_dir and the run (the backend's resolved DeepSpeed config)."""
-        if self.is_main:
-            for name, content in files.items():
-                write_json(out / name, content)
-                self.tracker.log_artifact(out / name)
 
     def write_outputs(self, out: OutputDir, final: dict[str, float], report: str, served: ServedModel | None,
                       step: int) -> None:
