@@ -1,4 +1,5 @@
-"""Fixtures, the xdist thread settings and the CPU suite's hidden GPUs; the shared helpers are in helpers.py."""
+"""Fixtures, the xdist thread settings, the collector paused through collection and the CPU suite's hidden
+GPUs; the shared helpers are in helpers.py."""
 import gc
 import json
 import os
@@ -7,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-# Collection imports torch, transformers and the pipeline: about half a million objects that live as
+# Collection imports torch, transformers and the pipeline: some 800,000 objects that live as
 # long as the process. With the collector on, each growth of the heap by a quarter walks them all
 # again (seconds per process); so, as `python -m pipeline` does through set-up
 # (pipeline/runtime/gc_pause.py), it is paused until collection ends, then what collection made is
