@@ -1,5 +1,6 @@
 """Fixtures, the xdist thread settings, the collector paused through collection and the CPU suite's hidden
 GPUs; the shared helpers are in helpers.py."""
+import atexit
 import gc
 import json
 import os
@@ -12,8 +13,11 @@ import pytest
 # long as the process. With the collector on, each growth of the heap by a quarter walks them all
 # again (seconds per process); so, as `python -m pipeline` does through set-up
 # (pipeline/runtime/gc_pause.py), it is paused until collection ends, then what collection made is
-# frozen, out of every later collection's walk.
+# frozen, out of every later collection's walk. At exit everything is frozen again (as the CLI does:
+# gc_pause.skip_final_collection): the interpreter's last collections walk nothing, and xdist's
+# controller waits for each worker to exit.
 gc.disable()
+atexit.register(gc.freeze)
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # two workers share two cores: one thread each (and for the jobs they launch), or OpenMP's
