@@ -1,10 +1,23 @@
-"""Fixtures, the xdist thread settings and the CPU suite's hidden GPUs; the shared helpers are in helpers.py."""
+"""Fixtures, the xdist thread settings, the collector paused through collection and the CPU suite's hidden
+GPUs; the shared helpers are in helpers.py."""
+import atexit
+import gc
 import json
 import os
 import re
 from pathlib import Path
 
 import pytest
+
+# Collection imports torch, transformers and the pipeline: some 800,000 objects that live as
+# long as the process. With the collector on, each growth of the heap by a quarter walks them all
+# again (seconds per process); so, as `python -m pipeline` does through set-up
+# (pipeline/runtime/gc_pause.py), it is paused until collection ends, then what collection made is
+# frozen, out of every later collection's walk. At exit everything is frozen again (as the CLI does:
+# gc_pause.skip_final_collection): the interpreter's last collections walk nothing, and xdist's
+# controller waits for each worker to exit.
+gc.disable()
+atexit.register(gc.freeze)
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # two workers share two cores: one thread each (and for the jobs they launch), or OpenMP's
@@ -41,6 +54,17 @@ def pytest_collection_modifyitems(config, items):
         if left_out:
             config.hook.pytest_deselected(items=left_out)
             items[:] = [item for item in items if not item.get_closest_marker("install")]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """The collector back on once the tests are collected (at once in xdist's controller, which
+    collects nothing), with what collection made frozen."""
+    try:
+        return (yield)
+    finally:
+        gc.freeze()
+        gc.enable()
 
 
 _recorded: dict[str, float] = {}

@@ -56,20 +56,26 @@ def make_distiller(teacher, cfg_overrides=()):
                              CPU, teacher)
 
 
-def tiny_setup(rows=64):
+@pytest.fixture(scope="module")
+def train():
+    """The built-in sentiment sample set's training split, read once (normalizing it is most of its cost)."""
+    return get_task("sentiment").load(None, "train")
+
+
+def tiny_setup(train, rows=64):
     from pipeline import models
 
     task = get_task("sentiment")
-    tokenizer, teacher = models.build("preset:bangla-tiny", task, task.texts(task.load(None, "train")), {}, 48)
-    return task, task.load(None, "train")[:rows], tokenizer, teacher
+    tokenizer, teacher = models.build("preset:bangla-tiny", task, task.texts(train), {}, 48)
+    return task, train[:rows], tokenizer, teacher
 
 
-def test_a_tokenizer_loaded_from_another_path_hits_the_cache(tmp_path):
+def test_a_tokenizer_loaded_from_another_path_hits_the_cache(tmp_path, train):
     """The same vocabulary saved to two folders gives the same token ids, so the same teacher
     outputs: the second job hits. Features in another row order miss (row i must stay row i)."""
     from transformers import AutoTokenizer
 
-    task, examples, tokenizer, teacher = tiny_setup()
+    task, examples, tokenizer, teacher = tiny_setup(train)
     for folder in ("a", "b"):
         tokenizer.save_pretrained(tmp_path / folder)
     first, second = (AutoTokenizer.from_pretrained(tmp_path / folder) for folder in ("a", "b"))
@@ -85,10 +91,10 @@ def test_a_tokenizer_loaded_from_another_path_hits_the_cache(tmp_path):
     assert torch.equal(shuffled.cached["logits"], d.cached["logits"].flip(0))
 
 
-def test_a_teacher_with_the_same_weights_but_another_architecture_misses():
+def test_a_teacher_with_the_same_weights_but_another_architecture_misses(train):
     """model_config overrides reach the teacher too: 4 attention heads instead of 2 over the same
     weights is another function, so its logits must not come from the 2-head teacher's cache."""
-    task, examples, tokenizer, teacher = tiny_setup()
+    task, examples, tokenizer, teacher = tiny_setup(train)
     features, collate = task.featurize(examples, tokenizer, 48, "train"), task.collator(tokenizer)
     config = teacher.config.__class__.from_dict({**teacher.config.to_dict(), "num_attention_heads": 4})
     four_heads = task.model_class.from_config(config)
@@ -148,14 +154,14 @@ def test_hidden_term_adds_to_the_loss_and_trains_the_projection():
     assert all(p.grad is None for p in teacher.parameters())  # the teacher stays frozen
 
 
-def test_the_teacher_is_dropped_once_its_logits_are_cached():
+def test_the_teacher_is_dropped_once_its_logits_are_cached(train):
     """With the cache, no teacher stays in the Distiller (on a GPU: its memory would be charged to
     the student's peak); the loss then comes from the cache alone. A live teacher stays."""
     from pipeline import models
 
     task = get_task("sentiment")
-    examples = task.load(None, "train")[:32]
-    tokenizer, teacher = models.build("preset:bangla-tiny", task, task.texts(task.load(None, "train")), {}, 48)
+    examples = train[:32]
+    tokenizer, teacher = models.build("preset:bangla-tiny", task, task.texts(train), {}, 48)
     features = task.featurize(examples, tokenizer, 48, "train")
     collate = task.collator(tokenizer)
     for attempt in ("miss", "hit"):

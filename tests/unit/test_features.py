@@ -117,7 +117,7 @@ def test_a_large_training_file_is_read_and_written_piece_by_piece(cache, tmp_pat
     whole_train, tokenizer, whole = prepare(whole_task, str(paths["train"]))
     shutil.rmtree(cache)
 
-    monkeypatch.setattr(TextClassificationTask, "CHUNK_ROWS", 7)
+    monkeypatch.setattr(TextClassificationTask, "CHUNK_ROWS", 45)  # 120 rows: two whole pieces and a shorter one
     written_before, validate = [], SentimentTask._validate
 
     def counted_validate(self, chunk, where):
@@ -126,10 +126,10 @@ def test_a_large_training_file_is_read_and_written_piece_by_piece(cache, tmp_pat
 
     monkeypatch.setattr(SentimentTask, "_validate", counted_validate)
     task = get_task("sentiment")
-    assert [len(chunk) for chunk in task.load_chunks(str(paths["train"]), "train")] == [7] * 17 + [1]
+    assert [len(chunk) for chunk in task.load_chunks(str(paths["train"]), "train")] == [45, 45, 30]
     written_before.clear()
     train, _, pieces = prepare(task, str(paths["train"]), tokenizer)
-    assert written_before == list(range(18))  # piece i is on disk before piece i + 1 is read
+    assert written_before == [0, 1, 2]  # piece i is on disk before piece i + 1 is read
     assert train.dataset().to_list() == rows and list(train.texts) == task.texts(rows)
     assert (len(train), train.digest, train.texts.sha256) == (len(whole_train), whole_train.digest,
                                                              whole_train.texts.sha256)
@@ -143,7 +143,7 @@ def test_a_large_training_file_is_read_and_written_piece_by_piece(cache, tmp_pat
     bad.write_text("\n".join(lines) + "\n", encoding="utf-8")
     with pytest.raises(UserError, match=r"^\S*bad.tsv: line 101: unknown label 'Mixed'"):
         features.prepare_train(get_task("sentiment"), str(bad), SINGLE)
-    assert written_before[-1] == 14  # it failed in the 15th piece, with 14 written
+    assert written_before[-1] == 2  # it failed in the 3rd piece, with 2 written
     assert [p.name for p in (cache / "features").iterdir()] == ["sources"]  # nothing half-written
 
 

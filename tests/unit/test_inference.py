@@ -84,13 +84,13 @@ def test_infer_bench_measures_models_side_by_side(saved, capsys):
     from pipeline.cli import main
 
     assert main(["infer-bench", str(saved), str(saved / "best"), "--lengths", "8,16", "--batch-size", "2",
-                 "--budget-s", "0.01", "--json"]) == 0
+                 "--budget-s", "0.01", "--reps", "2", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [(r["model"], r["length"]) for r in rows] == [(str(saved), 8), (str(saved), 16),
                                                          (str(saved / "best"), 8), (str(saved / "best"), 16)]
     assert all(r["precision"] == "fp32" and r["params"] == rows[0]["params"] for r in rows)
     assert rows[0]["speedup"] == 1.0 and rows[2]["speedup"] > 0  # against the first model
-    assert main(["infer-bench", str(saved), "--lengths", "8", "--budget-s", "0.01"]) == 0
+    assert main(["infer-bench", str(saved), "--lengths", "8", "--budget-s", "0.01", "--reps", "2"]) == 0
     table = capsys.readouterr().out
     assert "device cpu" in table and "p50_ms" in table and str(saved) in table
 

@@ -76,9 +76,12 @@ def test_a_deepspeed_job_without_launcher_leaves_no_launcher_variables(monkeypat
 
 @pytest.fixture
 def collector_restored():
+    frozen = gc.get_freeze_count()
     gc.unfreeze()
     yield
     gc.unfreeze()
+    if frozen:  # what tests/conftest.py froze after collection: walked by no collection again
+        gc.freeze()
     gc.enable()
 
 

@@ -2,6 +2,7 @@
 import collections
 import json
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -199,13 +200,20 @@ def test_boundary_cases(gold, pred, f1):
 # ------------------------------------------------------------------ sample set
 
 
-def test_sample_set_is_deterministic_learnable_and_noisy(tmp_path):
+@pytest.fixture(scope="module")
+def train():
+    """The built-in sample set's training split, read once (normalizing it is most of its cost)."""
+    return get_task("ner").load(None, "train")
+
+
+def test_sample_set_is_deterministic_learnable_and_noisy(tmp_path, train):
     task = get_task("ner")
     a = written_twice(task, tmp_path)
     assert {p.name for p in a.values()} == {"train.json", "dev.json", "test.json"}
+    assert a["train"].read_bytes() == Path(task.resolve_source(None, "train")).read_bytes()  # what `train` read
     raw = json.loads(a["train"].read_text(encoding="utf-8"))
     assert any("\u00a0" in r["text"] for r in raw) and any(re.search("[a-z]", r["text"]) for r in raw)
-    examples = task.load(str(a["train"]), "train")
+    examples = train
     assert len(examples) == 1500
     assert {t[2:] for e in examples for t in e["tags"] if t != "O"} == set(TYPES)
 
@@ -234,17 +242,17 @@ def entities(examples):
     return found
 
 
-def test_the_words_alone_do_not_settle_the_tags():
+def test_the_words_alone_do_not_settle_the_tags(train):
     """Held-out names only in dev/test, words typed by their slot, numbers that are no entity:
     the sample set needs the context (issue 16), so a model lands below the ceiling."""
-    task = get_task("ner")
-    train, test = entities(task.load(None, "train")), entities(task.load(None, "test"))
+    examples = train
+    train, test = entities(examples), entities(get_task("ner").load(None, "test"))
     held_out = {v for values in BN.values() for v in values[-HELD_OUT:] if "{" not in v}
     assert not held_out & {words for _, words in train}
     assert 0.05 < sum(words in held_out for _, words in test) / len(test) < 0.3
     either = collections.Counter(t for t, words in train if words in EITHER)  # a few relabelled (noise)
     assert {t for t, _ in either.most_common(2)} == {"Symptom", "Health Condition"}
     assert min(either["Symptom"], either["Health Condition"]) > 0.2 * sum(either.values())
-    numbers = [w for e in task.load(None, "train") for w, t in zip(e["words"], e["tags"])
+    numbers = [w for e in examples for w, t in zip(e["words"], e["tags"])
                if t == "O" and w.isdigit()]
     assert len(numbers) > 100  # durations, prices and times: numbers that are no entity

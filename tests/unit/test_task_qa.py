@@ -2,6 +2,7 @@
 one-line errors, windows, span post-processing, SQuAD v2 scores, and the job end to end."""
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,8 +32,14 @@ def write_jsonl(tmp_path, rows, name="train.jsonl"):
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    return preset_tokenizer(TASK.texts(TASK.load(None, "train")))
+def train():
+    """The built-in sample set's training split, read once (normalizing it is most of its cost)."""
+    return TASK.load(None, "train")
+
+
+@pytest.fixture(scope="module")
+def tokenizer(train):
+    return preset_tokenizer(TASK.texts(train))
 
 
 # ---------------------------------------------------------------------- reading
@@ -123,21 +130,22 @@ def test_unknown_or_bad_task_options_are_user_errors():
         get_task("qa", {"n_best": 0})
 
 
-def test_sample_set_is_deterministic_with_unanswerable_questions_and_long_contexts(tmp_path, tokenizer):
+def test_sample_set_is_deterministic_with_unanswerable_questions_and_long_contexts(tmp_path, train, tokenizer):
     a = written_twice(TASK, tmp_path)
-    examples = TASK.load(str(a["train"]), "train")
+    assert a["train"].read_bytes() == Path(TASK.resolve_source(None, "train")).read_bytes()  # what `train` read
+    examples = train
     unanswerable = sum(not e["answers"]["text"] for e in examples) / len(examples)
     assert 0.1 < unanswerable < 0.2
     features = TASK.featurize(examples, tokenizer, 64, "train")
     assert len(features) > len(examples) + 30  # some contexts need two or more windows
 
 
-def test_most_answers_have_a_distractor_of_their_own_kind():
+def test_most_answers_have_a_distractor_of_their_own_kind(train):
     """A city next to another city (where one lives, where one was born, where the friend lives),
     a number next to another number, a job next to the friend's: knowing what an answer looks
     like is not enough, the question's words must be matched (issue 16)."""
     kinds = [CITIES, JOBS, FRUITS]
-    answered = [e for e in TASK.load(None, "train") if e["answers"]["text"]]
+    answered = [e for e in train if e["answers"]["text"]]
     with_distractor = 0
     for e in answered:
         gold = e["answers"]["text"][0]
