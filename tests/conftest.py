@@ -56,15 +56,13 @@ def pytest_collection_modifyitems(config, items):
             items[:] = [item for item in items if not item.get_closest_marker("install")]
 
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(hookwrapper=True)  # the old-style wrapper: pytest 7 (the floor) has no wrapper=True
 def pytest_collection(session):
     """The collector back on once the tests are collected (at once in xdist's controller, which
     collects nothing), with what collection made frozen."""
-    try:
-        return (yield)
-    finally:
-        gc.freeze()
-        gc.enable()
+    yield
+    gc.freeze()
+    gc.enable()
 
 
 _recorded: dict[str, float] = {}
