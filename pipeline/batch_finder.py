@@ -150,11 +150,11 @@ class _Trials:
         if one_row is None:
             with memory.measured(device, _tensors(modules), limit) as peak:
                 stage.plain_step(dict(batch))
-                optimizer, schedule = build_optimizer(model, stage.cfg.train, 1, fused=stage.backend.fused_optimizer)
+                optimizer, _ = build_optimizer(model, stage.cfg.train, 1, fused=stage.backend.fused_optimizer)
                 optimizer.step()
             return peak.bytes
         stage.plain_step(dict(one_row))
-        optimizer, schedule = build_optimizer(model, stage.cfg.train, 1, fused=stage.backend.fused_optimizer)
+        optimizer, _ = build_optimizer(model, stage.cfg.train, 1, fused=stage.backend.fused_optimizer)
         optimizer.step()  # its state exists now, as in the loop
         model.zero_grad(set_to_none=True)
         model.eval()

@@ -19,7 +19,6 @@ from pipeline import job_record
 from pipeline.job_record import JobRecord
 from pipeline.jobs import lock, outputs, same_job
 from pipeline.jobs.same_job import Change
-from pipeline.layout import CheckpointFiles
 from pipeline.parts import checkpoint
 from pipeline.parts.checkpoint import Checkpoint, LoadedCheckpoint
 from pipeline.plan.settle import Plan
@@ -97,7 +96,7 @@ def decide(plan: Plan) -> Finished | FromCheckpoint | StartOver:
     ckpt = checkpoint.latest(out) if metrics is None else None
     if metrics is None and ckpt is None:
         return StartOver(resuming=True)
-    trained = job_record.read(out.job if ckpt is None else ckpt.path / CheckpointFiles.JOB)
+    trained = job_record.read(out.job if ckpt is None else ckpt.job)
     if ckpt is None:
         same_job.check_finished(out, trained, asked)
         return Finished(metrics)

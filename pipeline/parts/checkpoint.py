@@ -77,6 +77,11 @@ class Checkpoint:
     path: Path
     step: int
 
+    @property
+    def job(self) -> Path:
+        """Its job.json: the record of the job that wrote it (as OutputDir.job is a finished job's)."""
+        return self.path / CheckpointFiles.JOB
+
     def load_state(self) -> dict:
         """What save() was given as `state`, as saved."""
         return torch.load(self.path / CheckpointFiles.STATE, map_location="cpu", weights_only=True)

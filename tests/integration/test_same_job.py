@@ -12,7 +12,7 @@ from pipeline import job_record, models, names, train
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.jobs.run import run
-from pipeline.layout import CheckpointFiles, OutputDir
+from pipeline.layout import OutputDir
 from pipeline.parts import checkpoint
 from pipeline.tasks import get_task
 from pipeline.tasks.samples import ensure_samples
@@ -215,4 +215,4 @@ def test_a_finished_job_is_not_extended_and_says_how_to_train_on(preset_job, tmp
 
 
 def checkpoint_job(j):
-    return job_record.read(checkpoint.latest(OutputDir(j.root / "out")).path / CheckpointFiles.JOB)
+    return job_record.read(checkpoint.latest(OutputDir(j.root / "out")).job)
