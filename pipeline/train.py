@@ -125,7 +125,8 @@ def setup(stage: Stage, tracker: Tracker, run_id: str | None, preemption: Agreed
     wrapped = stage.backend.prepare(stage.model, optimizer)
     if stage.backend.optimizer is not optimizer:  # DeepSpeed's: the schedule sets the lr of what steps
         scheduler = lr_schedule(stage.backend.optimizer, train_cfg, total_steps)
-    return Loop(stage, loaders, scheduler, wrapped, epochs, total_steps, preemption, meters, tracker, run_id, record)
+    return Loop(stage, loaders, scheduler, wrapped, epochs, total_steps, preemption, meters, tracker, run_id, record,
+                best=BestModel(order=(stage.task.main_metric, *stage.task.tie_breakers)))
 
 
 def train_epoch(loop: Loop, epoch: int) -> None:
@@ -220,15 +221,16 @@ def end_epoch(loop: Loop, epoch: int) -> bool:
     dev = evaluate(stage.model, loop.loaders.dev, stage.task, stage.policy, stage.rt, stage.examples["dev"],
                    stage.features["dev"], compile=stage.compile)
     loop.records.log_epoch(epoch_metrics, dev, progress.step, epoch, loop.epochs, stage.task.main_metric)
-    # keep the best model; stop when the main metric stops improving
-    loop.best.consider(dev.scores, loop.meters.totals.train_seconds, stage.backend, stage.tokenizer, stage.out,
-                       stage.rt.is_main)
+    # keep the best model (the main metric, then the task's tie-breakers); stop when none is better
+    loop.best.consider(dev.scores, epoch + 1, loop.meters.totals.train_seconds, stage.backend, stage.tokenizer,
+                       stage.out, stage.rt.is_main)
     done = progress.step >= loop.total_steps or epoch + 1 == loop.epochs
     early = bool(stage.cfg.train.patience and loop.best.bad_evals >= stage.cfg.train.patience)
     progress.epoch, progress.epoch_steps = epoch + 1, 0
     loop.checkpointer.at_epoch_end(progress.step, training_over=done or early)
     if early and stage.rt.is_main:
-        log.info("early stop: no better dev %s for %d evaluations", stage.task.main_metric, loop.best.bad_evals)
+        log.info("early stop: no better dev evaluation (%s) for %d evaluations", ", ".join(loop.best.order),
+                 loop.best.bad_evals)
     return done or early
 
 

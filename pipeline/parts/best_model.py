@@ -1,10 +1,18 @@
 """The best model so far: its dev score and metrics, the patience count, its weights, and the one
 place that knows the layout of OUTPUT_DIR/best/ (a Hugging Face model directory in fp32 with the
-tokenizer: a distill stage's teacher and the final test load it)."""
+tokenizer: a distill stage's teacher and the final test load it).
+
+Which evaluation is best (`beats`): the higher main metric; where it ties (an F1 of 0.0 while no
+candidate is called correct yet, a flat score on a small dev set), the task's next metrics in
+order (Task.tie_breakers: WikiQA's MAP then MRR), then the lower dev loss; a tie on everything
+keeps the earlier model. Every new best says why (`reason`), and a reason that starts with
+names.TIE_BREAK was decided by a tie-break."""
 from __future__ import annotations
 
 import copy
+import logging
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +23,10 @@ from pipeline import names
 from pipeline.fsutil import atomic_dir
 from pipeline.layout import OutputDir
 from pipeline.runtime.backend import Backend
+
+log = logging.getLogger("pipeline")
+LOSS = "loss"
+"""The dev loss: after every ranked metric, lower is better."""
 
 
 def save_pretrained_fp32(module: PreTrainedModel, state_dict: dict, tokenizer: PreTrainedTokenizerBase,
@@ -30,27 +42,69 @@ def save_pretrained_fp32(module: PreTrainedModel, state_dict: dict, tokenizer: P
     tokenizer.save_pretrained(target)
 
 
+def beats(new: Mapping[str, float], best: Mapping[str, float] | None, order: Sequence[str]) -> str | None:
+    """Why the evaluation `new` is better than `best` (scores by short name, as Evaluation.scores;
+    None: no best yet), or None when it is not: the first metric of `order` (higher is better)
+    whose values differ decides, then the lower dev loss. A metric either side lacks is skipped;
+    NaN is worse than any number, and a NaN first metric is never best."""
+    first = order[0]
+    if _nan(new.get(first)):
+        return None
+    if best is None:
+        return f"first evaluation ({first} {new[first]:.4f})"
+    tied = []
+    for name in (*order, LOSS):
+        a, b = new.get(name), best.get(name)
+        if a is None or b is None or a == b or (_nan(a) and _nan(b)):
+            if a is not None and b is not None:
+                tied.append(f"{name} {b:.4f}")
+            continue
+        lower = name == LOSS
+        if _nan(a) or (not _nan(b) and (a > b if lower else a < b)):
+            return None
+        verdict = f"{name} {a:.4f} {'<' if lower else '>'} {b:.4f}"
+        return f"{names.TIE_BREAK}{', '.join(tied)}: {verdict}" if tied else verdict
+    return None  # a tie on everything: the earlier model stays
+
+
+def _nan(value: float | None) -> bool:
+    return value is not None and math.isnan(value)
+
+
 @dataclass
 class BestModel:
     """The best dev evaluation so far and the evaluations since (early stopping's patience)."""
 
+    order: tuple[str, ...] = ("main",)
+    """The dev metrics that rank evaluations, most important first, higher is better (the task's
+    main metric, then Task.tie_breakers); the lower dev loss comes after them. Not saved: the task's."""
     score: float = -math.inf
+    """The best evaluation's main metric."""
     metrics: dict[str, float] = field(default_factory=dict)
-    """The best evaluation's eval/ metrics, the final metrics report them."""
+    """The best evaluation's eval/ metrics, the final metrics report them (and `beats` compares with)."""
+    epoch: int | None = None
+    """Its epoch, from 1 (names.BEST_EPOCH)."""
+    reason: str = ""
+    """Why it was chosen (`beats`; names.TAG_BEST_REASON)."""
     time_to_best: float | None = None
     """Training seconds when it was reached."""
     bad_evals: int = 0
     weights: dict[str, torch.Tensor] | None = field(default=None, repr=False, compare=False)
     """Its weights (CPU, fp32) for the final test; on disk in best/, so not in the checkpoint."""
 
-    def consider(self, scores: dict[str, float], train_seconds: float, backend: Backend,
+    def consider(self, scores: dict[str, float], epoch: int, train_seconds: float, backend: Backend,
                  tokenizer: PreTrainedTokenizerBase, out: OutputDir, is_main: bool) -> bool:
-        """Collective under ZeRO-3: keep these weights (and write best/) if `scores` beat the best
-        main score; else count a bad evaluation. True when they did."""
-        if not scores["main"] > self.score:
+        """Collective under ZeRO-3: keep these weights (and write best/) if `scores` (epoch
+        `epoch`, from 1) beat the best (`beats`); else count a bad evaluation. True when they did."""
+        best = {k.removeprefix(names.EVAL): v for k, v in self.metrics.items()} if self.metrics else None
+        reason = beats(scores, best, self.order)
+        if reason is None:
             self.bad_evals += 1
             return False
-        self.score, self.bad_evals, self.time_to_best = scores["main"], 0, train_seconds
+        if is_main:
+            log.info("best model: epoch %d (%s)", epoch, reason)
+        self.score, self.bad_evals, self.time_to_best = scores[self.order[0]], 0, train_seconds
+        self.epoch, self.reason = epoch, reason
         self.metrics = {names.eval_metric(k): v for k, v in scores.items()}
         self.weights = backend.full_state_dict()  # collective under ZeRO-3 (gathers the shards)
         if is_main:
@@ -69,9 +123,12 @@ class BestModel:
         self.weights = {**backend.full_state_dict(), **{k: v.float() for k, v in load_file(saved).items()}}
 
     def state_dict(self) -> dict:
-        return {"score": self.score, "metrics": self.metrics, "time_to_best": self.time_to_best,
-                "bad_evals": self.bad_evals}
+        return {"score": self.score, "metrics": self.metrics, "epoch": self.epoch, "reason": self.reason,
+                "time_to_best": self.time_to_best, "bad_evals": self.bad_evals}
 
     def load_state_dict(self, state: dict) -> None:
+        """`metrics` holds every score the tie-break reads; a checkpoint saved before epoch and
+        reason were kept loads without them."""
         self.score, self.metrics = state["score"], state["metrics"]
+        self.epoch, self.reason = state.get("epoch"), state.get("reason", "")
         self.time_to_best, self.bad_evals = state["time_to_best"], state["bad_evals"]

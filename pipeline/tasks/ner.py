@@ -4,7 +4,7 @@ File format: a JSON list of rows {"text": "space separated words", "labels": ["O
 one IOB tag per whitespace-separated word of `text` (errors name "row N", the N-th element of
 the list, from 1). Seven entity types: Symptom, Health Condition, Age, Medicine, Dosage, Medical
 Procedure, Specialist. Metrics: seqeval entity-level micro precision/recall/F1 (F1 is the main
-metric) and F1 per type.
+metric), F1 per type, and the words' tag accuracy (`accuracy`: the tie-break where F1 ties).
 
 Tag encoding: the canonical tags write the type as the dataset names it, with a space
 ("B-Health Condition", "I-Medical Procedure"); that is what the model's id2label, the report and
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
-from seqeval.metrics import classification_report, f1_score, precision_score, recall_score
+from seqeval.metrics import accuracy_score, classification_report, f1_score, precision_score, recall_score
 from transformers import AutoModelForTokenClassification, DataCollatorForTokenClassification
 
 from pipeline.errors import UserError
@@ -53,6 +53,7 @@ JSON_TYPES = {dict: "an object", list: "a list", str: "a string", int: "a number
 class NerTask(Task):
     name = "ner"
     main_metric = "f1"
+    tie_breakers = ("accuracy",)
     model_class = AutoModelForTokenClassification
     serving_task = "token-classification"
     group_by_length = False
@@ -237,6 +238,7 @@ class NerTask(Task):
             "precision": float(precision_score(y_true, y_pred, zero_division=0)),
             "recall": float(recall_score(y_true, y_pred, zero_division=0)),
             "f1": float(f1_score(y_true, y_pred, zero_division=0)),
+            "accuracy": float(accuracy_score(y_true, y_pred)),
         }
         per_type = classification_report(y_true, y_pred, output_dict=True, zero_division=0) \
             if has_entities(y_true, y_pred) else {}  # seqeval's report fails on no entities at all

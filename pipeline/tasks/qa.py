@@ -45,6 +45,7 @@ TARGETS = ("start_positions", "end_positions")
 class QaTask(Task):
     name = "qa"
     main_metric = "f1"
+    tie_breakers = ("exact",)
     model_class = AutoModelForQuestionAnswering
     serving_task = None
     """transformers 5 removed the question-answering pipeline (transformers/pipelines/__init__.py

@@ -23,6 +23,7 @@ class TextClassificationTask(Task):
     """Examples are {"id", "text" (normalized), "label" (index into `labels`)}."""
 
     main_metric = "macro_f1"
+    tie_breakers = ("accuracy",)
     labels: list[str]
     extra_average = "micro"
     """The F1 average reported beside macro-F1 (sentiment: micro, error_cls: weighted)."""

@@ -80,11 +80,14 @@ class MetricsProcessor:
 
     def log_final(self, step: int, best: BestModel, test: Evaluation, loss_scale: float | None,
                   served_figures: dict[str, float]) -> dict[str, float]:
-        """The job's final metrics (the best evaluation's eval/ metrics, the test scores, the
+        """The job's final metrics (the best evaluation's eval/ metrics and epoch, the test scores, the
         whole job's perf/ and energy/ figures, AMP health, rank 0's serving figures): to MLflow,
-        the eval/ ones excepted (logged at their epoch); the collapse tags of the test split."""
-        self.tracker.set_tags(collapse.flag(test.stall, "test", self.is_main))
-        final = {**best.metrics, **{names.test_metric(k): v for k, v in test.scores.items()},
+        the eval/ ones excepted (logged at their epoch); the collapse tags of the test split and
+        why the best epoch was chosen."""
+        self.tracker.set_tags({**collapse.flag(test.stall, "test", self.is_main),
+                               **({names.TAG_BEST_REASON: best.reason} if best.reason else {})})
+        final = {**best.metrics, names.BEST_EPOCH: best.epoch,
+                 **{names.test_metric(k): v for k, v in test.scores.items()},
                  names.TRAIN_LOSS: self.losses.last_loss, names.TRAIN_STEPS: step,
                  **self.meters.final_metrics(best.time_to_best), **self.losses.amp_metrics(loss_scale),
                  **served_figures}

@@ -298,12 +298,12 @@ def test_the_best_model_keeps_the_best_weights_on_disk_and_counts_evaluations_si
     backend.prepare(model, None)
     best = BestModel()
 
-    assert best.consider({"main": 0.5, "f1": 0.4}, 10.0, backend, tokenizer, OutputDir(tmp_path), is_main=True)
+    assert best.consider({"main": 0.5, "f1": 0.4}, 1, 10.0, backend, tokenizer, OutputDir(tmp_path), is_main=True)
     kept = {k: v.clone() for k, v in best.weights.items()}
     with torch.no_grad():
         model.classifier.weight.add_(1.0)  # training moves on; a worse evaluation keeps nothing
-    assert not best.consider({"main": 0.4, "f1": 0.9}, 20.0, backend, tokenizer, OutputDir(tmp_path), is_main=True)
-    assert (best.score, best.bad_evals, best.time_to_best) == (0.5, 1, 10.0)
+    assert not best.consider({"main": 0.4, "f1": 0.9}, 2, 20.0, backend, tokenizer, OutputDir(tmp_path), is_main=True)
+    assert (best.score, best.bad_evals, best.time_to_best, best.epoch) == (0.5, 1, 10.0, 1)
     assert best.metrics == {names.eval_metric("main"): 0.5, names.eval_metric("f1"): 0.4}
 
     assert OutputDir(tmp_path).trained_model() == tmp_path / "best"

@@ -118,6 +118,7 @@ def test_precision_recall_f1_and_accuracy_by_hand():
     # predicted positive: rows 0, 2, 5 -> TP 2, FP 1, FN 1
     assert m["precision"] == pytest.approx(2 / 3) and m["recall"] == pytest.approx(2 / 3)
     assert m["f1"] == pytest.approx(2 / 3) and m["accuracy"] == pytest.approx(4 / 6)
+    assert TASK.tie_breakers == ("map", "mrr") and set(TASK.tie_breakers) <= set(m)
 
 
 def test_nothing_predicted_positive_scores_zero_not_nan():
