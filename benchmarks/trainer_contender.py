@@ -70,7 +70,8 @@ def run(model, tokenizer, train_set, *, precision: str, seed: int, epochs: int |
     """Train `model` on `train_set` (features; the pipeline's `idx` column is dropped) with the
     Trainer for `epochs` or `max_steps`; `eval_set` and `compute_metrics` evaluate after each epoch.
     group_by_length: the Trainer's length-grouped sampling (a `length` column, so it measures no row
-    itself). `arguments`: further TrainingArguments (recipe(...), torch_compile=True, ...)."""
+    itself). `arguments`: further TrainingArguments, or others than these defaults (recipe(...),
+    torch_compile=True, logging_steps=1, ...)."""
     from pipeline.runtime import compiler
 
     if (epochs is None) == (max_steps is None):
@@ -85,11 +86,11 @@ def run(model, tokenizer, train_set, *, precision: str, seed: int, epochs: int |
         arguments["train_sampling_strategy"] = "group_by_length"
     if eval_set is not None:
         eval_set = without_idx(eval_set)
-    training = transformers.TrainingArguments(
-        output_dir=tempfile.mkdtemp(dir=WORK), bf16=precision == "bf16", use_cpu=not torch.cuda.is_available(),
-        seed=seed, data_seed=seed, num_train_epochs=epochs or 1, max_steps=-1 if epochs else max_steps,
-        eval_strategy="epoch" if eval_set is not None else "no", save_strategy="no", logging_strategy="no",
-        report_to=[], disable_tqdm=True, **arguments)
+    training = transformers.TrainingArguments(**{
+        "output_dir": tempfile.mkdtemp(dir=WORK), "bf16": precision == "bf16", "use_cpu": not torch.cuda.is_available(),
+        "seed": seed, "data_seed": seed, "num_train_epochs": epochs or 1, "max_steps": -1 if epochs else max_steps,
+        "eval_strategy": "epoch" if eval_set is not None else "no", "save_strategy": "no", "logging_strategy": "no",
+        "report_to": [], "disable_tqdm": True, **arguments})
     clock = TrainClock()
     trainer = transformers.Trainer(model=model, args=training, train_dataset=train_set, eval_dataset=eval_set,
                                    data_collator=transformers.DataCollatorWithPadding(tokenizer),

@@ -104,7 +104,8 @@ class TrainConfig:
     batch's padded size (longest x rows) within this budget; 0 = train.batch_size rows per batch.
     The global batch then varies; the LR schedule counts the epoch's actual batches."""
     patience: int = 0
-    """Stop after this many evaluations without a better main metric; 0 = never stop early."""
+    """Stop after this many evaluations without a better one (the main metric, then the task's
+    tie-breakers: docs/outputs.md); 0 = never stop early."""
     log_every: int = 10
     """Log train/loss, train/lr and train/grad_norm every this many optimizer steps."""
     num_workers: int | None = None

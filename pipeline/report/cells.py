@@ -9,9 +9,11 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from pipeline.names import (
+    BEST_EPOCH,
     CELL_TAG_PREFIX,
     EVAL_MAIN,
     PARENT_TAG,
+    TAG_BEST_REASON,
     TAG_CELL,
     TAG_DEVICE_TYPE,
     TAG_ENERGY_AVAILABLE,
@@ -43,10 +45,12 @@ if TYPE_CHECKING:
 
 ROW_COLUMNS = ["cell", "task", "model", "procedure", "stage", "seed", "precision_requested", "precision",
                "precision_mode", "role", "tables", "needs", "launcher", "status", "exit_code", "reason", "run_id",
-               "device_type", "energy_available", "main_source", "memory", "test_scores", "stalled", "output_dir",
-               "shared_with", *COLUMNS]
+               "device_type", "energy_available", "main_source", "memory", "test_scores", "stalled", "best_epoch",
+               "best_reason", "output_dir", "shared_with", *COLUMNS]
 """The columns of a cell row (cells.csv); stalled: why the run's predictions collapsed (its
-stall_reason tag), "" for a run that learned or was not checked; output_dir: the run's (its best/
+stall_reason tag), "" for a run that learned or was not checked; best_epoch, best_reason: the epoch
+whose model is the run's best/ (its test scores are that model's) and why it was chosen (the
+best/epoch metric and best/reason tag; parts/best_model.py); output_dir: the run's (its best/
 is what the side-by-side measurement loads); shared_with: the cells that ran at the same time on
 the same device (a study's --jobs), comma-separated."""
 
@@ -123,6 +127,7 @@ def _row(client: MlflowClient, name: str, plan: dict | None, run: Run | None) ->
         "device_type": tags.get(TAG_DEVICE_TYPE), "energy_available": tags.get(TAG_ENERGY_AVAILABLE),
         "main_source": None, "memory": None, "test_scores": "",
         "stalled": (tags.get(TAG_STALL_REASON) or "stalled") if tags.get(TAG_STALLED) == "true" else "",
+        "best_epoch": math.nan, "best_reason": tags.get(TAG_BEST_REASON, ""),
         "output_dir": (getattr(run.data, "params", {}).get("output_dir") if run else None) or plan.get("output_dir"),
         "shared_with": ",".join(plan.get("shared_device_with") or []),
         **{f: math.nan for f in COLUMNS},
@@ -148,8 +153,11 @@ def _metrics(client: MlflowClient, run: Run) -> dict:
     if TEST_MAIN in m:
         values.update(main=m[TEST_MAIN], main_source=TEST_MAIN)
     elif EVAL_MAIN in m:  # the latest value is the last epoch's; the best epoch is what counts
+        # the best model ranks the main metric first (tie-breaks only choose among equal ones): its max
         history = client.get_metric_history(run.info.run_id, EVAL_MAIN)
         values.update(main=max(h.value for h in history), main_source=EVAL_MAIN)
+    if BEST_EPOCH in m:
+        values["best_epoch"] = int(m[BEST_EPOCH])
     for metric, kind in MEMORY.items():
         if metric in m:
             values.update(peak_mem_mb=m[metric], memory=kind)

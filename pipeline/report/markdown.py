@@ -7,15 +7,18 @@ from datetime import datetime, timezone
 import pandas as pd
 
 from pipeline.names import (
+    BEST_EPOCH,
     ENERGY_JOULES,
     EVAL_MAIN,
     LOAD_OTHERS_CPU,
     LOAD_OTHERS_GPU_UTIL,
     PEAK_MEM_ALLOCATED,
     PEAK_RSS,
+    TAG_BEST_REASON,
     TAG_STALL_REASON,
     TAG_STALLED,
     TEST_MAIN,
+    TIE_BREAK,
     TRAIN_TIME,
     load_metric,
     test_metric,
@@ -257,4 +260,20 @@ def _cells_section(cells: pd.DataFrame) -> list[str]:
     listing = cells[["cell", "procedure", "task", "model", "precision", "seed", "launcher", "status", "exit_code",
                      "reason", "stalled", "run_id"]].copy()
     listing["exit_code"] = ["" if pd.isna(v) else int(v) for v in listing.exit_code]
-    return ["## Cells", "", md_table(listing), ""]
+    listing.insert(listing.columns.get_loc("stalled"), "best epoch",
+                   [best_epoch(e, r) for e, r in zip(cells.best_epoch, cells.best_reason)])
+    return ["## Cells", "", md_table(listing), "", BEST_EPOCH_NOTE, ""]
+
+
+BEST_EPOCH_NOTE = (f"- best epoch: the epoch whose model is the run's best/ and gave its test scores (`{BEST_EPOCH}`); "
+                   "\"tie-break\" where its main metric tied with another epoch's and the task's next metric or the "
+                   f"dev loss chose (`{TAG_BEST_REASON}` says which).")
+
+
+def best_epoch(epoch: float, reason: object) -> str:
+    """A cell's best epoch as the listing shows it: "2", "2 (tie-break: map 0.7840 > 0.7000)", or ""."""
+    if pd.isna(epoch):
+        return ""
+    if isinstance(reason, str) and reason.startswith(TIE_BREAK):
+        return f"{int(epoch)} (tie-break: {reason.split(': ', 1)[-1]})"
+    return str(int(epoch))

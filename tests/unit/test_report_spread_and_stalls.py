@@ -11,7 +11,7 @@ import pytest
 from pipeline.report.cells import ROW_COLUMNS, _row
 from pipeline.report.charts import bar_text, kd_marks, plot_amp
 from pipeline.report.compare import comparisons
-from pipeline.report.markdown import _pct
+from pipeline.report.markdown import _cells_section, _pct
 from pipeline.report.tables import amp_table, kd_table
 from pipeline.report.verdicts import amp_sentence, kd_sentences
 
@@ -107,3 +107,19 @@ def test_the_stalled_tag_reaches_the_cell_row():
     assert stalled["stalled"] == "no entity predicted"
     assert _row(None, "c", {}, run({"stalled": "false", "task": "ner"}))["stalled"] == ""
     assert _row(None, "c", {}, run({"task": "ner"}))["stalled"] == ""  # a run from before the check
+
+
+def test_the_best_epoch_and_a_tie_break_reach_the_cell_row_and_the_listing():
+    def finished(metrics, tags):
+        return SimpleNamespace(info=SimpleNamespace(status="FINISHED", run_id="r1"),
+                               data=SimpleNamespace(tags={"task": "wikiqa", **tags}, metrics=metrics))
+
+    tied = _row(None, "tied", {}, finished({"test/main": 0.0, "best/epoch": 2.0},
+                                           {"best/reason": "tie on f1 0.0000: map 0.7840 > 0.7000"}))
+    plain = _row(None, "plain", {}, finished({"test/main": 0.6, "best/epoch": 1.0}, {"best/reason": "f1 0.6 > 0.5"}))
+    older = _row(None, "older", {}, finished({"test/main": 0.6}, {}))  # a run from before best/epoch
+    assert (tied["best_epoch"], plain["best_epoch"], older["best_reason"]) == (2, 1, "")
+    assert math.isnan(older["best_epoch"])
+    listing = "\n".join(_cells_section(pd.DataFrame([tied, plain, older], columns=ROW_COLUMNS)))
+    assert "| 2 (tie-break: map 0.7840 > 0.7000) |" in listing and "| 1 |" in listing
+    assert "`best/reason` says which" in listing
