@@ -73,7 +73,7 @@ def trainer(args, epochs: int | None = None, seed: int = 0) -> dict:
         **trainer_contender.recipe(args.batch_size, LR))
     figures = {"samples_per_s": done.samples_per_s}
     if epochs:
-        figures["dev_macro_f1"] = done.best("macro_f1")
+        figures["dev_macro_f1"] = done.selected((task.main_metric, *task.tie_breakers))["macro_f1"]
     return figures
 
 

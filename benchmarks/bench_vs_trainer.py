@@ -1,7 +1,8 @@
 """The pipeline vs the Hugging Face Trainer end to end on long-tailed real-length comments
 (common.long_sentiment_file), each with its own defaults and then each at its best settings:
 same model (the pipeline's factory, same seed), precision and epochs; full runs, one seed per
-repetition, dev macro-F1 of the best epoch compared against the spread between seeds.
+repetition, dev macro-F1 of the best epoch compared against the spread between seeds, and every
+dev metric's mean and spread (the epoch each side's model selection keeps, by the pipeline's rule).
 
 Contenders:
 - pipeline defaults: `train task=sentiment` as shipped (batch 16, lr 3e-4 for a preset, warm-up
@@ -32,6 +33,9 @@ import trainer_contender
 from common import alternate, build_model, long_sentiment_file, parser, pipeline_run, quiet, save
 
 TASK, MODEL = "sentiment", "preset:bangla-small"
+DEV_METRICS = ("macro_f1", "micro_f1", "accuracy")
+"""The task's metrics, each side's selected epoch's (the pipeline's rule on both: the main metric, then its
+tie-breakers): every one's mean and spread over the seeds is reported."""
 BEST = {"batch_size": 32, "lr": 3e-4, "warmup": 0.1, "weight_decay": 0.01, "grouped": True}
 
 
@@ -40,8 +44,8 @@ def pipeline(args, seed: int, overrides: list[str]) -> dict:
     figures = pipeline_run([f"task={TASK}", f"model={MODEL}", f"data.train={long_sentiment_file()}",
                             f"precision={args.precision}", f"train.epochs={args.epochs}", f"seed={seed}",
                             f"train.max_length={args.max_length}", "train.log_every=1000", *overrides])
-    return {"samples_per_s": figures["perf/train_samples_per_s"], "dev_macro_f1": figures["eval/macro_f1"],
-            "compile_s": figures.get("perf/compile_s", 0.0)}
+    return {"samples_per_s": figures["perf/train_samples_per_s"], "compile_s": figures.get("perf/compile_s", 0.0),
+            **{f"dev_{name}": figures[f"eval/{name}"] for name in DEV_METRICS}}
 
 
 def trainer(args, seed: int, best: bool, compiled: bool = False) -> dict:
@@ -65,8 +69,9 @@ def trainer(args, seed: int, best: bool, compiled: bool = False) -> dict:
     done = trainer_contender.run(model, tokenizer, features["train"], precision=args.precision, seed=seed,
                                  epochs=args.epochs, eval_set=features["dev"], compute_metrics=compute_metrics,
                                  group_by_length=best and BEST["grouped"], **tuned)
+    selected = done.selected((task.main_metric, *task.tie_breakers))
     return {"samples_per_s": done.samples_per_s, "compile_s": done.compile_s,
-            "dev_macro_f1": done.best("macro_f1")}
+            **{f"dev_{name}": selected[name] for name in DEV_METRICS}}
 
 
 def slug(contender: str) -> str:
@@ -76,11 +81,14 @@ def slug(contender: str) -> str:
 
 
 def summary(runs: list[dict]) -> dict:
-    scores = [r["dev_macro_f1"] for r in runs]
-    return {"samples/s": statistics.median(r["samples_per_s"] for r in runs),
-            "samples/s spread": max(r["samples_per_s"] for r in runs) - min(r["samples_per_s"] for r in runs),
-            "dev macro-F1": statistics.mean(scores), "dev macro-F1 spread": max(scores) - min(scores),
-            "compile s": statistics.median(r.get("compile_s", 0.0) for r in runs)}
+    row = {"samples/s": statistics.median(r["samples_per_s"] for r in runs),
+           "samples/s spread": max(r["samples_per_s"] for r in runs) - min(r["samples_per_s"] for r in runs),
+           "compile s": statistics.median(r.get("compile_s", 0.0) for r in runs)}
+    for name in DEV_METRICS:
+        scores = [r[f"dev_{name}"] for r in runs]
+        label = "dev macro-F1" if name == "macro_f1" else f"dev {name}"
+        row.update({label: statistics.mean(scores), f"{label} spread": max(scores) - min(scores)})
+    return row
 
 
 def main():
@@ -137,7 +145,8 @@ def main():
         grouped, plain = by_name["pipeline defaults"], by_name["pipeline defaults without grouping"]
         plain["target"] = (f"grouping moves dev macro-F1 by {grouped['dev macro-F1'] - plain['dev macro-F1']:+.3f} "
                            f"(seed spread {max(plain['dev macro-F1 spread'], grouped['dev macro-F1 spread']):.3f})")
-    columns = ["contender", "samples/s", "samples/s spread", "dev macro-F1", "dev macro-F1 spread", "compile s",
+    columns = ["contender", "samples/s", "samples/s spread", "dev macro-F1", "dev macro-F1 spread",
+               "dev micro_f1", "dev micro_f1 spread", "dev accuracy", "dev accuracy spread", "compile s",
                "vs Trainer", "target"]
     save(result, rows, columns, vars(args), runs)
 

@@ -58,10 +58,18 @@ class TrainerRun:
     samples_per_s: float
     """Training samples over `seconds`: whole epochs' rows, or steps x batch under max_steps."""
 
-    def best(self, metric: str) -> float:
-        """The best value of an evaluation metric (as compute_metrics names it) over the epochs."""
-        key = f"eval_{metric}"
-        return max(h[key] for h in self.trainer.state.log_history if key in h)
+    def selected(self, order: tuple[str, ...]) -> dict[str, float]:
+        """The dev metrics (as compute_metrics names them, and `loss`) of the epoch the pipeline's
+        model selection would keep among the Trainer's evaluations (parts/best_model.beats: `order`
+        is the task's main metric and tie-breakers), so both sides report the same epoch's figures."""
+        from pipeline.parts.best_model import beats
+
+        best = None
+        for logged in self.trainer.state.log_history:
+            scores = {k[len("eval_"):]: v for k, v in logged.items() if k.startswith("eval_")}
+            if order[0] in scores and beats(scores, best, order) is not None:
+                best = scores
+        return best or {}
 
 
 def run(model, tokenizer, train_set, *, precision: str, seed: int, epochs: int | None = None,
