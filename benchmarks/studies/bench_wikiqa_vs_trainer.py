@@ -23,6 +23,7 @@ benchmarks/studies/results/wikiqa_vs_trainer-lrLR-PRECISIONS-SEEDS-MACHINE-DATE.
     python benchmarks/studies/bench_wikiqa_vs_trainer.py --seeds 0-4 --precisions bf16
 """
 import argparse
+import json
 import math
 import statistics
 import sys
@@ -84,6 +85,7 @@ def trainer(precision: str, seed: int, lr: float) -> dict:
                                                                                           WEIGHT_DECAY))
     for scores, logged in zip(per_epoch, [h for h in done.trainer.state.log_history if "eval_loss" in h]):
         scores["loss"] = logged["eval_loss"]
+    done.trainer.compute_metrics = None  # its metrics are the dev split's
     logits = done.trainer.predict(features["test"].remove_columns("idx")).predictions
     test = task.metrics({"score": logits[:, 1] - logits[:, 0]}, examples["test"], None)
     return {"dev_per_epoch": per_epoch, "selected_epoch": selected_epoch(per_epoch, (task.main_metric,
@@ -125,6 +127,10 @@ def main():
     parser.add_argument("--precisions", default="bf16")
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--runs", nargs="*", default=[], type=Path,
+                        help="JSON-lines files of finished runs: a run found there is not run again, a new one is "
+                             "appended to the first (so an interrupted comparison, or one split over processes, "
+                             "goes on)")
     parser.add_argument("--name", default="wikiqa_vs_trainer",
                         help="the results file's first part (it adds the lr, precisions, seeds, machine and date)")
     args = parser.parse_args()
@@ -132,12 +138,20 @@ def main():
     torch.set_num_threads(args.threads)
     runs: dict[str, list[dict]] = {}
     seeds = seed_list(args.seeds)
+    finished = {(r["contender"], r["seed"]): r for path in args.runs if path.is_file()
+                for r in map(json.loads, path.read_text().splitlines())}
     for precision in args.precisions.split(","):
         for i, seed in enumerate(seeds):
             # alternate who goes first, so a slow drift of the shared machine favours neither
             order = (("pipeline", pipeline), ("Trainer", trainer))[:: 1 if i % 2 == 0 else -1]
             for name, contender in order:
-                r = {"seed": seed, **contender(precision, seed, args.lr)}
+                r = finished.get((f"{name} {precision}", seed))
+                if r is None:
+                    r = {"seed": seed, **contender(precision, seed, args.lr)}
+                    if args.runs:
+                        with args.runs[0].open("a") as f:
+                            f.write(json.dumps({"contender": f"{name} {precision}", **r}) + "\n")
+                r = {k: v for k, v in r.items() if k != "contender"}
                 runs.setdefault(f"{name} {precision}", []).append(r)
                 shown = figures(r)
                 print(f"  {name} {precision} seed {seed}: " + ", ".join(

@@ -163,9 +163,11 @@ class InferConfig:
     device, a few seconds): parameters, size, latency, throughput, memory; the infer/* metrics."""
     batch_size: int = 32
     """The serving batch of the inference throughput figure (latency is at batch 1)."""
-    budget_s: float = 20.0
+    budget_s: float = 5.0
     """Seconds of timed forward passes the inference benchmark may spend, over every precision and
-    length (each still runs at least 10 batch-1 and 3 serving-batch passes)."""
+    length (each still runs at least 10 batch-1 and 3 serving-batch passes). 5 gave the figures of
+    20 within their run-to-run spread at half the stage's seconds (benchmarks/README.md, "Where a
+    WikiQA job's time goes")."""
 
 
 @dataclass

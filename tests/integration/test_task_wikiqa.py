@@ -35,6 +35,13 @@ def test_wikiqa_learns_above_chance(tmp_path, prec):
     assert mlrun.data.tags[names.TAG_STALLED] == "false"  # it learned: stall.flag_stall said so
     assert {names.eval_metric("f1"), names.eval_metric("map"), names.eval_metric("mrr"), names.test_metric("precision"),
             names.test_metric("recall")} <= set(mlrun.data.metrics)
+    # the final eval/ figures are the chosen epoch's, and the run says which epoch and why
+    from mlflow import MlflowClient
+
+    history = MlflowClient(f"sqlite:///{db}").get_metric_history(mlrun.info.run_id, names.eval_metric("map"))
+    epoch = int(figures[names.BEST_EPOCH])
+    assert sorted(history, key=lambda m: m.step)[epoch - 1].value == figures[names.eval_metric("map")]
+    assert mlrun.data.metrics[names.BEST_EPOCH] == epoch and mlrun.data.tags[names.TAG_BEST_REASON]
 
 
 @pytest.mark.slow
