@@ -12,6 +12,9 @@ optimizer, schedule and clipping. Not alike: the stream dropout draws from (the 
 loader's seed from the global RNG first), so equal seeds are not equal runs; the comparison is of
 the two distributions over seeds.
 
+--trainer-dropout-stream gives the pipeline the Trainer's dropout stream: then equal seeds are
+nearly equal runs (the same dev F1 and MAP within bf16's noise), the check that nothing else differs.
+
 Per run: every dev metric after each epoch; the epoch each side's model selection takes (the
 pipeline's best/epoch; for the Trainer, which keeps its last model, the same rule applied to its dev
 evaluations: parts/best_model.beats); every test metric of the model each side ends with (the
@@ -93,6 +96,20 @@ def trainer(precision: str, seed: int, lr: float) -> dict:
             "test": test, "samples_per_s": done.samples_per_s, "wall_s": time.perf_counter() - start}
 
 
+def trainer_dropout_stream() -> None:
+    """From now on the pipeline's dropout draws the Trainer's stream: one int64 taken from the global
+    RNG at each epoch's start, as the Trainer's DataLoader iterator takes its base seed (with
+    no generator of its own); the rest of the run is the pipeline's, unchanged."""
+    from pipeline import train
+
+    epoch = train.train_epoch
+
+    def drawing(loop, index):
+        torch.empty((), dtype=torch.int64).random_()
+        return epoch(loop, index)
+    train.train_epoch = drawing
+
+
 def pipeline(precision: str, seed: int, lr: float) -> dict:
     start = time.perf_counter()
     final = pipeline_run(["task=wikiqa", f"model={MODEL}", f"train.batch_size={BATCH}", f"train.lr={lr}",
@@ -127,6 +144,9 @@ def main():
     parser.add_argument("--precisions", default="bf16")
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--trainer-dropout-stream", action="store_true",
+                        help="the pipeline's dropout draws the Trainer's random stream (trainer_dropout_stream): "
+                             "equal seeds become nearly equal runs")
     parser.add_argument("--runs", nargs="*", default=[], type=Path,
                         help="JSON-lines files of finished runs: a run found there is not run again, a new one is "
                              "appended to the first (so an interrupted comparison, or one split over processes, "
@@ -136,6 +156,9 @@ def main():
     args = parser.parse_args()
     quiet()
     torch.set_num_threads(args.threads)
+    if args.trainer_dropout_stream:
+        trainer_dropout_stream()
+        args.name += "-trainer-dropout-stream"
     runs: dict[str, list[dict]] = {}
     seeds = seed_list(args.seeds)
     finished = {(r["contender"], r["seed"]): r for path in args.runs if path.is_file()
@@ -180,7 +203,7 @@ def main():
     columns = list(dict.fromkeys(k for row in rows for k in row))
     settings = {"model": MODEL, "batch": BATCH, "lr": args.lr, "warmup_ratio": WARMUP, "weight_decay": WEIGHT_DECAY,
                 "epochs": EPOCHS, "max_length": MAX_LENGTH, "seeds": args.seeds, "precisions": args.precisions,
-                "threads": args.threads}
+                "threads": args.threads, "trainer_dropout_stream": args.trainer_dropout_stream}
     save(f"{args.name}-lr{args.lr:g}-{args.precisions.replace(',', '+')}-{seeds_label(seeds)}", rows, columns,
          settings, runs, results=STUDY_RESULTS)
 
