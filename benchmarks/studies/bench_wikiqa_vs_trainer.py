@@ -13,7 +13,8 @@ loader's seed from the global RNG first), so equal seeds are not equal runs; the
 the two distributions over seeds.
 
 --trainer-dropout-stream gives the pipeline the Trainer's dropout stream: then equal seeds are
-nearly equal runs (the same dev F1 and MAP within bf16's noise), the check that nothing else differs.
+nearly equal runs (the same dev F1 and MAP within bf16's noise), the check that nothing else differs;
+--dropout-seed-apart measures a candidate change to how the pipeline seeds dropout.
 
 Per run: every dev metric after each epoch; the epoch each side's model selection takes (the
 pipeline's best/epoch; for the Trainer, which keeps its last model, the same rule applied to its dev
@@ -110,6 +111,24 @@ def trainer_dropout_stream() -> None:
     train.train_epoch = drawing
 
 
+def dropout_seed_apart() -> None:
+    """From now on the pipeline seeds its dropout stream with numpy.random.SeedSequence([seed, rank,
+    1]) rather than seed + rank (which restarts the stream the new head was initialised from, and
+    is the seed of epoch `rank`'s data permutation): a candidate change, measured, not shipped."""
+    import numpy as np
+
+    from pipeline import train
+
+    epoch = train.train_epoch
+
+    def reseeded(loop, index):
+        if index == 0 and loop.progress.step == 0:  # right after fit()'s torch.manual_seed(seed + rank)
+            torch.manual_seed(int(np.random.SeedSequence([loop.stage.cfg.seed, loop.stage.rt.rank, 1])
+                                  .generate_state(1)[0]))
+        return epoch(loop, index)
+    train.train_epoch = reseeded
+
+
 def pipeline(precision: str, seed: int, lr: float) -> dict:
     start = time.perf_counter()
     final = pipeline_run(["task=wikiqa", f"model={MODEL}", f"train.batch_size={BATCH}", f"train.lr={lr}",
@@ -147,6 +166,8 @@ def main():
     parser.add_argument("--trainer-dropout-stream", action="store_true",
                         help="the pipeline's dropout draws the Trainer's random stream (trainer_dropout_stream): "
                              "equal seeds become nearly equal runs")
+    parser.add_argument("--dropout-seed-apart", action="store_true",
+                        help="the pipeline seeds dropout apart from the data order and head init (dropout_seed_apart)")
     parser.add_argument("--runs", nargs="*", default=[], type=Path,
                         help="JSON-lines files of finished runs: a run found there is not run again, a new one is "
                              "appended to the first (so an interrupted comparison, or one split over processes, "
@@ -159,6 +180,9 @@ def main():
     if args.trainer_dropout_stream:
         trainer_dropout_stream()
         args.name += "-trainer-dropout-stream"
+    if args.dropout_seed_apart:
+        dropout_seed_apart()
+        args.name += "-dropout-seed-apart"
     runs: dict[str, list[dict]] = {}
     seeds = seed_list(args.seeds)
     finished = {(r["contender"], r["seed"]): r for path in args.runs if path.is_file()
@@ -203,7 +227,8 @@ def main():
     columns = list(dict.fromkeys(k for row in rows for k in row))
     settings = {"model": MODEL, "batch": BATCH, "lr": args.lr, "warmup_ratio": WARMUP, "weight_decay": WEIGHT_DECAY,
                 "epochs": EPOCHS, "max_length": MAX_LENGTH, "seeds": args.seeds, "precisions": args.precisions,
-                "threads": args.threads, "trainer_dropout_stream": args.trainer_dropout_stream}
+                "threads": args.threads, "trainer_dropout_stream": args.trainer_dropout_stream,
+                "dropout_seed_apart": args.dropout_seed_apart}
     save(f"{args.name}-lr{args.lr:g}-{args.precisions.replace(',', '+')}-{seeds_label(seeds)}", rows, columns,
          settings, runs, results=STUDY_RESULTS)
 
