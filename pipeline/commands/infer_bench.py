@@ -33,7 +33,7 @@ def main(args: list[str]) -> int:
 
     from pipeline.measure import inference
     from pipeline.models import SavedModel
-    from pipeline.runtime.precision import resolve
+    from pipeline.runtime.precision import SERVED_AS, resolve
 
     try:
         lengths = {str(n): n for n in (int(x) for x in opts.lengths.split(",") if x.strip())}
@@ -52,9 +52,10 @@ def main(args: list[str]) -> int:
         raise UserError(f"infer-bench: --device {opts.device}: no CUDA device here")
     precisions = (opts.precision.split(",") if opts.precision else inference.inference_precisions("fp32", device))
     for p in precisions:
-        if p not in inference.DTYPES:
-            raise UserError(f"infer-bench: --precision {p}: one of {', '.join(inference.DTYPES)}")
+        if p not in SERVED_AS:
+            raise UserError(f"infer-bench: --precision {p}: one of {', '.join(SERVED_AS)}")
         resolve(p, device)  # what the device cannot run is refused as a stage refuses it
+    precisions = list(dict.fromkeys(SERVED_AS[p] for p in precisions))  # bf16-pure is served as bf16
     saved = {spec: SavedModel(spec) for spec in opts.models}  # every path checked before any timing
     served = {spec: m.served() for spec, m in saved.items()}
     results = inference.bench_side_by_side(served, device, lengths=lengths, precisions=precisions,
