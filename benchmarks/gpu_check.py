@@ -12,11 +12,11 @@ order of what they answer (CHECKS):
   one device), with train.compile=auto (eager under DDP today) and under CUDA graphs (what auto would
   pick once this passes), each against one process at the same global batch;
 - demo: the GPU demo with one seed (launch/studies/demo-gpu-check.yaml), into this check's own store;
+- pytest_gpu: `pytest -m gpu` (tests/integration/test_gpu.py) at most PYTEST_GPU_S, less its bf16
+  grad_accum-under-CUDA-graphs test, which the fallback check runs (fp16's runs there);
 - fallback: `torchrun --nproc_per_node 2` on one GPU runs one process with grad_accum doubled under
   CUDA graphs (bf16); its losses against the same job with train.compile=off;
-- deepspeed: ZeRO-2 and ZeRO-3 in bf16 with train.compile=auto (what auto chose, and why);
-- pytest_gpu: `pytest -m gpu` (tests/integration/test_gpu.py) at most PYTEST_GPU_S, less its bf16
-  grad_accum-under-CUDA-graphs test, which the fallback check runs (fp16's runs there).
+- deepspeed: ZeRO-2 and ZeRO-3 in bf16 with train.compile=auto (what auto chose, and why).
 
 mfu runs alone, first; the others side by side, up to --parallel processes (small models: the GPU has
 room; none is timed against another). --budget SECONDS runs what fits by each check's estimate
@@ -170,8 +170,8 @@ def check_mfu(jobs: Jobs) -> dict:
     them), and energy per sample under CUDA graphs against eager from the same cells."""
     folder = jobs.logs / "cells"
     cmd = [sys.executable, "benchmarks/bench_gpu.py", "--name", "gpu-check-mfu", "--out", str(folder)]
-    ok, log = run_command([*cmd, *(["--quick"] if jobs.quick else MFU_CELLS)], jobs.logs / "bench_gpu.log")
-    files = sorted(folder.glob("gpu-check-mfu*-*.json")) if folder.is_dir() else []
+    ok, log = run_command([*cmd, *(["--quick", "--profile"] if jobs.quick else MFU_CELLS)], jobs.logs / "bench_gpu.log")
+    files = [f for f in sorted(folder.glob("*.json")) if not f.name.endswith(".partial.json")]
     rows = json.loads(files[-1].read_text())["rows"] if files else []
     cells = [{k: r.get(k) for k in ("model", "precision", "compile", "batch", "seq", "samples/s", "MFU", "J/sample",
                                     "W", "peak MB", "compile s")} for r in rows]
@@ -287,9 +287,11 @@ CHECKS = [  # in the order of what they answer: the open questions first
     Check("ddp", check_ddp, EAGER_JOB_S * 2 + COMPILED_JOB_S),
     # two BERT-base jobs of 4 epochs, fp32 eager and bf16 compiled (results/gpu-compile-...: 30-40 s)
     Check("demo", check_demo, 200),
+    Check("pytest_gpu", check_pytest_gpu, PYTEST_GPU_S),
+    # the last two share a lane by the estimates: mfu 130, then ddp 310, demo 330, pytest_gpu 340, and
+    # fallback 265 followed by deepspeed 385 of the 390 s
     Check("fallback", check_fallback, EAGER_JOB_S + COMPILED_JOB_S),
     Check("deepspeed", check_deepspeed, 2 * (EAGER_JOB_S + 15)),  # auto is eager under DeepSpeed
-    Check("pytest_gpu", check_pytest_gpu, PYTEST_GPU_S),
 ]
 BY_NAME = {c.name: c for c in CHECKS}
 
