@@ -52,7 +52,10 @@ def node_image(venv: Path, node: Path, work: Path) -> list[str]:
     project = next(work.glob("bangla_amp_pipeline-*.whl"))
     with tempfile.TemporaryDirectory() as tmp:
         items = wheelhouse.resolve([str(project), *wheelhouse.GPU_CHECK_NEEDS], Path(tmp) / "r.json", None, work)
-    used = {wheelhouse.canonical(i["metadata"]["name"]) for i in items}
+    # what the pipeline reaches without passing through torch (whose CUDA libraries the node has), and torch
+    env = wheelhouse.marker_env(f"{sys.version_info[0]}.{sys.version_info[1]}", wheelhouse.this_platform())
+    reached = wheelhouse.without_torch(items, ["bangla-amp-pipeline", *wheelhouse.GPU_CHECK_NEEDS], env)
+    used = {wheelhouse.canonical(i["metadata"]["name"]) for i in reached} | {"torch"}
     names = sorted(n for n in used & set(have) if n not in STAND_INS)
     pins = [f"{n}=={have[n]}" if have[n] else n for n in names]
     pins += [f"{n}=={v}" if v else n for n, (v, _) in STAND_INS.items() if n in have and n in used]

@@ -1,6 +1,7 @@
 """`make gpu-check` (benchmarks/gpu_check.py) proves the GPU path on a CUDA machine within a budget:
 the tests that train a model or start a process (the others are in tests/unit/test_gpu_check.py)."""
 import json
+import re
 import subprocess
 import sys
 
@@ -74,3 +75,15 @@ def test_the_gpu_check_refuses_a_machine_without_a_gpu_unless_quick():
     result = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--only", "demo"], cwd=ROOT,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "--quick" in result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["gpu-check", "test-gpu", "demo", "bench-gpu"])
+def test_a_gpu_target_on_a_nodes_python_installs_nothing(target):
+    """`make TARGET PY=python3` (a node without an index): the commands make would run check that the
+    pipeline is installed there, then run; no virtualenv, no pip."""
+    plan = subprocess.run(["make", "-n", target, "PY=/node/bin/python3"], cwd=ROOT, capture_output=True, text=True,
+                          check=True).stdout
+    assert plan.splitlines()[0] == "/node/bin/python3 launch/node_ready.py"
+    assert not re.search(r"-m pip\s", plan) and "venv" not in plan and ".installed" not in plan
+    assert all(line.startswith(("/node/bin/python3 ", " ")) for line in plan.splitlines()), plan
