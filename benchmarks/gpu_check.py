@@ -43,20 +43,17 @@ import argparse
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import process_tree  # noqa: E402 - beside this script
+import check_runner as runner  # noqa: E402 - beside this script
+import process_tree  # noqa: E402
 
 LOSS_RTOL = 0.05
 SCORE_ATOL = 0.05
@@ -270,171 +267,41 @@ EAGER_JOB_S, COMPILED_JOB_S = 45, 90
 results/train-epochs6-h100-80gb-hbm3-2026-11-24.json)."""
 
 
-@dataclass(frozen=True)
-class Check:
-    name: str
-    run: Callable[[Jobs], dict]
-    estimate_s: float
-    """Seconds on one H100, start-up included, from the jobs it runs at EAGER_JOB_S / COMPILED_JOB_S and
-    the recorded cell times (not measured as a check on a GPU yet; --estimates replaces them)."""
-    alone: bool = False
-    """A speed or energy figure: nothing else on the GPU meanwhile."""
-
 
 CHECKS = [  # in the order of what they answer: the open questions first
     # 2 compiled cells at ~40 s of compilation, 2 eager ones, 3 s windows and profiles, 15 s of imports
-    Check("mfu", check_mfu, 130, alone=True),
-    Check("ddp", check_ddp, EAGER_JOB_S * 2 + COMPILED_JOB_S),
+    runner.Check("mfu", check_mfu, 130, alone=True),
+    runner.Check("ddp", check_ddp, EAGER_JOB_S * 2 + COMPILED_JOB_S),
     # two BERT-base jobs of 4 epochs, fp32 eager and bf16 compiled (results/gpu-compile-...: 30-40 s)
-    Check("demo", check_demo, 200),
-    Check("pytest_gpu", check_pytest_gpu, PYTEST_GPU_S),
+    runner.Check("demo", check_demo, 200),
+    runner.Check("pytest_gpu", check_pytest_gpu, PYTEST_GPU_S),
     # the last two share a lane by the estimates: mfu 130, then ddp 310, demo 330, pytest_gpu 340, and
     # fallback 265 followed by deepspeed 385 of the 390 s
-    Check("fallback", check_fallback, EAGER_JOB_S + COMPILED_JOB_S),
-    Check("deepspeed", check_deepspeed, 2 * (EAGER_JOB_S + 15)),  # auto is eager under DeepSpeed
+    runner.Check("fallback", check_fallback, EAGER_JOB_S + COMPILED_JOB_S),
+    runner.Check("deepspeed", check_deepspeed, 2 * (EAGER_JOB_S + 15)),  # auto is eager under DeepSpeed
 ]
 BY_NAME = {c.name: c for c in CHECKS}
 
 
-def phases(checks: list[Check]) -> list[list[Check]]:
-    """The checks in order, grouped: each alone check its own phase, each run of the others one phase."""
-    out: list[list[Check]] = []
-    for check in checks:
-        if check.alone or not out or out[-1][0].alone:
-            out.append([check])
-        else:
-            out[-1].append(check)
-    return out
-
-
-def plan(checks: list[Check], estimates: dict[str, float], budget: float, parallel: int) -> tuple[list, dict]:
-    """Which checks fit the budget by their estimates, phase after phase (phases): an alone check from
-    the clock, the others on `parallel` lanes from it (each starts when a lane frees up). Returns the
-    checks to run in order and, for the rest, why not."""
-    clock, run, not_run = 0.0, [], {}
-    for phase in phases(checks):
-        lanes = [clock] * (1 if phase[0].alone else max(1, parallel))
-        for check in phase:
-            lane = min(range(len(lanes)), key=lanes.__getitem__)
-            if lanes[lane] + estimates[check.name] <= budget:
-                lanes[lane] += estimates[check.name]
-                run.append(check)
-            else:
-                how = " alone" if check.alone else ""
-                not_run[check.name] = (f"not run: ~{estimates[check.name]:.0f} s{how} from ~{lanes[lane]:.0f} s "
-                                       f"would pass the {budget:.0f} s budget")
-        clock = max(lanes)
-    return run, not_run
-
-
-class Report:
-    """The JSON (DIR/gpu-check.json), written again (atomically) after every check."""
-
-    def __init__(self, out: Path, head: dict, estimates: dict[str, float], not_run: dict[str, str]):
-        self.out, self.head, self.estimates, self.not_run = out, head, estimates, not_run
-        self.checks, self.children = {}, {}
-        self.start = time.perf_counter()
-        out.mkdir(parents=True, exist_ok=True)
-
-    @property
-    def json(self) -> Path:
-        return self.out / "gpu-check.json"
-
-    def add(self, name: str, result: dict) -> None:
-        self.checks[name] = result
-        print(f"{name}: {'pass' if result['pass'] else 'FAIL'} ({result.get('check_seconds')} s)", flush=True)
-        self.write()
-
-    @property
-    def passed(self) -> bool:
-        """Every check that ran passed, and one did."""
-        return bool(self.checks) and all(c["pass"] for c in self.checks.values())
-
-    def write(self) -> None:
-        checks = {n: self.checks[n] for n in BY_NAME if n in self.checks}
-        complete = not self.not_run and len(checks) == len(self.head["run"])
-        payload = {**self.head, "pass": self.passed, "complete": complete,
-                   "seconds": round(time.perf_counter() - self.start, 1), "checks": checks, "not_run": self.not_run}
-        tmp = self.json.with_suffix(".tmp")
-        tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-        tmp.replace(self.json)
-
-
-def run_here(check: Check, jobs: Jobs) -> dict:
-    t0 = time.perf_counter()
-    try:
-        result = check.run(jobs)
-    except Exception as e:  # noqa: BLE001 - a check that breaks is a failed check, reported; the rest go on
-        result = {"pass": False, "log": f"{type(e).__name__}: {e}"}
-    return {**result, "check_seconds": round(time.perf_counter() - t0, 1)}
-
-
-def too_late(check: Check, report: Report, deadline: float) -> bool:
-    """Whether `check` cannot finish by `deadline` by its estimate (then listed as not run)."""
-    if time.monotonic() + report.estimates[check.name] <= deadline:
-        return False
-    report.not_run[check.name] = "not run: the checks before it left too little of the budget"
-    report.write()
-    return True
-
-
-def run_checks(todo: list[Check], report: Report, work: Path, quick: bool, parallel: int, deadline: float) -> None:
+def run_checks(todo: list[runner.Check], report: runner.Report, work: Path, quick: bool, parallel: int,
+               deadline: float) -> None:
     """Phase after phase (phases): each check in a child process, the side-by-side ones up to `parallel`
     at a time (in this process, one after another, when parallel is 1: quick); none started that its
     estimate says cannot finish by `deadline`, any still running at `deadline` stopped with its tree."""
+    def child(check: runner.Check, part: Path) -> list[str]:
+        return [sys.executable, __file__, "--child", check.name, "--work", str(work / check.name),
+                "--out", str(report.out / check.name), "--part", str(part), *(["--quick"] if quick else [])]
+
     if parallel == 1:
         jobs = Jobs(work, quick, report.out)
         for check in todo:
-            if not too_late(check, report, deadline):
-                report.add(check.name, run_here(check, jobs))
+            if not runner.too_late(check, report, deadline):
+                jobs.logs = report.out / check.name  # as a child's: the check's logs in its own folder
+                jobs.logs.mkdir(parents=True, exist_ok=True)
+                report.add(check.name, runner.run_here(check, jobs))
         return
-    for phase in phases(todo):
-        children(phase, report, work, quick, 1 if phase[0].alone else parallel, deadline)
-
-
-def children(checks: list[Check], report: Report, work: Path, quick: bool, parallel: int, deadline: float) -> None:
-    waiting, running = list(checks), {}
-    while waiting or running:
-        while waiting and len(running) < parallel:
-            check = waiting.pop(0)
-            if too_late(check, report, deadline):
-                continue
-            part = work / f"{check.name}.json"
-            cmd = [sys.executable, __file__, "--child", check.name, "--work", str(work / check.name),
-                   "--out", str(report.out / check.name), "--part", str(part), *(["--quick"] if quick else [])]
-            log = (report.out / f"{check.name}.log").open("w")
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            running[check.name] = (proc, part, time.perf_counter(), log)
-            report.children[check.name] = proc
-        time.sleep(1)
-        for name, (proc, part, t0, log) in list(running.items()):
-            late = time.monotonic() > deadline
-            if proc.poll() is None and not late:
-                continue
-            if late and proc.poll() is None:
-                process_tree.stop(proc.pid)
-                proc.wait()
-            log.close()
-            seconds = round(time.perf_counter() - t0, 1)
-            if part.is_file():
-                result = json.loads(part.read_text())
-            else:
-                tail = (report.out / f"{name}.log").read_text(errors="replace")[-1500:]
-                why = "stopped at the end of the budget" if late else f"exit {proc.returncode}"
-                result = {"pass": False, "stopped": why, "log": tail}
-            report.add(name, {**result, "check_seconds": seconds})
-            del running[name], report.children[name]
-
-
-def stop_children_on_sigterm(report: Report) -> None:
-    """A kill (a lease ending) keeps the JSON as written and takes the checks' process trees along."""
-    def handler(signum, frame):
-        for proc in list(report.children.values()):
-            process_tree.stop(proc.pid, grace_s=1)
-        report.write()
-        sys.exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, handler)
+    for phase in runner.phases(todo):
+        runner.children(phase, report, work, child, 1 if phase[0].alone else parallel, deadline)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -478,14 +345,14 @@ def main(argv: list[str] | None = None) -> int:
         estimates.update({n: c["check_seconds"] for n, c in measured.items() if "check_seconds" in c})
     budget = opts.budget if opts.budget is not None else (float("inf") if opts.quick else BUDGET_S)
     parallel = opts.parallel or (1 if opts.quick else 4)
-    todo, not_run = plan([c for c in CHECKS if c.name in opts.only.split(",")], estimates, budget, parallel)
+    todo, not_run = runner.plan([c for c in CHECKS if c.name in opts.only.split(",")], estimates, budget, parallel)
     head = {"benchmark": "gpu-check", "quick": opts.quick, "machine": machine(),
             "budget_s": None if budget == float("inf") else budget,
             "parallel": parallel, "estimates_s": estimates, "run": [c.name for c in todo],
             "tolerances": {"loss_rtol": LOSS_RTOL, "score_atol": SCORE_ATOL, "energy_ratio": ENERGY_RATIO}}
-    report = Report(opts.out or result_path("gpu-check").with_suffix(""), head, estimates, not_run)
+    report = runner.Report(opts.out or result_path("gpu-check").with_suffix(""), head, estimates, not_run)
     report.write()  # the plan, before any check: a kill at once still leaves what would have run
-    stop_children_on_sigterm(report)
+    runner.stop_children_on_sigterm(report)
     run_checks(todo, report, work, opts.quick, parallel, time.monotonic() + budget)
     report.write()
     left = f" (not run: {', '.join(report.not_run)})" if report.not_run else ""

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import psutil
@@ -60,14 +59,3 @@ def run(cmd: list[str], log: Path, timeout: float, cwd: Path, env: dict | None =
         return False, f"stopped after {timeout:.0f} s (its process tree with it): {tail[-1500:]}"
     return proc.returncode == 0, tail
 
-
-def wait_then_stop(proc: subprocess.Popen, deadline: float) -> bool:
-    """Wait for `proc` until the monotonic `deadline`; stop its tree if it is still running then.
-    True: it was stopped."""
-    while proc.poll() is None:
-        if time.monotonic() > deadline:
-            stop(proc.pid)
-            proc.wait()
-            return True
-        time.sleep(0.5)
-    return False

@@ -22,14 +22,14 @@ def test_the_gpu_check_quick_run_writes_everything_under_its_out_folder(tmp_path
     checks = payload["checks"]
     assert payload["quick"] and payload["pass"] and payload["complete"] and payload["not_run"] == {}
     assert list(checks) == ["mfu", "ddp", "demo", "pytest_gpu", "fallback", "deepspeed"]
-    assert checks["pytest_gpu"]["counts"]["deselected"] == 1 and (out / "pytest.log").is_file()
+    assert checks["pytest_gpu"]["counts"]["deselected"] == 1 and (out / "pytest_gpu" / "pytest.log").is_file()
     # the cells (quick: tiny, eager only, no energy counter on a CPU) with their JSON and profile tables
     assert [c["precision"] for c in checks["mfu"]["cells"]][:1] == ["fp32"] and "skipped" in checks["mfu"]["energy"]
-    assert any((out / "cells").glob("*-tables.md")) and (out / "bench_gpu.log").is_file()
+    assert any((out / "mfu" / "cells").glob("*-tables.md")) and (out / "mfu" / "bench_gpu.log").is_file()
     # the fallback ran as one process with grad_accum doubled, and was compared with its reference
     assert checks["fallback"]["one_process_grad_accum_2"] and checks["fallback"]["loss_rel_gap"] == 0
     assert checks["ddp"]["two_ranks"] and checks["ddp"]["cuda_graphs"]["loss_rel_gap"] == 0
-    assert "skipped" in checks["deepspeed"] and (out / "demo.log").is_file()
+    assert "skipped" in checks["deepspeed"] and (out / "demo" / "demo.log").is_file()
 
 
 @pytest.mark.slow

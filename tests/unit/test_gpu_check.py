@@ -20,32 +20,32 @@ def gpu_check():
 def test_the_mfu_cells_run_alone_first_then_the_others_side_by_side_within_the_budget():
     gc = gpu_check()
     checks = gc.CHECKS
-    assert [[c.name for c in p] for p in gc.phases(checks)] == [["mfu"], ["ddp", "demo", "pytest_gpu", "fallback",
-                                                                          "deepspeed"]]
-    run, not_run = gc.plan(checks, {c.name: c.estimate_s for c in checks}, float("inf"), 3)
+    assert [[c.name for c in p] for p in gc.runner.phases(checks)] == [
+        ["mfu"], ["ddp", "demo", "pytest_gpu", "fallback", "deepspeed"]]
+    run, not_run = gc.runner.plan(checks, {c.name: c.estimate_s for c in checks}, float("inf"), 3)
     assert [c.name for c in run] == [c.name for c in checks] and not not_run
     est = {"mfu": 100, "ddp": 100, "demo": 50, "pytest_gpu": 200, "fallback": 60, "deepspeed": 40}
     # mfu 0-100 alone; lanes of 2 from 100: ddp 100-200, demo 100-150, pytest_gpu would end at 150 + 200,
     # fallback 150-210, deepspeed 200-240
-    run, not_run = gc.plan(checks, est, 300, 2)
+    run, not_run = gc.runner.plan(checks, est, 300, 2)
     assert [c.name for c in run] == ["mfu", "ddp", "demo", "fallback", "deepspeed"]
     assert list(not_run) == ["pytest_gpu"] and "from ~150 s" in not_run["pytest_gpu"]
     # mfu alone would pass 90 s: left out, the others from 0: demo 0-50, fallback 0-60, deepspeed 50-90
-    run, not_run = gc.plan(checks, est, 90, 2)
+    run, not_run = gc.runner.plan(checks, est, 90, 2)
     assert [c.name for c in run] == ["demo", "fallback", "deepspeed"] and "alone" in not_run["mfu"]
 
 
 def test_the_default_plan_fits_the_make_targets_budget_with_every_check():
     """By the estimates from the recorded H100 times (not measured as a check on a GPU)."""
     gc = gpu_check()
-    run, not_run = gc.plan(gc.CHECKS, {c.name: c.estimate_s for c in gc.CHECKS}, gc.BUDGET_S, 4)
+    run, not_run = gc.runner.plan(gc.CHECKS, {c.name: c.estimate_s for c in gc.CHECKS}, gc.BUDGET_S, 4)
     assert not not_run and len(run) == len(gc.CHECKS)
 
 
 def test_the_json_lies_in_the_out_folder_and_is_rewritten_after_every_check(tmp_path):
     gc = gpu_check()
     out = tmp_path / "results" / "run1"
-    report = gc.Report(out, {"run": ["mfu", "ddp"]}, {}, {})
+    report = gc.runner.Report(out, {"run": ["mfu", "ddp"]}, {}, {})
     report.write()
     assert json.loads((out / "gpu-check.json").read_text())["checks"] == {}
     report.add("ddp", {"pass": True, "check_seconds": 1.0})
