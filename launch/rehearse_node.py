@@ -2,8 +2,9 @@
 check" call does there, step by step, with no GPU and this machine's Python.
 
 1. A fresh virtualenv holding what the node's list (--node, its `pip freeze`) holds of what the pipeline and
-   the GPU check use, at the node's versions where it gives them, from the package index (the node's
-   image: set-up, not the install under test). STAND_INS says what stands in for what this machine cannot
+   the GPU check use, at the node's versions where it gives them, its bare names at the versions pip picks
+   beside the pipeline (what HAVE takes a bare name to be), from the package index (the node's image:
+   set-up, not the install under test). STAND_INS says what stands in for what this machine cannot
    install.
 2. That virtualenv's `pip freeze` as HAVE, and `make wheelhouse`'s folder for it: for this machine's Python
    and platform (the node's call names its own: Python 3.12, manylinux_2_28_x86_64).
@@ -37,7 +38,8 @@ STAND_INS = {
                         "machine's CPU build 2.13.0 stands in (the node's torch is held, never installed)"),
     "numpy": (None, "numpy 2.5 needs Python 3.12; the newest for this machine's Python stands in"),
 }
-"""Node pins this machine cannot install: name -> (the version installed instead, None: pip's pick; why)."""
+"""Node pins this machine cannot install: name -> (the version installed instead, None: pip's pick beside the
+pipeline; why)."""
 
 
 def sh(cmd: list[str], env: dict | None = None, **kw) -> subprocess.CompletedProcess:
@@ -46,19 +48,27 @@ def sh(cmd: list[str], env: dict | None = None, **kw) -> subprocess.CompletedPro
 
 
 def node_image(venv: Path, node: Path, work: Path) -> list[str]:
-    """Step 1: the node's packages the pipeline uses, at its versions (less STAND_INS); what was installed."""
+    """Step 1: the node's packages the pipeline uses, at its versions (less STAND_INS), its bare names at the
+    versions pip picks beside the pipeline (what the wheelhouse takes a bare name to be: held, and enough);
+    what was installed."""
     have = wheelhouse.read_have(node)
+    for name, (version, _) in STAND_INS.items():
+        if name in have:
+            have[name] = version
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work), str(ROOT)], check=True)
     project = next(work.glob("bangla_amp_pipeline-*.whl"))
+    roots = [str(project), *wheelhouse.GPU_CHECK_NEEDS]
     with tempfile.TemporaryDirectory() as tmp:
-        items = wheelhouse.resolve([str(project), *wheelhouse.GPU_CHECK_NEEDS], Path(tmp) / "r.json", None, work)
-    # what the pipeline reaches without passing through torch (whose CUDA libraries the node has), and torch
-    env = wheelhouse.marker_env(f"{sys.version_info[0]}.{sys.version_info[1]}", wheelhouse.this_platform())
-    reached = wheelhouse.without_torch(items, ["bangla-amp-pipeline", *wheelhouse.GPU_CHECK_NEEDS], env)
-    used = {wheelhouse.canonical(i["metadata"]["name"]) for i in reached} | {"torch"}
-    names = sorted(n for n in used & set(have) if n not in STAND_INS)
-    pins = [f"{n}=={have[n]}" if have[n] else n for n in names]
-    pins += [f"{n}=={v}" if v else n for n, (v, _) in STAND_INS.items() if n in have and n in used]
+        items = wheelhouse.resolve(roots, Path(tmp) / "r.json", None, work)
+        # what the pipeline reaches without passing through torch (whose CUDA libraries the node has), and torch
+        env = wheelhouse.marker_env(f"{sys.version_info[0]}.{sys.version_info[1]}", wheelhouse.this_platform())
+        reached = wheelhouse.without_torch(items, ["bangla-amp-pipeline", *wheelhouse.GPU_CHECK_NEEDS], env)
+        used = sorted(({wheelhouse.canonical(i["metadata"]["name"]) for i in reached} | {"torch"}) & set(have))
+        direct = next(i for i in items if wheelhouse.canonical(i["metadata"]["name"]) == "bangla-amp-pipeline")
+        constraints = wheelhouse.constraints_from(have, [*direct["metadata"].get("requires_dist", []), *roots[1:]])
+        beside = wheelhouse.resolve([*roots, *used], Path(tmp) / "b.json", None, work, constraints)
+    picked = {wheelhouse.canonical(i["metadata"]["name"]): i["metadata"]["version"] for i in beside}
+    pins = [f"{n}=={have[n] or picked[n]}" for n in used]  # a refused pin (tokenizers 0.23.2) as the node has it
     py = venv / "bin" / "python"
     sh([sys.executable, "-m", "venv", venv])
     sh([py, "-m", "pip", "install", "-q", "--upgrade", "pip"])

@@ -112,17 +112,32 @@ def missing(items: list[dict], have: dict[str, str | None]) -> list[dict]:
 def resolve(requirements: list[str], report: Path, target: list[str] | None, find_links: Path,
             constraints: list[str] = ()) -> list[dict]:
     """What pip would install for `requirements` into an empty environment (metadata only: nothing is
-    downloaded beyond it): for this interpreter (sdists allowed), or for `target`'s pip options (wheels only)."""
-    with tempfile.TemporaryDirectory() as empty:
-        args = ["install", "--dry-run", "--ignore-installed", "--quiet", "--report", str(report),
-                "--find-links", str(find_links)]
-        if constraints:
+    downloaded beyond it): for this interpreter (sdists allowed), or for `target`'s pip options (wheels only),
+    within `constraints` (the node's versions), less those pip names in a conflict (conflicting)."""
+    constraints = list(constraints)
+    while True:
+        with tempfile.TemporaryDirectory() as empty:
             (Path(empty) / "c.txt").write_text("\n".join(constraints) + "\n")
-            args += ["-c", str(Path(empty) / "c.txt")]
-        if target:
-            args += [*target, "--only-binary=:all:", "--target", str(Path(empty) / "t")]
-        pip(*args, *requirements)
-    return json.loads(report.read_text())["install"]
+            args = ["install", "--dry-run", "--ignore-installed", "--report", str(report),
+                    "--find-links", str(find_links), "-c", str(Path(empty) / "c.txt")]
+            if target:
+                args += [*target, "--only-binary=:all:", "--target", str(Path(empty) / "t")]
+            done = subprocess.run([sys.executable, "-m", "pip", *args, *requirements], capture_output=True, text=True)
+        if done.returncode == 0:
+            return json.loads(report.read_text())["install"]
+        names = conflicting(done.stdout + done.stderr)
+        if not names or set(names) & LEFT_OUT or not set(names) & {canonical(c.split("==")[0]) for c in constraints}:
+            sys.stderr.write(done.stdout[-3000:] + done.stderr[-3000:])
+            raise SystemExit("wheelhouse: pip cannot resolve the pipeline's requirements (its output above)")
+        print(f"wheelhouse: the node's {', '.join(names)} conflict with the pipeline's requirements: resolved "
+              "without them (the install replaces them)", flush=True)
+        constraints = [c for c in constraints if canonical(c.split("==")[0]) not in names]
+
+
+def conflicting(pip_output: str) -> list[str]:
+    """The constrained packages pip's resolver names in a conflict ("The user requested (constraint) X==v")."""
+    found = re.findall(r"The user requested \(constraint\) ([A-Za-z0-9._-]+)==", pip_output)
+    return sorted({canonical(n) for n in found})
 
 
 def without_torch(items: list[dict], roots: list[str], env: dict[str, str]) -> list[dict]:
