@@ -62,3 +62,15 @@ def test_only_what_the_node_lacks_or_holds_refused_goes_into_the_folder():
                 item("huggingface_hub", "1.33.0")]
     kept = [i["metadata"]["name"] for i in wh.missing(resolved, wh.read_have(NODE))]
     assert kept == ["tokenizers", "deepspeed", "mlflow"]  # pyyaml, psutil: bare names, counted as held
+
+
+def test_a_conflict_names_the_nodes_pins_that_must_be_replaced():
+    """pip's explanation of a node holding pyarrow 26 and pandas 3, which no mlflow accepts together."""
+    wh = wheelhouse()
+    output = """    mlflow 3.17.0 depends on pyarrow<26 and >=4.0.0
+    mlflow 3.15.2 depends on pandas<3
+    The user requested (constraint) pandas==3.1.1
+    The user requested (constraint) PyArrow==26.0.1
+ERROR: ResolutionImpossible: for help visit https://pip.pypa.io/en/latest/topics/dependency-resolution/"""
+    assert wh.conflicting(output) == ["pandas", "pyarrow"]
+    assert wh.conflicting("ERROR: No matching distribution found for deepspeed==9") == []
