@@ -118,7 +118,8 @@ rehearse-node: $(STAMP)
 	$(PY) launch/rehearse_node.py --node $(NODE) --dir $(REHEARSAL)
 
 # The offline install proven here: a wheelhouse for this machine, then a fresh virtualenv with a torch,
-# no index, torch untouched (tests/integration/test_offline_install.py; `make test` leaves it out)
+# no index, torch untouched (tests/integration/test_offline_install.py), and the GPU node's rehearsal
+# (tests/integration/test_rehearse_node.py); `make test` leaves them out
 test-offline: wheelhouse
 	WHEELHOUSE=$(abspath $(WHEELHOUSE)) $(PY) -m pytest -q -m install
 
