@@ -216,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
         there = resolve(roots, Path(tmp) / "there.json", target, dest, constraints)
     keep = without_torch(there, ["bangla-amp-pipeline", *GPU_CHECK_NEEDS], marker_env(args.python_version,
                                                                                       target_platform))
-    keep = [i for i in keep if canonical(i["metadata"]["name"]) == "bangla-amp-pipeline"] + missing(keep, have)
+    lacking = missing(keep, have)
+    keep = [i for i in keep if i in lacking or canonical(i["metadata"]["name"]) == "bangla-amp-pipeline"]
     wanted = [pinned(i) for i in keep if Path(i["download_info"]["url"].removeprefix("file://")).parent != dest]
     extra = [TEACHER] if args.teacher else []
     if wanted or extra:
