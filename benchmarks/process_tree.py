@@ -15,9 +15,10 @@ GRACE_S = 5
 """After SIGTERM (torchrun and the deepspeed launcher pass it to their workers), before SIGKILL."""
 
 
-def stop(pid: int, grace_s: float = GRACE_S) -> None:
-    """SIGTERM, then after `grace_s` SIGKILL, to the process `pid`, every process descending from it
-    (found before the first signal, whatever their session) and its process group."""
+def stop(pid: int, grace_s: float | None = None) -> None:
+    """SIGTERM, then after `grace_s` (default GRACE_S) SIGKILL, to the process `pid`, every process
+    descending from it (found before the first signal, whatever their session) and its process group."""
+    grace_s = GRACE_S if grace_s is None else grace_s
     try:
         root = psutil.Process(pid)
         tree = [root, *root.children(recursive=True)]

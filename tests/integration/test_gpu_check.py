@@ -52,12 +52,13 @@ def test_a_side_by_side_check_runs_as_a_process_and_what_the_budget_leaves_out_i
 
 
 @pytest.mark.slow
-def test_a_command_past_its_time_is_stopped_with_every_process_under_it(tmp_path):
+def test_a_command_past_its_time_is_stopped_with_every_process_under_it(tmp_path, monkeypatch):
     """A launcher whose worker starts its own session (as torchrun's do) and ignores SIGTERM: at the
     timeout the launcher, the worker and the worker's child are all gone."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import process_tree
 
+    monkeypatch.setattr(process_tree, "GRACE_S", 0.5)  # then SIGKILL, which the worker cannot ignore
     pids = tmp_path / "pids"
     worker = ("import os, signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
               "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
