@@ -21,11 +21,11 @@ def wheelhouse():
 
 
 def direct_requirements() -> list[str]:
-    """pyproject.toml's dependencies and the GPU check's, as the pipeline's wheel metadata lists them."""
-    import tomllib
-
-    wh = wheelhouse()
-    return [*tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"], *wh.GPU_CHECK_NEEDS]
+    """pyproject.toml's dependencies and the GPU check's (launch/node_ready.py reads them)."""
+    spec = importlib.util.spec_from_file_location("node_ready", ROOT / "launch" / "node_ready.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.requirements()
 
 
 def item(name: str, version: str) -> dict:
