@@ -53,10 +53,11 @@ test-gpu: $(SETUP)
 	$(PY) -m pytest -q -m gpu
 
 # On a CUDA machine, within 8 minutes of one H100 with the node's install (benchmarks/README.md, "GPU
-# check"): the MFU cells alone, then DDP on the one GPU, the fallback, grad_accum under CUDA graphs,
-# DeepSpeed ZeRO-2/3, pytest -m gpu and the one-seed GPU demo side by side, then energy alone; what does
-# not fit GPU_CHECK_BUDGET seconds (default 390) is listed as not run. Everything (the JSON, rewritten after every
-# check, each check's log, the profile tables) under OUT (default: benchmarks/results/gpu-check-MACHINE-DATE/)
+# check"): the MFU cells (and energy with and without compile) alone, then DDP on the one GPU, the
+# one-seed GPU demo, pytest -m gpu, the fallback (grad_accum under CUDA graphs) and DeepSpeed ZeRO-2/3
+# side by side; what does not fit GPU_CHECK_BUDGET seconds (default 390) is listed as not run.
+# Everything (the JSON, rewritten after every check, each check's and job's log, the profile tables)
+# under OUT (default: benchmarks/results/gpu-check-MACHINE-DATE/); GPU_CHECK_ARGS=--quick: a CPU smoke run
 GPU_CHECK_BUDGET ?=
 OUT ?=
 GPU_CHECK_ARGS ?=
