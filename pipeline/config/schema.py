@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 
 from pipeline.config.coerce import coerce
+from pipeline.config.deepspeed_files import ds_config_file, shipped
 from pipeline.config.keys import did_you_mean, dotted_keys
 from pipeline.errors import UserError
 from pipeline.tasks import REGISTRY
@@ -184,7 +185,8 @@ class Config:
     backend: str = "auto"
     """auto (from the launcher's environment) | single | ddp | deepspeed."""
     deepspeed: str | None = None
-    """Path of a DeepSpeed JSON config (ds_configs/); "auto" values are filled from this config."""
+    """A DeepSpeed JSON config: a path, or a shipped config by name (zero0 ... zero3, zero2_offload;
+    unset = zero2); "auto" values are filled from this config."""
     requested_world_size: int = 0
     """The number of processes the job's global batch was planned for; 0 = as many as run. When
     fewer run (fewer devices than asked for), grad_accum is multiplied to keep the global batch."""
@@ -261,8 +263,9 @@ class Config:
         _check("kd.alpha", self.kd.alpha, 0 <= self.kd.alpha <= 1, "must be in [0, 1]")
         _check("kd.temperature", self.kd.temperature, self.kd.temperature > 0, "must be > 0")
         _check("kd.hidden_weight", self.kd.hidden_weight, self.kd.hidden_weight >= 0, "must be >= 0 (0 = off)")
-        if self.deepspeed is not None and not Path(self.deepspeed).is_file():
-            raise UserError(f"config: deepspeed={self.deepspeed}: no such file")
+        if self.deepspeed is not None and ds_config_file(self.deepspeed) is None:
+            raise UserError(f"config: deepspeed={self.deepspeed}: no such file, nor a shipped config "
+                            f"({', '.join(shipped())})")
         return self
 
     def to_dict(self) -> dict:
