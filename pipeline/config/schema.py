@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -206,8 +207,12 @@ class Config:
     checkpoint's (e.g. train.lr, data.train, global_batch, tokenizer): the run then mixes two
     settings, and says so (tag resumed_with_changes, a param per change)."""
     output_dir: str | None = None
-    """Where config.yaml, metrics.json, best/ and the journal go; unset = outputs/TASK-PRECISION
-    (settled when the job starts)."""
+    """Where config.yaml, metrics.json, best/ and the journal go; unset = outputs/TASK-MODEL-PRECISION
+    (a distill stage's ends -kd-TEACHER; settled when the job starts). A job that starts over there
+    is refused while it holds another job's outputs, unless overwrite=true."""
+    overwrite: bool = False
+    """Let a job start over in an output_dir that holds another job's finished outputs or
+    checkpoints, removing them (the same job re-run with resume=never starts over without it)."""
     data: DataConfig = field(default_factory=DataConfig)
     """The data files: one per split, each a file in the dataset's format or a hub dataset."""
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -305,8 +310,24 @@ class SettledConfig(Config):
     output_dir: str
 
 
-def default_output_dir(cfg: Config) -> str:
-    return cfg.output_dir or f"outputs/{cfg.task}-{cfg.precision}"
+def default_output_dir(cfg: Config, model_spec: str, teacher: str | None = None) -> str:
+    """output_dir as given, else outputs/TASK-MODEL-PRECISION, and -kd-TEACHER for a distill stage:
+    two default jobs that train another model, or from another teacher, never share one."""
+    if cfg.output_dir:
+        return cfg.output_dir
+    return f"outputs/{cfg.task}-{model_slug(model_spec)}-{cfg.precision}" + (
+        f"-kd-{model_slug(teacher)}" if teacher else "")
+
+
+def model_slug(spec: str) -> str:
+    """A model spec as a directory name: preset:bangla-tiny -> bangla-tiny, org/name -> name, a
+    local model -> its directory's name (a stage's best/ -> that stage's output_dir name),
+    from_teacher:N -> studentN."""
+    if spec.startswith("from_teacher:"):
+        return "student" + spec.partition(":")[2]
+    path = Path(spec.partition(":")[2] if spec.startswith("preset:") else spec.rstrip("/"))
+    name = path.parent.name if path.name == "best" and path.parent.name else path.name
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-.") or "model"
 
 
 ACCEPTABLE = (*dotted_keys(Config), *RECORD_PARTS)

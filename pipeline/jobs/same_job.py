@@ -23,7 +23,7 @@ from pipeline.layout import OutputDir
 SAFE = ("train.log_every", "train.save_every", "train.keep_checkpoints", "train.num_workers",
         "train.eval_batch_size", "train.max_nonfinite", "train.compile", "train.pad_to_multiple_of", "tracking.*",
         "train.gradient_checkpointing", "train.memory_limit_mb", "infer.*",
-        "resume", "accept_changes", "output_dir", "fallback",
+        "resume", "accept_changes", "output_dir", "overwrite", "fallback",
         "dist_timeout")
 """Config keys a resumed job may change: none of them changes what is optimized or how."""
 COMPARED_ELSEWHERE = ("train.batch_size", "train.grad_accum", "requested_world_size", "backend", "precision", "data.*",

@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from pipeline import names
-from pipeline.config.schema import SettledTrain, TrainConfig
 from pipeline.config.deepspeed_files import ds_config_file
+from pipeline.config.schema import SettledTrain, TrainConfig
 from pipeline.errors import UserError
 from pipeline.layout import CheckpointFiles, OutputDir
 from pipeline.runtime.backend import StepResult
