@@ -14,6 +14,11 @@ TRAIN_LR = "train/lr"
 TRAIN_GRAD_NORM = "train/grad_norm"
 TRAIN_EPOCH = "train/epoch"
 TRAIN_STEPS = "train/steps"
+# at each logged step, over the steps since the previous one (the console line shows the same figures)
+TRAIN_SAMPLES_PER_S = "train/samples_per_s"
+TRAIN_TOKENS_PER_S = "train/tokens_per_s"  # real (non-padding) tokens
+TRAIN_MFU = "train/mfu"  # of the real tokens, on a device in the peak table
+TRAIN_PEAK_MEM = "train/peak_mem_mb"  # CUDA allocator's peak this epoch, else the process's peak RSS
 
 # ---------------------------------------------------------------- evaluation
 EVAL = "eval/"

@@ -108,7 +108,9 @@ class TrainConfig:
     patience: int = 0
     """Stop after this many evaluations without a better main metric; 0 = never stop early."""
     log_every: int = 10
-    """Log train/loss, train/lr and train/grad_norm every this many optimizer steps."""
+    """Log train/loss, train/lr, train/grad_norm and the throughput since the last logged step
+    every this many optimizer steps; without a terminal (a batch job's log), rank 0 also prints
+    them in a line with the ETA."""
     num_workers: int | None = None
     """DataLoader worker processes per rank (persistent, pinned memory on a GPU). Unset: 2 on a
     GPU, where collating beside the device's work keeps it fed; 0 on a CPU, whose cores compute."""

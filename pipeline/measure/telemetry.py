@@ -70,6 +70,14 @@ class ThroughputMeter:
             self._t0 = None
         return self.seconds
 
+    def running_seconds(self) -> float:
+        """The seconds of all segments so far, the running one included up to now, without a device
+        sync (right after one, as at a logged step whose loss was read, the figure is exact)."""
+        if self._t0 is None:
+            return self.seconds
+        compiling = compiler.compile_seconds() - self._compile_t0 if self.compiled else 0.0
+        return self.seconds + time.perf_counter() - self._t0 - compiling
+
     def add(self, samples: int, tokens: int, padded_tokens: int) -> None:
         """padded_tokens: the batch's rows x padded length (filler rows included)."""
         self.samples += samples

@@ -4,7 +4,8 @@ The loop hands it numbers: after each optimizer step, at each epoch's end, at th
 decides when a step is logged (every train.log_every steps and the last one), reads every rank's
 numbers at an epoch's end in one collective (the step losses and the meters together: a host
 wait per collective shows in a GPU step's time), and makes each record: the MLflow metrics
-through the Tracker (which journals them first), the console lines, and output_dir's
+through the Tracker (which journals them first), the console lines (console.py for a logged
+step's), and output_dir's
 metrics.json and report.txt with the logged model. pipeline/names.py spells every name.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pipeline.measure import collapse
 from pipeline.measure.telemetry import StageMeters
 from pipeline.parts.step_losses import StepLosses
 from pipeline.runtime import dist
+from pipeline.tracking.console import StepLines
 from pipeline.tracking.served_model import MODEL_NAME, ServedModel, save_for_logging
 from pipeline.tracking.tracker import Tracker
 
@@ -36,6 +38,7 @@ class MetricsProcessor:
                  is_main: bool):
         self.tracker, self.meters, self.losses = tracker, meters, losses
         self.log_every, self.total_steps, self.is_main = log_every, total_steps, is_main
+        self.console = StepLines(meters, total_steps, is_main)
 
     def begin(self, out: OutputDir, files: dict[str, dict]) -> None:
         """Collective, as the loop starts: the run's energy_available tag (does any rank measure
@@ -53,12 +56,16 @@ class MetricsProcessor:
 
     def log_step(self, step: int, lr: float, grad_norm: float, epoch_progress: float, loss_scale: float | None
                  ) -> float:
-        """A logged step (the losses read into the window first): the window's mean loss, the
-        learning rate, the gradient norm, the epoch's progress, AMP health. Returns the loss."""
+        """A logged step (the losses read into the window first): the window's mean loss and
+        throughput, the learning rate, the gradient norm, the epoch's progress, AMP health; to MLflow
+        and, without a TTY, the console. Returns the loss."""
         self.meters.check_compiles()
         loss = self.losses.close_window()
-        self.tracker.log_metrics({names.TRAIN_LOSS: loss, names.TRAIN_LR: lr, names.TRAIN_GRAD_NORM: grad_norm,
-                                  names.TRAIN_EPOCH: epoch_progress, **self.losses.amp_metrics(loss_scale)}, step)
+        metrics = {names.TRAIN_LOSS: loss, names.TRAIN_LR: lr, names.TRAIN_GRAD_NORM: grad_norm,
+                   names.TRAIN_EPOCH: epoch_progress, **self.losses.amp_metrics(loss_scale),
+                   **self.console.step_figures()}
+        self.tracker.log_metrics(metrics, step)
+        self.console.show(step, metrics)
         return loss
 
     def reduce_epoch(self) -> tuple[dict, dist.Reduced]:
