@@ -149,6 +149,10 @@ class TrackingConfig:
     log_model: bool = False
     """Also log the best model as an MLflow model of the run (transformers flavor: a pipeline with its
     tokenizer, task and an input example, for mlflow.transformers.load_model and the registry)."""
+    register_as: str | None = None
+    """Register the logged model (tracking.log_model=true) in MLflow's Model Registry under this
+    name: a new version per run, its description the run's main test score; load it with
+    mlflow.pyfunc.load_model("models:/NAME/VERSION")."""
     tags: dict = field(default_factory=dict)
     """Extra run tags, e.g. tracking.tags.study=NAME (the study runner sets study and procedure)."""
     parent_run_id: str | None = None
@@ -265,6 +269,8 @@ class Config:
         _check("dist_timeout", self.dist_timeout, self.dist_timeout >= 1, "must be >= 1 (seconds)")
         _check("tracking.system_metrics_interval", self.tracking.system_metrics_interval,
                self.tracking.system_metrics_interval > 0, "must be > 0")
+        _check("tracking.register_as", self.tracking.register_as, not self.tracking.register_as
+               or self.tracking.log_model, "registers the logged model: set tracking.log_model=true too")
         _check("infer.batch_size", self.infer.batch_size, self.infer.batch_size >= 1, "must be >= 1")
         _check("infer.budget_s", self.infer.budget_s, self.infer.budget_s > 0, "must be > 0 (infer.bench=false: off)")
         _check("kd.alpha", self.kd.alpha, 0 <= self.kd.alpha <= 1, "must be in [0, 1]")

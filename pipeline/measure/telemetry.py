@@ -122,7 +122,7 @@ def environment_tags() -> dict[str, str]:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
                                 cwd=Path(__file__).resolve().parent)
         if commit.returncode == 0:
-            tags["git_commit"] = commit.stdout.strip()
+            tags[names.TAG_GIT_COMMIT] = commit.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
     return tags

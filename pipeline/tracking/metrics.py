@@ -18,6 +18,7 @@ from pipeline.fsutil import write_json, write_text
 from pipeline.layout import OutputDir
 from pipeline.measure import collapse
 from pipeline.measure.telemetry import StageMeters
+from pipeline.parts.model_card import write_card
 from pipeline.parts.step_losses import StepLosses
 from pipeline.runtime import dist
 from pipeline.tracking.console import StepLines
@@ -110,11 +111,14 @@ class MetricsProcessor:
         as an MLflow model, if asked: `served`); metrics.json last of all, so its presence says
         the job finished."""
         write_text(out.report, report)
+        if out.trained_model() is not None:  # its card completed: the test scores, the inference figures
+            write_card(out.best, out, final)
         saved = served is not None and save_for_logging(out, served)
         write_json(out.metrics, final)
         for path in (out.metrics, out.report):
             self.tracker.log_artifact(path)
         if saved:
-            self.tracker.log_model(out.mlflow_model, MODEL_NAME, step)  # after the metrics: it links them
+            self.tracker.log_model(out.mlflow_model, MODEL_NAME, step,  # after the metrics: it links them
+                                   f"test {served.task.main_metric} {final[names.TEST_MAIN]:.4f}")
         elif served is not None:
             self.tracker.log_artifact(out.best, OutputDir.BEST)
