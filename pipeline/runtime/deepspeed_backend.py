@@ -60,7 +60,6 @@ if TYPE_CHECKING:
     from transformers import PretrainedConfig
 
 
-
 def zero_stage_of(deepspeed_path: str | None) -> int:
     """The ZeRO stage the DeepSpeed config asks for (the backend checks the rest of it)."""
     stage = load_ds_config(deepspeed_path).get("zero_optimization", {}).get("stage", 0)

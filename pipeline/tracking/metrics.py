@@ -4,9 +4,9 @@ The loop hands it numbers: after each optimizer step, at each epoch's end, at th
 decides when a step is logged (every train.log_every steps and the last one), reads every rank's
 numbers at an epoch's end in one collective (the step losses and the meters together: a host
 wait per collective shows in a GPU step's time), and makes each record: the MLflow metrics
-through the Tracker (which journals them first), the console lines (console.py for a logged
-step's), and output_dir's
-metrics.json and report.txt with the logged model. pipeline/names.py spells every name.
+through the Tracker (which journals them first), the console lines (a logged step's: console.py),
+and output_dir's metrics.json and report.txt with the logged model and best/'s completed card.
+pipeline/names.py spells every name.
 """
 from __future__ import annotations
 
