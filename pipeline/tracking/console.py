@@ -18,12 +18,13 @@ log = logging.getLogger("pipeline")
 class StepLines:
     """The window figures of each logged step and, without a TTY on rank 0, its console line."""
 
-    def __init__(self, meters: StageMeters, total_steps: int, is_main: bool, tty: bool | None = None):
-        self.meters, self.total_steps = meters, total_steps
+    def __init__(self, meters: StageMeters, total_steps: int, log_every: int, is_main: bool, tty: bool | None = None):
+        self.meters, self.total_steps, self.log_every = meters, total_steps, log_every
         self.enabled = is_main and not (sys.stderr.isatty() if tty is None else tty)
         self._since: tuple[ThroughputMeter, float, float, float, float] | None = None
         self._started = time.perf_counter()
-        self._first_step: int | None = None
+        self._first: tuple[float, int] | None = None
+        """When, and at which step, the first line was shown: the ETA's pace is measured from there."""
 
     def step_figures(self) -> dict[str, float]:
         """Throughput over the training time since the previous logged step (the epoch's start
@@ -48,15 +49,18 @@ class StepLines:
         return self._since[1:]
 
     def show(self, step: int, metrics: dict[str, float]) -> None:
-        """The line of a logged step (nothing with a TTY, where the bar shows progress, or off rank 0)."""
-        if self._first_step is None:
-            self._first_step = step - 1
+        """The line of a logged step (nothing with a TTY, where the bar shows progress, or off rank 0),
+        its ETA at this process's pace: since the first line, and for the first line since the loop
+        started, over the log_every steps before it (a resumed job may have run fewer)."""
         if not self.enabled:
             return
-        elapsed = time.perf_counter() - self._started
-        done = step - self._first_step  # steps this process ran: a resumed job's ETA from its own pace
-        eta = elapsed / done * (self.total_steps - step) if done > 0 else None
-        log.info("%s", step_line(step, self.total_steps, metrics, elapsed, eta))
+        now = time.perf_counter()
+        since, from_step = self._first or (self._started, max(step - self.log_every, 0))
+        if self._first is None:
+            self._first = (now, step)
+        done = step - from_step
+        eta = (now - since) / done * (self.total_steps - step) if done > 0 else None
+        log.info("%s", step_line(step, self.total_steps, metrics, now - self._started, eta))
 
 
 def step_line(step: int, total_steps: int, metrics: dict[str, float], elapsed: float, eta: float | None) -> str:

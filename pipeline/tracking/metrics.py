@@ -39,7 +39,7 @@ class MetricsProcessor:
                  is_main: bool):
         self.tracker, self.meters, self.losses = tracker, meters, losses
         self.log_every, self.total_steps, self.is_main = log_every, total_steps, is_main
-        self.console = StepLines(meters, total_steps, is_main)
+        self.console = StepLines(meters, total_steps, log_every, is_main)
 
     def begin(self, out: OutputDir, files: dict[str, dict]) -> None:
         """Collective, as the loop starts: the run's energy_available tag (does any rank measure

@@ -39,7 +39,7 @@ def meters(world_size=2, peak_tflops=None):
 
 def test_the_window_is_since_the_previous_logged_step_and_a_new_epoch_starts_a_new_one():
     m = meters(peak_tflops=100.0)
-    lines = StepLines(m, total_steps=100, is_main=True, tty=False)
+    lines = StepLines(m, total_steps=100, log_every=10, is_main=True, tty=False)
     m.throughput.samples, m.throughput.tokens, m.throughput.seconds, m.flops = 40, 4000, 2.0, 4e14
     first = lines.step_figures()
     assert first[names.TRAIN_SAMPLES_PER_S] == pytest.approx(40)  # 20/s on each of 2 ranks
@@ -51,16 +51,28 @@ def test_the_window_is_since_the_previous_logged_step_and_a_new_epoch_starts_a_n
     m.throughput = Meter()  # the next epoch's
     m.throughput.samples, m.throughput.seconds = 10, 1.0
     assert lines.step_figures()[names.TRAIN_SAMPLES_PER_S] == pytest.approx(20)
-    assert names.TRAIN_MFU not in StepLines(meters(), 100, True, tty=False).step_figures()  # no known peak
+    assert names.TRAIN_MFU not in StepLines(meters(), 100, 10, True, tty=False).step_figures()  # no known peak
 
 
 @pytest.mark.parametrize("is_main, tty, printed", [(True, False, True), (True, True, False), (False, False, False)])
 def test_only_rank_0_without_a_terminal_prints(caplog, is_main, tty, printed):
     caplog.set_level(logging.INFO, logger="pipeline")
-    lines = StepLines(meters(), total_steps=20, is_main=is_main, tty=tty)
+    lines = StepLines(meters(), total_steps=20, log_every=10, is_main=is_main, tty=tty)
     for step in (10, 20):
         lines.show(step, {names.TRAIN_LOSS: 0.25})
     shown = [r.getMessage() for r in caplog.records]
     assert len(shown) == (2 if printed else 0)
     if printed:
         assert shown[0].startswith("step 10/20 (50%)  loss 0.2500  elapsed 0:00:00  ETA 0:00:00")
+
+
+def test_the_eta_is_at_this_processs_pace_from_the_first_line(caplog, monkeypatch):
+    caplog.set_level(logging.INFO, logger="pipeline")
+    clock = iter([100.0, 110.0, 130.0])  # the loop starts; steps 10 and 20 are logged
+    monkeypatch.setattr("pipeline.tracking.console.time.perf_counter", lambda: next(clock))
+    lines = StepLines(meters(), total_steps=100, log_every=10, is_main=True, tty=False)
+    lines.show(10, {})  # 10 steps in 10 s: 90 to go
+    lines.show(20, {})  # then 10 steps in 20 s: 80 to go at 2 s a step
+    shown = [r.getMessage() for r in caplog.records]
+    assert shown == ["step 10/100 (10%)  elapsed 0:00:10  ETA 0:01:30",
+                     "step 20/100 (20%)  elapsed 0:00:30  ETA 0:02:40"]
