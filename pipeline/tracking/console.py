@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 
 from pipeline import names
 from pipeline.measure.telemetry import StageMeters, ThroughputMeter, peak_memory
@@ -18,11 +19,12 @@ log = logging.getLogger("pipeline")
 class StepLines:
     """The window figures of each logged step and, without a TTY on rank 0, its console line."""
 
-    def __init__(self, meters: StageMeters, total_steps: int, log_every: int, is_main: bool, tty: bool | None = None):
-        self.meters, self.total_steps, self.log_every = meters, total_steps, log_every
+    def __init__(self, meters: StageMeters, total_steps: int, log_every: int, is_main: bool, tty: bool | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.meters, self.total_steps, self.log_every, self.clock = meters, total_steps, log_every, clock
         self.enabled = is_main and not (sys.stderr.isatty() if tty is None else tty)
         self._since: tuple[ThroughputMeter, float, float, float, float] | None = None
-        self._started = time.perf_counter()
+        self._started = clock()
         self._first: tuple[float, int] | None = None
         """When, and at which step, the first line was shown: the ETA's pace is measured from there."""
 
@@ -54,7 +56,7 @@ class StepLines:
         started, over the log_every steps before it (a resumed job may have run fewer)."""
         if not self.enabled:
             return
-        now = time.perf_counter()
+        now = self.clock()
         since, from_step = self._first or (self._started, max(step - self.log_every, 0))
         if self._first is None:
             self._first = (now, step)

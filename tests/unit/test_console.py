@@ -66,11 +66,10 @@ def test_only_rank_0_without_a_terminal_prints(caplog, is_main, tty, printed):
         assert shown[0].startswith("step 10/20 (50%)  loss 0.2500  elapsed 0:00:00  ETA 0:00:00")
 
 
-def test_the_eta_is_at_this_processs_pace_from_the_first_line(caplog, monkeypatch):
+def test_the_eta_is_at_this_processs_pace_from_the_first_line(caplog):
     caplog.set_level(logging.INFO, logger="pipeline")
     clock = iter([100.0, 110.0, 130.0])  # the loop starts; steps 10 and 20 are logged
-    monkeypatch.setattr("pipeline.tracking.console.time.perf_counter", lambda: next(clock))
-    lines = StepLines(meters(), total_steps=100, log_every=10, is_main=True, tty=False)
+    lines = StepLines(meters(), total_steps=100, log_every=10, is_main=True, tty=False, clock=lambda: next(clock))
     lines.show(10, {})  # 10 steps in 10 s: 90 to go
     lines.show(20, {})  # then 10 steps in 20 s: 80 to go at 2 s a step
     shown = [r.getMessage() for r in caplog.records]
