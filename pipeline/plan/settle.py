@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.config import Config, flatten
-from pipeline.config.schema import SettledConfig, SettledTrain, TrainConfig, default_output_dir
+from pipeline.config.output_dir import default_output_dir
+from pipeline.config.schema import SettledConfig, SettledTrain, TrainConfig
 from pipeline.config.secrets import redact_config
 from pipeline.data import features
 from pipeline.job_record import JobRecord

@@ -7,7 +7,7 @@ import pytest
 
 from helpers import settled_config
 from pipeline.config import load_config
-from pipeline.config.schema import model_slug
+from pipeline.config.output_dir import model_slug
 from pipeline.errors import UserError
 from pipeline.fsutil import write_json
 from pipeline.job_record import JobRecord
