@@ -1,8 +1,9 @@
 """The library APIs that differ across the supported torch and transformers versions (pyproject.toml's
-floors up to the newest tested; README, "Versions tested"), each asked for here and nowhere else.
+floors up to the newest tested; README, "Versions tested"), each asked for here and nowhere else; and
+what the pipeline must take from a library's private modules (MLflow's), each with the version read.
 
 Each branch tests for the feature, not the version number, and names the library source lines it relies
-on in each version. torch and transformers are imported inside the functions: this module sits in the
+on in each version. torch, transformers and mlflow are imported inside the functions: this module sits in the
 lowest layer (docs/ARCHITECTURE.md) and loads without them.
 
 May import: nothing from the pipeline.
@@ -72,3 +73,19 @@ def checkpoint_reruns_module_hooks() -> bool:
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     return "__call__" in vars(GradientCheckpointingLayer)
+
+
+def system_metrics_monitor(run_id: str, interval: float, node_id: str, uri: str) -> Any:
+    """MLflow's system-metrics sampler (CPU, memory, disk, network, GPU) for a run the pipeline opened
+    through a client, logging under system/NODE_ID/ to `uri`; start() and finish() it.
+
+    The public route, mlflow.start_run(log_system_metrics=True), makes the run the process's active
+    run and ends it with mlflow.end_run: on every node of a multi-node job the first node to finish
+    would end the shared run. The class it starts is not exported by mlflow.system_metrics (whose
+    public functions only configure that route): mlflow 3.17 (mlflow/system_metrics/
+    system_metrics_monitor.py: `SystemMetricsMonitor.__init__(run_id, sampling_interval=10,
+    samples_before_logging=1, resume_logging=False, node_id=None, tracking_uri=None)`, line 55;
+    start(), line 105; finish(), line 187, which flushes); the same signature on MLflow's main branch."""
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    return SystemMetricsMonitor(run_id, sampling_interval=interval, node_id=node_id, tracking_uri=uri)

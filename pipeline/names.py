@@ -14,6 +14,11 @@ TRAIN_LR = "train/lr"
 TRAIN_GRAD_NORM = "train/grad_norm"
 TRAIN_EPOCH = "train/epoch"
 TRAIN_STEPS = "train/steps"
+# at each logged step, over the steps since the previous one (the console line shows the same figures)
+TRAIN_SAMPLES_PER_S = "train/samples_per_s"
+TRAIN_TOKENS_PER_S = "train/tokens_per_s"  # real (non-padding) tokens
+TRAIN_MFU = "train/mfu"  # of the real tokens, on a device in the peak table
+TRAIN_PEAK_MEM = "train/peak_mem_mb"  # CUDA allocator's peak this epoch, else the process's peak RSS
 
 # ---------------------------------------------------------------- evaluation
 EVAL = "eval/"
@@ -118,6 +123,9 @@ TAG_ENERGY_AVAILABLE = "energy_available"  # true | false: NVML's energy counter
 TAG_STUDY = "study"
 TAG_PROCEDURE = "procedure"
 TAG_PARENT_RUN = "mlflow.parentRunId"  # MLflow's own: nests a run under its parent in the UI
+TAG_GIT_COMMIT = "mlflow.source.git.commit"  # MLflow's own: the run page's and runs table's commit
+TAG_SOURCE_NAME = "mlflow.source.name"  # MLflow's own: the runs table's Source, e.g. python -m pipeline train
+TAG_SOURCE_TYPE = "mlflow.source.type"  # MLflow's own: LOCAL
 TAG_KD_CACHE = "kd_cache"  # hit | miss | off
 TAG_DATA_CACHE = "data_cache"  # hit | miss | partial: the prepared-features cache (features.py)
 TAG_PRECISION_MODE = "precision_mode"  # autocast | pure16 | fp32: how 16-bit compute was done

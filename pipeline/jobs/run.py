@@ -17,7 +17,7 @@ from pipeline.config import Config
 from pipeline.data import features
 from pipeline.data.loaders import describe_datasets
 from pipeline.job_record import JobRecord
-from pipeline.jobs import lock, outputs, resume
+from pipeline.jobs import lock, outputs, overwrite, resume
 from pipeline.jobs.same_job import Change, param_value
 from pipeline.plan.settle import settle
 from pipeline.runtime import dist, gc_pause
@@ -36,6 +36,8 @@ def run(cfg: Config, kind: str = "train") -> dict[str, float]:
     try:
         plan = settle(cfg, kind, rt)
         start = resume.decide(plan)  # another job's output_dir, or a resume of another job, stops here
+        if isinstance(start, resume.StartOver):  # as does starting over on another job's work
+            overwrite.refuse_another_job(plan, start.resuming)
         if isinstance(start, resume.Finished):  # what its journal holds and the store lacks, replayed first
             if rt.is_main:
                 log.info("%s: this job finished before (%s); nothing to train. To train again: resume=never "

@@ -70,6 +70,14 @@ class ThroughputMeter:
             self._t0 = None
         return self.seconds
 
+    def running_seconds(self) -> float:
+        """The seconds of all segments so far, the running one included up to now, without a device
+        sync (right after one, as at a logged step whose loss was read, the figure is exact)."""
+        if self._t0 is None:
+            return self.seconds
+        compiling = compiler.compile_seconds() - self._compile_t0 if self.compiled else 0.0
+        return self.seconds + time.perf_counter() - self._t0 - compiling
+
     def add(self, samples: int, tokens: int, padded_tokens: int) -> None:
         """padded_tokens: the batch's rows x padded length (filler rows included)."""
         self.samples += samples
@@ -114,7 +122,7 @@ def environment_tags() -> dict[str, str]:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
                                 cwd=Path(__file__).resolve().parent)
         if commit.returncode == 0:
-            tags["git_commit"] = commit.stdout.strip()
+            tags[names.TAG_GIT_COMMIT] = commit.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
     return tags

@@ -91,7 +91,7 @@ class Checkpoint:
         bundle = self.load_state()
         if not isinstance(bundle, dict) or bundle.get("format") != FORMAT:
             raise UserError(f"checkpoint {self.path}: written in another checkpoint format than this version's "
-                            f"({FORMAT}); resume=never starts over, or use another output_dir")
+                            f"({FORMAT}); resume=never overwrite=true starts over, or use another output_dir")
         return bundle
 
     def restore_rng(self, rank: int) -> None:

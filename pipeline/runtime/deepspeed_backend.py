@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from pipeline import names
+from pipeline.config.deepspeed_files import ds_config_file
 from pipeline.config.schema import SettledTrain, TrainConfig
 from pipeline.errors import UserError
 from pipeline.layout import CheckpointFiles, OutputDir
@@ -58,8 +59,6 @@ if TYPE_CHECKING:
     from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer
     from transformers import PretrainedConfig
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "ds_configs" / "zero2.json"
-
 
 def zero_stage_of(deepspeed_path: str | None) -> int:
     """The ZeRO stage the DeepSpeed config asks for (the backend checks the rest of it)."""
@@ -68,9 +67,10 @@ def zero_stage_of(deepspeed_path: str | None) -> int:
 
 
 def load_ds_config(path: str | None) -> dict:
-    p = Path(path) if path else DEFAULT_CONFIG
-    if not p.is_file():
-        raise UserError(f"config: deepspeed={p}: no such file")
+    """The config `path` names (a file, or a shipped config by name; unset: zero2.json)."""
+    p = ds_config_file(path)
+    if p is None:
+        raise UserError(f"config: deepspeed={path}: no such file, nor a shipped config")
     try:
         cfg = json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -183,14 +183,14 @@ class DeepSpeedBackend:
 
     def __init__(self, rt: Runtime, policy: PrecisionPolicy, train: SettledTrain, config_path: str | None,
                  compile: CompilePolicy = OFF):
-        """config_path: the DeepSpeed JSON (the `deepspeed` key); None uses ds_configs/zero2.json.
+        """config_path: the DeepSpeed JSON (the `deepspeed` key); None uses the shipped zero2.json.
         `compile` was settled with the plan for this ZeRO stage (compiler.resolve): not resolved again."""
         if policy.name == BF16_PURE:
             raise UserError(f"precision={BF16_PURE} with backend=deepspeed: not supported (DeepSpeed keeps the fp32 "
                             "master weights in its own partitions); use precision=bf16, or backend=ddp")
         self.rt = rt
         self.policy = policy
-        self.source = config_path or str(DEFAULT_CONFIG)
+        self.source = str(ds_config_file(config_path) or config_path)
         self.ds_config = resolve_ds_config(load_ds_config(config_path), train, policy.name, rt.world_size,
                                            self.source)
         check_supported(self.ds_config, policy, rt.device, self.source)

@@ -4,8 +4,9 @@ The loop hands it numbers: after each optimizer step, at each epoch's end, at th
 decides when a step is logged (every train.log_every steps and the last one), reads every rank's
 numbers at an epoch's end in one collective (the step losses and the meters together: a host
 wait per collective shows in a GPU step's time), and makes each record: the MLflow metrics
-through the Tracker (which journals them first), the console lines, and output_dir's
-metrics.json and report.txt with the logged model. pipeline/names.py spells every name.
+through the Tracker (which journals them first), the console lines (a logged step's: console.py),
+and output_dir's metrics.json and report.txt with the logged model and best/'s completed card.
+pipeline/names.py spells every name.
 """
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ from pipeline.fsutil import write_json, write_text
 from pipeline.layout import OutputDir
 from pipeline.measure import collapse
 from pipeline.measure.telemetry import StageMeters
+from pipeline.parts.model_card import write_card
 from pipeline.parts.step_losses import StepLosses
 from pipeline.runtime import dist
+from pipeline.tracking.console import StepLines
 from pipeline.tracking.served_model import MODEL_NAME, ServedModel, save_for_logging
 from pipeline.tracking.tracker import Tracker
 
@@ -36,6 +39,7 @@ class MetricsProcessor:
                  is_main: bool):
         self.tracker, self.meters, self.losses = tracker, meters, losses
         self.log_every, self.total_steps, self.is_main = log_every, total_steps, is_main
+        self.console = StepLines(meters, total_steps, log_every, is_main)
 
     def begin(self, out: OutputDir, files: dict[str, dict]) -> None:
         """Collective, as the loop starts: the run's energy_available tag (does any rank measure
@@ -53,12 +57,16 @@ class MetricsProcessor:
 
     def log_step(self, step: int, lr: float, grad_norm: float, epoch_progress: float, loss_scale: float | None
                  ) -> float:
-        """A logged step (the losses read into the window first): the window's mean loss, the
-        learning rate, the gradient norm, the epoch's progress, AMP health. Returns the loss."""
+        """A logged step (the losses read into the window first): the window's mean loss and
+        throughput, the learning rate, the gradient norm, the epoch's progress, AMP health; to MLflow
+        and, without a TTY, the console. Returns the loss."""
         self.meters.check_compiles()
         loss = self.losses.close_window()
-        self.tracker.log_metrics({names.TRAIN_LOSS: loss, names.TRAIN_LR: lr, names.TRAIN_GRAD_NORM: grad_norm,
-                                  names.TRAIN_EPOCH: epoch_progress, **self.losses.amp_metrics(loss_scale)}, step)
+        metrics = {names.TRAIN_LOSS: loss, names.TRAIN_LR: lr, names.TRAIN_GRAD_NORM: grad_norm,
+                   names.TRAIN_EPOCH: epoch_progress, **self.losses.amp_metrics(loss_scale),
+                   **self.console.step_figures()}
+        self.tracker.log_metrics(metrics, step)
+        self.console.show(step, metrics)
         return loss
 
     def reduce_epoch(self) -> tuple[dict, dist.Reduced]:
@@ -103,11 +111,14 @@ class MetricsProcessor:
         as an MLflow model, if asked: `served`); metrics.json last of all, so its presence says
         the job finished."""
         write_text(out.report, report)
+        if out.trained_model() is not None:  # its card completed: the test scores, the inference figures
+            write_card(out.best, out, final)
         saved = served is not None and save_for_logging(out, served)
         write_json(out.metrics, final)
         for path in (out.metrics, out.report):
             self.tracker.log_artifact(path)
         if saved:
-            self.tracker.log_model(out.mlflow_model, MODEL_NAME, step)  # after the metrics: it links them
+            self.tracker.log_model(out.mlflow_model, MODEL_NAME, step,  # after the metrics: it links them
+                                   f"test {served.task.main_metric} {final[names.TEST_MAIN]:.4f}")
         elif served is not None:
             self.tracker.log_artifact(out.best, OutputDir.BEST)

@@ -17,7 +17,8 @@ def test_defaults_and_overrides_are_typed(tmp_path):
     assert cfg.precision == "bf16" and cfg.kd.cache is False and cfg.data.dev is None
     assert cfg.model_config == {"hidden_dropout_prob": 0.0}
     assert cfg.output_dir is None  # as the user left it; the job settles it
-    assert settled_config(cfg, "preset:bangla-tiny", get_task("sentiment")).output_dir == "outputs/sentiment-bf16"
+    settled = settled_config(cfg, "preset:bangla-tiny", get_task("sentiment"))
+    assert settled.output_dir == "outputs/sentiment-bangla-tiny-bf16"
     assert flatten(cfg.to_dict())["train.lr"] == pytest.approx(1e-4)
 
 
