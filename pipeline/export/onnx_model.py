@@ -35,7 +35,8 @@ def write_onnx(model: torch.nn.Module, path: Path, input_names: list[str]) -> li
     """Export `model` (eval mode, fp32, on the CPU) to `path`; returns its output names."""
     model = model.float().cpu().eval()
     length = min(EXAMPLE_SHAPE[1], model.config.max_position_embeddings)
-    ids = torch.randint(5, model.config.vocab_size, (EXAMPLE_SHAPE[0], length), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(5, model.config.vocab_size, (EXAMPLE_SHAPE[0], length),
+                        generator=torch.Generator().manual_seed(0))
     every = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "token_type_ids": torch.zeros_like(ids)}
     example = {k: every[k] for k in input_names}
     with torch.no_grad():

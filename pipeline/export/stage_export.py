@@ -25,10 +25,9 @@ from pipeline.fsutil import atomic_dir, write_json
 from pipeline.layout import OutputDir
 
 log = logging.getLogger("pipeline")
-EXPORT = "export"
-"""The folder in an output_dir (or beside a model directory's files) that holds the export."""
+EXPORT, CHECK_JSON = OutputDir.EXPORT, OutputDir.EXPORT_CHECK
+"""The folder in an output_dir (or in a model directory) that holds the export; the check's record in it."""
 FP32, INT8 = "model.onnx", "model.int8.onnx"
-CHECK_JSON = "check.json"
 MLFLOW_MODEL = "mlflow_model"
 VARIANTS = {"fp32": FP32, "int8": INT8}
 
@@ -102,7 +101,8 @@ def _check(out: OutputDir, model: torch.nn.Module, tmp: Path, written: dict[str,
 
     data = check.stage_data(out, AutoTokenizer.from_pretrained(str(tmp)))
     report = {"pytorch": {"test": check.test_scores(model, data), "size_mb": torch_size_mb}, "variants": {},
-              "tolerance": {"fp32_agreement": check.FP32_AGREEMENT, "fp32_max_abs_diff_relative": check.FP32_MAX_ABS_DIFF}}
+              "tolerance": {"fp32_agreement": check.FP32_AGREEMENT,
+                            "fp32_max_abs_diff_relative": check.FP32_MAX_ABS_DIFF}}
     metrics = {}
     for variant, name in written.items():
         graph = OnnxModel(tmp / name, params)
