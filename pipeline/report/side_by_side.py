@@ -93,6 +93,17 @@ def _best_dir(output_dir) -> str | None:
     return str(best) if best is not None else None
 
 
+def _exported(best: str) -> list[tuple[str, Path]]:
+    """The checked graphs a stage exported (pipeline export --check: OUTPUT_DIR/export/), by variant."""
+    from pipeline.export.stage_export import VARIANTS
+    from pipeline.layout import OutputDir
+
+    out = OutputDir(Path(best).parent)
+    if not out.export_check.is_file():
+        return []
+    return [(v, out.export / name) for v, name in VARIANTS.items() if (out.export / name).is_file()]
+
+
 def _first(values: pd.Series) -> float:
     found = values.astype(float).dropna()
     return float(found.iloc[0]) if len(found) else math.nan
@@ -101,6 +112,7 @@ def _first(values: pd.Series) -> float:
 def _run(record: dict, groups: dict, device_name: str | None) -> dict:
     import torch
 
+    from pipeline.export.onnx_model import ExportedModel
     from pipeline.measure import inference
     from pipeline.measure.load import LoadSampler
     from pipeline.measure.telemetry import device_name as describe
@@ -112,12 +124,17 @@ def _run(record: dict, groups: dict, device_name: str | None) -> dict:
         for task, group in groups.items():
             saved = {cell: SavedModel(path) for cell, path in group["cells"].items()}
             served = {cell: m.served() for cell, m in saved.items()}
+            if device.type == "cpu":  # a cell's exported graphs, beside its model: CELL@int8, CELL@fp32
+                graphs = {f"{cell}@{v}": p for cell, path in group["cells"].items() for v, p in _exported(path)}
+                served.update({name: ExportedModel(str(p)).served() for name, p in graphs.items()})
+                group["cells"].update({name: str(p) for name, p in graphs.items()})
             results = inference.bench_side_by_side(
                 served, device, lengths={"median": group["length"]}, precisions=[PAYOFF_PRECISION],
                 settings=inference.BenchSettings(group["batch_size"], record["budget_s"]), reps=record["reps"])
             rows = group["rows"]
             record["tasks"][task] = {"length": group["length"], "batch_size": group["batch_size"], "models": {
-                cell: {"procedure": rows.procedure.get(cell), "run_id": rows.run_id.get(cell),
+                cell: {"procedure": rows.procedure.get(cell.partition("@")[0]),
+                       "run_id": rows.run_id.get(cell.partition("@")[0]),
                        "path": group["cells"][cell], "params": r.params, "params_no_embed": r.params_no_embed,
                        "size_mb": r.size_mb, "latency_ms_p50": r.measurements[0].latency_ms_p50,
                        "samples_per_s": r.measurements[0].samples_per_s,
