@@ -22,7 +22,8 @@ from safetensors.torch import load_file
 from pipeline import names
 
 ROOT = Path(__file__).resolve().parents[1]
-DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
+DEEPSPEED = [sys.executable, "-m", "deepspeed.launcher.runner"]
+"""The deepspeed launcher by its module: its script is absent where packages went in with --target."""
 
 # a fast job: tiny model, short sequences; overridden per test
 FAST = ["model=preset:bangla-tiny", "train.max_length=48", "train.batch_size=32", "train.lr=1e-3",
@@ -93,7 +94,7 @@ def deepspeed(*args, log=None, wait=True):
     its own session (so a kill reaches all of it). wait=True: (exit code, output); wait=False: the
     Popen (output to log)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [DEEPSPEED, "--num_gpus", "2", "--master_port", str(free_port()), "--module", "pipeline", *map(str, args)]
+    cmd = [*DEEPSPEED, "--num_gpus", "2", "--master_port", str(free_port()), "--module", "pipeline", *map(str, args)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "w") if log else subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     if not wait:

@@ -36,7 +36,7 @@ def main(args: list[str]) -> int:
     from pipeline.export.onnx_model import ExportedModel
     from pipeline.measure import inference
     from pipeline.models import SavedModel
-    from pipeline.runtime.precision import resolve
+    from pipeline.runtime.precision import SERVED_AS, resolve
 
     try:
         lengths = {str(n): n for n in (int(x) for x in opts.lengths.split(",") if x.strip())}
@@ -55,9 +55,10 @@ def main(args: list[str]) -> int:
         raise UserError(f"infer-bench: --device {opts.device}: no CUDA device here")
     precisions = (opts.precision.split(",") if opts.precision else inference.inference_precisions("fp32", device))
     for p in precisions:
-        if p not in inference.DTYPES:
-            raise UserError(f"infer-bench: --precision {p}: one of {', '.join(inference.DTYPES)}")
+        if p not in SERVED_AS:
+            raise UserError(f"infer-bench: --precision {p}: one of {', '.join(SERVED_AS)}")
         resolve(p, device)  # what the device cannot run is refused as a stage refuses it
+    precisions = list(dict.fromkeys(SERVED_AS[p] for p in precisions))  # bf16-pure is served as bf16
     # every path checked before any timing
     saved = {spec: ExportedModel(spec) if spec.endswith(".onnx") else SavedModel(spec) for spec in opts.models}
     if device.type != "cpu" and any(isinstance(m, ExportedModel) for m in saved.values()):

@@ -22,8 +22,6 @@ EXPECTED_METRICS = {names.TRAIN_LOSS, names.TRAIN_LR, names.TRAIN_GRAD_NORM, nam
 @pytest.mark.slow
 @pytest.mark.parametrize("prec", ["fp32", "bf16", "bf16-pure"])
 def test_sentiment_learns_and_lands_in_mlflow(tmp_path, prec):
-    if prec.startswith("bf16") and not precision.cpu_supports_bf16():
-        pytest.skip("this CPU has no bf16")
     out, db = tmp_path / "out", tracking_db(tmp_path, "mlflow.db")
     cfg = load_config(None, [*FAST, "train.epochs=3", f"precision={prec}", f"output_dir={out}",
                              f"tracking.uri=sqlite:///{db}", "tracking.experiment=t", "infer.bench=true",
