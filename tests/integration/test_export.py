@@ -7,6 +7,7 @@ import json
 
 import mlflow
 import numpy as np
+import onnx  # the [export] extra, which make install installs
 import pytest
 
 from helpers import FAST, mlflow_runs, tracking_db
@@ -16,8 +17,6 @@ from pipeline.config import load_config
 from pipeline.jobs.run import run
 
 pytestmark = pytest.mark.slow
-onnx = pytest.importorskip("onnx")  # the [export] extra
-pytest.importorskip("onnxruntime")
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +76,13 @@ def test_an_export_that_disagrees_is_refused_in_one_line(exported, monkeypatch, 
 
     def corrupted(model, path, input_names):  # the classifier's weights negated in the written graph
         outputs = written(model, path, input_names)
+        from onnx import numpy_helper
+
         graph = onnx.load(str(path))
         weights = [t for t in graph.graph.initializer if "classifier" in t.name and len(t.dims) == 2]
         assert weights, [t.name for t in graph.graph.initializer]
-        array = onnx.numpy_helper.to_array(weights[0])
-        weights[0].CopyFrom(onnx.numpy_helper.from_array(-array, weights[0].name))
+        array = numpy_helper.to_array(weights[0])
+        weights[0].CopyFrom(numpy_helper.from_array(-array, weights[0].name))
         onnx.save(graph, str(path))
         return outputs
 
