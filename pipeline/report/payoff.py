@@ -2,7 +2,9 @@
 latency and throughput speed-up (x), score retained (% of the teacher's, ± the seed spread), in a
 table, one sentence per procedure and a chart of score retained against speed-up. The baseline
 (the student's architecture trained without distillation) is set against the same teacher, so the
-gain of distillation shows at equal speed.
+gain of distillation shows at equal speed. A student exported for serving (`pipeline export --check`)
+has a row per graph (int8, ONNX fp32): the score it kept, its speed against the teacher and against
+the PyTorch student it came from, its size on disk.
 
 The inference speed comes from one side-by-side measurement of every model (side_by_side.py: one
 process, one device, the models taking turns), in fp32 at the test split's median length
