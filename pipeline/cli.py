@@ -25,6 +25,7 @@ COMMANDS = {  # the command -> its function in pipeline/commands/, imported on f
     "ui": "pipeline.commands.ui:main",
     "sync": "pipeline.commands.sync:main",
     "infer-bench": "pipeline.commands.infer_bench:main",
+    "export": "pipeline.commands.export:main",
     "config-reference": "pipeline.commands.config_reference:main",
 }
 USAGE = """usage:
@@ -35,6 +36,7 @@ USAGE = """usage:
   python -m pipeline ui [--experiment NAME] [--host H]       MLflow UI on the tracking store
   python -m pipeline sync RUN_DIR|FILE.jsonl [--uri URI]    upload a run's journal to MLflow
   python -m pipeline infer-bench MODEL [MODEL ...] [--json]  what models cost to serve here, side by side
+  python -m pipeline export DIR [--int8] [--check]           best/ as ONNX (and int8), checked, into DIR/export/
   python -m pipeline config-reference                        every config key as Markdown (docs/configuration.md)
   python -m pipeline COMMAND --help                          a command's arguments; train's and distill's
                                                              list every config key, its default and meaning

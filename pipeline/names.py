@@ -68,6 +68,25 @@ def load_metric(quantity: str, prefix: str = PERF) -> str:
     """perf/others_cpu_frac (training) or, with INFER_LOAD, perf/infer_others_cpu_frac (inference)."""
     return prefix + quantity
 
+# ---------------------------------------------------------------- export (pipeline/export/)
+# The best model exported (`python -m pipeline export DIR --check`), logged on the stage's run:
+# export/VARIANT/QUANTITY, VARIANT being fp32 (ONNX) or int8 (ONNX, weights int8, activations
+# quantized at run time): max_abs_diff and agreement against the PyTorch model on the dev split,
+# size_mb on disk, and test/NAME, the task's test metrics computed with the exported model.
+EXPORT = "export/"
+EXPORT_MAX_ABS_DIFF = "max_abs_diff"  # the largest |logit difference| from the PyTorch model, dev split
+EXPORT_AGREEMENT = "agreement"  # the share of predictions (argmax) equal to the PyTorch model's, dev split
+EXPORT_SIZE_MB = "size_mb"  # the exported graph on disk
+
+
+def export_metric(variant: str, quantity: str) -> str:
+    return f"{EXPORT}{variant}/{quantity}"
+
+
+def export_test_metric(variant: str, name: str) -> str:
+    return f"{EXPORT}{variant}/{TEST}{name}"
+
+
 # ---------------------------------------------------------------- energy (NVML; absent where not measured)
 ENERGY_JOULES = "energy/joules"
 AVG_POWER = "energy/avg_power_w"

@@ -111,6 +111,8 @@ class Served:
     vocab_size: int
     input_names: list[str]
     size_mb: float
+    precisions: tuple[str, ...] | None = None
+    """The precisions it runs in (an exported graph: the one it was exported in, named fp32); None: any."""
 
 
 def inference_precisions(stage_precision: str, device: torch.device) -> list[str]:
@@ -184,6 +186,8 @@ def bench_side_by_side(models: dict[str, Served], device: torch.device, *, lengt
     for precision in precisions:
         loaded: dict[str, tuple[torch.nn.Module, dict, dict]] = {}
         for name, served in models.items():
+            if served.precisions is not None and precision not in served.precisions:
+                continue
             before = _memory_now(device)
             model = served.load(SERVING_DTYPES[precision], device).eval()
             if name not in results:
@@ -201,7 +205,7 @@ def bench_side_by_side(models: dict[str, Served], device: torch.device, *, lengt
         latency_bounds, throughput_bounds = per_turn(LATENCY_REPS, reps, 3), per_turn(THROUGHPUT_REPS, reps, 1)
         try:
             for rep in range(reps):
-                for name in turn_order(list(models), rep):
+                for name in turn_order(list(loaded), rep):
                     model, inputs, _ = loaded[name]
                     for n in distinct:
                         one, many = inputs[n]
@@ -214,7 +218,7 @@ def bench_side_by_side(models: dict[str, Served], device: torch.device, *, lengt
             by_length = {n: _summary(timed[(name, n)], peaks[n]) for n in distinct}
             for length_name, length in lengths.items():
                 results[name].measurements.append(Measurement(precision, length_name, length, **by_length[length]))
-        del loaded, model  # freed here (no cycles): the next precision's memory baseline starts without them
+        loaded = model = None  # freed here (no cycles): the next precision's memory baseline starts without them
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return results

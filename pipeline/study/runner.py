@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.layout import OutputDir
 from pipeline.names import (
     CELL_TAG_PREFIX,
     PARENT_TAG,
@@ -43,6 +42,8 @@ def dry_run(study: Study, cells: list[Cell]) -> int:
     for cell in cells:
         done = " [finished: would skip]" if _finished_before(cell) else ""
         print(f"- {cell.name}{done}\n    {shlex.join(cell.launcher.command(cell.command, cell.args(), 'PARENT'))}")
+        if cell.export is not None:
+            print(f"    then {shlex.join(cell.export_command(None))}")
     return 0
 
 
@@ -147,6 +148,8 @@ def _skipped(client: MlflowClient, experiment_id: str, study: Study, cell: Cell,
     """The outcome of a cell that finished before (its run, or its output), else None. A cell whose
     job finished (its runner killed meanwhile, or its tracking server) has what its journal holds
     and the store lacks replayed first, under the parent run."""
+    if cell.stage_done() and not cell.done():  # its export is still to run
+        return None
     finished = _finished_before(cell)
     caught = _catch_up(cell, uri, parent) if finished else None
     run_id = (caught.run_id if caught else None) or finished_run(client, experiment_id, study, cell)
@@ -206,7 +209,8 @@ def _run_schedule(client: MlflowClient, experiment_id: str, study: Study, schedu
                 args = [*cell.args(), f"tracking.parent_run_id={parent}"]
                 if served:
                     args.append(f"tracking.uri={served}")
-                cmd = cell.launcher.command(cell.command, args, f"{study.name}-{cell.name}", gpus)
+                cmd = (cell.export_command(served) if cell.stage_done() else  # its export is what is left
+                       cell.launcher.command(cell.command, args, f"{study.name}-{cell.name}", gpus))
                 env = {**os.environ, "PYTHONUNBUFFERED": "1"}
                 if gpus:
                     env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
@@ -226,6 +230,14 @@ def _run_schedule(client: MlflowClient, experiment_id: str, study: Study, schedu
             end = ended.get()
             cell, process, gpus = running.pop(end.name)
             process.join()
+            if end.exit_code == 0 and not cell.done():  # the stage finished: its export next, in its slot
+                process = CellProcess(cell.name, cell.export_command(served), process.env, process.log_path, echo,
+                                      ended)
+                running[cell.name] = (cell, process, gpus)
+                log.info("%s %s: stage finished in %.1fs; exporting: %s", schedule.count(), cell.name, end.wall_s,
+                         shlex.join(process.cmd))
+                process.start()
+                continue
             outcome = _outcome(client, experiment_id, study, cell, end, cell_uri, parent)
             if sharing.get(cell.name):  # its speed figures are partly its neighbours'
                 outcome["shared_device_with"] = sorted(sharing[cell.name])
@@ -339,8 +351,9 @@ def finished_run(client: MlflowClient, experiment_id: str, study: Study, cell: C
 
 
 def _finished_before(cell: Cell) -> bool:
-    """A stage writes metrics.json (its final metrics) only once it has finished."""
-    return OutputDir(cell.output_dir).metrics.is_file()
+    """A stage writes metrics.json (its final metrics) only once it has finished; its export, if it
+    has one, writes export/check.json last."""
+    return cell.done()
 
 
 class Stopped(Exception):
