@@ -44,6 +44,13 @@ class Pausable(Protocol):
     def resume(self) -> None: ...
 
 
+class ReadBeforeSave(Protocol):
+    """A part whose state trails the step until it is read from the device (the step losses):
+    a save reads it first, a collective on every rank."""
+
+    def read(self, step: int) -> None: ...
+
+
 class CheckpointedBackend(Protocol):
     """What of the backend (runtime/backend.py) a checkpoint writes and reads."""
 
@@ -129,12 +136,12 @@ class Checkpointer:
     and at_epoch_end once per epoch."""
 
     def __init__(self, out: OutputDir, parts: Mapping[str, Stateful], backend: CheckpointedBackend, rank: int,
-                 save_every: int, keep: int, run_id: str | None, job: dict, before_save: Callable[[], None],
+                 save_every: int, keep: int, run_id: str | None, job: dict, pending: ReadBeforeSave,
                  clock: Pausable):
         self.out, self.parts, self.backend, self.rank = out, parts, backend, rank
         self.save_every, self.keep, self.run_id, self.job = save_every, keep, run_id, job
-        self.before_save = before_save
-        """Called first on every rank (a collective): the parts' state brought up to the step."""
+        self.pending = pending
+        """Read first on every rank (a collective): its state brought up to the step."""
         self.clock = clock
         """Paused while saving: a save is neither training time nor training energy."""
 
@@ -165,7 +172,7 @@ class Checkpointer:
 
     def save(self, step: int) -> Path:
         """Collective: everything, now."""
-        self.before_save()
+        self.pending.read(step)
         return save(self.out, step, collect(self.parts, self.run_id), self.rank, keep=self.keep,
                     write_backend=self.backend.save, files={CheckpointFiles.JOB: self.job})
 

@@ -19,9 +19,9 @@ from pipeline.jobs.outputs import start_over
 from pipeline.jobs.run import run
 from pipeline.layout import OutputDir
 from pipeline.parts import checkpoint
+from pipeline.parts.step_losses import Diverged
 from pipeline.runtime.dist import Runtime
 from pipeline.tracking import Tracker, sync
-from pipeline.train import Diverged
 
 SINGLE = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
 # dropout stays on: a resume must restore every rank's RNG to continue bit-exactly. train/loss is

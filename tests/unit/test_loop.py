@@ -25,6 +25,7 @@ from pipeline.parts import checkpoint
 from pipeline.parts.best_model import BestModel
 from pipeline.parts.checkpoint import LoadedCheckpoint
 from pipeline.parts.optim import build_optimizer
+from pipeline.parts.step_losses import Diverged, StepLosses
 from pipeline.plan.settle import Plan
 from pipeline.runtime import compiler, precision
 from pipeline.runtime.backend import StepResult
@@ -157,7 +158,8 @@ def make_loop(tmp_path, overrides=(), applied=(), micro_batches=6, epochs=1, tot
     steps = total_steps or math.ceil(micro_batches / cfg.train.grad_accum) * epochs
     optimizer, scheduler = build_optimizer(model, settled.train, steps, fused=False)
     wrapped = backend.prepare(model, optimizer)
-    return train.Loop(s, loaders, scheduler, wrapped, epochs, steps, AgreedFlag(CPU), StageMeters(CPU, "fp32", 1),
+    losses = StepLosses(scheduler, OutputDir(tmp_path), 1, settled.train.max_nonfinite)
+    return train.Loop(s, loaders, losses, wrapped, epochs, steps, AgreedFlag(CPU), StageMeters(CPU, "fp32", 1),
                       RecordingTracker(), None, record)
 
 
@@ -222,7 +224,7 @@ def test_a_streak_of_non_finite_losses_stops_the_job_at_the_step_that_completed_
     bar = SimpleNamespace(set_postfix=lambda **_: None)
     for loss in (1.0, math.nan, 2.0, math.nan, math.nan):  # a finite loss breaks the first streak
         train.optimizer_step(lp, torch.tensor(loss), 0.5, bar)
-    with pytest.raises(train.Diverged, match="3 consecutive non-finite losses at step 6; last good checkpoint: none"):
+    with pytest.raises(Diverged, match="3 consecutive non-finite losses at step 6; last good checkpoint: none"):
         train.optimizer_step(lp, torch.tensor(math.inf), 0.5, bar)  # step 6: the last, so read now
     assert (lp.losses.nonfinite, lp.losses.nonfinite_streak) == (4, 3)
 
@@ -272,7 +274,7 @@ def test_a_job_preempted_and_resumed_ends_exactly_where_the_uninterrupted_one_do
     train.train_epoch(second, 1)
 
     assert second.progress.step == whole.progress.step == 8
-    assert second.scheduler.state_dict() == whole.scheduler.state_dict()
+    assert second.losses.scheduler.state_dict() == whole.losses.scheduler.state_dict()
     assert second.losses.state_dict() == pytest.approx(whole.losses.state_dict(), nan_ok=True)
     for (k, a), b in zip(whole.stage.model.state_dict().items(), second.stage.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
