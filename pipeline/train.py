@@ -22,7 +22,7 @@ from pipeline.evaluation import evaluate
 from pipeline.job_record import JobRecord
 from pipeline.measure.telemetry import StageMeters
 from pipeline.parts.best_model import BestModel
-from pipeline.parts.checkpoint import Checkpointer, LoadedCheckpoint, Stateful
+from pipeline.parts.checkpoint import Checkpoint, Checkpointer, Stateful
 from pipeline.parts.optim import build_optimizer, lr_schedule
 from pipeline.parts.progress import Progress
 from pipeline.parts.step_losses import StepLosses
@@ -79,7 +79,7 @@ class Loop:
                 "scheduler": self.losses.scheduler}
 
 
-def fit(stage: Stage, tracker: Tracker, run_id: str | None, resumed: LoadedCheckpoint | None, record: JobRecord
+def fit(stage: Stage, tracker: Tracker, run_id: str | None, resumed: Checkpoint | None, record: JobRecord
         ) -> dict[str, float]:
     """Train every epoch (from where a resumed job stopped), then test; returns the final metrics.
     A SIGTERM checkpoints at the next step boundary every rank agrees on (Preempted)."""

@@ -20,7 +20,7 @@ import logging
 import random
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -83,6 +83,8 @@ def restore(bundle: dict, parts: Mapping[str, Stateful]) -> None:
 class Checkpoint:
     path: Path
     step: int
+    bundle: dict | None = field(default=None, repr=False, compare=False)
+    """state.pt's bundle (collect), once load_bundle() read it."""
 
     @property
     def job(self) -> Path:
@@ -94,12 +96,19 @@ class Checkpoint:
         return torch.load(self.path / CheckpointFiles.STATE, map_location="cpu", weights_only=True)
 
     def load_bundle(self) -> dict:
-        """The bundle of collect(); a checkpoint of another format is the user's to move aside."""
-        bundle = self.load_state()
-        if not isinstance(bundle, dict) or bundle.get("format") != FORMAT:
-            raise UserError(f"checkpoint {self.path}: written in another checkpoint format than this version's "
-                            f"({FORMAT}); resume=never starts over, or use another output_dir")
-        return bundle
+        """The bundle of collect(), read once; a checkpoint of another format is the user's to move aside."""
+        if self.bundle is None:
+            bundle = self.load_state()
+            if not isinstance(bundle, dict) or bundle.get("format") != FORMAT:
+                raise UserError(f"checkpoint {self.path}: written in another checkpoint format than this version's "
+                                f"({FORMAT}); resume=never starts over, or use another output_dir")
+            self.bundle = bundle
+        return self.bundle
+
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run it logs to (from its bundle)."""
+        return self.load_bundle()["run_id"]
 
     def restore_rng(self, rank: int) -> None:
         path = self.path / CheckpointFiles.rng(rank)
@@ -107,24 +116,6 @@ class Checkpoint:
             log.warning("checkpoint %s has no RNG state for rank %d", self.path.name, rank)
             return
         set_rng_state(torch.load(path, weights_only=True))
-
-
-@dataclass(frozen=True)
-class LoadedCheckpoint:
-    """A checkpoint and its bundle (state.pt: the loop's parts and the run id), as a resume loads
-    them once it confirmed the checkpoint is this job's."""
-
-    checkpoint: Checkpoint
-    bundle: dict
-
-    @property
-    def step(self) -> int:
-        """The optimizer step it was saved at (its progress part)."""
-        return self.bundle["parts"]["progress"]["step"]
-
-    @property
-    def run_id(self) -> str | None:
-        return self.bundle["run_id"]
 
 
 class Checkpointer:
@@ -176,20 +167,20 @@ class Checkpointer:
         return save(self.out, step, collect(self.parts, self.run_id), self.rank, keep=self.keep,
                     write_backend=self.backend.save, files={CheckpointFiles.JOB: self.job})
 
-    def load(self, loaded: LoadedCheckpoint) -> None:
+    def load(self, ckpt: Checkpoint) -> None:
         """Collective: the backend's state, every part's and this rank's RNG from a checkpoint; a
         MachineError when its files or the libraries cannot load it (its job's record matched)."""
-        ckpt = loaded.checkpoint
+        bundle = ckpt.load_bundle()
         try:
             self.backend.load(ckpt.path)
-            restore(loaded.bundle, self.parts)
+            restore(bundle, self.parts)
         except (RuntimeError, KeyError, ValueError, OSError) as e:
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
             raise MachineError(f"resume: checkpoint {ckpt.path}: cannot be loaded ({reason}); resume=never starts "
                                "over") from e
         ckpt.restore_rng(self.rank)
         if self.rank == 0:
-            progress = loaded.bundle["parts"]["progress"]
+            progress = bundle["parts"]["progress"]
             log.info("resumed from %s (epoch %d, step %d)", ckpt.path, progress["epoch"] + 1, progress["step"])
 
     def latest(self) -> Checkpoint | None:

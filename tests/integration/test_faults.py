@@ -15,7 +15,7 @@ from mlflow.tracking import MlflowClient
 from helpers import FAST, ROOT, assert_same_result, free_port, mlflow_runs, run_cli, tracking_db, wait_for
 from pipeline import cli, fsutil, names
 from pipeline.config import load_config
-from pipeline.jobs.outputs import start_over
+from pipeline.jobs.resume import Resume
 from pipeline.jobs.run import run
 from pipeline.layout import OutputDir
 from pipeline.parts import checkpoint
@@ -255,7 +255,7 @@ def test_a_lost_job_that_never_reached_mlflow_is_uploaded_when_the_next_starts_o
     lost.log_metrics({"train/loss": 0.7}, step=10)  # then killed: no end record
 
     caplog.set_level(logging.WARNING, logger="pipeline")
-    start_over(OutputDir(out), SINGLE, f"sqlite:///{db}", resuming=True)
+    Resume(OutputDir(out), auto=True).start_over(SINGLE, f"sqlite:///{db}")
     (run,) = mlflow_runs(db, "lost")
     assert run.info.status == "FAILED" and run.data.params["train.lr"] == "0.001"
     assert [m.value for m in MlflowClient(f"sqlite:///{db}").get_metric_history(run.info.run_id, "train/loss")] \
@@ -264,7 +264,7 @@ def test_a_lost_job_that_never_reached_mlflow_is_uploaded_when_the_next_starts_o
 
     again = tmp_path / "again"
     Tracker(again, active=True).start(dead, "lost", "second-job", {}, {})
-    start_over(OutputDir(again), SINGLE, dead, resuming=True)
+    Resume(OutputDir(again), auto=True).start_over(SINGLE, dead)
     (kept,) = again.glob("journal.abandoned-*.jsonl")
     assert not (again / "journal.jsonl").exists() and f"python -m pipeline sync {kept}" in caplog.text
     assert run_cli("sync", kept, "--uri", f"sqlite:///{db}").returncode == 0

@@ -23,7 +23,6 @@ from pipeline.layout import OutputDir
 from pipeline.measure.telemetry import StageMeters
 from pipeline.parts import checkpoint
 from pipeline.parts.best_model import BestModel
-from pipeline.parts.checkpoint import LoadedCheckpoint
 from pipeline.parts.optim import build_optimizer
 from pipeline.parts.step_losses import Diverged, StepLosses
 from pipeline.plan.settle import Plan
@@ -268,8 +267,7 @@ def test_a_job_preempted_and_resumed_ends_exactly_where_the_uninterrupted_one_do
 
     ckpt = checkpoint.latest(OutputDir(tmp_path / "cut"))
     second = make_loop(tmp_path / "cut", overrides, micro_batches=8, epochs=2)  # a fresh process's objects
-    bundle = ckpt.load_bundle()
-    second.checkpointer.load(LoadedCheckpoint(ckpt, bundle))
+    second.checkpointer.load(ckpt)
     assert (second.progress.epoch, second.progress.epoch_steps, second.progress.step) == (1, 1, 5)
     train.train_epoch(second, 1)
 
@@ -326,5 +324,5 @@ def test_a_checkpoint_that_matches_its_job_but_cannot_be_loaded_is_one_line(tmp_
     torch.save(state, ckpt.path / "backend.pt")
     fresh = make_loop(tmp_path, ["train.save_every=1"], micro_batches=2)
     with pytest.raises(MachineError, match=r"^resume: checkpoint .*step-00000001: cannot be loaded \(Error") as e:
-        fresh.checkpointer.load(LoadedCheckpoint(ckpt, ckpt.load_bundle()))
+        fresh.checkpointer.load(ckpt)
     assert "\n" not in str(e.value)
