@@ -113,7 +113,7 @@ def setup(stage: Stage, tracker: Tracker, run_id: str | None, preemption: Agreed
     epochs = train_cfg.epochs if train_cfg.max_steps < 0 else math.ceil(train_cfg.max_steps / steps_per_epoch)
     total_steps = steps_per_epoch * epochs if train_cfg.max_steps < 0 else train_cfg.max_steps
     optimizer, scheduler = build_optimizer(stage.model, train_cfg, total_steps, fused=stage.backend.fused_optimizer)
-    wrapped = stage.backend.prepare(stage.model, optimizer)
+    wrapped = stage.backend.prepare(stage.model, optimizer, train_cfg)  # the batch split the job runs with
     if stage.backend.optimizer is not optimizer:  # DeepSpeed's: the schedule sets the lr of what steps
         scheduler = lr_schedule(stage.backend.optimizer, train_cfg, total_steps)
     losses = StepLosses(scheduler, stage.out, rt.world_size, train_cfg.max_nonfinite)

@@ -68,7 +68,7 @@ def _run_locked(stage: Stage, start: resume.Resume, record: JobRecord, uri: str)
         _record_accepted(tracker, record, start.accepted, ckpt.step)
     tracker.set_tags({names.TAG_DATA_CACHE: features.cache_outcome(stage.examples["train"], stage.features),
                       **({names.TAG_KD_CACHE: stage.distiller.cache_outcome} if stage.distiller else {}),
-                      **({names.TAG_BATCH_FIT: stage.plan.batch_found} if stage.plan.batch_found else {})})
+                      **({names.TAG_BATCH_FIT: stage.batch_found} if stage.batch_found else {})})
     tracker.log_datasets(describe_datasets(stage.cfg.data, stage.task, stage.examples))
     gc_pause.resume_after_setup()  # the CLI paused it through set-up (runtime/gc_pause.py)
     try:

@@ -70,7 +70,7 @@ class InProcessBackend:
     def describe(self):
         return {}
 
-    def prepare(self, model, optimizer):
+    def prepare(self, model, optimizer, train=None):
         self.module, self.optimizer = model, optimizer
         return model
 
@@ -152,7 +152,8 @@ def make_loop(tmp_path, overrides=(), applied=(), micro_batches=6, epochs=1, tot
     model = TinyClassifier()
     backend = InProcessBackend(applied)
     plan = Plan(settled, rt, "train", task, policy, record, compiler.resolve(settled.train.compile, "cpu", "single"))
-    s = Stage(plan, {}, {}, None, model, "tiny", backend, None, identity={})
+    s = Stage(**vars(plan), examples={}, features={}, tokenizer=None, model=model, model_spec="tiny", backend=backend,
+              distiller=None)
     loaders = Batches(micro_batches)
     steps = total_steps or math.ceil(micro_batches / cfg.train.grad_accum) * epochs
     optimizer, scheduler = build_optimizer(model, settled.train, steps, fused=False)
