@@ -79,7 +79,10 @@ class Stage(Plan):
 
     @cached_property
     def prepared_mask(self) -> bool:
-        return self.compile.prepares_padded_mask and models.takes_prepared_mask(self.model)
+        """Whether a padded batch's mask is handed to the model already in SDPA's 4D form (where the
+        model takes one), so transformers does not ask the device whether it is all ones: eager
+        only, as a compiled forward traces that check (no sync)."""
+        return not self.compile.compiled and models.takes_prepared_mask(self.model)
 
     def step_flop_model(self, collate: Callable[[list[dict]], dict]) -> FlopModel:
         """FLOPs of one training row at a few padded lengths, each counted on a real single-row step

@@ -104,7 +104,7 @@ def setup(stage: Stage, tracker: Tracker, run_id: str | None, preemption: Agreed
     train_cfg, rt = stage.cfg.train, stage.rt
     collate = stage.task.collator(stage.tokenizer)
     flop_model = stage.step_flop_model(collate)  # before the wrapper: no collective, no timer
-    meters = StageMeters(rt.device, stage.policy.arithmetic, rt.world_size, stage.compile.counts_compile_time,
+    meters = StageMeters(rt.device, stage.policy.arithmetic, rt.world_size, stage.compile.compiled,
                          flop_model)
     loaders = build_loaders(stage.features, collate, train_cfg, rt, stage.cfg.seed, stage.tokenizer.pad_token_id,
                             fill=stage.compile.fill_short_batches(distilling=stage.distiller is not None))
@@ -138,7 +138,7 @@ def train_epoch(loop: Loop, epoch: int) -> None:
         group_len = min(grad_accum, micro_steps - group_start)  # the last group may be short
         last_micro = i - group_start == group_len - 1
         if i == group_start:  # once per optimizer step (a resumed epoch starts at a group's start)
-            stage.compile.begin_optimizer_step()
+            stage.compile.begin_step()
         group_loss = group_loss + forward_backward(loop, batch, group_len, last_micro) / group_len
         if not last_micro:
             continue

@@ -205,8 +205,8 @@ def test_the_compile_policy_answers_what_the_stage_asks():
     graphs, inductor, eager = (compiler.CompilePolicy(m, "test") for m in ("reduce-overhead", "default", "off"))
     assert (graphs.cuda_graphs, inductor.cuda_graphs, eager.cuda_graphs) == (True, False, False)
     assert graphs.fill_short_batches(distilling=False) and not graphs.fill_short_batches(distilling=True)
-    assert not eager.fill_short_batches(distilling=False) and not eager.counts_compile_time
-    assert inductor.counts_compile_time and compiler.CompilePolicy("max-autotune", "test").cuda_graphs
+    assert not eager.fill_short_batches(distilling=False) and not eager.compiled
+    assert inductor.compiled and compiler.CompilePolicy("max-autotune", "test").cuda_graphs
 
 
 def test_the_settled_plan_holds_one_policy_and_the_backend_logs_it(tmp_path):
@@ -293,8 +293,8 @@ def test_a_padded_batch_mask_handed_in_4d_skips_transformers_all_ones_check(monk
     (batch,) = batches(n=1)
     mask = batch["attention_mask"].clone()
     mask[0, -3:] = 0
-    assert models.takes_prepared_mask(model) and compiler.OFF.prepares_padded_mask
-    assert not compiler.CompilePolicy("default", "test").prepares_padded_mask
+    assert models.takes_prepared_mask(model) and not compiler.OFF.compiled
+    assert compiler.CompilePolicy("default", "test").compiled
     checks = []
     real_all = torch.Tensor.all
     monkeypatch.setattr(torch.Tensor, "all", lambda self, *a, **k: (checks.append(1), real_all(self, *a, **k))[1])

@@ -179,7 +179,7 @@ def test_under_cuda_graphs_a_step_is_marked_once_per_optimizer_step_before_its_f
         tmp_path, monkeypatch):
     """A CUDA-graph step mark inside an accumulation group would free the first micro-batch's
     `.grad` (an output of the captured backward) before the next backward adds to it
-    (CompilePolicy.begin_optimizer_step). No GPU here: torch's mark is replaced by a recorder, and
+    (CompilePolicy.begin_step). No GPU here: torch's mark is replaced by a recorder, and
     the tiny model is not compiled; what is checked is where the loop marks."""
     lp = make_loop(tmp_path, ["train.grad_accum=2", "train.compile=reduce-overhead"], micro_batches=5)
     events = []
