@@ -62,17 +62,17 @@ class Loop:
     record: InitVar[JobRecord]
     progress: Progress = field(default_factory=Progress)
     best: BestModel = field(default_factory=BestModel)
-    records: MetricsProcessor = field(init=False)
+    metrics: MetricsProcessor = field(init=False)
+    """When a step is logged, and every record the loop's numbers become."""
     checkpointer: Checkpointer = field(init=False)
 
     def __post_init__(self, tracker: Tracker, run_id: str | None, record: JobRecord) -> None:
-        stage, train_cfg = self.stage, self.stage.cfg.train
-        self.records = MetricsProcessor(tracker, self.meters, train_cfg.log_every, self.total_steps, stage.rt.is_main)
-        self.records.begin(stage.out, stage.backend.extra_artifacts)
-        self.checkpointer = Checkpointer(stage.out, self.parts(), stage.backend, stage.rt.rank, train_cfg.save_every,
-                                         train_cfg.keep_checkpoints, run_id, record.to_json(),
-                                         pending=self.losses, clock=self.meters)
-        self.checkpointer.write_job()
+        """The metrics processor and the checkpointer, built without writing anything (begin writes)."""
+        stage = self.stage
+        self.metrics = MetricsProcessor(tracker, self.meters, stage.cfg.train.log_every, self.total_steps,
+                                        stage.rt.is_main)
+        self.checkpointer = Checkpointer(stage.out, self.parts(), stage.backend, stage.rt.rank, stage.cfg.train,
+                                         run_id, record.to_json(), pending=self.losses, clock=self.meters)
 
     def parts(self) -> dict[str, Stateful]:
         return {"progress": self.progress, "losses": self.losses, "best": self.best, "meters": self.meters,
@@ -86,6 +86,7 @@ def fit(stage: Stage, tracker: Tracker, run_id: str | None, resumed: Checkpoint 
     preemption = AgreedFlag(stage.rt.device)
     with dist.on_sigterm(preemption.raised):
         loop = setup(stage, tracker, run_id, preemption, record)
+        begin(loop)
         if resumed is not None:  # model, optimizer, every part and the RNG; the best model's weights from best/
             loop.checkpointer.load(resumed)
             loop.best.restore_weights(stage.out, stage.backend)
@@ -118,6 +119,13 @@ def setup(stage: Stage, tracker: Tracker, run_id: str | None, preemption: Agreed
         scheduler = lr_schedule(stage.backend.optimizer, train_cfg, total_steps)
     losses = StepLosses(scheduler, stage.out, rt.world_size, train_cfg.max_nonfinite)
     return Loop(stage, loaders, losses, wrapped, epochs, total_steps, preemption, meters, tracker, run_id, record)
+
+
+def begin(loop: Loop) -> None:
+    """Collective, what the loop writes as it starts: the run's energy_available tag and the
+    backend's files (the resolved DeepSpeed config), and the job's record into output_dir."""
+    loop.metrics.begin(loop.stage.out, loop.stage.backend.extra_artifacts)
+    loop.checkpointer.write_job()
 
 
 def train_epoch(loop: Loop, epoch: int) -> None:
@@ -181,10 +189,10 @@ def optimizer_step(loop: Loop, group_loss: torch.Tensor, epoch_progress: float, 
     progress.step += 1
     losses.add(group_loss, result.stepped)
     stop = loop.preemption.poll()
-    if loop.records.should_log(progress.step):
+    if loop.metrics.should_log(progress.step):
         losses.read(progress.step)
         loss = losses.close_window()
-        loop.records.log_step(progress.step, loss, losses.lr, float(result.grad_norm), epoch_progress,
+        loop.metrics.log_step(progress.step, loss, losses.lr, float(result.grad_norm), epoch_progress,
                               losses.amp_metrics(backend.loss_scale))
         bar.set_postfix(loss=f"{loss:.4f}")
     return stop
@@ -199,7 +207,7 @@ def end_epoch(loop: Loop, epoch: int) -> bool:
     epoch_metrics = {**loop.meters.end_epoch(meters), **loop.losses.amp_metrics(None)}
     dev = evaluate(stage.model, loop.loaders.dev, stage.task, stage.policy, stage.rt, stage.examples["dev"],
                    stage.features["dev"], compile=stage.compile)
-    loop.records.log_epoch(epoch_metrics, loop.losses.last_loss, dev, progress.step, epoch, loop.epochs,
+    loop.metrics.log_epoch(epoch_metrics, loop.losses.last_loss, dev, progress.step, epoch, loop.epochs,
                            stage.task.main_metric)
     # keep the best model; stop when the main metric stops improving
     loop.best.consider(dev.scores, loop.meters.totals.train_seconds, stage.backend, stage.tokenizer, stage.out,
@@ -221,11 +229,11 @@ def finish(loop: Loop) -> dict[str, float]:
     test = evaluate(stage.model, loop.loaders.test, stage.task, stage.policy, stage.rt, stage.examples["test"],
                     stage.features["test"], keep=True, compile=stage.compile)
     serving = stage.bench_inference() if stage.rt.is_main else {}
-    final = loop.records.log_final(loop.progress.step, loop.best, test, loop.losses.last_loss,
+    final = loop.metrics.log_final(loop.progress.step, loop.best, test, loop.losses.last_loss,
                                    loop.losses.amp_metrics(stage.backend.loss_scale), serving)
     if stage.rt.is_main:
         report = stage.task.report(test.predictions, stage.examples["test"], stage.features["test"])
         served = ServedModel(stage.task, stage.examples["test"]) if stage.cfg.tracking.log_model else None
-        loop.records.write_outputs(stage.out, final, report, served, loop.progress.step)
-        loop.records.announce(final, stage.task.main_metric, test.main, stage.out)
+        loop.metrics.write_outputs(stage.out, final, report, served, loop.progress.step)
+        loop.metrics.announce(final, stage.task.main_metric, test.main, stage.out)
     return final

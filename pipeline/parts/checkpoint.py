@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from pipeline import fsutil
+from pipeline.config import TrainConfig
 from pipeline.errors import MachineError, UserError
 from pipeline.layout import CheckpointFiles, OutputDir
 from pipeline.runtime import dist
@@ -127,10 +128,9 @@ class Checkpointer:
     and at_epoch_end once per epoch."""
 
     def __init__(self, out: OutputDir, parts: Mapping[str, Stateful], backend: CheckpointedBackend, rank: int,
-                 save_every: int, keep: int, run_id: str | None, job: dict, pending: ReadBeforeSave,
-                 clock: Pausable):
+                 train: TrainConfig, run_id: str | None, job: dict, pending: ReadBeforeSave, clock: Pausable):
         self.out, self.parts, self.backend, self.rank = out, parts, backend, rank
-        self.save_every, self.keep, self.run_id, self.job = save_every, keep, run_id, job
+        self.save_every, self.keep, self.run_id, self.job = train.save_every, train.keep_checkpoints, run_id, job
         self.pending = pending
         """Read first on every rank (a collective): its state brought up to the step."""
         self.clock = clock

@@ -164,7 +164,7 @@ def make_loop(tmp_path, overrides=(), applied=(), micro_batches=6, epochs=1, tot
 
 
 def logged(lp, name):
-    return {step: m[name] for step, m in lp.records.tracker.logged if name in m}
+    return {step: m[name] for step, m in lp.metrics.tracker.logged if name in m}
 
 
 def test_an_optimizer_step_every_grad_accum_micro_batches_the_last_group_short(tmp_path):
