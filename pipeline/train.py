@@ -84,7 +84,7 @@ def fit(stage: Stage, tracker: Tracker, run_id: str | None, resumed: Checkpoint 
     """Train every epoch (from where a resumed job stopped), then test; returns the final metrics.
     A SIGTERM checkpoints at the next step boundary every rank agrees on (Preempted)."""
     preemption = AgreedFlag(stage.rt.device)
-    with dist.on_sigterm(preemption.raised):
+    with dist.on_sigterm(preemption.raised.set):
         loop = setup(stage, tracker, run_id, preemption, record)
         begin(loop)
         if resumed is not None:  # model, optimizer, every part and the RNG; the best model's weights from best/
