@@ -165,6 +165,13 @@ def bench_module(name: str):
     return sys.modules[name]
 
 
+def ddp_syncs_buffers_every_forward(ddp) -> bool:
+    """Whether a DistributedDataParallel broadcasts buffers before each forward: on torch 2.11 its
+    `broadcast_buffers` attribute (torch/nn/parallel/distributed.py, line 799), on 2.13 a property
+    reading `forward_sync_buffers` (the same file, lines 1157-1163)."""
+    return bool(ddp.broadcast_buffers)
+
+
 def assert_same_result(a, b, tol=1e-6):
     """Two output_dirs hold the same best weights and the same train/, eval/ and test/ figures."""
     wa, wb = load_file(a / "best" / "model.safetensors"), load_file(b / "best" / "model.safetensors")

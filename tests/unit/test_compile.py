@@ -10,8 +10,8 @@ import torch
 import transformers
 from transformers import BertConfig, BertForSequenceClassification, BertForTokenClassification
 
-from helpers import free_port
-from pipeline import compat, names
+from helpers import ddp_syncs_buffers_every_forward, free_port
+from pipeline import names
 from pipeline.config import load_config
 from pipeline.data.loaders import IGNORED, ShapedCollate, real_rows
 from pipeline.errors import UserError
@@ -277,7 +277,7 @@ def test_ddp_broadcasts_no_buffers_as_the_models_buffers_are_constants(gloo_grou
     """DDP without a buffer sync before every forward (compat.ddp_without_forward_buffer_sync): what makes that
     safe is that training never changes a buffer (position and token-type ids), so every rank's stay equal."""
     backend = backend_for(tiny_classifier(), "off", gloo_group)
-    assert not compat.ddp_syncs_buffers_every_forward(backend.model)
+    assert not ddp_syncs_buffers_every_forward(backend.model)
     before = {k: v.clone() for k, v in backend.module.named_buffers()}
     losses(backend, batches(n=2))
     assert before and all(torch.equal(v, before[k]) for k, v in backend.module.named_buffers())
