@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from pipeline import names
-from pipeline.config.schema import SettledTrain, TrainConfig
+from pipeline.config.schema import SettledTrain, TrainConfig, read_document
 from pipeline.errors import UserError
 from pipeline.layout import CheckpointFiles, OutputDir
 from pipeline.runtime.backend import StepResult
@@ -69,12 +69,7 @@ def zero_stage_of(deepspeed_path: str | None) -> int:
 
 def load_ds_config(path: str | None) -> dict:
     p = Path(path) if path else DEFAULT_CONFIG
-    if not p.is_file():
-        raise UserError(f"config: deepspeed={p}: no such file")
-    try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"config: deepspeed={p}: not valid JSON ({e})") from None
+    cfg = read_document(p, f"config: deepspeed={p}", "JSON")
     if not isinstance(cfg, dict):
         raise UserError(f"config: deepspeed={p}: the top level must be an object")
     return cfg
