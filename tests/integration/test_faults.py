@@ -41,13 +41,17 @@ def newest_step(out):
     return (checkpoint.latest(OutputDir(out)) or checkpoint.Checkpoint(None, 0)).step
 
 
+def finished_without_a_fault(tmp: Path, start) -> Path:
+    """JOB launched by `start` (start_cli, start_torchrun) and left to finish: its output_dir."""
+    proc = start("train", *JOB, f"output_dir={tmp / 'out'}", f"tracking.uri=sqlite:///{tracking_db(tmp)}",
+                 log=tmp / "log")
+    assert proc.wait(timeout=600) == 0, (tmp / "log").read_text()[-3000:]
+    return tmp / "out"
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("uninterrupted")
-    proc = start_cli("train", *JOB, f"output_dir={tmp / 'out'}", f"tracking.uri=sqlite:///{tracking_db(tmp)}",
-                     log=tmp / "log")
-    assert proc.wait(timeout=600) == 0, (tmp / "log").read_text()[-2000:]
-    return tmp / "out"
+    return finished_without_a_fault(tmp_path_factory.mktemp("uninterrupted"), start_cli)
 
 
 @pytest.mark.slow
@@ -134,11 +138,7 @@ def kill_all(agent):
 
 @pytest.fixture(scope="module")
 def uninterrupted_ddp(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("uninterrupted_ddp")
-    proc = start_torchrun("train", *JOB, f"output_dir={tmp / 'out'}", f"tracking.uri=sqlite:///{tracking_db(tmp)}",
-                          log=tmp / "log")
-    assert proc.wait(timeout=600) == 0, (tmp / "log").read_text()[-3000:]
-    return tmp / "out"
+    return finished_without_a_fault(tmp_path_factory.mktemp("uninterrupted_ddp"), start_torchrun)
 
 
 @pytest.mark.slow
