@@ -32,6 +32,7 @@ from pipeline.config import TrainConfig
 from pipeline.errors import MachineError, UserError
 from pipeline.layout import CheckpointFiles, OutputDir
 from pipeline.runtime import dist
+from pipeline.runtime.backend import Backend
 
 log = logging.getLogger("pipeline")
 MANIFEST = CheckpointFiles.MANIFEST
@@ -50,14 +51,6 @@ class ReadBeforeSave(Protocol):
     a save reads it first, a collective on every rank."""
 
     def read(self, step: int) -> None: ...
-
-
-class CheckpointedBackend(Protocol):
-    """What of the backend (runtime/backend.py) a checkpoint writes and reads."""
-
-    def save(self, directory: Path, rank: int) -> None: ...
-
-    def load(self, directory: Path) -> None: ...
 
 
 class Stateful(Protocol):
@@ -127,7 +120,7 @@ class Checkpointer:
     `keep` kept; and the restore of all of it. The loop calls after_step once per optimizer step
     and at_epoch_end once per epoch."""
 
-    def __init__(self, out: OutputDir, parts: Mapping[str, Stateful], backend: CheckpointedBackend, rank: int,
+    def __init__(self, out: OutputDir, parts: Mapping[str, Stateful], backend: Backend, rank: int,
                  train: TrainConfig, run_id: str | None, job: dict, pending: ReadBeforeSave, clock: Pausable):
         self.out, self.parts, self.backend, self.rank = out, parts, backend, rank
         self.save_every, self.keep, self.run_id, self.job = train.save_every, train.keep_checkpoints, run_id, job
