@@ -14,7 +14,6 @@ import sys
 import warnings
 
 from pipeline.errors import MachineError, UserError
-from pipeline.runtime import gc_pause
 
 HELP = {"-h", "--help"}
 COMMANDS = {  # the command -> its function in pipeline/commands/, imported on first use
@@ -54,8 +53,6 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, end="")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    if command not in ("train", "distill"):  # a stage turns it on once set up; the others now
-        gc_pause.resume_after_setup()
     try:
         if command not in COMMANDS:
             raise UserError(f"unknown command {command!r}\n{USAGE}".splitlines()[0])

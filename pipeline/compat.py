@@ -33,13 +33,6 @@ def ddp_without_forward_buffer_sync(module: Any, device_ids: list[int] | None) -
     return DistributedDataParallel(module, device_ids=device_ids, broadcast_buffers=False)
 
 
-def ddp_syncs_buffers_every_forward(ddp: Any) -> bool:
-    """Whether a DistributedDataParallel broadcasts buffers before each forward: on torch 2.11 its
-    `broadcast_buffers` attribute (torch/nn/parallel/distributed.py, line 799), on 2.13 a property
-    reading `forward_sync_buffers` (the same file, lines 1157-1163)."""
-    return bool(ddp.broadcast_buffers)
-
-
 def enable_activation_checkpointing(model: Any) -> None:
     """Non-reentrant activation checkpointing of every GradientCheckpointingLayer of a transformers
     model (the reentrant variant breaks DDP, "marked ready twice", and needs inputs that require grad).

@@ -153,6 +153,26 @@ def mlflow_runs(db: Path, experiment: str):
     return [] if exp is None else client.search_runs([exp.experiment_id])
 
 
+def bench_module(name: str):
+    """benchmarks/NAME.py imported as a module (benchmarks/ is not a package: its scripts run from
+    their folder), for the tests of what only the benchmarks use."""
+    import importlib.util
+
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def ddp_syncs_buffers_every_forward(ddp) -> bool:
+    """Whether a DistributedDataParallel broadcasts buffers before each forward: on torch 2.11 its
+    `broadcast_buffers` attribute (torch/nn/parallel/distributed.py, line 799), on 2.13 a property
+    reading `forward_sync_buffers` (the same file, lines 1157-1163)."""
+    return bool(ddp.broadcast_buffers)
+
+
 def assert_same_result(a, b, tol=1e-6):
     """Two output_dirs hold the same best weights and the same train/, eval/ and test/ figures."""
     wa, wb = load_file(a / "best" / "model.safetensors"), load_file(b / "best" / "model.safetensors")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -320,18 +321,24 @@ class SettledConfig(Config):
 ACCEPTABLE = (*dotted_keys(Config), *RECORD_PARTS)
 
 
+def read_document(path: Path, named: str, kind: str = "YAML") -> Any:
+    """A YAML or JSON (`kind`) file's content: the one reader of the files a user names (a config,
+    a study, a DeepSpeed config); a one-line UserError naming it as `named` when it is missing or
+    does not parse."""
+    if not path.is_file():
+        raise UserError(f"{named}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")
+        return json.loads(text) if kind == "JSON" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{named}: not valid {kind} ({' '.join(str(e).split())})") from None
+
+
 def load_config(path: str | None = None, overrides: list[str] = ()) -> Config:
     """YAML file (optional) then `a.b=value` overrides, coerced to the fields' types."""
     raw: dict = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise UserError(f"config: {path}: no such file")
-        try:
-            raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
-            reason = str(e).replace("\n", " ")
-            raise UserError(f"config: {path}: not valid YAML ({reason})") from None
+        raw = read_document(Path(path), f"config: {path}") or {}
         if not isinstance(raw, dict):
             raise UserError(f"config: {path}: the top level must be a mapping of keys")
     cfg = _build(Config, raw, prefix="")

@@ -74,9 +74,10 @@ class Plan:
         return OutputDir(self.cfg.output_dir)
 
     def resplit(self, batch_size: int, grad_accum: int, eval_batch_size: int, found: str | None = None) -> Plan:
-        """The same job with its global batch split otherwise on this device (the batch finder's
-        answer): the one part of a settled job that may change after settle, as the split is what
-        same_job lets a resumed job change (COMPARED_ELSEWHERE: only the global batch counts)."""
+        """The same job (a built Stage stays built) with its global batch split otherwise on this
+        device (the batch finder's answer): the one part of a settled job that may change after
+        settle, as the split is what same_job lets a resumed job change (COMPARED_ELSEWHERE: only
+        the global batch counts)."""
         t = self.cfg.train
         if batch_size * grad_accum != t.batch_size * t.grad_accum:
             raise ValueError(f"resplit: {batch_size} x {grad_accum} is another global batch than "

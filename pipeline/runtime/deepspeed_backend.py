@@ -47,7 +47,7 @@ import torch
 
 from pipeline import names
 from pipeline.config.deepspeed_files import ds_config_file
-from pipeline.config.schema import SettledTrain, TrainConfig
+from pipeline.config.schema import SettledTrain, TrainConfig, read_document
 from pipeline.errors import UserError
 from pipeline.layout import CheckpointFiles, OutputDir
 from pipeline.runtime.backend import StepResult
@@ -71,10 +71,7 @@ def load_ds_config(path: str | None) -> dict:
     p = ds_config_file(path)
     if p is None:
         raise UserError(f"config: deepspeed={path}: no such file, nor a shipped config")
-    try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"config: deepspeed={p}: not valid JSON ({e})") from None
+    cfg = read_document(p, f"config: deepspeed={p}", "JSON")
     if not isinstance(cfg, dict):
         raise UserError(f"config: deepspeed={p}: the top level must be an object")
     return cfg
@@ -191,8 +188,8 @@ class DeepSpeedBackend:
         self.rt = rt
         self.policy = policy
         self.source = str(ds_config_file(config_path) or config_path)
-        self.ds_config = resolve_ds_config(load_ds_config(config_path), train, policy.name, rt.world_size,
-                                           self.source)
+        self.raw = load_ds_config(config_path)
+        self.ds_config = resolve_ds_config(self.raw, train, policy.name, rt.world_size, self.source)
         check_supported(self.ds_config, policy, rt.device, self.source)
         self.zero_stage = self.ds_config.get("zero_optimization", {}).get("stage", 0)
         self.engine = None
@@ -211,9 +208,14 @@ class DeepSpeedBackend:
     def describe(self) -> dict[str, object]:
         return {"deepspeed_stage": self.zero_stage, **self.compile.describe()}
 
-    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> torch.nn.Module:
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                train: TrainConfig | None = None) -> torch.nn.Module:
+        """The engine, its micro-batch and accumulation "auto" values from `train` when given (the
+        split batch_size=auto found after the config was read and checked)."""
         import deepspeed
 
+        if train is not None:
+            self.ds_config = resolve_ds_config(self.raw, train, self.policy.name, self.rt.world_size, self.source)
         if self.rt.device.type == "cpu":
             skip_the_shm_all_reduce_build()
         fill_bucket_sizes(self.ds_config, getattr(model, "config", None))

@@ -7,9 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import yaml
-
-from pipeline.errors import UserError
+from pipeline.config.schema import read_document
 from pipeline.study.matrix import plan_cells
 from pipeline.study.spec import (
     AXES,
@@ -36,12 +34,7 @@ def load_study(path: str | Path, extra: list[str] = ()) -> tuple[Study, list[Cel
     Every problem is a one-line UserError naming the file and the key.
     """
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"study: {path}: no such file")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+    raw = read_document(path, f"study: {path}")
     study = _Parser(path).study(raw, list(extra))
     return study, plan_cells(study)
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from transformers import BertConfig
 
-from helpers import free_port, tracking_db
+from helpers import ddp_syncs_buffers_every_forward, free_port, tracking_db
 from pipeline import compat, models
 from pipeline.tasks import get_task
 
@@ -26,7 +26,7 @@ def test_ddp_is_built_without_a_buffer_sync_before_each_forward_on_this_torch():
     torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         ddp = compat.ddp_without_forward_buffer_sync(tiny_classifier(), None)
-        assert not compat.ddp_syncs_buffers_every_forward(ddp)
+        assert not ddp_syncs_buffers_every_forward(ddp)
         out = ddp(input_ids=torch.randint(5, 100, (2, 8)), labels=torch.tensor([0, 1]))
         out.loss.backward()
         assert all(p.grad is not None for p in ddp.module.parameters() if p.requires_grad)

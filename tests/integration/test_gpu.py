@@ -82,7 +82,7 @@ def test_grad_accumulation_under_cuda_graphs_trains_like_eager(graphs_and_eager,
     """train.compile=reduce-overhead (the GPU default) with grad_accum=2 against eager on the same job,
     without dropout (compiled dropout draws inductor's random numbers). The step is marked once per
     optimizer step, so the first micro-batch's .grad (a captured backward's output) is never freed
-    before the second adds to it (CompilePolicy.begin_optimizer_step): the final loss within 5% and the
+    before the second adds to it (CompilePolicy.begin_step): the final loss within 5% and the
     dev score within 0.05 (inductor's fused 16-bit kernels round differently from eager's per-op ones
     over 40 steps; a freed .grad gives garbage or torch's "overwritten" error); a handful of graphs
     (length buckets and the filled last batch), compile time logged apart."""
