@@ -21,7 +21,7 @@ With --compile MODES (eager,default,reduce-overhead,max-autotune) each cell also
 model compiled as train.compile does it (pipeline.runtime.compiler: in place, static shapes), after
 warm-up steps that compile and record outside the window; the compile time is reported apart.
 --profile adds, per cell, a torch.profiler trace of --profile-steps steps after the window
-(pipeline.measure.kernels): device kernels only, each in one class (matmul, attention, optimizer,
+(benchmarks/kernels.py): device kernels only, each in one class (matmul, attention, optimizer,
 norm+dropout+residual, activation, casts, other), busy time as the union of kernel intervals, and
 each class beside its floor (its FLOPs at the tensor cores' peak or its bytes at the memory
 bandwidth): one table per cell, every kernel's ms and class in the JSON. Each cell's figures are
@@ -52,7 +52,7 @@ from pathlib import Path
 
 import torch
 
-from common import markdown_table, quiet, result_path, save
+from common import RESULTS, markdown_table, quiet, result_path, save
 
 ARCHS = {  # the checkpoints' config.json values that decide speed and memory
     "banglabert": ("electra", dict(vocab_size=32000, embedding_size=768, hidden_size=768, num_hidden_layers=12,
@@ -106,10 +106,11 @@ def steps_for(step, seconds: float, device, min_steps: int) -> int:
 
 def profile_steps(step, steps: int, device) -> dict:
     """Per step: host wall ms, and from torch.profiler's trace the kernel window, busy time (union of
-    kernel intervals) and each kernel class's ms and launches (pipeline.measure.kernels)."""
+    kernel intervals) and each kernel class's ms and launches (benchmarks/kernels.py)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from pipeline.measure import kernels, telemetry
+    import kernels
+    from pipeline.measure import telemetry
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     telemetry.synchronize(device)
@@ -145,13 +146,10 @@ def variant(name: str):
         with inductor_config.patch(INDUCTOR_VARIANTS[name]):
             yield
     elif name == "pure-batched":
-        from pipeline.runtime.master_weights import MasterWeights
+        from master_weights_batched import batched
 
-        MasterWeights.batched = True
-        try:
+        with batched():
             yield
-        finally:
-            MasterWeights.batched = False
     else:
         yield
 
@@ -164,8 +162,8 @@ def cell(arch, precision_name, batch, length, seconds, min_steps, device, mode="
 
 
 def run_cell(arch, precision_name, batch, length, seconds, min_steps, device, mode, profile, overrides) -> dict:
-    from pipeline.measure import flops as flop_count
-    from pipeline.measure import kernels, telemetry
+    import kernels
+    from pipeline.measure import telemetry
     from pipeline.measure.energy import EnergyMeter
     from pipeline.runtime import compiler, precision
     from pipeline.runtime.dist import Runtime
@@ -185,8 +183,9 @@ def run_cell(arch, precision_name, batch, length, seconds, min_steps, device, mo
     backend = TorchBackend(Runtime("none", "single", 0, 0, 1, 1, device), policy, max_grad_norm=1.0)
     backend.prepare(model, optimizer)
     vocab = model.config.vocab_size
+    # no attention mask: every row is full length, and the pipeline drops an all-ones mask too (a compiled
+    # model cannot, so SDPA would get a 4-D mask and leave its flash kernel out)
     inputs = {"input_ids": torch.randint(5, vocab, (batch, length), device=device),
-              "attention_mask": torch.ones(batch, length, dtype=torch.long, device=device),
               "labels": torch.randint(0, 3, (batch,), device=device)}
 
     def step():
@@ -197,7 +196,7 @@ def run_cell(arch, precision_name, batch, length, seconds, min_steps, device, mo
         backend.backward(loss)
         return backend.step()
 
-    flops_by_kind = flop_count.count_flops_by_kind(step)  # forward + backward of one step, outside the window
+    flops_by_kind = kernels.count_flops_by_kind(step)  # forward + backward of one step, outside the window
     flops = sum(flops_by_kind.values())
     compile_s = None
     if mode != "eager":
@@ -249,7 +248,7 @@ def contender_label(row: dict) -> str:
 def class_tables(rows: list[dict]) -> str:
     """Markdown: per profiled row, class / ms / launches / floor ms / ratio; then per (model, batch,
     seq) the classes' ms of every contender side by side, the first one's as the baseline."""
-    from pipeline.measure import kernels
+    import kernels
 
     profiled = [r for r in rows if isinstance(r.get("profile"), dict)]
     parts = []
@@ -283,7 +282,7 @@ def class_tables(rows: list[dict]) -> str:
 def tables_of(path: Path) -> str:
     """The class tables of a results file, its kernels re-classed by the current rules; a file that
     holds only its top kernels (older runs) gets those classified, marked as a part of the step."""
-    from pipeline.measure import kernels
+    import kernels
 
     rows = json.loads(path.read_text())["rows"]
     if any(isinstance(r.get("profile"), dict) for r in rows):
@@ -321,7 +320,8 @@ def meta_flops_by_kind(model, batch: int, length: int) -> dict[str, float]:
 def floors_of(args) -> str:
     """--floors DEVICE: each class's floor per (model, precision, batch, length) on the named device,
     from the data sheets' figures; no device needed (the model is built on the meta device)."""
-    from pipeline.measure import kernels, telemetry
+    import kernels
+    from pipeline.measure import telemetry
     from pipeline.runtime.precision import PrecisionPolicy
 
     parts = []
@@ -397,6 +397,8 @@ def parse_args():
     parser.add_argument("--floors", metavar="DEVICE_NAME",
                         help='print each class\'s floor on a GPU of that name ("NVIDIA H200") and exit: no GPU needed')
     parser.add_argument("--name", default="gpu", help="the benchmark's name in results/NAME-MACHINE-DATE.json")
+    parser.add_argument("--out", type=Path, default=RESULTS,
+                        help="the folder of its JSON (and with --profile, NAME-MACHINE-DATE-tables.md)")
     parser.add_argument("--quick", action="store_true", help="tiny model on this machine's device, as a smoke run")
     args = parser.parse_args()
     unknown = [v for v in filter(None, args.variants.split(",")) if v not in VARIANTS]
@@ -410,10 +412,11 @@ def parse_args():
 
 
 def precision_runs_here(name: str, args, device) -> bool:
-    """A smoke run on a CPU without bf16 (AVX2 only) leaves the bf16 modes out; everything else runs."""
-    from pipeline.runtime.precision import cpu_supports_bf16
+    """A smoke run on a CPU that runs no bf16 (AVX2 only, without the emulation override the test
+    suite sets) leaves the bf16 modes out; everything else runs."""
+    from pipeline.runtime.precision import cpu_runs_bf16
 
-    return not (args.quick and device.type == "cpu" and name.startswith("bf16") and not cpu_supports_bf16())
+    return not (args.quick and device.type == "cpu" and name.startswith("bf16") and not cpu_runs_bf16())
 
 
 def main():
@@ -433,7 +436,7 @@ def main():
     variants = [v for v in args.variants.split(",")
                 if v and (v not in VARIANT_PRECISION or precision_runs_here(VARIANT_PRECISION[v], args, device))]
     name = args.name if not args.quick else "gpu-quick"
-    partial = result_path(name).with_suffix(".partial.json")
+    partial = result_path(name, args.out).with_suffix(".partial.json")
     partial.parent.mkdir(parents=True, exist_ok=True)
     rows, cells = [], []
     for arch in args.models.split(","):
@@ -476,12 +479,14 @@ def main():
     columns = ["model", "precision", "compile", "variant", "batch", "seq", "samples/s", "peak MB", "TFLOP/s", "MFU",
                "J/sample", "W", "steps", "s", "skipped", "compile s", *(PROFILE_COLUMNS if args.profile else [])]
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    save(name, rows, columns, settings, {"amp_vs_fp32": summary})
+    path = save(name, rows, columns, settings, {"amp_vs_fp32": summary}, results=args.out)
     partial.unlink(missing_ok=True)
     if summary:
         print(markdown_table(summary, list(summary[0])))
     if args.profile:
-        print(class_tables(rows))
+        tables = class_tables(rows)
+        path.with_name(path.stem + "-tables.md").write_text(tables + "\n")
+        print(tables)
 
 
 if __name__ == "__main__":

@@ -244,5 +244,5 @@ def save(name: str, rows: list[dict], columns: list[str], settings: dict, runs: 
                "command": " ".join([Path(sys.executable).name, *sys.argv]), "machine": info,
                "settings": settings, "rows": rows, "table": table, "runs": runs or {}}
     path.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-    print(f"written {path.relative_to(ROOT)}")
+    print(f"written {path.relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path}")
     return path

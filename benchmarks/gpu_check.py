@@ -1,38 +1,41 @@
 """`make gpu-check`: the GPU path a user runs by default, proven on a CUDA machine within a budget
-(default BUDGET_S: 8 minutes of one H100 with start-up), with one JSON of pass/fail and figures per
-check, rewritten after every check so that a kill keeps what finished. The checks, in the order of what
-they prove (CHECKS):
+(default BUDGET_S: 8 minutes of one H100 with the node's install), with one JSON of pass/fail and figures
+per check, rewritten after every check so that a kill keeps what finished. Everything it writes (the
+JSON, each check's log and each job's, the MFU cells' results and profile tables) lies under one folder,
+--out DIR; the jobs' weights and stores under --work (default: a temporary folder). The checks, in the
+order of what they answer (CHECKS):
 
+- mfu: alone on the GPU, the MFU cells (bench_gpu.py: BanglaBERT size, bf16, 32 x 256 and 64 x 256,
+  eager and under CUDA graphs, profiled), and from the same cells energy per sample with and without
+  compile (compile energy left out; skipped where NVML has no energy counter);
 - ddp: two torchrun ranks sharing the GPU over gloo (PIPELINE_SHARE_GPU=1; NCCL refuses two ranks on
-  one device), eager (what train.compile=auto picks under DDP today) and under CUDA graphs (what auto
-  would pick once this passes), each against one process at the same global batch;
-- fallback: `torchrun --nproc_per_node 2` on one GPU runs one process with grad_accum doubled under
-  CUDA graphs; its losses against the same job with train.compile=off;
-- grad_accum: grad_accum=2 under CUDA graphs in bf16 and in fp16 (GradScaler), each against eager;
-- deepspeed: ZeRO-2 and ZeRO-3 in bf16 with train.compile=auto (what auto chose, and why);
-- pytest_gpu: `pytest -m gpu` (tests/integration/test_gpu.py), at most PYTEST_GPU_S;
+  one device), with train.compile=auto (eager under DDP today) and under CUDA graphs (what auto would
+  pick once this passes), each against one process at the same global batch;
 - demo: the GPU demo with one seed (launch/studies/demo-gpu-check.yaml), into this check's own store;
-- energy: joules per sample with and without compile (compile energy left out: EnergyMeter), alone.
+- pytest_gpu: `pytest -m gpu` (tests/integration/test_gpu.py) at most PYTEST_GPU_S, less its bf16
+  grad_accum-under-CUDA-graphs test, which the fallback check runs (fp16's runs there);
+- fallback: `torchrun --nproc_per_node 2` on one GPU runs one process with grad_accum doubled under
+  CUDA graphs (bf16); its losses against the same job with train.compile=off;
+- deepspeed: ZeRO-2 and ZeRO-3 in bf16 with train.compile=auto (what auto chose, and why).
 
-The correctness checks run side by side, up to --parallel processes (tiny models: the GPU has room);
-the energy check runs alone, after them. --budget SECONDS runs what fits by each check's estimate
+mfu runs alone, first; the others side by side, up to --parallel processes (small models: the GPU has
+room; none is timed against another). --budget SECONDS runs what fits by each check's estimate
 (ESTIMATE_S; --estimates reads a previous run's JSON instead) and lists the rest as not run; a check
-still running at the end of the budget is stopped and recorded as such.
+still running at the end of the budget is stopped with its whole process tree and recorded as such.
 
 Tolerances: a compiled job's final training loss within LOSS_RTOL (relative) of eager's and its dev
 score within SCORE_ATOL: inductor's fused 16-bit kernels round differently from eager's per-op ones,
 and 40 steps amplify it; a .grad freed under CUDA graphs gives garbage or torch's "overwritten" error,
-far outside both. Energy: compiled joules per sample at most ENERGY_RATIO x eager's (with compile
-energy counted in, a short compiled job's would be several times eager's).
+far outside both. Energy: compiled joules per sample at most ENERGY_RATIO x eager's.
 
-    python benchmarks/gpu_check.py [--budget 420] [--only ddp,fallback] [--parallel 4] [--out FILE]
-    python benchmarks/gpu_check.py --quick   # this script's own code on a CPU, tiny jobs in-process
+    python benchmarks/gpu_check.py [--budget 390] [--only ddp,fallback] [--parallel 4] [--out DIR]
+    python benchmarks/gpu_check.py --quick --out DIR   # this script's own code on a CPU, tiny jobs in-process
 
 --quick is a smoke run of this script, not of the GPU path: tiny model, fp32, compile off, no
 launcher (the fallback and DDP's two ranks by requested_world_size=2, which takes the same path in
-runtime/fallback.py), pytest collecting only, the demo as --dry-run and DeepSpeed left out (its CPU
-launcher takes minutes); its pass/fail says the script works. Not measured on a GPU yet
-(benchmarks/README.md).
+runtime/fallback.py), bench_gpu.py --quick for the cells, pytest collecting only, the demo as
+--dry-run and DeepSpeed left out (its CPU launcher takes minutes); its pass/fail says the script works.
+Not measured on a GPU yet (benchmarks/README.md).
 """
 from __future__ import annotations
 
@@ -40,43 +43,45 @@ import argparse
 import json
 import os
 import re
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import check_runner as runner  # noqa: E402 - beside this script
+import process_tree  # noqa: E402
 
 LOSS_RTOL = 0.05
 SCORE_ATOL = 0.05
 ENERGY_RATIO = 1.1
-BUDGET_S = 420
-"""make gpu-check's budget: 8 minutes of one H100 less a minute for the machine's start and the imports."""
-PYTEST_GPU_S = 240
+BUDGET_S = 390
+"""make gpu-check's budget: 8 minutes of one H100 less 90 s for the node's install and the imports."""
+PYTEST_GPU_S = 210
 JOB_TIMEOUT_S = 600
 NO_DROPOUT = ["model_config.hidden_dropout_prob=0", "model_config.attention_probs_dropout_prob=0"]
-WIDE = ["model=preset:bangla-base", "model_config.hidden_size=768", "model_config.intermediate_size=3072",
-        "model_config.num_attention_heads=12"]  # tests/integration/test_gpu.py's: energy that is not noise
 GPU_JOB = ["model=preset:bangla-tiny", "train.max_length=48", "train.lr=1e-3", "tracking.system_metrics=false",
            "train.batch_size=16", "train.max_steps=40", *NO_DROPOUT]
 QUICK_JOB = ["model=preset:bangla-tiny", "train.max_length=32", "train.lr=1e-3", "tracking.system_metrics=false",
              "train.batch_size=8", "train.max_steps=2", "train.eval_batch_size=256", *NO_DROPOUT]
-ENERGY_STEPS = 120
-"""The energy check's steps per job: both jobs (start-up and compilation included) within about 90 s."""
+MFU_CELLS = ["--models", "banglabert", "--precisions", "bf16", "--batches", "32,64", "--lengths", "256",
+             "--compile", "eager,reduce-overhead", "--reps", "1", "--seconds", "3", "--profile"]
+"""The open MFU question's cells (benchmarks/README.md, "The AMP table on one H100"), eager beside them
+for the energy comparison."""
+PYTEST_LEFT_OUT = ["tests/integration/test_gpu.py::test_grad_accumulation_under_cuda_graphs_trains_like_eager[bf16]"]
+"""What the fallback check runs already (bf16, grad_accum 2 under CUDA graphs against eager)."""
 
 
 class Jobs:
-    """Runs pipeline training jobs into one work directory and store; the same job (launcher and
-    arguments) runs once. On a GPU each job is its own process under its launcher; with quick, in
-    this process on the CPU (compile off, fp32: what the CPU here runs)."""
+    """Runs pipeline training jobs into one work directory and store, their logs under `logs`; the same
+    job (launcher and arguments) runs once. On a GPU each job is its own process under its launcher;
+    with quick, in this process on the CPU (compile off, fp32: what the CPU here runs)."""
 
-    def __init__(self, work: Path, quick: bool):
-        self.work, self.quick, self.done = work, quick, {}
+    def __init__(self, work: Path, quick: bool, logs: Path):
+        self.work, self.quick, self.logs, self.done = work, quick, logs, {}
         self.db = work / "mlflow.db"
 
     def run(self, args: list[str], launcher: str = "none", nproc: int = 1, env: dict | None = None) -> dict:
@@ -88,10 +93,11 @@ class Jobs:
                 args, launcher, env = [*args, f"requested_world_size={nproc}"], "none", None
         key = (launcher, nproc, tuple(args), tuple(sorted((env or {}).items())))
         if key not in self.done:
-            self.done[key] = self._run(args, launcher, nproc, self.work / f"job{len(self.done)}", env or {})
+            self.done[key] = self._run(args, launcher, nproc, f"job{len(self.done)}", env or {})
         return self.done[key]
 
-    def _run(self, args: list[str], launcher: str, nproc: int, out: Path, env: dict) -> dict:
+    def _run(self, args: list[str], launcher: str, nproc: int, name: str, env: dict) -> dict:
+        out = self.work / name
         common = [*args, f"output_dir={out}", f"tracking.uri=sqlite:///{self.db}", "tracking.experiment=gpu-check"]
         start = time.perf_counter()
         if self.quick:
@@ -107,9 +113,10 @@ class Jobs:
             cmd = {"none": [sys.executable, "-m", "pipeline"],
                    "torchrun": [sys.executable, "-m", "torch.distributed.run", "--standalone",
                                 f"--nproc_per_node={nproc}", "-m", "pipeline"],
-                   "deepspeed": [str(Path(sys.executable).parent / "deepspeed"), "--num_gpus", str(nproc),
+                   # the launcher's module, not its script: no script where packages went in with --target
+                   "deepspeed": [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc),
                                  "--module", "pipeline"]}[launcher]
-            ok, log = run_command([*cmd, "train", *common], env=env)
+            ok, log = run_command([*cmd, "train", *common], self.logs / f"{name}.log", env=env)
         seconds = time.perf_counter() - start
         metrics_file = out / "metrics.json"
         metrics = json.loads(metrics_file.read_text()) if metrics_file.is_file() else {}
@@ -130,15 +137,9 @@ class Jobs:
         return {}
 
 
-def run_command(cmd: list[str], timeout: int = JOB_TIMEOUT_S, env: dict | None = None) -> tuple[bool, str]:
-    """(exit code 0, the output's tail) of a command run from the repository root."""
-    try:
-        result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                                env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        return False, f"timed out after {timeout} s: {out[-1500:]}"
-    return result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+def run_command(cmd: list[str], log: Path, timeout: int = JOB_TIMEOUT_S, env: dict | None = None) -> tuple[bool, str]:
+    """(exit code 0, the output's tail) of a command run from the repository root, its output in `log`."""
+    return process_tree.run(cmd, log, timeout, ROOT, {"OMP_NUM_THREADS": "1", **(env or {})})
 
 
 def compare(eager: dict, compiled: dict) -> dict:
@@ -159,6 +160,35 @@ def compare(eager: dict, compiled: dict) -> dict:
 
 
 # ---------------------------------------------------------------------- the checks
+
+
+def check_mfu(jobs: Jobs) -> dict:
+    """The MFU cells alone on the GPU (bench_gpu.py into this check's folder, its profile tables beside
+    them), and energy per sample under CUDA graphs against eager from the same cells."""
+    folder = jobs.logs / "cells"
+    cmd = [sys.executable, "benchmarks/bench_gpu.py", "--name", "gpu-check-mfu", "--out", str(folder)]
+    ok, log = run_command([*cmd, *(["--quick", "--profile"] if jobs.quick else MFU_CELLS)], jobs.logs / "bench_gpu.log")
+    files = [f for f in sorted(folder.glob("*.json")) if not f.name.endswith(".partial.json")]
+    rows = json.loads(files[-1].read_text())["rows"] if files else []
+    cells = [{k: r.get(k) for k in ("model", "precision", "compile", "batch", "seq", "samples/s", "MFU", "J/sample",
+                                    "W", "peak MB", "compile s")} for r in rows]
+    ran = ok and bool(cells) and all(isinstance(c["samples/s"], float) for c in cells)
+    return {"pass": ran, "cells": cells, "energy": energy(cells), **({} if ran else {"log": log[-1500:]})}
+
+
+def energy(cells: list[dict]) -> dict:
+    """Compiled joules per sample over eager's, per shape and precision, from the cells; `skipped` (which
+    passes) where a cell has no energy figure: no NVML energy counter (a CPU, a pre-Volta GPU, no permission)."""
+    pairs = {}
+    for c in cells:
+        pairs.setdefault((c["precision"], c["batch"], c["seq"]), {})[c["compile"]] = c.get("J/sample")
+    pairs = {k: v for k, v in pairs.items() if {"eager", "reduce-overhead"} <= set(v)}
+    if not pairs:
+        return {"pass": True, "skipped": "no cell ran both eager and under CUDA graphs"}
+    if any(v is None for p in pairs.values() for v in p.values()):
+        return {"pass": True, "skipped": "no energy counter (a CPU, or NVML cannot read it)"}
+    ratios = {f"{p} {b}x{s}": v["reduce-overhead"] / v["eager"] for (p, b, s), v in pairs.items()}
+    return {"pass": all(r <= ENERGY_RATIO for r in ratios.values()), "compiled_over_eager": ratios}
 
 
 def check_ddp(jobs: Jobs) -> dict:
@@ -191,17 +221,6 @@ def check_fallback(jobs: Jobs) -> dict:
     return {**result, "pass": result["pass"] and ran_as_planned, "one_process_grad_accum_2": ran_as_planned}
 
 
-def check_grad_accum(jobs: Jobs) -> dict:
-    """grad_accum=2 under CUDA graphs against eager, in bf16 and in fp16 (GradScaler)."""
-    base = [*(QUICK_JOB if jobs.quick else GPU_JOB), "train.grad_accum=2"]
-    per_precision = {}
-    for precision in ("bf16", "fp16"):
-        eager = jobs.run([*base, f"precision={precision}", "train.compile=off"])
-        graphs = jobs.run([*base, f"precision={precision}", "train.compile=reduce-overhead"])
-        per_precision[precision] = compare(eager, graphs)
-    return {"pass": all(r["pass"] for r in per_precision.values()), **per_precision}
-
-
 def check_deepspeed(jobs: Jobs) -> dict:
     """ZeRO-2 and ZeRO-3 in bf16 with train.compile=auto, one GPU under the deepspeed launcher."""
     if jobs.quick:
@@ -223,11 +242,13 @@ def check_deepspeed(jobs: Jobs) -> dict:
 
 def check_pytest_gpu(jobs: Jobs) -> dict:
     """`pytest -m gpu` on 3 workers (the tests sharing jobs kept on one: --dist loadgroup), within
-    PYTEST_GPU_S. Its figures are pass/fail only: nothing in it is timed, so it may share the GPU."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/integration/test_gpu.py"]
+    PYTEST_GPU_S, less PYTEST_LEFT_OUT. Its figures are pass/fail only: nothing in it is timed."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "tests/integration/test_gpu.py",
+           *[f"--deselect={t}" for t in PYTEST_LEFT_OUT]]
     cmd = [*cmd, "--collect-only"] if jobs.quick else [*cmd, "-n", "3", "--dist", "loadgroup"]
-    ok, log = run_command(cmd, timeout=PYTEST_GPU_S)
-    counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?|tests? collected)", log)}
+    ok, log = run_command(cmd, jobs.logs / "pytest.log", timeout=PYTEST_GPU_S)
+    counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|deselected|errors?|"
+                                                     r"tests? collected)", log)}
     return {"pass": ok, "counts": counts, "log": log[-1500:]}
 
 
@@ -236,179 +257,51 @@ def check_demo(jobs: Jobs) -> dict:
     cmd = [sys.executable, "-m", "pipeline", "study", "launch/studies/demo-gpu-check.yaml",
            f"tracking.uri=sqlite:///{jobs.work / 'demo.db'}"]
     start = time.perf_counter()
-    ok, log = run_command([*cmd, "--dry-run"] if jobs.quick else cmd, timeout=JOB_TIMEOUT_S)
+    ok, log = run_command([*cmd, "--dry-run"] if jobs.quick else cmd, jobs.logs / "demo.log")
     return {"pass": ok, "seconds": round(time.perf_counter() - start, 1), "log": log[-1500:]}
 
 
-def check_energy(jobs: Jobs) -> dict:
-    """Joules per sample of the same bf16 job eager and under CUDA graphs (compile energy left out)."""
-    from pipeline import names
-
-    # quick: grad_accum's eager job again (one job fewer; no energy counter on a CPU either way)
-    job = [*QUICK_JOB, "train.grad_accum=2"] if jobs.quick else [*GPU_JOB, *WIDE, f"train.max_steps={ENERGY_STEPS}"]
-    runs = {mode: jobs.run([*job, "precision=bf16", f"train.compile={mode}"]) for mode in ("off", "reduce-overhead")}
-    figures = {mode: {k: r["metrics"].get(k) for k in (names.JOULES_PER_SAMPLE, names.ENERGY_JOULES, names.AVG_POWER,
-                                                       names.SAMPLES_PER_S, names.COMPILE_TIME)}
-               for mode, r in runs.items()}
-    if not all(r["ok"] for r in runs.values()):
-        return {"pass": False, **figures, "log": next(r["log"] for r in runs.values() if not r["ok"])}
-    eager, compiled = (figures[m][names.JOULES_PER_SAMPLE] for m in ("off", "reduce-overhead"))
-    if eager is None or compiled is None:
-        return {"pass": jobs.quick, **figures, "skipped": "no energy counter (a CPU, or NVML cannot read it)"}
-    return {"pass": compiled <= ENERGY_RATIO * eager, "compiled_over_eager": compiled / eager, **figures}
+EAGER_JOB_S, COMPILED_JOB_S = 45, 90
+"""One H100: a tiny `python -m pipeline train` job's wall seconds, start-up and evaluation included
+(the shipped config's eager job: 70 s wall for 26 s of training; compiled: 44 s more of compilation,
+results/train-epochs6-h100-80gb-hbm3-2026-11-24.json)."""
 
 
-@dataclass(frozen=True)
-class Check:
-    name: str
-    run: Callable[[Jobs], dict]
-    estimate_s: float
-    """Seconds on one H100, start-up included, beside the other correctness checks (not measured on a GPU
-    yet: from the jobs each check runs, ~40 s a tiny job with its compilation; --estimates replaces them)."""
-    alone: bool = False
-    """A speed or energy figure: nothing else on the GPU meanwhile."""
 
-
-CHECKS = [  # in the order of what they prove: the main launch first, figures last
-    Check("ddp", check_ddp, 150),
-    Check("fallback", check_fallback, 90),
-    Check("grad_accum", check_grad_accum, 150),
-    Check("deepspeed", check_deepspeed, 120),
-    Check("pytest_gpu", check_pytest_gpu, PYTEST_GPU_S),
-    Check("demo", check_demo, 180),
-    Check("energy", check_energy, 90, alone=True),
+CHECKS = [  # in the order of what they answer: the open questions first
+    # 2 compiled cells at ~40 s of compilation, 2 eager ones, 3 s windows and profiles, 15 s of imports
+    runner.Check("mfu", check_mfu, 130, alone=True),
+    runner.Check("ddp", check_ddp, EAGER_JOB_S * 2 + COMPILED_JOB_S),
+    # two BERT-base jobs of 4 epochs, fp32 eager and bf16 compiled (results/gpu-compile-...: 30-40 s)
+    runner.Check("demo", check_demo, 200),
+    runner.Check("pytest_gpu", check_pytest_gpu, PYTEST_GPU_S),
+    # the last two share a lane by the estimates: mfu 130, then ddp 310, demo 330, pytest_gpu 340, and
+    # fallback 265 followed by deepspeed 385 of the 390 s
+    runner.Check("fallback", check_fallback, EAGER_JOB_S + COMPILED_JOB_S),
+    runner.Check("deepspeed", check_deepspeed, 2 * (EAGER_JOB_S + 15)),  # auto is eager under DeepSpeed
 ]
 BY_NAME = {c.name: c for c in CHECKS}
 
 
-def plan(checks: list[Check], estimates: dict[str, float], budget: float, parallel: int) -> tuple[list, dict]:
-    """Which checks fit the budget by their estimates: the correctness checks in order on `parallel` lanes
-    (each starts when a lane frees up), then the alone ones one after another. Returns the checks to run
-    in order and, for the rest, why not."""
-    lanes, run, not_run = [0.0] * max(1, parallel), [], {}
-    for check in [c for c in checks if not c.alone]:
-        lane = min(range(len(lanes)), key=lanes.__getitem__)
-        if lanes[lane] + estimates[check.name] <= budget:
-            lanes[lane] += estimates[check.name]
-            run.append(check)
-        else:
-            not_run[check.name] = (f"not run: ~{estimates[check.name]:.0f} s from ~{lanes[lane]:.0f} s would pass "
-                                   f"the {budget:.0f} s budget")
-    clock = max(lanes)
-    for check in [c for c in checks if c.alone]:
-        if clock + estimates[check.name] <= budget:
-            clock += estimates[check.name]
-            run.append(check)
-        else:
-            not_run[check.name] = f"not run: ~{estimates[check.name]:.0f} s alone from ~{clock:.0f} s would pass the " \
-                                  f"{budget:.0f} s budget"
-    return run, not_run
+def run_checks(todo: list[runner.Check], report: runner.Report, work: Path, quick: bool, parallel: int,
+               deadline: float) -> None:
+    """Phase after phase (phases): each check in a child process, the side-by-side ones up to `parallel`
+    at a time (in this process, one after another, when parallel is 1: quick); none started that its
+    estimate says cannot finish by `deadline`, any still running at `deadline` stopped with its tree."""
+    def child(check: runner.Check, part: Path) -> list[str]:
+        return [sys.executable, __file__, "--child", check.name, "--work", str(work / check.name),
+                "--out", str(report.out / check.name), "--part", str(part), *(["--quick"] if quick else [])]
 
-
-class Report:
-    """The JSON, written again (atomically) after every check; the checks' child processes it waits on."""
-
-    def __init__(self, out: Path, head: dict, estimates: dict[str, float], not_run: dict[str, str]):
-        self.out, self.head, self.estimates, self.not_run = out, head, estimates, not_run
-        self.checks, self.children = {}, {}
-        self.start = time.perf_counter()
-        out.parent.mkdir(parents=True, exist_ok=True)
-
-    def add(self, name: str, result: dict) -> None:
-        self.checks[name] = result
-        print(f"{name}: {'pass' if result['pass'] else 'FAIL'} ({result.get('check_seconds')} s)", flush=True)
-        self.write()
-
-    @property
-    def passed(self) -> bool:
-        """Every check that ran passed, and one did."""
-        return bool(self.checks) and all(c["pass"] for c in self.checks.values())
-
-    def write(self) -> None:
-        checks = {n: self.checks[n] for n in BY_NAME if n in self.checks}
-        complete = not self.not_run and len(checks) == len(self.head["run"])
-        payload = {**self.head, "pass": self.passed, "complete": complete,
-                   "seconds": round(time.perf_counter() - self.start, 1), "checks": checks, "not_run": self.not_run}
-        tmp = self.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
-        tmp.replace(self.out)
-
-
-def run_here(check: Check, jobs: Jobs) -> dict:
-    t0 = time.perf_counter()
-    try:
-        result = check.run(jobs)
-    except Exception as e:  # noqa: BLE001 - a check that breaks is a failed check, reported; the rest go on
-        result = {"pass": False, "log": f"{type(e).__name__}: {e}"}
-    return {**result, "check_seconds": round(time.perf_counter() - t0, 1)}
-
-
-def run_checks(todo: list[Check], report: Report, work: Path, quick: bool, parallel: int, deadline: float) -> None:
-    """The correctness checks side by side in child processes, then the alone ones one at a time, each in
-    its own process too (in this process, one after another, when parallel is 1: quick); none started
-    that its estimate says cannot finish by `deadline`, any still running at `deadline` stopped."""
-    side_by_side, alone = [c for c in todo if not c.alone], [c for c in todo if c.alone]
-    if parallel > 1:
-        children(side_by_side, report, work, quick, parallel, deadline)
-        children(alone, report, work, quick, 1, deadline)
+    if parallel == 1:
+        jobs = Jobs(work, quick, report.out)
+        for check in todo:
+            if not runner.too_late(check, report, deadline):
+                jobs.logs = report.out / check.name  # as a child's: the check's logs in its own folder
+                jobs.logs.mkdir(parents=True, exist_ok=True)
+                report.add(check.name, runner.run_here(check, jobs))
         return
-    jobs = Jobs(work, quick)
-    for check in side_by_side + alone:
-        if time.monotonic() + report.estimates[check.name] > deadline:
-            report.not_run[check.name] = "not run: the checks before it left too little of the budget"
-            report.write()
-            continue
-        report.add(check.name, run_here(check, jobs))
-
-
-def children(checks: list[Check], report: Report, work: Path, quick: bool, parallel: int, deadline: float) -> None:
-    waiting, running = list(checks), {}
-    while waiting or running:
-        while waiting and len(running) < parallel:
-            check = waiting.pop(0)
-            if time.monotonic() + report.estimates[check.name] > deadline:
-                report.not_run[check.name] = "not run: the checks before it left too little of the budget"
-                report.write()
-                continue
-            part = work / f"{check.name}.json"
-            cmd = [sys.executable, __file__, "--child", check.name, "--work", str(work / check.name),
-                   "--out", str(part), *(["--quick"] if quick else [])]
-            log = (work / f"{check.name}.log").open("w")
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            running[check.name] = (proc, part, time.perf_counter(), log)
-            report.children[check.name] = proc
-        time.sleep(1)
-        for name, (proc, part, t0, log) in list(running.items()):
-            late = time.monotonic() > deadline
-            if proc.poll() is None and not late:
-                continue
-            if late and proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            log.close()
-            seconds = round(time.perf_counter() - t0, 1)
-            if part.is_file():
-                result = json.loads(part.read_text())
-            else:
-                tail = (work / f"{name}.log").read_text()[-1500:]
-                why = "stopped at the end of the budget" if late else f"exit {proc.returncode}"
-                result = {"pass": False, "stopped": why, "log": tail}
-            report.add(name, {**result, "check_seconds": seconds})
-            del running[name], report.children[name]
-
-
-def stop_children_on_sigterm(report: Report) -> None:
-    """A kill (a lease ending) keeps the JSON as written and takes the checks' processes along."""
-    def handler(signum, frame):
-        for proc in report.children.values():  # each in its own session: its jobs go with it
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:  # ended meanwhile
-                pass
-        report.write()
-        sys.exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, handler)
+    for phase in runner.phases(todo):
+        runner.children(phase, report, work, child, 1 if phase[0].alone else parallel, deadline)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -416,11 +309,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a CPU smoke run of this script (seconds, not a check)")
     parser.add_argument("--only", default=",".join(BY_NAME), help=f"comma-separated subset of {', '.join(BY_NAME)}")
     parser.add_argument("--budget", type=float, help=f"seconds the checks may take (default {BUDGET_S}; quick: none)")
-    parser.add_argument("--parallel", type=int, help="correctness checks side by side (default 4; quick: 1)")
+    parser.add_argument("--parallel", type=int, help="side-by-side checks at a time (default 4; quick: 1)")
     parser.add_argument("--estimates", type=Path, help="a previous run's JSON: its check_seconds as the estimates")
-    parser.add_argument("--out", type=Path, help="the JSON (default: benchmarks/results/gpu-check-MACHINE-DATE.json)")
+    parser.add_argument("--out", type=Path, help="the folder of everything it writes (default: "
+                                                 "benchmarks/results/gpu-check-MACHINE-DATE/)")
     parser.add_argument("--work", type=Path, help="the jobs' outputs and MLflow store (default: a new temp folder)")
-    parser.add_argument("--child", help=argparse.SUPPRESS)  # one check, its result to --out (run_checks' children)
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one check, its result to --part (run_checks' children)
+    parser.add_argument("--part", type=Path, help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
     import torch
 
@@ -436,7 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     work = opts.work or Path(tempfile.mkdtemp(prefix="gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
     if opts.child:
-        opts.out.write_text(json.dumps(BY_NAME[opts.child].run(Jobs(work, opts.quick)), default=str))
+        opts.out.mkdir(parents=True, exist_ok=True)
+        result = BY_NAME[opts.child].run(Jobs(work, opts.quick, opts.out))
+        opts.part.write_text(json.dumps(result, default=str))
         return 0
     unknown = [n for n in opts.only.split(",") if n not in BY_NAME]
     if unknown:
@@ -448,18 +345,18 @@ def main(argv: list[str] | None = None) -> int:
         estimates.update({n: c["check_seconds"] for n, c in measured.items() if "check_seconds" in c})
     budget = opts.budget if opts.budget is not None else (float("inf") if opts.quick else BUDGET_S)
     parallel = opts.parallel or (1 if opts.quick else 4)
-    todo, not_run = plan([c for c in CHECKS if c.name in opts.only.split(",")], estimates, budget, parallel)
+    todo, not_run = runner.plan([c for c in CHECKS if c.name in opts.only.split(",")], estimates, budget, parallel)
     head = {"benchmark": "gpu-check", "quick": opts.quick, "machine": machine(),
             "budget_s": None if budget == float("inf") else budget,
             "parallel": parallel, "estimates_s": estimates, "run": [c.name for c in todo],
             "tolerances": {"loss_rtol": LOSS_RTOL, "score_atol": SCORE_ATOL, "energy_ratio": ENERGY_RATIO}}
-    report = Report(opts.out or result_path("gpu-check"), head, estimates, not_run)
+    report = runner.Report(opts.out or result_path("gpu-check").with_suffix(""), head, estimates, not_run)
     report.write()  # the plan, before any check: a kill at once still leaves what would have run
-    stop_children_on_sigterm(report)
+    runner.stop_children_on_sigterm(report)
     run_checks(todo, report, work, opts.quick, parallel, time.monotonic() + budget)
     report.write()
     left = f" (not run: {', '.join(report.not_run)})" if report.not_run else ""
-    print(f"{'all pass' if report.passed else 'FAILED'}{left}: {report.out}")
+    print(f"{'all pass' if report.passed else 'FAILED'}{left}: {report.json}")
     return 0 if report.passed else 1
 
 

@@ -19,7 +19,6 @@ and Lightning's BatchSizeFinder, which refuses DDP because the ranks would have 
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from collections.abc import Callable
@@ -34,7 +33,6 @@ from pipeline.measure import memory
 from pipeline.measure.memory import MIB
 from pipeline.parts.optim import build_optimizer
 from pipeline.runtime import dist
-from pipeline.runtime.factory import make_backend
 from pipeline.stage import Stage
 from pipeline.tasks.base import SPLITS
 
@@ -72,9 +70,10 @@ class BatchFit:
 
 
 def fit_batch(stage: Stage) -> Stage:
-    """Collective, train.batch_size=auto: the stage with its global batch split into the largest
-    micro-batch that fits the device, and its evaluation batch found; the model's weights and the
-    RNG as they were. A UserError when even one row does not fit."""
+    """Collective, train.batch_size=auto: the same stage, its plan's global batch split into the
+    largest micro-batch that fits the device, and its evaluation batch found (Plan.resplit; the
+    backend takes the split when the loop prepares it); the model's weights and the RNG as they
+    were. A UserError when even one row does not fit."""
     trials = _Trials(stage)
     cfg, device, model = stage.cfg, stage.rt.device, stage.model
     saved = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
@@ -90,10 +89,7 @@ def fit_batch(stage: Stage) -> Stage:
             memory.release(device)
     if stage.rt.is_main:
         log.info("train.batch_size=auto: %s", found.describe())
-    plan = stage.plan.resplit(found.batch_size, found.grad_accum, found.eval_batch_size, found.describe())
-    # the backend read the split (DeepSpeed's micro-batch and accumulation "auto" values): again
-    backend = make_backend(stage.rt, stage.policy, stage.compile, plan.cfg.train, cfg.deepspeed)
-    return dataclasses.replace(stage, plan=plan, backend=backend)
+    return stage.resplit(found.batch_size, found.grad_accum, found.eval_batch_size, found.describe())
 
 
 class _Trials:

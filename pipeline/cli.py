@@ -14,7 +14,6 @@ import sys
 import warnings
 
 from pipeline.errors import MachineError, UserError
-from pipeline.runtime import gc_pause
 
 HELP = {"-h", "--help"}
 COMMANDS = {  # the command -> its function in pipeline/commands/, imported on first use
@@ -25,6 +24,7 @@ COMMANDS = {  # the command -> its function in pipeline/commands/, imported on f
     "ui": "pipeline.commands.ui:main",
     "sync": "pipeline.commands.sync:main",
     "infer-bench": "pipeline.commands.infer_bench:main",
+    "export": "pipeline.commands.export:main",
     "config-reference": "pipeline.commands.config_reference:main",
 }
 USAGE = """usage:
@@ -35,6 +35,7 @@ USAGE = """usage:
   python -m pipeline ui [--experiment NAME] [--host H]       MLflow UI on the tracking store
   python -m pipeline sync RUN_DIR|FILE.jsonl [--uri URI]    upload a run's journal to MLflow
   python -m pipeline infer-bench MODEL [MODEL ...] [--json]  what models cost to serve here, side by side
+  python -m pipeline export DIR [--int8] [--check]           best/ as ONNX (and int8), checked, into DIR/export/
   python -m pipeline config-reference                        every config key as Markdown (docs/configuration.md)
   python -m pipeline COMMAND --help                          a command's arguments; train's and distill's
                                                              list every config key, its default and meaning
@@ -52,8 +53,6 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, end="")
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
-    if command not in ("train", "distill"):  # a stage turns it on once set up; the others now
-        gc_pause.resume_after_setup()
     try:
         if command not in COMMANDS:
             raise UserError(f"unknown command {command!r}\n{USAGE}".splitlines()[0])

@@ -1,8 +1,9 @@
 """The library APIs that differ across the supported torch and transformers versions (pyproject.toml's
-floors up to the newest tested; README, "Versions tested"), each asked for here and nowhere else.
+floors up to the newest tested; README, "Versions tested"), each asked for here and nowhere else; and
+what the pipeline must take from a library's private modules (MLflow's), each with the version read.
 
 Each branch tests for the feature, not the version number, and names the library source lines it relies
-on in each version. torch and transformers are imported inside the functions: this module sits in the
+on in each version. torch, transformers and mlflow are imported inside the functions: this module sits in the
 lowest layer (docs/ARCHITECTURE.md) and loads without them.
 
 May import: nothing from the pipeline.
@@ -30,13 +31,6 @@ def ddp_without_forward_buffer_sync(module: Any, device_ids: list[int] | None) -
     if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
         return DistributedDataParallel(module, device_ids=device_ids, forward_sync_buffers=False)
     return DistributedDataParallel(module, device_ids=device_ids, broadcast_buffers=False)
-
-
-def ddp_syncs_buffers_every_forward(ddp: Any) -> bool:
-    """Whether a DistributedDataParallel broadcasts buffers before each forward: on torch 2.11 its
-    `broadcast_buffers` attribute (torch/nn/parallel/distributed.py, line 799), on 2.13 a property
-    reading `forward_sync_buffers` (the same file, lines 1157-1163)."""
-    return bool(ddp.broadcast_buffers)
 
 
 def enable_activation_checkpointing(model: Any) -> None:
@@ -72,3 +66,19 @@ def checkpoint_reruns_module_hooks() -> bool:
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     return "__call__" in vars(GradientCheckpointingLayer)
+
+
+def system_metrics_monitor(run_id: str, interval: float, node_id: str, uri: str) -> Any:
+    """MLflow's system-metrics sampler (CPU, memory, disk, network, GPU) for a run the pipeline opened
+    through a client, logging under system/NODE_ID/ to `uri`; start() and finish() it.
+
+    The public route, mlflow.start_run(log_system_metrics=True), makes the run the process's active
+    run and ends it with mlflow.end_run: on every node of a multi-node job the first node to finish
+    would end the shared run. The class it starts is not exported by mlflow.system_metrics (whose
+    public functions only configure that route): mlflow 3.17 (mlflow/system_metrics/
+    system_metrics_monitor.py: `SystemMetricsMonitor.__init__(run_id, sampling_interval=10,
+    samples_before_logging=1, resume_logging=False, node_id=None, tracking_uri=None)`, line 55;
+    start(), line 105; finish(), line 187, which flushes); the same signature on MLflow's main branch."""
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+    return SystemMetricsMonitor(run_id, sampling_interval=interval, node_id=node_id, tracking_uri=uri)

@@ -55,7 +55,7 @@ def evaluate(module: torch.nn.Module, loader: DataLoader, task: Task, policy: Pr
         rows = real_rows(idx)  # a compiled job's last batch is filled with rows that are not data
         indices.append(idx[:rows].numpy())
         inputs = {k: v.to(rt.device, non_blocking=True) for k, v in batch.items()}
-        compile.begin_inference_batch()
+        compile.begin_step()
         with policy.autocast():
             outputs = module(**inputs)
         if outputs.get("loss") is not None:  # heads without targets in eval (QA windows) have none

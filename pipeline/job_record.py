@@ -38,7 +38,7 @@ class JobRecord:
     """Changes a resumed job was told to accept (accept_changes), one line each, oldest first."""
 
     def built(self, tokenizer: str, architecture: dict[str, Any], teacher: str | None) -> JobRecord:
-        """The record completed with what build_stage made (Stage.identity)."""
+        """The record completed with what build_stage made (Stage.record)."""
         return dataclasses.replace(self, tokenizer=tokenizer, architecture=architecture, teacher=teacher)
 
     def to_json(self) -> dict[str, Any]:

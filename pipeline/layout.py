@@ -10,6 +10,8 @@ OUTPUT_DIR/
   best/               the best model, a Hugging Face model directory in fp32 (parts/best_model.py)
   mlflow_model/       best/ as an MLflow transformers-flavor model (tracking.log_model; tracking/served_model.py)
   metrics.json        the final metrics, written last: its presence says the job finished
+  export/             best/ exported for serving (`python -m pipeline export`: pipeline/export/stage_export.py);
+                      export/check.json, written with it, says it was checked
   report.txt          the task's report on the test split
   deepspeed_config.json   the resolved DeepSpeed config (under DeepSpeed)
 
@@ -54,6 +56,8 @@ class OutputDir:
     METRICS = "metrics.json"
     REPORT = "report.txt"
     DEEPSPEED_CONFIG = "deepspeed_config.json"
+    EXPORT = "export"
+    EXPORT_CHECK = "check.json"
     PREVIOUS_JOB = (CHECKPOINTS, BEST, MLFLOW_MODEL, METRICS, REPORT)
     """What a job that starts over removes, so nothing of two jobs mixes (the journal is settled)."""
 
@@ -123,6 +127,14 @@ class OutputDir:
     @property
     def mlflow_model(self) -> Path:
         return self.root / self.MLFLOW_MODEL
+
+    @property
+    def export(self) -> Path:
+        return self.root / self.EXPORT
+
+    @property
+    def export_check(self) -> Path:
+        return self.export / self.EXPORT_CHECK
 
     @property
     def metrics(self) -> Path:

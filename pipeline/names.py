@@ -14,6 +14,11 @@ TRAIN_LR = "train/lr"
 TRAIN_GRAD_NORM = "train/grad_norm"
 TRAIN_EPOCH = "train/epoch"
 TRAIN_STEPS = "train/steps"
+# at each logged step, over the steps since the previous one (the console line shows the same figures)
+TRAIN_SAMPLES_PER_S = "train/samples_per_s"
+TRAIN_TOKENS_PER_S = "train/tokens_per_s"  # real (non-padding) tokens
+TRAIN_MFU = "train/mfu"  # of the real tokens, on a device in the peak table
+TRAIN_PEAK_MEM = "train/peak_mem_mb"  # CUDA allocator's peak this epoch, else the process's peak RSS
 
 # ---------------------------------------------------------------- evaluation
 EVAL = "eval/"
@@ -68,6 +73,25 @@ INFER_LOAD = "perf/infer_"
 def load_metric(quantity: str, prefix: str = PERF) -> str:
     """perf/others_cpu_frac (training) or, with INFER_LOAD, perf/infer_others_cpu_frac (inference)."""
     return prefix + quantity
+
+# ---------------------------------------------------------------- export (pipeline/export/)
+# The best model exported (`python -m pipeline export DIR --check`), logged on the stage's run:
+# export/VARIANT/QUANTITY, VARIANT being fp32 (ONNX) or int8 (ONNX, weights int8, activations
+# quantized at run time): max_abs_diff and agreement against the PyTorch model on the dev split,
+# size_mb on disk, and test/NAME, the task's test metrics computed with the exported model.
+EXPORT = "export/"
+EXPORT_MAX_ABS_DIFF = "max_abs_diff"  # the largest |logit difference| from the PyTorch model, dev split
+EXPORT_AGREEMENT = "agreement"  # the share of predictions (argmax) equal to the PyTorch model's, dev split
+EXPORT_SIZE_MB = "size_mb"  # the exported graph on disk
+
+
+def export_metric(variant: str, quantity: str) -> str:
+    return f"{EXPORT}{variant}/{quantity}"
+
+
+def export_test_metric(variant: str, name: str) -> str:
+    return f"{EXPORT}{variant}/{TEST}{name}"
+
 
 # ---------------------------------------------------------------- energy (NVML; absent where not measured)
 ENERGY_JOULES = "energy/joules"
@@ -124,6 +148,9 @@ TAG_ENERGY_AVAILABLE = "energy_available"  # true | false: NVML's energy counter
 TAG_STUDY = "study"
 TAG_PROCEDURE = "procedure"
 TAG_PARENT_RUN = "mlflow.parentRunId"  # MLflow's own: nests a run under its parent in the UI
+TAG_GIT_COMMIT = "mlflow.source.git.commit"  # MLflow's own: the run page's and runs table's commit
+TAG_SOURCE_NAME = "mlflow.source.name"  # MLflow's own: the runs table's Source, e.g. python -m pipeline train
+TAG_SOURCE_TYPE = "mlflow.source.type"  # MLflow's own: LOCAL
 TAG_KD_CACHE = "kd_cache"  # hit | miss | off
 TAG_DATA_CACHE = "data_cache"  # hit | miss | partial: the prepared-features cache (features.py)
 TAG_PRECISION_MODE = "precision_mode"  # autocast | pure16 | fp32: how 16-bit compute was done

@@ -5,6 +5,7 @@ the job around the stage (its record, the resume, the lock, the run) is jobs/run
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -16,32 +17,28 @@ import transformers
 from transformers import PreTrainedTokenizerBase
 
 from pipeline import models, names
-from pipeline.config.schema import SettledConfig
 from pipeline.data import features
 from pipeline.data.loaders import shaped_collate
-from pipeline.job_record import JobRecord
 from pipeline.kd.distill import Distiller, build_distillation
-from pipeline.layout import OutputDir
 from pipeline.measure import inference, memory
 from pipeline.measure.flops import FlopModel, step_flop_model
 from pipeline.measure.load import LoadSampler
 from pipeline.plan.settle import Plan
 from pipeline.runtime.backend import Backend
-from pipeline.runtime.compiler import CompilePolicy
-from pipeline.runtime.dist import Runtime
 from pipeline.runtime.factory import make_backend
-from pipeline.runtime.precision import PrecisionPolicy
-from pipeline.tasks.base import SPLITS, Task
+from pipeline.tasks.base import SPLITS
 
 log = logging.getLogger("pipeline")
 
 
-@dataclass(frozen=True)
-class Stage:
-    """What build_stage() creates, before any MLflow run or output exists; nothing here changes
-    afterwards (what the run changes is the Loop's)."""
+@dataclass(frozen=True, kw_only=True)
+class Stage(Plan):
+    """The plan with what build_stage() created, before any MLflow run or output exists; nothing here
+    changes afterwards (what the run changes is the Loop's). Its `record` is the plan's completed
+    with what was built (JobRecord.built: the model's architecture, the tokenizer, the teacher's
+    fingerprint): what its checkpoints carry and a resume compares. Plan.resplit (the batch
+    finder's answer) gives the same stage with its global batch split otherwise."""
 
-    plan: Plan
     examples: dict
     features: dict
     tokenizer: PreTrainedTokenizerBase
@@ -52,47 +49,11 @@ class Stage:
     backend: Backend
     distiller: Distiller | None
     """Under distillation: the KD loss, with the teacher's logits cached or the teacher live."""
-    identity: dict[str, object]
-    """What a resume compares of the built stage (JobRecord.built): the model's architecture, the
-    tokenizer, the teacher's config and weights."""
-
-    @property
-    def cfg(self) -> SettledConfig:
-        return self.plan.cfg
-
-    @property
-    def rt(self) -> Runtime:
-        return self.plan.rt
-
-    @property
-    def kind(self) -> str:
-        return self.plan.kind
-
-    @property
-    def task(self) -> Task:
-        return self.plan.task
-
-    @property
-    def policy(self) -> PrecisionPolicy:
-        return self.plan.policy
-
-    @property
-    def out(self) -> OutputDir:
-        return self.plan.out
-
-    @property
-    def compile(self) -> CompilePolicy:
-        return self.plan.compile
 
     @property
     def teacher(self) -> torch.nn.Module | None:
         """A live or cached-logits distillation's teacher model, if it is loaded."""
         return self.distiller.teacher if self.distiller is not None else None
-
-    @property
-    def record(self) -> JobRecord:
-        """The job's record completed with what was built: what its checkpoints carry."""
-        return self.plan.record.built(**self.identity)
 
     def forward_loss(self, call: torch.nn.Module, inputs: dict, idx: torch.Tensor, unpadded: bool = False
                      ) -> torch.Tensor:
@@ -118,7 +79,10 @@ class Stage:
 
     @cached_property
     def prepared_mask(self) -> bool:
-        return self.compile.prepares_padded_mask and models.takes_prepared_mask(self.model)
+        """Whether a padded batch's mask is handed to the model already in SDPA's 4D form (where the
+        model takes one), so transformers does not ask the device whether it is all ones: eager
+        only, as a compiled forward traces that check (no sync)."""
+        return not self.compile.compiled and models.takes_prepared_mask(self.model)
 
     def step_flop_model(self, collate: Callable[[list[dict]], dict]) -> FlopModel:
         """FLOPs of one training row at a few padded lengths, each counted on a real single-row step
@@ -189,4 +153,6 @@ def build_stage(plan: Plan) -> Stage:
     if distiller is not None:  # the teacher's logits for the whole training set, once (cached on disk)
         distiller.prepare(prepared["train"], shaped_collate(task.collator(tokenizer), cfg.train,
                                                             tokenizer.pad_token_id), cfg.train.max_length, tokenizer)
-    return Stage(plan, examples, prepared, tokenizer, model, model_spec, backend, distiller, identity)
+    planned = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
+    return Stage(**{**planned, "record": plan.record.built(**identity)}, examples=examples, features=prepared,
+                 tokenizer=tokenizer, model=model, model_spec=model_spec, backend=backend, distiller=distiller)

@@ -12,7 +12,6 @@ import contextlib
 import logging
 import math
 import sys
-import warnings
 from dataclasses import InitVar, dataclass, field
 
 import torch
@@ -23,29 +22,22 @@ from pipeline.evaluation import evaluate
 from pipeline.job_record import JobRecord
 from pipeline.measure.telemetry import StageMeters
 from pipeline.parts.best_model import BestModel
-from pipeline.parts.checkpoint import Checkpointer, LoadedCheckpoint, Stateful
-from pipeline.parts.optim import build_optimizer, lr_schedule, rewind
+from pipeline.parts.checkpoint import Checkpoint, Checkpointer, Stateful
+from pipeline.parts.optim import build_optimizer, lr_schedule
 from pipeline.parts.progress import Progress
 from pipeline.parts.step_losses import StepLosses
 from pipeline.runtime import dist
-from pipeline.runtime.dist import AgreedFlag, Reduced
+from pipeline.runtime.dist import AgreedFlag
 from pipeline.stage import Stage
 from pipeline.tracking.metrics import MetricsProcessor
 from pipeline.tracking.served_model import ServedModel
 from pipeline.tracking.tracker import Tracker
 
 log = logging.getLogger("pipeline")
-# The schedule steps on every optimizer step and gives skipped ones back later (read_losses);
-# when the first step is skipped (fp16's first loss scale), torch would call that a misordered call.
-warnings.filterwarnings("ignore", "Detected call of `lr_scheduler", UserWarning)
 
 
 class Preempted(Exception):
     """SIGTERM arrived; a checkpoint was written at the step boundary (exit code 143)."""
-
-
-class Diverged(RuntimeError):
-    """Too many consecutive non-finite losses (exit code 1; the last checkpoint is kept)."""
 
 
 @dataclass
@@ -55,7 +47,8 @@ class Loop:
 
     stage: Stage
     loaders: Loaders
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    losses: StepLosses
+    """The steps' losses and the LR schedule they move (skipped steps taken back at each read)."""
     wrapped: torch.nn.Module
     """The module to call forward on: the backend's wrapper (DDP, DeepSpeed engine) of stage.model."""
     epochs: int
@@ -68,33 +61,32 @@ class Loop:
     run_id: InitVar[str | None]
     record: InitVar[JobRecord]
     progress: Progress = field(default_factory=Progress)
-    losses: StepLosses = field(default_factory=StepLosses)
     best: BestModel = field(default_factory=BestModel)
-    records: MetricsProcessor = field(init=False)
+    metrics: MetricsProcessor = field(init=False)
+    """When a step is logged, and every record the loop's numbers become."""
     checkpointer: Checkpointer = field(init=False)
 
     def __post_init__(self, tracker: Tracker, run_id: str | None, record: JobRecord) -> None:
-        stage, train_cfg = self.stage, self.stage.cfg.train
-        self.records = MetricsProcessor(tracker, self.meters, self.losses, train_cfg.log_every, self.total_steps,
+        """The metrics processor and the checkpointer, built without writing anything (begin writes)."""
+        stage = self.stage
+        self.metrics = MetricsProcessor(tracker, self.meters, stage.cfg.train.log_every, self.total_steps,
                                         stage.rt.is_main)
-        self.records.begin(stage.out, stage.backend.extra_artifacts)
-        self.checkpointer = Checkpointer(stage.out, self.parts(), stage.backend, stage.rt.rank, train_cfg.save_every,
-                                         train_cfg.keep_checkpoints, run_id, record.to_json(),
-                                         before_save=lambda: read_losses(self), clock=self.meters)
-        self.checkpointer.write_job()
+        self.checkpointer = Checkpointer(stage.out, self.parts(), stage.backend, stage.rt.rank, stage.cfg.train,
+                                         run_id, record.to_json(), pending=self.losses, clock=self.meters)
 
     def parts(self) -> dict[str, Stateful]:
         return {"progress": self.progress, "losses": self.losses, "best": self.best, "meters": self.meters,
-                "scheduler": self.scheduler}
+                "scheduler": self.losses.scheduler}
 
 
-def fit(stage: Stage, tracker: Tracker, run_id: str | None, resumed: LoadedCheckpoint | None, record: JobRecord
+def fit(stage: Stage, tracker: Tracker, run_id: str | None, resumed: Checkpoint | None, record: JobRecord
         ) -> dict[str, float]:
     """Train every epoch (from where a resumed job stopped), then test; returns the final metrics.
     A SIGTERM checkpoints at the next step boundary every rank agrees on (Preempted)."""
     preemption = AgreedFlag(stage.rt.device)
-    with dist.on_sigterm(preemption.raised):
+    with dist.on_sigterm(preemption.raised.set):
         loop = setup(stage, tracker, run_id, preemption, record)
+        begin(loop)
         if resumed is not None:  # model, optimizer, every part and the RNG; the best model's weights from best/
             loop.checkpointer.load(resumed)
             loop.best.restore_weights(stage.out, stage.backend)
@@ -113,7 +105,7 @@ def setup(stage: Stage, tracker: Tracker, run_id: str | None, preemption: Agreed
     train_cfg, rt = stage.cfg.train, stage.rt
     collate = stage.task.collator(stage.tokenizer)
     flop_model = stage.step_flop_model(collate)  # before the wrapper: no collective, no timer
-    meters = StageMeters(rt.device, stage.policy.arithmetic, rt.world_size, stage.compile.counts_compile_time,
+    meters = StageMeters(rt.device, stage.policy.arithmetic, rt.world_size, stage.compile.compiled,
                          flop_model)
     loaders = build_loaders(stage.features, collate, train_cfg, rt, stage.cfg.seed, stage.tokenizer.pad_token_id,
                             fill=stage.compile.fill_short_batches(distilling=stage.distiller is not None))
@@ -122,11 +114,19 @@ def setup(stage: Stage, tracker: Tracker, run_id: str | None, preemption: Agreed
     epochs = train_cfg.epochs if train_cfg.max_steps < 0 else math.ceil(train_cfg.max_steps / steps_per_epoch)
     total_steps = steps_per_epoch * epochs if train_cfg.max_steps < 0 else train_cfg.max_steps
     optimizer, scheduler = build_optimizer(stage.model, train_cfg, total_steps, fused=stage.backend.fused_optimizer)
-    wrapped = stage.backend.prepare(stage.model, optimizer)
+    wrapped = stage.backend.prepare(stage.model, optimizer, train_cfg)  # the batch split the job runs with
     if stage.backend.optimizer is not optimizer:  # DeepSpeed's: the schedule sets the lr of what steps
         scheduler = lr_schedule(stage.backend.optimizer, train_cfg, total_steps)
-    return Loop(stage, loaders, scheduler, wrapped, epochs, total_steps, preemption, meters, tracker, run_id, record,
+    losses = StepLosses(scheduler, stage.out, rt.world_size, train_cfg.max_nonfinite)
+    return Loop(stage, loaders, losses, wrapped, epochs, total_steps, preemption, meters, tracker, run_id, record,
                 best=BestModel(order=(stage.task.main_metric, *stage.task.tie_breakers)))
+
+
+def begin(loop: Loop) -> None:
+    """Collective, what the loop writes as it starts: the run's energy_available tag and the
+    backend's files (the resolved DeepSpeed config), and the job's record into output_dir."""
+    loop.metrics.begin(loop.stage.out, loop.stage.backend.extra_artifacts)
+    loop.checkpointer.write_job()
 
 
 def train_epoch(loop: Loop, epoch: int) -> None:
@@ -147,7 +147,7 @@ def train_epoch(loop: Loop, epoch: int) -> None:
         group_len = min(grad_accum, micro_steps - group_start)  # the last group may be short
         last_micro = i - group_start == group_len - 1
         if i == group_start:  # once per optimizer step (a resumed epoch starts at a group's start)
-            stage.compile.begin_optimizer_step()
+            stage.compile.begin_step()
         group_loss = group_loss + forward_backward(loop, batch, group_len, last_micro) / group_len
         if not last_micro:
             continue
@@ -182,45 +182,34 @@ def forward_backward(loop: Loop, batch: dict, group_len: int, last_micro: bool) 
 
 
 def optimizer_step(loop: Loop, group_loss: torch.Tensor, epoch_progress: float, bar: tqdm) -> bool:
-    """Step (the schedule only when the optimizer really stepped); the loss stays on the device
-    until a log step, where the ranks' losses and non-finite flags are read in one collective;
-    ranks agree on preemption one step after a SIGTERM without waiting for the device. True = stop now."""
-    backend, progress = loop.stage.backend, loop.progress
+    """Step; the loss and whether the update was applied stay on the device (StepLosses) until a
+    log step, where the ranks' losses and flags are read in one collective; ranks agree on
+    preemption one step after a SIGTERM without waiting for the device. True = stop now."""
+    backend, progress, losses = loop.stage.backend, loop.progress, loop.losses
     result = backend.step()
     progress.step += 1
-    loop.scheduler.step()  # provisional: a step the backend skipped is taken back when its flag is read
-    loop.losses.pending.add(group_loss, result.stepped)
+    losses.add(group_loss, result.stepped)
     stop = loop.preemption.poll()
-    if loop.records.should_log(progress.step):
-        read_losses(loop)
-        loss = loop.records.log_step(progress.step, loop.scheduler.get_last_lr()[0], float(result.grad_norm),
-                                     epoch_progress, backend.loss_scale)
+    if loop.metrics.should_log(progress.step):
+        losses.read(progress.step)
+        loss = losses.close_window()
+        loop.metrics.log_step(progress.step, loss, losses.lr, float(result.grad_norm), epoch_progress,
+                              losses.amp_metrics(backend.loss_scale))
         bar.set_postfix(loss=f"{loss:.4f}")
     return stop
-
-
-def read_losses(loop: Loop, reduced: Reduced | None = None) -> None:
-    """Collective (unless `reduced` holds them): the losses since the last read into the window;
-    skipped steps given back to the LR schedule (it ran ahead by at most log_every); a streak of
-    train.max_nonfinite steps with a non-finite loss on any rank stops the job."""
-    stage = loop.stage
-    skipped, diverged_at = loop.losses.read(loop.progress.step, stage.rt.world_size, stage.cfg.train.max_nonfinite,
-                                            reduced)
-    rewind(loop.scheduler, skipped)
-    if diverged_at is not None:
-        last = loop.checkpointer.latest()
-        raise Diverged(f"{loop.losses.nonfinite_streak} consecutive non-finite losses at step {diverged_at}; "
-                       f"last good checkpoint: {last.path if last else 'none'}")
 
 
 def end_epoch(loop: Loop, epoch: int) -> bool:
     """Epoch metrics, dev evaluation, the best model so far, a checkpoint; True = training is over."""
     stage, progress = loop.stage, loop.progress
-    epoch_metrics, losses = loop.records.reduce_epoch()  # one collective: the meters' and the losses'
-    read_losses(loop, losses)  # the epoch's non-finite count is complete
+    # one collective for both: the steps' pending losses and the epoch's meters (their clocks stop)
+    losses, meters = dist.reduce_together([loop.losses.local(), loop.meters.epoch_local()])
+    loop.losses.read(progress.step, losses)  # the epoch's non-finite count is complete
+    epoch_metrics = {**loop.meters.end_epoch(meters), **loop.losses.amp_metrics(None)}
     dev = evaluate(stage.model, loop.loaders.dev, stage.task, stage.policy, stage.rt, stage.examples["dev"],
                    stage.features["dev"], compile=stage.compile)
-    loop.records.log_epoch(epoch_metrics, dev, progress.step, epoch, loop.epochs, stage.task.main_metric)
+    loop.metrics.log_epoch(epoch_metrics, loop.losses.last_loss, dev, progress.step, epoch, loop.epochs,
+                           stage.task.main_metric)
     # keep the best model (the main metric, then the task's tie-breakers); stop when none is better
     loop.best.consider(dev.scores, epoch + 1, loop.meters.totals.train_seconds, stage.backend, stage.tokenizer,
                        stage.out, stage.rt.is_main)
@@ -242,10 +231,11 @@ def finish(loop: Loop) -> dict[str, float]:
     test = evaluate(stage.model, loop.loaders.test, stage.task, stage.policy, stage.rt, stage.examples["test"],
                     stage.features["test"], keep=True, compile=stage.compile)
     serving = stage.bench_inference() if stage.rt.is_main else {}
-    final = loop.records.log_final(loop.progress.step, loop.best, test, stage.backend.loss_scale, serving)
+    final = loop.metrics.log_final(loop.progress.step, loop.best, test, loop.losses.last_loss,
+                                   loop.losses.amp_metrics(stage.backend.loss_scale), serving)
     if stage.rt.is_main:
         report = stage.task.report(test.predictions, stage.examples["test"], stage.features["test"])
         served = ServedModel(stage.task, stage.examples["test"]) if stage.cfg.tracking.log_model else None
-        loop.records.write_outputs(stage.out, final, report, served, loop.progress.step)
-        loop.records.announce(final, stage.task.main_metric, test.main, stage.out)
+        loop.metrics.write_outputs(stage.out, final, report, served, loop.progress.step)
+        loop.metrics.announce(final, stage.task.main_metric, test.main, stage.out)
     return final

@@ -86,7 +86,8 @@ def _file_of(path: Path) -> str:
 
 
 def pytest_configure(config):
-    """The suite states CPU behaviour: gloo groups of two CPU ranks, RSS, fp16 refused on CPU. On a
+    """bf16 is allowed emulated (precision.EMULATED_BF16_ENV), so no bf16 path depends on the CPU.
+    The suite states CPU behaviour: gloo groups of two CPU ranks, RSS, fp16 refused on CPU. On a
     GPU machine its jobs would take the GPU paths instead (two ranks falling back to one visible GPU,
     CUDA memory metrics), so the GPUs are hidden, before anything initializes CUDA, unless the run
     selects the `gpu` tests (`pytest -m gpu`, `make test-gpu`): those, and only those, need them.
@@ -96,6 +97,11 @@ def pytest_configure(config):
     if not selects_gpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         os.environ["DS_ACCELERATOR"] = "cpu"
+    # Every bf16 path runs on every CPU: emulated where the CPU has no bf16 kernels (the users' refusal
+    # stays; the tests that state it turn the override off). Subprocesses inherit it.
+    from pipeline.runtime.precision import EMULATED_BF16_ENV
+
+    os.environ[EMULATED_BF16_ENV] = "1"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -22,7 +22,8 @@ from safetensors.torch import load_file
 from pipeline import names
 
 ROOT = Path(__file__).resolve().parents[1]
-DEEPSPEED = str(Path(sys.executable).parent / "deepspeed")
+DEEPSPEED = [sys.executable, "-m", "deepspeed.launcher.runner"]
+"""The deepspeed launcher by its module: its script is absent where packages went in with --target."""
 
 # a fast job: tiny model, short sequences; overridden per test
 FAST = ["model=preset:bangla-tiny", "train.max_length=48", "train.batch_size=32", "train.lr=1e-3",
@@ -93,7 +94,7 @@ def deepspeed(*args, log=None, wait=True):
     its own session (so a kill reaches all of it). wait=True: (exit code, output); wait=False: the
     Popen (output to log)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [DEEPSPEED, "--num_gpus", "2", "--master_port", str(free_port()), "--module", "pipeline", *map(str, args)]
+    cmd = [*DEEPSPEED, "--num_gpus", "2", "--master_port", str(free_port()), "--module", "pipeline", *map(str, args)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(log, "w") if log else subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     if not wait:
@@ -150,6 +151,26 @@ def mlflow_runs(db: Path, experiment: str):
     client = MlflowClient(tracking_uri=f"sqlite:///{db}")
     exp = client.get_experiment_by_name(experiment)
     return [] if exp is None else client.search_runs([exp.experiment_id])
+
+
+def bench_module(name: str):
+    """benchmarks/NAME.py imported as a module (benchmarks/ is not a package: its scripts run from
+    their folder), for the tests of what only the benchmarks use."""
+    import importlib.util
+
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up there
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def ddp_syncs_buffers_every_forward(ddp) -> bool:
+    """Whether a DistributedDataParallel broadcasts buffers before each forward: on torch 2.11 its
+    `broadcast_buffers` attribute (torch/nn/parallel/distributed.py, line 799), on 2.13 a property
+    reading `forward_sync_buffers` (the same file, lines 1157-1163)."""
+    return bool(ddp.broadcast_buffers)
 
 
 def assert_same_result(a, b, tol=1e-6):

@@ -6,5 +6,5 @@ codes.
 
 May import: everything below the CLI (jobs, study, report, ui and what they use).
 
-Inside, lowest first: config_reference infer_bench report stage study sync ui
+Inside, lowest first: config_reference export infer_bench report stage study sync ui
 """

@@ -15,7 +15,9 @@ def main(args: list[str]) -> int:
         "order: each figure is the median over repetitions with its min and max; the first model is the "
         "reference of the speed-up column (per repetition, then the median)."))
     parser.add_argument("models", nargs="+", metavar="MODEL",
-                        help="a model directory, a stage's output_dir (its best/) or a hub id in the local cache")
+                        help="a model directory, a stage's output_dir (its best/), a hub id in the local cache, "
+                             "or an exported graph (DIR/export/model.onnx, model.int8.onnx: timed in the fp32 "
+                             "turns, on the CPU)")
     parser.add_argument("--lengths", default="64,128", help="sequence lengths in tokens, comma-separated")
     parser.add_argument("--batch-size", type=int, default=32, help="the serving batch of the throughput figure")
     parser.add_argument("--precision", help="comma-separated (fp32, tf32, fp16, bf16); default: every one "
@@ -31,9 +33,10 @@ def main(args: list[str]) -> int:
 
     import torch
 
+    from pipeline.export.onnx_model import ExportedModel
     from pipeline.measure import inference
     from pipeline.models import SavedModel
-    from pipeline.runtime.precision import resolve
+    from pipeline.runtime.precision import SERVED_AS, resolve
 
     try:
         lengths = {str(n): n for n in (int(x) for x in opts.lengths.split(",") if x.strip())}
@@ -52,10 +55,14 @@ def main(args: list[str]) -> int:
         raise UserError(f"infer-bench: --device {opts.device}: no CUDA device here")
     precisions = (opts.precision.split(",") if opts.precision else inference.inference_precisions("fp32", device))
     for p in precisions:
-        if p not in inference.DTYPES:
-            raise UserError(f"infer-bench: --precision {p}: one of {', '.join(inference.DTYPES)}")
+        if p not in SERVED_AS:
+            raise UserError(f"infer-bench: --precision {p}: one of {', '.join(SERVED_AS)}")
         resolve(p, device)  # what the device cannot run is refused as a stage refuses it
-    saved = {spec: SavedModel(spec) for spec in opts.models}  # every path checked before any timing
+    precisions = list(dict.fromkeys(SERVED_AS[p] for p in precisions))  # bf16-pure is served as bf16
+    # every path checked before any timing
+    saved = {spec: ExportedModel(spec) if spec.endswith(".onnx") else SavedModel(spec) for spec in opts.models}
+    if device.type != "cpu" and any(isinstance(m, ExportedModel) for m in saved.values()):
+        raise UserError(f"infer-bench: an exported graph runs on the CPU here; --device {device} cannot time it")
     served = {spec: m.served() for spec, m in saved.items()}
     results = inference.bench_side_by_side(served, device, lengths=lengths, precisions=precisions,
                                            settings=inference.BenchSettings(opts.batch_size, opts.budget_s),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any, Literal
 import yaml
 
 from pipeline.config.coerce import coerce
+from pipeline.config.deepspeed_files import ds_config_file, shipped
 from pipeline.config.keys import did_you_mean, dotted_keys
 from pipeline.errors import UserError
 from pipeline.tasks import REGISTRY
@@ -107,7 +109,9 @@ class TrainConfig:
     """Stop after this many evaluations without a better one (the main metric, then the task's
     tie-breakers: docs/outputs.md); 0 = never stop early."""
     log_every: int = 10
-    """Log train/loss, train/lr and train/grad_norm every this many optimizer steps."""
+    """Log train/loss, train/lr, train/grad_norm and the throughput since the last logged step
+    every this many optimizer steps; without a terminal (a batch job's log), rank 0 also prints
+    them in a line with the ETA."""
     num_workers: int | None = None
     """DataLoader worker processes per rank (persistent, pinned memory on a GPU). Unset: 2 on a
     GPU, where collating beside the device's work keeps it fed; 0 on a CPU, whose cores compute."""
@@ -146,6 +150,10 @@ class TrackingConfig:
     log_model: bool = False
     """Also log the best model as an MLflow model of the run (transformers flavor: a pipeline with its
     tokenizer, task and an input example, for mlflow.transformers.load_model and the registry)."""
+    register_as: str | None = None
+    """Register the logged model (tracking.log_model=true) in MLflow's Model Registry under this
+    name: a new version per run, its description the run's main test score; load it with
+    mlflow.pyfunc.load_model("models:/NAME/VERSION")."""
     tags: dict = field(default_factory=dict)
     """Extra run tags, e.g. tracking.tags.study=NAME (the study runner sets study and procedure)."""
     parent_run_id: str | None = None
@@ -187,7 +195,8 @@ class Config:
     backend: str = "auto"
     """auto (from the launcher's environment) | single | ddp | deepspeed."""
     deepspeed: str | None = None
-    """Path of a DeepSpeed JSON config (ds_configs/); "auto" values are filled from this config."""
+    """A DeepSpeed JSON config: a path, or a shipped config by name (zero0 ... zero3, zero2_offload;
+    unset = zero2); "auto" values are filled from this config."""
     requested_world_size: int = 0
     """The number of processes the job's global batch was planned for; 0 = as many as run. When
     fewer run (fewer devices than asked for), grad_accum is multiplied to keep the global batch."""
@@ -207,8 +216,12 @@ class Config:
     checkpoint's (e.g. train.lr, data.train, global_batch, tokenizer): the run then mixes two
     settings, and says so (tag resumed_with_changes, a param per change)."""
     output_dir: str | None = None
-    """Where config.yaml, metrics.json, best/ and the journal go; unset = outputs/TASK-PRECISION
-    (settled when the job starts)."""
+    """Where config.yaml, metrics.json, best/ and the journal go; unset = outputs/TASK-MODEL-PRECISION
+    (a distill stage's ends -kd-TEACHER; settled when the job starts). A job that starts over there
+    is refused while it holds another job's outputs, unless overwrite=true."""
+    overwrite: bool = False
+    """Let a job start over in an output_dir that holds another job's finished outputs or
+    checkpoints, removing them (the same job re-run with resume=never starts over without it)."""
     data: DataConfig = field(default_factory=DataConfig)
     """The data files: one per split, each a file in the dataset's format or a hub dataset."""
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -259,13 +272,16 @@ class Config:
         _check("dist_timeout", self.dist_timeout, self.dist_timeout >= 1, "must be >= 1 (seconds)")
         _check("tracking.system_metrics_interval", self.tracking.system_metrics_interval,
                self.tracking.system_metrics_interval > 0, "must be > 0")
+        _check("tracking.register_as", self.tracking.register_as, not self.tracking.register_as
+               or self.tracking.log_model, "registers the logged model: set tracking.log_model=true too")
         _check("infer.batch_size", self.infer.batch_size, self.infer.batch_size >= 1, "must be >= 1")
         _check("infer.budget_s", self.infer.budget_s, self.infer.budget_s > 0, "must be > 0 (infer.bench=false: off)")
         _check("kd.alpha", self.kd.alpha, 0 <= self.kd.alpha <= 1, "must be in [0, 1]")
         _check("kd.temperature", self.kd.temperature, self.kd.temperature > 0, "must be > 0")
         _check("kd.hidden_weight", self.kd.hidden_weight, self.kd.hidden_weight >= 0, "must be >= 0 (0 = off)")
-        if self.deepspeed is not None and not Path(self.deepspeed).is_file():
-            raise UserError(f"config: deepspeed={self.deepspeed}: no such file")
+        if self.deepspeed is not None and ds_config_file(self.deepspeed) is None:
+            raise UserError(f"config: deepspeed={self.deepspeed}: no such file, nor a shipped config "
+                            f"({', '.join(shipped())})")
         return self
 
     def to_dict(self) -> dict:
@@ -305,25 +321,27 @@ class SettledConfig(Config):
     output_dir: str
 
 
-def default_output_dir(cfg: Config) -> str:
-    return cfg.output_dir or f"outputs/{cfg.task}-{cfg.precision}"
-
-
 ACCEPTABLE = (*dotted_keys(Config), *RECORD_PARTS)
+
+
+def read_document(path: Path, named: str, kind: str = "YAML") -> Any:
+    """A YAML or JSON (`kind`) file's content: the one reader of the files a user names (a config,
+    a study, a DeepSpeed config); a one-line UserError naming it as `named` when it is missing or
+    does not parse."""
+    if not path.is_file():
+        raise UserError(f"{named}: no such file")
+    try:
+        text = path.read_text(encoding="utf-8")
+        return json.loads(text) if kind == "JSON" else yaml.safe_load(text)
+    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{named}: not valid {kind} ({' '.join(str(e).split())})") from None
 
 
 def load_config(path: str | None = None, overrides: list[str] = ()) -> Config:
     """YAML file (optional) then `a.b=value` overrides, coerced to the fields' types."""
     raw: dict = {}
     if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise UserError(f"config: {path}: no such file")
-        try:
-            raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except (yaml.YAMLError, UnicodeDecodeError) as e:
-            reason = str(e).replace("\n", " ")
-            raise UserError(f"config: {path}: not valid YAML ({reason})") from None
+        raw = read_document(Path(path), f"config: {path}") or {}
         if not isinstance(raw, dict):
             raise UserError(f"config: {path}: the top level must be a mapping of keys")
     cfg = _build(Config, raw, prefix="")

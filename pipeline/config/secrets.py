@@ -7,7 +7,9 @@ import re
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-SECRET_NAME = re.compile(r"(TOKEN|KEY|PASSWORD|SECRET|CREDENTIAL)S?$", re.IGNORECASE)
+SECRET_NAME = re.compile(r"(TOKEN|KEYS?|PASSWORDS?|SECRETS?|CREDENTIALS?)$", re.IGNORECASE)
+"""A key naming a credential (hf_token, api_key, password). A count of tokens (train.batch_tokens,
+max_tokens) is plural: masking it would hide a setting from config.yaml and from resume's comparison."""
 
 
 def redact(value: str) -> str:

@@ -1,104 +1,121 @@
-"""The one entry point of the resume decision: what a job does with its output_dir.
+"""What a job continues from, and the life of its output_dir between jobs: one value, `Resume`.
 
-`decide(plan)` answers, before any data or model loads, from what global rank 0 reads in
-output_dir once (every rank gets its answer): the job finished already (`Finished`: its metrics,
-nothing to do), continue from the newest usable checkpoint (`FromCheckpoint`), or start over
-(`StartOver`). Another live job in output_dir (lock.py), a resume of another job, or of a finished
-job asked for more, stops here in one line (same_job.py says what may differ). Once the stage is
-built, `FromCheckpoint.confirm` compares what only a built stage knows (the model's architecture,
-the tokenizer, the teacher's weights) and loads the checkpoint's bundle: `Resumed`, what the loop
-restores (a job that starts over clears output_dir: outputs.start_over).
+`decide(plan)` reads output_dir once on global rank 0, before any data or model loads (every rank
+gets the answer): the job finished already (`finished`: its metrics, nothing to do), it continues
+from the newest usable checkpoint (`checkpoint`), or it starts over (neither). Another live job in
+output_dir (lock.py), a resume of another job, or of a finished job asked for more, stops here in
+one line (same_job.py says what may differ). `Resume.compare` is the one comparison of the job
+asked for with the one it continues, at the phase the job's record was made: settled (the
+settings) or built (the model's architecture, the tokenizer, the teacher's weights too). Once the
+stage is built, `confirm` makes that comparison and loads the checkpoint's bundle; a job that
+continues from nothing clears what a previous job left (`start_over`).
 """
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import os
-from dataclasses import dataclass
+import shutil
+from dataclasses import dataclass, field
 
 from pipeline import job_record
 from pipeline.job_record import JobRecord
-from pipeline.jobs import lock, outputs, same_job
+from pipeline.jobs import lock, same_job
 from pipeline.jobs.same_job import Change
+from pipeline.layout import OutputDir
 from pipeline.parts import checkpoint
-from pipeline.parts.checkpoint import Checkpoint, LoadedCheckpoint
+from pipeline.parts.checkpoint import Checkpoint
 from pipeline.plan.settle import Plan
 from pipeline.runtime import dist
+from pipeline.runtime.dist import Runtime
+from pipeline.tracking import settle_abandoned_run
 
-__all__ = ["Finished", "FromCheckpoint", "Resumed", "StartOver", "decide"]
-
-
-@dataclass(frozen=True)
-class Finished:
-    """The job finished in output_dir before: its final metrics."""
-
-    metrics: dict
+log = logging.getLogger("pipeline")
 
 
-@dataclass(frozen=True)
-class StartOver:
-    """No checkpoint to continue from."""
+@dataclass
+class Resume:
+    """What this job continues from: nothing (both None), a checkpoint, or a finished job (its
+    final metrics); the record of the job it continues and the changes accepted against it."""
 
-    resuming: bool
-    """resume=auto was asked for (and found nothing usable): start_over says so."""
-
-
-@dataclass(frozen=True)
-class Resumed:
-    """A checkpoint confirmed against the built stage: what the loop restores and records."""
-
-    loaded: LoadedCheckpoint
-    """The checkpoint and its bundle (state.pt: the loop's parts and the run id)."""
-    record: JobRecord
-    """The job's record from now on, with every change accepted in its life."""
-    accepted: list[Change]
-    """The changes accepted by this resume (recorded on the run)."""
+    out: OutputDir
+    auto: bool
+    """resume=auto was asked for (or an elastic restart): start_over says it found nothing usable."""
+    checkpoint: Checkpoint | None = None
+    metrics: dict | None = None
+    """A finished job's final metrics (metrics.json, written last)."""
+    trained: JobRecord | None = None
+    """The record of the job it continues (a checkpoint's job.json, or a finished job's)."""
+    accepted: list[Change] = field(default_factory=list)
+    """The changes accepted against it (accept_changes), recorded on the run."""
 
     @property
-    def step(self) -> int:
-        return self.loaded.step
+    def finished(self) -> bool:
+        return self.metrics is not None
 
-    @property
-    def run_id(self) -> str | None:
-        return self.loaded.run_id
+    def compare(self, asked: JobRecord, accept: list[str], built: bool) -> None:
+        """The job asked for against the one it continues (nothing to compare when it continues
+        from nothing), at the phase `asked` was made: `built` adds what only a built stage knows.
+        A UserError for a change it may not make; the accepted ones kept."""
+        if self.finished:
+            same_job.check_finished(self.out, self.trained, asked)
+        elif self.checkpoint is not None:
+            check = same_job.check_built if built else same_job.check_settings
+            self.accepted += check(self.checkpoint.path, self.trained, asked, accept)
 
-
-@dataclass(frozen=True)
-class FromCheckpoint:
-    """Continue from `checkpoint`, whose job's settings match the plan (or the changes are accepted),
-    once the built stage is confirmed against it."""
-
-    checkpoint: Checkpoint
-    trained: JobRecord
-    """The checkpoint's record of its job."""
-    accepted: list[Change]
-    """The settings' changes accepted (accept_changes)."""
-
-    def confirm(self, built: JobRecord, accept: list[str]) -> Resumed:
+    def confirm(self, built: JobRecord, accept: list[str]) -> JobRecord:
         """Collective: the built stage against the checkpoint (a UserError if the model no longer fits
-        or the tokenizer or teacher changed unaccepted), then the checkpoint's bundle."""
-        accepted = [*self.accepted, *same_job.check_built(self.checkpoint.path, self.trained, built, accept)]
-        loaded = LoadedCheckpoint(self.checkpoint, self.checkpoint.load_bundle())
-        carried = [*self.trained.accepted, *(f"{c} (at step {loaded.step})" for c in accepted)]
-        return Resumed(loaded, dataclasses.replace(built, accepted=carried), accepted)
+        or the tokenizer or teacher changed unaccepted), then the checkpoint's bundle; returns the
+        job's record from now on, with every change accepted in its life."""
+        if self.checkpoint is None:
+            return built
+        self.compare(built, accept, built=True)
+        step = self.checkpoint.load_bundle()["parts"]["progress"]["step"]
+        carried = [*self.trained.accepted, *(f"{c} (at step {step})" for c in self.accepted)]
+        return dataclasses.replace(built, accepted=carried)
+
+    def start_over(self, rt: Runtime, uri: str) -> None:
+        """Collective: a job that continues from nothing removes what a previous job left in
+        output_dir (checkpoints, best model, final metrics), so nothing of the two mixes and a later
+        resume=auto continues this job; the previous job's run, if it never ended, is synced from its
+        journal and marked FAILED (its journal kept aside if the store cannot take it)."""
+        out = self.out
+        if rt.is_main:
+            leftovers = [name for name in OutputDir.PREVIOUS_JOB if (out / name).exists()]
+            removing = f" (removing {', '.join(leftovers)})" if leftovers else ""
+            if self.auto and (leftovers or out.journal.is_file()):
+                log.warning("resume=auto: no usable checkpoint in %s; starting over%s", out, removing)
+            elif leftovers:
+                log.warning("%s holds a previous job's outputs; resume=never: starting over%s", out, removing)
+            for name in leftovers:
+                if (out / name).is_dir():
+                    shutil.rmtree(out / name)
+                else:
+                    (out / name).unlink()
+            abandoned = settle_abandoned_run(out, uri)
+            if abandoned:
+                log.warning("the previous job's MLflow run %s never ended: synced from its journal and marked "
+                            "FAILED", abandoned)
+        dist.barrier()
 
 
 @dist.on_main
-def decide(plan: Plan) -> Finished | FromCheckpoint | StartOver:
-    """Collective, read on global rank 0: what this job does with its output_dir; a UserError when
-    it may do nothing (another job holds it, or holds the job asked for otherwise)."""
-    out, asked = plan.out, plan.record
+def decide(plan: Plan) -> Resume:
+    """Collective, read on global rank 0: what this job continues from; a UserError when it may do
+    nothing (another job holds output_dir, or holds the job asked for otherwise)."""
+    out = plan.out
     lock.refuse_if_busy(out)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # an elastic restart resumes
-    if plan.cfg.resume != "auto" and not restarted:
-        return StartOver(resuming=False)
-    # what output_dir holds: a finished job's metrics, else its newest usable checkpoint; that job's record
-    metrics = outputs.finished_metrics(out)
+    auto = plan.cfg.resume == "auto" or restarted
+    if not auto:
+        return Resume(out, auto=False)
+    # what output_dir holds: a finished job's metrics (written last), else its newest usable checkpoint
+    metrics = json.loads(out.metrics.read_text(encoding="utf-8")) if out.metrics.is_file() else None
     ckpt = checkpoint.latest(out) if metrics is None else None
     if metrics is None and ckpt is None:
-        return StartOver(resuming=True)
+        return Resume(out, auto=True)
     trained = job_record.read(out.job if ckpt is None else ckpt.job)
-    if ckpt is None:
-        same_job.check_finished(out, trained, asked)
-        return Finished(metrics)
-    return FromCheckpoint(ckpt, trained, same_job.check_settings(ckpt.path, trained, asked, plan.cfg.accepted_changes))
-
+    start = Resume(out, auto=True, checkpoint=ckpt, metrics=metrics, trained=trained)
+    start.compare(plan.record, plan.cfg.accepted_changes, built=False)
+    return start

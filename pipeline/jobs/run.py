@@ -5,7 +5,7 @@ run() settles the job into its plan (plan/settle.py), decides what it does with 
 the stage (stage.py: whatever can be the user's fault fails before any run or output exists;
 batch_finder.py under train.batch_size=auto), completes the job's record with what was built
 and confirms a checkpoint against it; then, holding the lock, it clears what a previous job left
-(outputs.py), opens the MLflow run and hands the stage to the loop (train.py), and closes the run
+(Resume.start_over), opens the MLflow run and hands the stage to the loop (train.py), and closes the run
 with how the loop ended.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pipeline.config import Config
 from pipeline.data import features
 from pipeline.data.loaders import describe_datasets
 from pipeline.job_record import JobRecord
-from pipeline.jobs import lock, outputs, resume
+from pipeline.jobs import lock, overwrite, resume
 from pipeline.jobs.same_job import Change, param_value
 from pipeline.plan.settle import settle
 from pipeline.runtime import dist, gc_pause
@@ -36,7 +36,9 @@ def run(cfg: Config, kind: str = "train") -> dict[str, float]:
     try:
         plan = settle(cfg, kind, rt)
         start = resume.decide(plan)  # another job's output_dir, or a resume of another job, stops here
-        if isinstance(start, resume.Finished):  # what its journal holds and the store lacks, replayed first
+        if start.checkpoint is None and not start.finished:  # as does starting over on another job's work
+            overwrite.refuse_another_job(plan, start.auto)
+        if start.finished:  # what its journal holds and the store lacks, replayed first
             if rt.is_main:
                 log.info("%s: this job finished before (%s); nothing to train. To train again: resume=never "
                          "(starts over) or another output_dir", plan.out, plan.out.metrics)
@@ -46,36 +48,33 @@ def run(cfg: Config, kind: str = "train") -> dict[str, float]:
         stage = build_stage(plan)
         if plan.find_batch:
             stage = batch_finder.fit_batch(stage)
-        record = stage.record
-        if isinstance(start, resume.FromCheckpoint):  # the checkpoint against the model, tokenizer and teacher
-            start = start.confirm(record, plan.cfg.accepted_changes)
-            record = start.record
+        # a checkpoint against the model, tokenizer and teacher: the job's record from now on
+        record = start.confirm(stage.record, plan.cfg.accepted_changes)
         with lock.job_lock(plan.out):  # a second job into output_dir: UserError, nothing touched
             return _run_locked(stage, start, record, uri)
     finally:
         dist.shutdown()
 
 
-def _run_locked(stage: Stage, start: resume.Resumed | resume.StartOver, record: JobRecord, uri: str
-                ) -> dict[str, float]:
+def _run_locked(stage: Stage, start: resume.Resume, record: JobRecord, uri: str) -> dict[str, float]:
     """The stage in its MLflow run, from its checkpoint or from scratch (what a previous job left
     in output_dir cleared first)."""
-    resumed = start if isinstance(start, resume.Resumed) else None
-    if resumed is None:
-        outputs.start_over(stage.out, stage.rt, uri, start.resuming)
+    ckpt = start.checkpoint
+    if ckpt is None:
+        start.start_over(stage.rt, uri)
     tracker, run_id = start_stage_run(stage.cfg, stage.rt, uri, StageRun(
         stage.kind, stage.model_spec, stage.policy.name,
         what_ran(stage.cfg, stage.rt, stage.policy, stage.backend, stage.model_spec, stage.kind),
-        resumed=resumed is not None, resume_run_id=resumed.run_id if resumed else None))
-    if resumed is not None and resumed.accepted:
-        _record_accepted(tracker, record, resumed.accepted, resumed.step)
+        resumed=ckpt is not None, resume_run_id=ckpt.run_id if ckpt else None))
+    if start.accepted:
+        _record_accepted(tracker, record, start.accepted, ckpt.step)
     tracker.set_tags({names.TAG_DATA_CACHE: features.cache_outcome(stage.examples["train"], stage.features),
                       **({names.TAG_KD_CACHE: stage.distiller.cache_outcome} if stage.distiller else {}),
-                      **({names.TAG_BATCH_FIT: stage.plan.batch_found} if stage.plan.batch_found else {})})
+                      **({names.TAG_BATCH_FIT: stage.batch_found} if stage.batch_found else {})})
     tracker.log_datasets(describe_datasets(stage.cfg.data, stage.task, stage.examples))
     gc_pause.resume_after_setup()  # the CLI paused it through set-up (runtime/gc_pause.py)
     try:
-        final = fit(stage, tracker, run_id, resumed.loaded if resumed else None, record)
+        final = fit(stage, tracker, run_id, ckpt, record)
     except BaseException as e:
         tracker.end("KILLED" if isinstance(e, (KeyboardInterrupt, Preempted)) else "FAILED")
         raise

@@ -23,7 +23,7 @@ from pipeline.layout import OutputDir
 SAFE = ("train.log_every", "train.save_every", "train.keep_checkpoints", "train.num_workers",
         "train.eval_batch_size", "train.max_nonfinite", "train.compile", "train.pad_to_multiple_of", "tracking.*",
         "train.gradient_checkpointing", "train.memory_limit_mb", "infer.*",
-        "resume", "accept_changes", "output_dir", "fallback",
+        "resume", "accept_changes", "output_dir", "overwrite", "fallback",
         "dist_timeout")
 """Config keys a resumed job may change: none of them changes what is optimized or how."""
 COMPARED_ELSEWHERE = ("train.batch_size", "train.grad_accum", "requested_world_size", "backend", "precision", "data.*",
@@ -83,7 +83,7 @@ def check_settings(ckpt: Path, old: JobRecord | None, new: JobRecord, accept: li
     where = f"resume: checkpoint {ckpt}"
     if old is None:
         raise UserError(f"{where}: written by an older version, without the record of its job; "
-                        "resume=never starts over, or use another output_dir")
+                        "resume=never overwrite=true starts over, or use another output_dir")
     if old.backend != new.backend:
         raise UserError(f"{where}: written by the {old.backend} backend, asked to resume under {new.backend}; "
                         f"resume with backend={old.backend}, or resume=never starts over")
@@ -99,7 +99,7 @@ def check_built(ckpt: Path, old: JobRecord, new: JobRecord, accept: list[str]) -
     where = f"resume: checkpoint {ckpt}"
     if old.architecture and new.architecture and old.architecture != new.architecture:
         raise UserError(f"{where}: the model no longer matches it ({_architecture_change(old, new)}); resume with "
-                        "the model it was trained from, or resume=never starts over")
+                        "the model it was trained from, or resume=never overwrite=true starts over")
     return _accepted(where, built_changes(old, new), accept)
 
 
@@ -108,8 +108,8 @@ def _accepted(where: str, found: list[Change], accept: list[str]) -> list[Change
     if refused:
         keys = ",".join(c.key for c in found)
         raise UserError(f"{where}: trained with other settings: {'; '.join(map(str, refused))}. resume=never "
-                        f"starts over; another output_dir starts a new job; accept_changes={keys} continues this "
-                        "one anyway (the run is tagged as mixed)")
+                        f"overwrite=true starts over; another output_dir starts a new job; accept_changes={keys} "
+                        "continues this one anyway (the run is tagged as mixed)")
     return found
 
 
@@ -125,7 +125,7 @@ def check_finished(out: OutputDir, old: JobRecord | None, new: JobRecord) -> Non
                         f"extended (its learning rate has decayed to zero); to train on from its best model, "
                         f"model={out.best} with another output_dir")
     raise UserError(f"resume: {out} holds a finished job trained with other settings: {'; '.join(map(str, found))}. "
-                    "resume=never starts over; another output_dir starts a new job")
+                    "resume=never overwrite=true starts over; another output_dir starts a new job")
 
 
 class _Unset:

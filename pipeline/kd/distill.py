@@ -214,7 +214,7 @@ class Distiller:
         for rows in batches:
             batch = collate([features[int(i)] for i in rows])
             batch.pop("idx")
-            self.compile.begin_inference_batch()  # no student step is in flight here
+            self.compile.begin_step()  # no student step is in flight here
             for name, value in self._teacher_logits(batch).items():
                 value = value.float().cpu()
                 if self.task.kd_outputs[name]:  # per-token: pad [B, L, ...] to max_length, masked out

@@ -54,18 +54,6 @@ def count_flops(step: Callable[[], object]) -> float:
     return float(counter.get_total_flops())
 
 
-def count_flops_by_kind(step: Callable[[], object]) -> dict[str, float]:
-    """FLOPs of `step()` as count_flops counts them, split into "attention" (the fused attention
-    kernels' ops, forward and backward) and "matmul" (every other counted op: mm, addmm, bmm; an
-    unfused attention's bmm count here, as it runs as matmuls)."""
-    with FlopCounterMode(display=False) as counter:
-        step()
-    kinds = {"matmul": 0.0, "attention": 0.0}
-    for op, flops in counter.get_flop_counts().get("Global", {}).items():
-        kinds["attention" if "attention" in str(op) else "matmul"] += float(flops)
-    return kinds
-
-
 def step_flop_model(model: torch.nn.Module, lengths: list[int], row_batch: Callable[[int], dict],
                     step: Callable[[dict], None], device: torch.device) -> FlopModel:
     """FLOPs of one training row at up to three padded lengths (the shortest, the longest and one

@@ -33,9 +33,8 @@ import torch
 
 from pipeline import names
 from pipeline.measure.telemetry import synchronize
-from pipeline.runtime.precision import cpu_supports_bf16, cuda_supports_bf16
+from pipeline.runtime.precision import SERVED_AS, SERVING_DTYPES, cpu_runs_bf16, cuda_supports_bf16
 
-DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 LATENCY_REPS = (10, 100)
 """Batch-1 passes per measurement: at least, at most (the budget decides in between); over several
 repetitions, shared out between them (per_turn)."""
@@ -112,18 +111,21 @@ class Served:
     vocab_size: int
     input_names: list[str]
     size_mb: float
+    precisions: tuple[str, ...] | None = None
+    """The precisions it runs in (an exported graph: the one it was exported in, named fp32); None: any."""
 
 
 def inference_precisions(stage_precision: str, device: torch.device) -> list[str]:
-    """The stage's precision first, then the others this device runs inference in: fp32
-    everywhere; on CUDA fp16, and bf16 where native (the pipeline's rule); on a CPU bf16 only
-    where oneDNN has bf16 kernels (it refuses bf16 on AVX2-only CPUs), never fp16 (slower there)."""
+    """The precision the stage's model is served in first (SERVED_AS: bf16-pure serves as bf16),
+    then the others this device runs inference in: fp32 everywhere; on CUDA fp16, and bf16 where
+    native (the pipeline's rule); on a CPU bf16 where training would run it (native, or emulated
+    where allowed: precision.cpu_runs_bf16), never fp16 (slower there)."""
     others = ["fp32"]
     if device.type == "cuda":
         others += ["fp16"] + (["bf16"] if cuda_supports_bf16() else [])
-    elif cpu_supports_bf16():
+    elif cpu_runs_bf16():
         others.append("bf16")
-    return list(dict.fromkeys([stage_precision, *others]))
+    return list(dict.fromkeys([SERVED_AS[stage_precision], *others]))
 
 
 @contextlib.contextmanager
@@ -184,8 +186,10 @@ def bench_side_by_side(models: dict[str, Served], device: torch.device, *, lengt
     for precision in precisions:
         loaded: dict[str, tuple[torch.nn.Module, dict, dict]] = {}
         for name, served in models.items():
+            if served.precisions is not None and precision not in served.precisions:
+                continue
             before = _memory_now(device)
-            model = served.load(DTYPES[precision], device).eval()
+            model = served.load(SERVING_DTYPES[precision], device).eval()
             if name not in results:
                 total, no_embed = count_params(model)
                 results[name] = BenchResult(total, no_embed, served.size_mb, str(device), torch.get_num_threads(),
@@ -201,7 +205,7 @@ def bench_side_by_side(models: dict[str, Served], device: torch.device, *, lengt
         latency_bounds, throughput_bounds = per_turn(LATENCY_REPS, reps, 3), per_turn(THROUGHPUT_REPS, reps, 1)
         try:
             for rep in range(reps):
-                for name in turn_order(list(models), rep):
+                for name in turn_order(list(loaded), rep):
                     model, inputs, _ = loaded[name]
                     for n in distinct:
                         one, many = inputs[n]
@@ -214,7 +218,7 @@ def bench_side_by_side(models: dict[str, Served], device: torch.device, *, lengt
             by_length = {n: _summary(timed[(name, n)], peaks[n]) for n in distinct}
             for length_name, length in lengths.items():
                 results[name].measurements.append(Measurement(precision, length_name, length, **by_length[length]))
-        del loaded, model  # freed here (no cycles): the next precision's memory baseline starts without them
+        loaded = model = None  # freed here (no cycles): the next precision's memory baseline starts without them
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return results

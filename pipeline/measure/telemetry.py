@@ -70,6 +70,14 @@ class ThroughputMeter:
             self._t0 = None
         return self.seconds
 
+    def running_seconds(self) -> float:
+        """The seconds of all segments so far, the running one included up to now, without a device
+        sync (right after one, as at a logged step whose loss was read, the figure is exact)."""
+        if self._t0 is None:
+            return self.seconds
+        compiling = compiler.compile_seconds() - self._compile_t0 if self.compiled else 0.0
+        return self.seconds + time.perf_counter() - self._t0 - compiling
+
     def add(self, samples: int, tokens: int, padded_tokens: int) -> None:
         """padded_tokens: the batch's rows x padded length (filler rows included)."""
         self.samples += samples
@@ -114,7 +122,7 @@ def environment_tags() -> dict[str, str]:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
                                 cwd=Path(__file__).resolve().parent)
         if commit.returncode == 0:
-            tags["git_commit"] = commit.stdout.strip()
+            tags[names.TAG_GIT_COMMIT] = commit.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
     return tags
@@ -205,9 +213,14 @@ class StageMeters:
         self.device, self.world_size, self.compiled = device, world_size, compiled
         self.recompile_warning = compiler.RecompileWarning()
         self.energy = EnergyMeter(device, compiled)
+        props = torch.cuda.get_device_properties(device) if device.type == "cuda" else None
         self.peak_tflops = peak_tflops(device_name(device), precision_name,
-                                       torch.cuda.get_device_properties(device).multi_processor_count
-                                       ) if device.type == "cuda" else None
+                                       props.multi_processor_count) if props else None
+        self.gpu_key = _uuid_key(str(props.uuid)) if props else 0.0
+        """This rank's GPU, as a number (its UUID's digest; NVML not needed)."""
+        self.gpus = world_size
+        """The GPUs the job's ranks use, each counted once (ranks sharing one, PIPELINE_SHARE_GPU=1, count
+        it once): MFU's peak. Counted by each epoch's collective; until then one per rank."""
         self.flop_model = flop_model
         """Counted by the loop outside the timed steps (Stage.step_flop_model); None: no FLOP metrics."""
         self.flops = 0.0
@@ -272,7 +285,7 @@ class StageMeters:
             sums=[meter.samples, meter.tokens, meter.padded_tokens, self.flops, self.padded_flops],
             maxes=[elapsed, meter.compile_seconds, *mem.values()],
             per_rank=[float(energy.available), _uuid_key(energy.uuid), joules,
-                      math.nan if energy.mean_utilization is None else energy.mean_utilization])
+                      math.nan if energy.mean_utilization is None else energy.mean_utilization, self.gpu_key])
 
     def end_epoch(self, reduced: dist.Reduced | None = None) -> dict:
         """The epoch's perf/ and energy/ metrics from epoch_local()'s numbers over every rank
@@ -282,6 +295,7 @@ class StageMeters:
         totals = self.totals
         samples, tokens, padded_tokens, flops, padded_flops = reduced.sums
         elapsed, compiling, *peaks = reduced.maxes
+        self.gpus = len({rank[4] for rank in reduced.per_rank}) or self.world_size
         totals.compile_seconds += compiling
         totals.samples += samples
         totals.tokens += tokens
@@ -334,14 +348,15 @@ class StageMeters:
                                          "buckets them (train.batch_tokens?); each new shape compiles again")
 
     def compute_metrics(self, flops: float, padded_flops: float, samples: float, seconds: float) -> dict:
-        """Achieved TFLOP/s and, on a GPU in the peak table, MFU (FLOPs summed over ranks): of the
-        real tokens (the useful work), and beside them of the batches as padded and computed."""
+        """Achieved TFLOP/s and, on a GPU in the peak table, MFU (FLOPs summed over ranks, against the peak
+        of the GPUs used: ranks sharing one count it once): of the real tokens (the useful work), and
+        beside them of the batches as padded and computed."""
         if not flops or not seconds:
             return {}
         tflops, padded_tflops = flops / seconds / 1e12, padded_flops / seconds / 1e12
         metrics = {names.FLOPS_PER_SAMPLE: flops / samples, names.TFLOPS: tflops, names.TFLOPS_PADDED: padded_tflops}
         if self.peak_tflops:
-            peak = self.peak_tflops * self.world_size
+            peak = self.peak_tflops * self.gpus
             metrics.update({names.MFU: tflops / peak, names.MFU_PADDED: padded_tflops / peak})
         return metrics
 
@@ -357,8 +372,8 @@ def _uuid_key(uuid: str | None) -> float:
 
 def _energy_metrics(readings: list[list[float]], samples: float, seconds: float) -> dict:
     """Energy of the epoch summed over the job's GPUs (each counted once, by UUID): `readings`
-    holds each rank's (available, UUID key, joules, mean utilization or NaN)."""
-    per_gpu = {key: (joules, util) for available, key, joules, util in readings if available}
+    holds each rank's (available, UUID key, joules, mean utilization or NaN, GPU key)."""
+    per_gpu = {key: (joules, util) for available, key, joules, util, _ in readings if available}
     if not per_gpu:
         return {}
     joules = sum(j for j, _ in per_gpu.values())

@@ -22,6 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from pipeline import names
 from pipeline.fsutil import atomic_dir
 from pipeline.layout import OutputDir
+from pipeline.parts.model_card import write_card
 from pipeline.runtime.backend import Backend
 
 log = logging.getLogger("pipeline")
@@ -35,7 +36,7 @@ def save_pretrained_fp32(module: PreTrainedModel, state_dict: dict, tokenizer: P
     config.json whose dtype says float32, whatever dtype the module itself trained in
     (DeepSpeed's fp16 mode keeps it in 16 bit, and save_pretrained writes the module's dtype)."""
     weights = {k: v.float() if v.is_floating_point() else v for k, v in state_dict.items()}
-    module.save_pretrained(target, state_dict=weights, safe_serialization=True)
+    module.save_pretrained(target, state_dict=weights)  # safetensors: transformers' only format
     config = copy.deepcopy(module.config)
     config.dtype = "float32"
     config.save_pretrained(target)
@@ -110,6 +111,7 @@ class BestModel:
         if is_main:
             with atomic_dir(out.best, replace=True) as tmp:  # fp32, whatever dtype the module trains in
                 save_pretrained_fp32(backend.module, self.weights, tokenizer, tmp)
+                write_card(tmp, out, self.metrics)
         return True
 
     def restore_weights(self, out: OutputDir, backend: Backend) -> None:

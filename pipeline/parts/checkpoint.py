@@ -20,7 +20,7 @@ import logging
 import random
 import shutil
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -28,9 +28,11 @@ import numpy as np
 import torch
 
 from pipeline import fsutil
+from pipeline.config import TrainConfig
 from pipeline.errors import MachineError, UserError
 from pipeline.layout import CheckpointFiles, OutputDir
 from pipeline.runtime import dist
+from pipeline.runtime.backend import Backend
 
 log = logging.getLogger("pipeline")
 MANIFEST = CheckpointFiles.MANIFEST
@@ -44,12 +46,11 @@ class Pausable(Protocol):
     def resume(self) -> None: ...
 
 
-class CheckpointedBackend(Protocol):
-    """What of the backend (runtime/backend.py) a checkpoint writes and reads."""
+class ReadBeforeSave(Protocol):
+    """A part whose state trails the step until it is read from the device (the step losses):
+    a save reads it first, a collective on every rank."""
 
-    def save(self, directory: Path, rank: int) -> None: ...
-
-    def load(self, directory: Path) -> None: ...
+    def read(self, step: int) -> None: ...
 
 
 class Stateful(Protocol):
@@ -76,6 +77,8 @@ def restore(bundle: dict, parts: Mapping[str, Stateful]) -> None:
 class Checkpoint:
     path: Path
     step: int
+    bundle: dict | None = field(default=None, repr=False, compare=False)
+    """state.pt's bundle (collect), once load_bundle() read it."""
 
     @property
     def job(self) -> Path:
@@ -87,12 +90,19 @@ class Checkpoint:
         return torch.load(self.path / CheckpointFiles.STATE, map_location="cpu", weights_only=True)
 
     def load_bundle(self) -> dict:
-        """The bundle of collect(); a checkpoint of another format is the user's to move aside."""
-        bundle = self.load_state()
-        if not isinstance(bundle, dict) or bundle.get("format") != FORMAT:
-            raise UserError(f"checkpoint {self.path}: written in another checkpoint format than this version's "
-                            f"({FORMAT}); resume=never starts over, or use another output_dir")
-        return bundle
+        """The bundle of collect(), read once; a checkpoint of another format is the user's to move aside."""
+        if self.bundle is None:
+            bundle = self.load_state()
+            if not isinstance(bundle, dict) or bundle.get("format") != FORMAT:
+                raise UserError(f"checkpoint {self.path}: written in another checkpoint format than this version's "
+                                f"({FORMAT}); resume=never overwrite=true starts over, or use another output_dir")
+            self.bundle = bundle
+        return self.bundle
+
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run it logs to (from its bundle)."""
+        return self.load_bundle()["run_id"]
 
     def restore_rng(self, rank: int) -> None:
         path = self.path / CheckpointFiles.rng(rank)
@@ -100,24 +110,6 @@ class Checkpoint:
             log.warning("checkpoint %s has no RNG state for rank %d", self.path.name, rank)
             return
         set_rng_state(torch.load(path, weights_only=True))
-
-
-@dataclass(frozen=True)
-class LoadedCheckpoint:
-    """A checkpoint and its bundle (state.pt: the loop's parts and the run id), as a resume loads
-    them once it confirmed the checkpoint is this job's."""
-
-    checkpoint: Checkpoint
-    bundle: dict
-
-    @property
-    def step(self) -> int:
-        """The optimizer step it was saved at (its progress part)."""
-        return self.bundle["parts"]["progress"]["step"]
-
-    @property
-    def run_id(self) -> str | None:
-        return self.bundle["run_id"]
 
 
 class Checkpointer:
@@ -128,13 +120,12 @@ class Checkpointer:
     `keep` kept; and the restore of all of it. The loop calls after_step once per optimizer step
     and at_epoch_end once per epoch."""
 
-    def __init__(self, out: OutputDir, parts: Mapping[str, Stateful], backend: CheckpointedBackend, rank: int,
-                 save_every: int, keep: int, run_id: str | None, job: dict, before_save: Callable[[], None],
-                 clock: Pausable):
+    def __init__(self, out: OutputDir, parts: Mapping[str, Stateful], backend: Backend, rank: int,
+                 train: TrainConfig, run_id: str | None, job: dict, pending: ReadBeforeSave, clock: Pausable):
         self.out, self.parts, self.backend, self.rank = out, parts, backend, rank
-        self.save_every, self.keep, self.run_id, self.job = save_every, keep, run_id, job
-        self.before_save = before_save
-        """Called first on every rank (a collective): the parts' state brought up to the step."""
+        self.save_every, self.keep, self.run_id, self.job = train.save_every, train.keep_checkpoints, run_id, job
+        self.pending = pending
+        """Read first on every rank (a collective): its state brought up to the step."""
         self.clock = clock
         """Paused while saving: a save is neither training time nor training energy."""
 
@@ -165,24 +156,24 @@ class Checkpointer:
 
     def save(self, step: int) -> Path:
         """Collective: everything, now."""
-        self.before_save()
+        self.pending.read(step)
         return save(self.out, step, collect(self.parts, self.run_id), self.rank, keep=self.keep,
                     write_backend=self.backend.save, files={CheckpointFiles.JOB: self.job})
 
-    def load(self, loaded: LoadedCheckpoint) -> None:
+    def load(self, ckpt: Checkpoint) -> None:
         """Collective: the backend's state, every part's and this rank's RNG from a checkpoint; a
         MachineError when its files or the libraries cannot load it (its job's record matched)."""
-        ckpt = loaded.checkpoint
+        bundle = ckpt.load_bundle()
         try:
             self.backend.load(ckpt.path)
-            restore(loaded.bundle, self.parts)
+            restore(bundle, self.parts)
         except (RuntimeError, KeyError, ValueError, OSError) as e:
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
             raise MachineError(f"resume: checkpoint {ckpt.path}: cannot be loaded ({reason}); resume=never starts "
                                "over") from e
         ckpt.restore_rng(self.rank)
         if self.rank == 0:
-            progress = loaded.bundle["parts"]["progress"]
+            progress = bundle["parts"]["progress"]
             log.info("resumed from %s (epoch %d, step %d)", ckpt.path, progress["epoch"] + 1, progress["step"])
 
     def latest(self) -> Checkpoint | None:

@@ -36,11 +36,3 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
             (no_decay if p.ndim < 2 or "LayerNorm" in name or "layer_norm" in name else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
-
-def rewind(scheduler: torch.optim.lr_scheduler.LRScheduler, steps: int) -> None:
-    """Take `steps` provisional steps back from a closed-form schedule (the linear warm-up/decay
-    is one: its LR is a function of the step count): the loop steps it on every optimizer step
-    and learns only later, from the device, which steps were skipped."""
-    if steps:
-        scheduler.last_epoch -= steps + 1
-        scheduler.step()

@@ -1,100 +1,106 @@
-"""The step losses: read from the device without a host sync per step, and the loss window and
-AMP health counters they feed (a part of the loop's state that saves and restores itself).
+"""The step losses and the LR schedule around skipped steps: one part owns both, from the step that
+left its loss and skip flag on the device to the read that brings them in (a part of the loop's
+state that saves and restores itself).
 
 Reading a loss (float(), .item()) or reducing a number over ranks makes the host wait for the
 device: on a GPU with millisecond steps that is a visible share of the step, and it shrinks the
-measured AMP speed-up. So the step losses stay on the device until a log boundary (or an epoch
-end, or a checkpoint), where one host read and one all-reduce bring in all of them.
+measured AMP speed-up. So each step's loss and its skip flag (fp16 overflow, a non-finite gradient:
+the backend's decision, also a device tensor) stay on the device until they are asked for (a log
+step, an epoch end, a checkpoint), where one host read and one all-reduce bring in all of them. The
+schedule steps on every optimizer step and is given the skipped ones back at that read (it is
+closed-form, so the LR is exact again after it; until then it runs ahead by at most log_every).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+import warnings
 
 import torch
 
 from pipeline import names
+from pipeline.layout import OutputDir
+from pipeline.parts.checkpoint import latest
 from pipeline.runtime import dist
 
+# The schedule steps on every optimizer step and gives skipped ones back at the read; when the
+# first step is skipped (fp16's first loss scale), torch would call that a misordered call.
+warnings.filterwarnings("ignore", "Detected call of `lr_scheduler", UserWarning)
 
-class PendingLosses:
-    """The steps since the last read, on the device: each step's loss (a 0-d tensor) and whether
-    its update was applied (the backend's decision, also left on the device)."""
+STEP_LOSSES_STATE = ("window_sum", "window_count", "last_loss", "skipped", "nonfinite", "nonfinite_streak")
 
-    def __init__(self):
-        self.losses: list[torch.Tensor] = []
-        self.stepped: list[torch.Tensor] = []
-        self._skipped: list[float] = []
+
+class Diverged(RuntimeError):
+    """Too many consecutive non-finite losses (exit code 1; the last checkpoint is kept)."""
+
+
+class StepLosses:
+    """The steps' losses and the schedule they move. Read: the window since train/loss was last
+    logged (sum and count of the finite step losses, summed over ranks: the same on every rank), the
+    last logged mean, and AMP health (updates skipped, non-finite losses, the current streak of
+    them). Pending, not state: the steps since the last read, on the device (a checkpoint reads them
+    first). The LR schedule (`scheduler`) saves itself as its own entry of a checkpoint."""
+
+    def __init__(self, scheduler: torch.optim.lr_scheduler.LRScheduler, out: OutputDir, world_size: int,
+                 max_nonfinite: int):
+        self.scheduler, self.out, self.world_size, self.max_nonfinite = scheduler, out, world_size, max_nonfinite
+        self.window_sum, self.window_count, self.last_loss = 0.0, 0, math.nan
+        self.skipped, self.nonfinite, self.nonfinite_streak = 0, 0, 0
+        self._losses: list[torch.Tensor] = []
+        self._stepped: list[torch.Tensor] = []
+        self._skip_flags: list[float] = []
+
+    @property
+    def lr(self) -> float:
+        return self.scheduler.get_last_lr()[0]
 
     def add(self, loss: torch.Tensor, stepped: torch.Tensor | bool) -> None:
+        """An optimizer step: its loss and whether its update was applied, both left on the device;
+        the schedule steps provisionally (a skipped step is taken back when its flag is read)."""
         # a copy: under CUDA graphs the loss lives in a buffer that the next replay overwrites
-        self.losses.append(loss.detach().float().reshape(()).clone())
-        self.stepped.append(torch.as_tensor(stepped, device=loss.device).reshape(()))
-
-    def __len__(self) -> int:
-        return len(self.losses)
+        self._losses.append(loss.detach().float().reshape(()).clone())
+        self._stepped.append(torch.as_tensor(stepped, device=loss.device).reshape(()))
+        self.scheduler.step()
 
     def local(self) -> dist.Local:
-        """This rank's share of the read (one host read of every pending step): per step its finite
-        loss (0 where non-finite) and a non-finite flag, summed over ranks; the skip flags stay
-        local (every rank makes the same skip decision: its gradients are the all-reduced ones)."""
-        if not self.losses:  # ranks step in lockstep: all of them have none
+        """This rank's share of a read (one host read of every pending step), for a collective
+        shared with other parts: per step its finite loss (0 where non-finite) and a non-finite
+        flag, summed over ranks; the skip flags stay local (every rank makes the same skip
+        decision: its gradients are the all-reduced ones)."""
+        if not self._losses:  # ranks step in lockstep: all of them have none
             return dist.Local()
-        losses = torch.stack(self.losses)
+        losses = torch.stack(self._losses)
         finite = torch.isfinite(losses)
-        skipped = ~torch.stack(self.stepped).to(losses.device)
+        skipped = ~torch.stack(self._stepped).to(losses.device)
         values = torch.cat([torch.where(finite, losses, 0.0).double(), (~finite).double(), skipped.double()]).tolist()
-        n = len(self.losses)
-        self._skipped = values[2 * n:]
+        n = len(self._losses)
+        self._skip_flags = values[2 * n:]
         return dist.Local(sums=values[:2 * n])
 
-    def take(self, reduced: dist.Reduced | None = None) -> list[tuple[bool, float, bool]]:
-        """Collective unless `reduced` (local()'s numbers over every rank, read in a collective shared
-        with other parts) is given: per pending step, (did any rank have a non-finite loss, the sum
-        over ranks of the finite losses, was the update skipped); then none pend."""
+    def read(self, step: int, reduced: dist.Reduced | None = None) -> None:
+        """Collective unless `reduced` (local()'s numbers over every rank, read in a collective
+        shared with other parts): the steps pending since the last read (`step` is the last of
+        them) into the window; the skipped ones taken back from the schedule; a streak of
+        max_nonfinite non-finite losses on any rank raises Diverged, naming the last good checkpoint."""
         if reduced is None:
             (reduced,) = dist.reduce_together([self.local()])
-        n = len(self.losses)
-        sums, skipped = reduced.sums, self._skipped
-        self.losses, self.stepped, self._skipped = [], [], []
-        return [(flag > 0, total, skip > 0) for total, flag, skip in zip(sums[:n], sums[n:], skipped)]
-
-
-@dataclass
-class StepLosses:
-    """The steps' losses once read: the window since train/loss was last logged (sum and count of
-    the finite step losses, summed over ranks: the same on every rank), the last logged mean, and
-    AMP health (updates skipped, non-finite losses, the current streak of them). The pending,
-    unread steps are not state: a checkpoint reads them first."""
-
-    window_sum: float = 0.0
-    window_count: int = 0
-    last_loss: float = math.nan
-    skipped: int = 0
-    nonfinite: int = 0
-    nonfinite_streak: int = 0
-    pending: PendingLosses = field(default_factory=PendingLosses, repr=False, compare=False)
-
-    def read(self, step: int, world_size: int, max_nonfinite: int, reduced: dist.Reduced | None = None
-             ) -> tuple[int, int | None]:
-        """Collective (unless `reduced`: PendingLosses.take): the steps pending since the last read
-        into the window (`step` is the last of them). Returns (updates skipped among them, the step
-        at which a streak of `max_nonfinite` non-finite losses was reached, or None)."""
-        first = step - len(self.pending) + 1
-        taken = self.pending.take(reduced)
-        skipped = sum(skip for _, _, skip in taken)
+        n = len(self._losses)
+        first, sums, flags = step - n + 1, reduced.sums, self._skip_flags
+        self._losses, self._stepped, self._skip_flags = [], [], []
+        skipped = int(sum(flag > 0 for flag in flags))
         self.skipped += skipped
-        for k, (nonfinite, total, _) in enumerate(taken):
-            if not nonfinite:
+        rewind(self.scheduler, skipped)
+        for k, (total, nonfinite) in enumerate(zip(sums[:n], sums[n:])):
+            if not nonfinite > 0:
                 self.window_sum += total
-                self.window_count += world_size
+                self.window_count += self.world_size
                 self.nonfinite_streak = 0
                 continue
             self.nonfinite += 1
             self.nonfinite_streak += 1
-            if self.nonfinite_streak >= max_nonfinite:
-                return skipped, first + k
-        return skipped, None
+            if self.nonfinite_streak >= self.max_nonfinite:
+                last = latest(self.out)
+                raise Diverged(f"{self.nonfinite_streak} consecutive non-finite losses at step {first + k}; "
+                               f"last good checkpoint: {last.path if last else 'none'}")
 
     def close_window(self) -> float:
         """The window's mean loss (NaN when every step in it was non-finite), kept as last_loss;
@@ -118,4 +124,9 @@ class StepLosses:
             setattr(self, k, state[k])
 
 
-STEP_LOSSES_STATE = ("window_sum", "window_count", "last_loss", "skipped", "nonfinite", "nonfinite_streak")
+def rewind(scheduler: torch.optim.lr_scheduler.LRScheduler, steps: int) -> None:
+    """Take `steps` provisional steps back from a closed-form schedule (the linear warm-up/decay
+    is one: its LR is a function of the step count)."""
+    if steps:
+        scheduler.last_epoch -= steps + 1
+        scheduler.step()

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.config import Config, flatten
-from pipeline.config.schema import SettledConfig, SettledTrain, TrainConfig, default_output_dir
+from pipeline.config.output_dir import default_output_dir
+from pipeline.config.schema import SettledConfig, SettledTrain, TrainConfig
 from pipeline.config.secrets import redact_config
 from pipeline.data import features
 from pipeline.job_record import JobRecord
@@ -73,9 +74,10 @@ class Plan:
         return OutputDir(self.cfg.output_dir)
 
     def resplit(self, batch_size: int, grad_accum: int, eval_batch_size: int, found: str | None = None) -> Plan:
-        """The same job with its global batch split otherwise on this device (the batch finder's
-        answer): the one part of a settled job that may change after settle, as the split is what
-        same_job lets a resumed job change (COMPARED_ELSEWHERE: only the global batch counts)."""
+        """The same job (a built Stage stays built) with its global batch split otherwise on this
+        device (the batch finder's answer): the one part of a settled job that may change after
+        settle, as the split is what same_job lets a resumed job change (COMPARED_ELSEWHERE: only
+        the global batch counts)."""
         t = self.cfg.train
         if batch_size * grad_accum != t.batch_size * t.grad_accum:
             raise ValueError(f"resplit: {batch_size} x {grad_accum} is another global batch than "
@@ -99,15 +101,17 @@ def settle(cfg: Config, kind: str, rt: Runtime) -> Plan:
     compile_policy = compiler.resolve(cfg.train.compile, rt.device.type, rt.backend, zero_stage)
     task = get_task(cfg.task, cfg.task_options)
     planned_model = cfg.model or (task.default_model if kind == "train" else "from_teacher:")
-    settled = settle_config(cfg, planned_model, task, rt.device.type, compile_policy)
+    settled = settle_config(cfg, planned_model, task, rt.device.type, compile_policy,
+                            teacher=cfg.kd.teacher if kind == "distill" else None)
     return Plan(settled, rt, kind, task, policy, describe(settled, task, rt, policy), compile_policy,
                 find_batch=cfg.train.batch_size == "auto")
 
 
 def settle_config(cfg: Config, model_spec: str, task: Task, device_type: str,
-                  compile_policy: CompilePolicy) -> SettledConfig:
+                  compile_policy: CompilePolicy, teacher: str | None = None) -> SettledConfig:
     """The config with every derived default filled in for this model, task and device (cuda | cpu);
-    train.compile from `compile_policy` (compiler.resolve)."""
+    train.compile from `compile_policy` (compiler.resolve); a distill stage's `teacher` names its
+    default output_dir."""
     t = cfg.train
     train = SettledTrain(**{**_fields(t), **device_defaults(t, device_type == "cuda", compile_policy),
                             "lr": t.lr if t.lr is not None else (
@@ -116,7 +120,7 @@ def settle_config(cfg: Config, model_spec: str, task: Task, device_type: str,
                             "batch_size": AUTO_BATCH if t.batch_size == "auto" else t.batch_size,
                             "group_by_length": t.group_by_length if t.group_by_length is not None
                             else task.group_by_length})
-    return SettledConfig(**{**_fields(cfg), "train": train, "output_dir": default_output_dir(cfg)})
+    return SettledConfig(**{**_fields(cfg), "train": train, "output_dir": default_output_dir(cfg, model_spec, teacher)})
 
 
 def describe(cfg: SettledConfig, task: Task, rt: Runtime, policy: PrecisionPolicy) -> JobRecord:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pipeline.names import (
     ENERGY_JOULES,
     EPOCH_TIME,
+    EXPORT_SIZE_MB,
     INFER_BATCH,
     INFER_LATENCY_P50,
     INFER_PARAMS,
@@ -18,6 +19,8 @@ from pipeline.names import (
     PEAK_RSS,
     SAMPLES_PER_S,
     TRAIN_TIME,
+    export_metric,
+    export_test_metric,
     infer_length,
     infer_metric,
     load_metric,
@@ -32,6 +35,8 @@ TEST_COLUMNS = ("precision", "recall", "f1", "map", "mrr")
 PAYOFF_PRECISION, PAYOFF_LENGTH = "fp32", "median"
 """The inference figures the payoff compares: fp32, which every stage measures on every device, at the
 test split's median length (a 16-bit stage's own precision is in its run, infer/*/bf16/...)."""
+EXPORT_VARIANTS = ("int8", "fp32")
+"""The exported graphs the payoff shows (`pipeline export`'s export/VARIANT/* metrics), int8 first."""
 METRICS = {
     "samples_per_s": SAMPLES_PER_S,
     "epoch_time_s": EPOCH_TIME,
@@ -44,6 +49,8 @@ METRICS = {
     "infer_samples_per_s": infer_metric(INFER_SAMPLES_PER_S, PAYOFF_PRECISION, PAYOFF_LENGTH),
     "infer_length": infer_length(PAYOFF_LENGTH),
     "infer_batch": INFER_BATCH,
+    **{f"export_{variant}_{short}": metric for variant in EXPORT_VARIANTS for short, metric in (
+        ("main", export_test_metric(variant, "main")), ("size_mb", export_metric(variant, EXPORT_SIZE_MB)))},
     "others_cpu": load_metric(LOAD_OTHERS_CPU),
     "others_gpu": load_metric(LOAD_OTHERS_GPU_UTIL),
 }

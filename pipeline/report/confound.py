@@ -75,12 +75,3 @@ def confounded(sides: list[SideLoad]) -> str:
 def _pct(value: float, unit: str) -> str:
     return f"{100 * value:.0f}%" if unit == "frac" else f"{value:.0f}%"
 
-
-def load_words(sides: list[SideLoad]) -> str:
-    """The sides' load in a few words where measured ("machine load from other work: fp32 3%, bf16 4%
-    of the cores"), or "machine load not recorded" where no run logged it."""
-    values = [(s.name, s.others_cpu) for s in sides if not math.isnan(s.others_cpu)]
-    if not values:
-        return "machine load not recorded"
-    return ("other processes used " + ", ".join(f"{_pct(v, 'frac')} ({name})" for name, v in values)
-            + " of the machine's cores")

@@ -2,7 +2,9 @@
 latency and throughput speed-up (x), score retained (% of the teacher's, ± the seed spread), in a
 table, one sentence per procedure and a chart of score retained against speed-up. The baseline
 (the student's architecture trained without distillation) is set against the same teacher, so the
-gain of distillation shows at equal speed.
+gain of distillation shows at equal speed. A student exported for serving (`pipeline export --check`)
+has a row per graph (int8, ONNX fp32): the score it kept, its speed against the teacher and against
+the PyTorch student it came from, its size on disk.
 
 The inference speed comes from one side-by-side measurement of every model (side_by_side.py: one
 process, one device, the models taking turns), in fp32 at the test split's median length
@@ -20,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.report.columns import PAYOFF_LENGTH, PAYOFF_PRECISION
+from pipeline.report.columns import EXPORT_VARIANTS, PAYOFF_LENGTH, PAYOFF_PRECISION
 from pipeline.report.compare import Comparison, comparisons, difference, ratio, stats
 from pipeline.report.side_by_side import FILE
 from pipeline.report.verdicts import metric_name
@@ -55,7 +57,33 @@ def payoff_table(cells: pd.DataFrame, side: dict | None = None) -> pd.DataFrame:
                        "baseline" if c.kind == "baseline_vs_teacher" else "student")
             row.update(_speed(side, task, c))
             rows.append(row)
+            if c.kind == "teacher" and c.compared != c.reference:
+                rows += _exported_rows(side, task, c)
     return pd.DataFrame(rows)
+
+
+EXPORTED_LABEL = {"int8": "int8", "fp32": "onnx fp32"}
+
+
+def _exported_rows(side: dict | None, task: str, c: Comparison) -> list[dict]:
+    """A student's exported graphs (`pipeline export --check`: int8, ONNX fp32), each a row against
+    the teacher as the student is: its test score from its export/VARIANT/test/main, its size on
+    disk, its side-by-side speed (cells CELL@VARIANT), and its throughput against the PyTorch
+    student it came from (vs_student_x)."""
+    rows = []
+    for variant in EXPORT_VARIANTS:
+        main, size = f"export_{variant}_main", f"export_{variant}_size_mb"
+        if main not in c.cmp or c.cmp[main].dropna().empty:
+            continue
+        graph = c.cmp.assign(main=c.cmp[main], infer_size_mb=c.cmp[size], cell=c.cmp.cell + f"@{variant}")
+        exported = Comparison(task, f"{c.label} {variant}", c.kind, c.reference,
+                              f"{c.compared} {EXPORTED_LABEL[variant]}", c.ref, graph)
+        row = {**_row(exported, "exported"), **_speed(side, task, exported)}
+        vs_student = _speed(side, task, Comparison(task, "", c.kind, c.compared, exported.compared, c.cmp, graph))
+        row.update({f"vs_student_{k}": vs_student[k] for k in ("throughput_x", "throughput_x_min",
+                                                                "throughput_x_max")})
+        rows.append(row)
+    return rows
 
 
 SPEED_COLUMNS = ("infer_latency_ms", "infer_samples_per_s", "latency_x", "latency_x_min", "latency_x_max",
@@ -129,7 +157,7 @@ def sentences(payoff: pd.DataFrame) -> list[str]:
     out = []
     for r in payoff[payoff.role != "teacher"].itertuples() if not payoff.empty else []:
         within = " (within the seed spread)" if r.retained_beyond == "no" else ""
-        kind = " (no distillation)" if r.role == "baseline" else ""
+        kind = {"baseline": " (no distillation)", "exported": " (exported, ONNX Runtime)"}.get(r.role, "")
         size = (f"{r.params_pct:.0f}% of its parameters ({r.params_no_embed_pct:.0f}% of those outside the "
                 f"embeddings) and {r.size_pct:.0f}% of its size on disk")
         kept = (f"{r.task}: {r.procedure}{kind} keeps {_pm(r.retained_pct, r.retained_spread_pct, '.0f', '%')} of the "
@@ -139,9 +167,14 @@ def sentences(payoff: pd.DataFrame) -> list[str]:
                        "and the runs' own infer/* figures, each timed at its stage's end under whatever else the "
                        "machine ran then, are not divided.")
             continue
+        student = ""
+        if r.role == "exported" and not math.isnan(getattr(r, "vs_student_throughput_x", math.nan)):
+            vs = _x(r.vs_student_throughput_x, r.vs_student_throughput_x_min, r.vs_student_throughput_x_max,
+                    r.speed_reps)
+            student = f", {vs} the throughput of the PyTorch student it came from,"
         out.append(f"{kept} at {_x(r.throughput_x, r.throughput_x_min, r.throughput_x_max, r.speed_reps)} its "
-                   f"throughput ({_x(r.latency_x, r.latency_x_min, r.latency_x_max, r.speed_reps)} faster at batch 1) "
-                   f"with {size}.")
+                   f"throughput ({_x(r.latency_x, r.latency_x_min, r.latency_x_max, r.speed_reps)} faster at batch 1)"
+                   f"{student} with {size}.")
     return out
 
 
@@ -156,6 +189,8 @@ def payoff_display(payoff: pd.DataFrame) -> pd.DataFrame:
     def num(v: float, fmt: str) -> str:
         return "n/a" if math.isnan(v) else f"{v:{fmt}}"
 
+    nan = pd.Series(math.nan, index=payoff.index)  # no exported row: the column is all n/a
+
     return pd.DataFrame({
         "task": payoff.task, "procedure": payoff.procedure, "role": payoff.role,
         "params (M)": [num(v / 1e6, ".1f") for v in payoff.infer_params],
@@ -168,6 +203,9 @@ def payoff_display(payoff: pd.DataFrame) -> pd.DataFrame:
         "samples/s": [num(v, ".1f") for v in payoff.infer_samples_per_s],
         "throughput speed-up": [_range(v, lo, hi) for v, lo, hi in zip(payoff.throughput_x, payoff.throughput_x_min,
                                                                        payoff.throughput_x_max)],
+        "throughput vs its PyTorch student": [
+            _range(v, lo, hi) for v, lo, hi in zip(*(payoff.get(f"vs_student_throughput_x{k}", nan) for k in
+                                                      ("", "_min", "_max")))],
         "main": [_pm(v, s, ".4f", "") for v, s in zip(payoff.main, payoff.main_std)],
         "retained": ["reference" if role == "teacher" else _pm(v, s, ".1f", "%")
                      for v, s, role in zip(payoff.retained_pct, payoff.retained_spread_pct, payoff.role)],
@@ -196,7 +234,7 @@ def plot_payoff(payoff: pd.DataFrame, out: Path) -> list[str]:
     plt = pyplot()
     several = shown.task.nunique() > 1
     fig, ax = plt.subplots(figsize=(6.0, 4.2))
-    colours = {"teacher": "tab:grey", "student": "tab:orange", "baseline": "tab:blue"}
+    colours = {"teacher": "tab:grey", "student": "tab:orange", "baseline": "tab:blue", "exported": "tab:green"}
     placed: list[tuple[float, float]] = []
     for r in shown.itertuples():
         xerr = [[max(0.0, r.throughput_x - r.throughput_x_min)], [max(0.0, r.throughput_x_max - r.throughput_x)]]

@@ -3,6 +3,9 @@ baseline's best/ loaded in one process on one device and timed in turns over rep
 (measure/inference.bench_side_by_side, the measurement `infer-bench` makes), so a shared machine
 slows every model alike and the speed-ups are ratios of turns taken close together.
 
+A student whose stage was exported and checked (`pipeline export --check`: OUTPUT_DIR/export/check.json)
+has its graphs timed in the same turns on a CPU, as cells CELL@int8 and CELL@fp32 (ONNX Runtime).
+
 Each stage's own infer/* figures were timed at its own end, minutes apart and under whatever else
 the machine ran then; dividing them gives the machine's drift as much as the models'. They stay
 in each run; the payoff reads only this record. Where it cannot be made (best/ not on this
@@ -76,7 +79,8 @@ def measure(cells: pd.DataFrame, device: str | None = None, reps: int = REPS, bu
         present = {c: p for c, p in found.items() if p is not None}
         if not g[g.cell.isin(present) & g.procedure.isin(teachers[task])].empty:  # no teacher here: no payoff
             groups[task] = {"length": int(length), "batch_size": int(batch) if not math.isnan(batch) else 32,
-                            "cells": present, "rows": g.set_index("cell")}
+                            "cells": present, "rows": g.set_index("cell"),
+                            "students": set(g[~g.procedure.isin(teachers[task])].cell)}
     if not groups:
         reasons = sorted(set(record["not_measured"].values()))
         return {**record, "reason": "; ".join(reasons) or "no model to measure"}
@@ -93,6 +97,17 @@ def _best_dir(output_dir) -> str | None:
     return str(best) if best is not None else None
 
 
+def _exported(best: str) -> list[tuple[str, Path]]:
+    """The checked graphs a stage exported (pipeline export --check: OUTPUT_DIR/export/), by variant."""
+    from pipeline.export.stage_export import VARIANTS
+    from pipeline.layout import OutputDir
+
+    out = OutputDir(Path(best).parent)
+    if not out.export_check.is_file():
+        return []
+    return [(v, out.export / name) for v, name in VARIANTS.items() if (out.export / name).is_file()]
+
+
 def _first(values: pd.Series) -> float:
     found = values.astype(float).dropna()
     return float(found.iloc[0]) if len(found) else math.nan
@@ -101,6 +116,7 @@ def _first(values: pd.Series) -> float:
 def _run(record: dict, groups: dict, device_name: str | None) -> dict:
     import torch
 
+    from pipeline.export.onnx_model import ExportedModel
     from pipeline.measure import inference
     from pipeline.measure.load import LoadSampler
     from pipeline.measure.telemetry import device_name as describe
@@ -112,12 +128,18 @@ def _run(record: dict, groups: dict, device_name: str | None) -> dict:
         for task, group in groups.items():
             saved = {cell: SavedModel(path) for cell, path in group["cells"].items()}
             served = {cell: m.served() for cell, m in saved.items()}
+            if device.type == "cpu":  # a student's exported graphs, beside its model: CELL@int8, CELL@fp32
+                graphs = {f"{cell}@{v}": p for cell, path in group["cells"].items() if cell in group["students"]
+                          for v, p in _exported(path)}
+                served.update({name: ExportedModel(str(p)).served() for name, p in graphs.items()})
+                group["cells"].update({name: str(p) for name, p in graphs.items()})
             results = inference.bench_side_by_side(
                 served, device, lengths={"median": group["length"]}, precisions=[PAYOFF_PRECISION],
                 settings=inference.BenchSettings(group["batch_size"], record["budget_s"]), reps=record["reps"])
             rows = group["rows"]
             record["tasks"][task] = {"length": group["length"], "batch_size": group["batch_size"], "models": {
-                cell: {"procedure": rows.procedure.get(cell), "run_id": rows.run_id.get(cell),
+                cell: {"procedure": rows.procedure.get(cell.partition("@")[0]),
+                       "run_id": rows.run_id.get(cell.partition("@")[0]),
                        "path": group["cells"][cell], "params": r.params, "params_no_embed": r.params_no_embed,
                        "size_mb": r.size_mb, "latency_ms_p50": r.measurements[0].latency_ms_p50,
                        "samples_per_s": r.measurements[0].samples_per_s,

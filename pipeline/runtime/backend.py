@@ -16,6 +16,8 @@ from typing import Protocol
 
 import torch
 
+from pipeline.config.schema import TrainConfig
+
 
 @dataclass
 class StepResult:
@@ -52,10 +54,12 @@ class Backend(Protocol):
         (e.g. deepspeed_stage); empty when there is nothing beyond the launch mode."""
         ...
 
-    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train: TrainConfig | None = None
+                ) -> torch.nn.Module:
         """Move and wrap model and optimizer; return the module to call forward on (it may be a
-        wrapper such as DDP or a DeepSpeed engine). Called once, before any other method but the
-        construction-time ones."""
+        wrapper such as DDP or a DeepSpeed engine). `train`: the job's settings as it runs, its batch
+        split included (batch_size=auto finds it after the backend is built); None: those it was
+        built with. Called once, before any other method but the construction-time ones."""
         ...
 
     def no_sync(self) -> AbstractContextManager:

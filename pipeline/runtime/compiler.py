@@ -52,11 +52,6 @@ class CompilePolicy:
     def cuda_graphs(self) -> bool:
         return self.mode in CUDA_GRAPH_MODES
 
-    @property
-    def counts_compile_time(self) -> bool:
-        """Compile seconds are left out of the throughput and energy clocks (telemetry)."""
-        return self.compiled
-
     def fill_short_batches(self, distilling: bool) -> bool:
         """Fill the epoch's short batch to full rows, so its graph is one already compiled (and a
         CUDA graph replays); not under KD, whose loss would count the filler rows."""
@@ -73,16 +68,11 @@ class CompilePolicy:
         without, so a job meets at most twice its length buckets in training graphs."""
         return bool(host_mask.all())
 
-    @property
-    def prepares_padded_mask(self) -> bool:
-        """Whether a padded batch's mask is handed to the model already in SDPA's 4D form (where the
-        model takes one: models.takes_prepared_mask), so transformers does not ask the device
-        whether it is all ones: eager only, as a compiled forward traces that check (no sync)."""
-        return not self.compiled
-
-    def begin_optimizer_step(self) -> None:
-        """Before the first micro-batch of an optimizer step, and only there. A mark starts a new
-        generation of cudagraph trees, which frees every output of the last one still alive
+    def begin_step(self) -> None:
+        """Under CUDA graphs, a new generation of graph trees: before the first micro-batch of an
+        optimizer step, and only there, and before each evaluation or teacher batch (no gradients,
+        nothing kept from the last batch but copies, so every such batch may start one). A mark
+        starts a new generation of cudagraph trees, which frees every output of the last one still alive
         (torch/_inductor/cudagraph_trees.py: `can_start_new_generation`, then
         `dealloc_current_path_weakrefs`). After zero_grad(set_to_none=True) the first micro-batch's
         `.grad` tensors are outputs of the captured backward (AccumulateGrad keeps the tensor it is
@@ -92,12 +82,6 @@ class CompilePolicy:
         that backward's outputs live (its allocations never overlap them), and the accumulation into
         `.grad` is an eager in-place add on memory nothing else writes. The step zeroes `.grad` to
         None, so at the next mark nothing alive refers to the freed generation."""
-        if self.cuda_graphs:
-            torch.compiler.cudagraph_mark_step_begin()
-
-    def begin_inference_batch(self) -> None:
-        """Before each evaluation or teacher batch: no gradients, nothing kept from the last batch
-        but copies, so every batch may start a new generation."""
         if self.cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
 

@@ -46,7 +46,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from pipeline import names
-from pipeline.config.schema import SettledTrain, TrainConfig
+from pipeline.config.deepspeed_files import ds_config_file
+from pipeline.config.schema import SettledTrain, TrainConfig, read_document
 from pipeline.errors import UserError
 from pipeline.layout import CheckpointFiles, OutputDir
 from pipeline.runtime.backend import StepResult
@@ -58,8 +59,6 @@ if TYPE_CHECKING:
     from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer
     from transformers import PretrainedConfig
 
-DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "ds_configs" / "zero2.json"
-
 
 def zero_stage_of(deepspeed_path: str | None) -> int:
     """The ZeRO stage the DeepSpeed config asks for (the backend checks the rest of it)."""
@@ -68,13 +67,11 @@ def zero_stage_of(deepspeed_path: str | None) -> int:
 
 
 def load_ds_config(path: str | None) -> dict:
-    p = Path(path) if path else DEFAULT_CONFIG
-    if not p.is_file():
-        raise UserError(f"config: deepspeed={p}: no such file")
-    try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"config: deepspeed={p}: not valid JSON ({e})") from None
+    """The config `path` names (a file, or a shipped config by name; unset: zero2.json)."""
+    p = ds_config_file(path)
+    if p is None:
+        raise UserError(f"config: deepspeed={path}: no such file, nor a shipped config")
+    cfg = read_document(p, f"config: deepspeed={p}", "JSON")
     if not isinstance(cfg, dict):
         raise UserError(f"config: deepspeed={p}: the top level must be an object")
     return cfg
@@ -183,16 +180,16 @@ class DeepSpeedBackend:
 
     def __init__(self, rt: Runtime, policy: PrecisionPolicy, train: SettledTrain, config_path: str | None,
                  compile: CompilePolicy = OFF):
-        """config_path: the DeepSpeed JSON (the `deepspeed` key); None uses ds_configs/zero2.json.
+        """config_path: the DeepSpeed JSON (the `deepspeed` key); None uses the shipped zero2.json.
         `compile` was settled with the plan for this ZeRO stage (compiler.resolve): not resolved again."""
         if policy.name == BF16_PURE:
             raise UserError(f"precision={BF16_PURE} with backend=deepspeed: not supported (DeepSpeed keeps the fp32 "
                             "master weights in its own partitions); use precision=bf16, or backend=ddp")
         self.rt = rt
         self.policy = policy
-        self.source = config_path or str(DEFAULT_CONFIG)
-        self.ds_config = resolve_ds_config(load_ds_config(config_path), train, policy.name, rt.world_size,
-                                           self.source)
+        self.source = str(ds_config_file(config_path) or config_path)
+        self.raw = load_ds_config(config_path)
+        self.ds_config = resolve_ds_config(self.raw, train, policy.name, rt.world_size, self.source)
         check_supported(self.ds_config, policy, rt.device, self.source)
         self.zero_stage = self.ds_config.get("zero_optimization", {}).get("stage", 0)
         self.engine = None
@@ -211,9 +208,14 @@ class DeepSpeedBackend:
     def describe(self) -> dict[str, object]:
         return {"deepspeed_stage": self.zero_stage, **self.compile.describe()}
 
-    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> torch.nn.Module:
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                train: TrainConfig | None = None) -> torch.nn.Module:
+        """The engine, its micro-batch and accumulation "auto" values from `train` when given (the
+        split batch_size=auto found after the config was read and checked)."""
         import deepspeed
 
+        if train is not None:
+            self.ds_config = resolve_ds_config(self.raw, train, self.policy.name, self.rt.world_size, self.source)
         if self.rt.device.type == "cpu":
             skip_the_shm_all_reduce_build()
         fill_bucket_sizes(self.ds_config, getattr(model, "config", None))

@@ -302,13 +302,14 @@ def broadcast_object(obj: T) -> T:
 
 
 @contextlib.contextmanager
-def on_sigterm(raised: threading.Event):
-    """SIGTERM (Slurm time limit, spot preemption) sets `raised` while the block runs; the loop
-    acts on it at a step boundary (AgreedFlag)."""
+def on_sigterm(action: Callable[[], None]):
+    """SIGTERM (Slurm time limit, spot preemption) calls `action` while the block runs (the loop's:
+    set the flag it acts on at a step boundary, AgreedFlag; a study's: stop); the handler before
+    it comes back after. Only the main thread receives signals: elsewhere nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, lambda *_: raised.set())
+    previous = signal.signal(signal.SIGTERM, lambda *_: action())
     try:
         yield
     finally:

@@ -12,7 +12,7 @@ from pipeline.runtime.torch_backend import TorchBackend
 
 def make_backend(rt: Runtime, policy: PrecisionPolicy, compile_policy: CompilePolicy, train: SettledTrain,
                  deepspeed_path: str | None) -> Backend:
-    """The backend for rt.backend. A DeepSpeed config (deepspeed_path, or ds_configs/zero2.json when
+    """The backend for rt.backend. A DeepSpeed config (deepspeed_path, or the shipped zero2.json when
     unset) is read, resolved and checked here, before any model is built; the deepspeed package
     itself is imported only when DeepSpeedBackend.prepare runs (importing it costs seconds). The
     compile policy was settled with the plan (plan/settle.py); the backend holds it."""

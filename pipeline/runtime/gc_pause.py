@@ -5,20 +5,26 @@ data) makes about half a million objects that live as long as the process. With 
 on, each time the heap grows by a quarter a full collection walks all of them again: 9 full
 collections, ~5 s of CPU, in a 2-step stage of ~25 s on the 2-core development machine; and the
 interpreter's last collection at exit walks them once more. So `python -m pipeline` pauses the
-collector before anything is imported, and the stage turns it back on when it is set up, with
-what set-up made frozen (moved where no collection walks it): the loop's collections then walk
-only what the loop makes. Code that calls `pipeline.jobs.run.run` itself (a notebook, the tests)
-never paused it and is left as it is.
+collector for a stage before anything is imported, and the stage turns it back on when it is set
+up (jobs/run.run), with what set-up made frozen (moved where no collection walks it): the loop's
+collections then walk only what the loop makes. Other commands keep it on. Code that calls
+`pipeline.jobs.run.run` itself (a notebook, the tests) never paused it and is left as it is.
 """
 import gc
 
+STAGES = ("train", "distill")
+"""The commands whose set-up run() ends (resume_after_setup)."""
 _paused = False
 
 
-def pause_for_setup() -> None:
+def pause_for_setup(argv: list[str]) -> None:
+    """Before anything is imported: the collector off when the command in `argv` is a stage."""
     global _paused
-    _paused = gc.isenabled()
-    gc.disable()
+    # the deepspeed launcher puts --local_rank=N before the command's own arguments
+    command = next((a for a in argv if not a.startswith("--local")), None)
+    if command in STAGES:
+        _paused = gc.isenabled()
+        gc.disable()
 
 
 def resume_after_setup() -> None:

@@ -49,28 +49,14 @@ class MasterWeights:
         for m in self.master:
             tdist.broadcast(m, src)
 
-    batched = False
-    """Copy all parameters with one foreach call per direction (multi-tensor kernels on a GPU) rather
-    than a cast kernel per parameter; off until a GPU measures it (benchmarks/bench_gpu.py)."""
-
     def grads_to_master(self) -> None:
         """The module's bf16 gradients as fp32 gradients of the copies (the optimizer reads those)."""
-        if self.batched:
-            pairs = [(low.grad, master) for low, master in zip(self.low, self.master) if low.grad is not None]
-            for low, master in zip(self.low, self.master):
-                master.grad = None if low.grad is None else torch.empty_like(master)
-            if pairs:
-                torch._foreach_copy_([m.grad for _, m in pairs], [g for g, _ in pairs])
-            return
         for low, master in zip(self.low, self.master):
             master.grad = None if low.grad is None else low.grad.float()
 
     @torch.no_grad()
     def copy_down(self) -> None:
         """The stepped fp32 copies into the module's bf16 weights (rounded to nearest)."""
-        if self.batched:
-            torch._foreach_copy_(self.low, self.master)
-            return
         for low, master in zip(self.low, self.master):
             low.copy_(master)
 

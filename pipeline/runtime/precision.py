@@ -9,6 +9,7 @@ is cast per step.
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 
 import torch
@@ -27,8 +28,24 @@ FP32 = "fp32"
 """No 16-bit compute (fp32 and tf32)."""
 
 
+EMULATED_BF16_ENV = "PIPELINE_EMULATED_BF16"
+"""Set to 1 to run bf16 and bf16-pure on a CPU without native bf16 kernels (AVX2 only), emulated:
+numerically the same format, slower than fp32. The test suite sets it, so every bf16 path runs on
+every CPU; a user may set it to try a bf16 job on such a machine."""
+
+
 def cpu_supports_bf16() -> bool:
+    """Native bf16 kernels (AVX512-BF16 or AMX): where bf16 is worth choosing for speed."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def emulated_bf16_allowed() -> bool:
+    return os.environ.get(EMULATED_BF16_ENV, "") not in ("", "0")
+
+
+def cpu_runs_bf16() -> bool:
+    """bf16 on this CPU: native, or emulated where EMULATED_BF16_ENV allows it."""
+    return cpu_supports_bf16() or emulated_bf16_allowed()
 
 
 def cpu_supports_fp16() -> bool:
@@ -37,6 +54,18 @@ def cpu_supports_fp16() -> bool:
 
 BF16_PURE = "bf16-pure"
 """The precision value of bf16 compute weights: the module in bf16, fp32 masters in the optimizer."""
+
+SERVED_AS = {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "bf16": "bf16", BF16_PURE: "bf16"}
+"""Every resolved precision -> the precision its model is served in (the inference bench's rows and
+infer/* names): a model is served cast whole to one dtype, so bf16-pure serves as bf16 does."""
+SERVING_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+"""A served precision -> the dtype the model's weights and activations are cast to (tf32: fp32
+tensors, TF32 matmuls)."""
+
+
+def serving_dtype(precision: str) -> torch.dtype:
+    """The dtype a model trained or served in `precision` is cast to for serving."""
+    return SERVING_DTYPES[SERVED_AS[precision]]
 
 
 @dataclass(frozen=True)
@@ -110,9 +139,11 @@ def resolve(requested: str, device: torch.device) -> PrecisionPolicy:
         else:
             requested = "bf16" if cpu_supports_bf16() else "fp32"
     if requested in ("bf16", BF16_PURE):
-        ok = cuda_supports_bf16() if kind == "cuda" else cpu_supports_bf16()
-        if not ok:
-            raise UserError(f"precision={requested}: this {kind} device has no bf16 support; use fp16 or fp32")
+        if kind == "cuda" and not cuda_supports_bf16():
+            raise UserError(f"precision={requested}: this cuda device has no bf16 support; use fp16 or fp32")
+        if kind == "cpu" and not cpu_runs_bf16():
+            raise UserError(f"precision={requested}: this cpu device has no bf16 support (emulated, it would run "
+                            f"slower than fp32); use fp32, or set {EMULATED_BF16_ENV}=1 to run it emulated")
     if requested == "fp16" and kind == "cpu" and not cpu_supports_fp16():
         raise UserError("precision=fp16: this CPU has no fp16 kernels (oneDNN reports none); use bf16 or fp32")
     if requested == "tf32" and kind == "cuda" and torch.cuda.get_device_capability(device)[0] < 8:

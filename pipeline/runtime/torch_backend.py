@@ -11,6 +11,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from pipeline import names
 from pipeline.compat import ddp_without_forward_buffer_sync
+from pipeline.config.schema import TrainConfig
 from pipeline.layout import CheckpointFiles
 from pipeline.runtime.backend import StepResult
 from pipeline.runtime.compiler import OFF, CompilePolicy
@@ -44,9 +45,11 @@ class TorchBackend:
     def describe(self) -> dict[str, object]:
         return self.compile.describe()
 
-    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.nn.Module:
+    def prepare(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, train: TrainConfig | None = None
+                ) -> torch.nn.Module:
         """Compiled in place before DDP wraps it: DDP's hooks fire on the gradients the compiled
-        backward produces, and the state_dict keeps its keys."""
+        backward produces, and the state_dict keeps its keys. The batch split (`train`) is the
+        loop's to take: nothing here reads it."""
         if not optimizer.defaults.get("fused"):
             raise ValueError("TorchBackend needs a fused optimizer: it skips non-finite updates on the device")
         model.to(self.rt.device)

@@ -32,7 +32,8 @@ Study file (YAML):
     procedures:                      # name -> stage command, overrides, optional launcher
       teacher:  {command: train, overrides: [model=sentence-transformers/all-MiniLM-L6-v2]}
       kd_fp32:  {command: distill, launcher: {type: torchrun, nproc: 2},
-                 overrides: [precision=fp32, model=from_teacher:3, "kd.teacher=${teacher.output_dir}"]}
+                 overrides: [precision=fp32, model=from_teacher:3, "kd.teacher=${teacher.output_dir}"],
+                 export: {int8: true}}  # optional: then `pipeline export OUTPUT_DIR --check --int8`
     matrix:                          # one block, or a list of blocks (their union)
       tasks: [wikiqa]                # each axis is optional: a list of values, or a mapping
       models: [...]                  #   value -> overrides for that value (per-task settings)
@@ -40,6 +41,10 @@ Study file (YAML):
       procedures: [teacher, kd_fp32] # names from `procedures`; absent = one `train` stage
       seeds: [1, 2]
       overrides: [...]               # this block's cells only
+
+A procedure with `export` (true, or {int8: true}) runs `python -m pipeline export OUTPUT_DIR --check`
+(with --int8) in the cell's slot once its stage finished; the cell is done once its export/check.json
+is there (a study run again runs only a missing export). The Slurm executor does not run it.
 
 `${PROC.output_dir}` in a cell's overrides is the output directory of the cell of procedure
 PROC in the same block with the same task, model, precision and seed; that cell runs first,

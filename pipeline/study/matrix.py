@@ -41,7 +41,7 @@ def plan_cells(study: Study) -> list[Cell]:
                 name = f"{name}-{block.index}"
             cell = Cell(name=name, procedure=proc.name, command=proc.command, launcher=launcher,
                         output_dir=study.output_root / study.name / name, overrides=overrides,
-                        values=values, tables=tables)
+                        values=values, tables=tables, export=proc.export)
             cells.append(cell)
             by_block_values[(block.index, tuple(sorted(values.items())))] = cell
     for cell in cells:

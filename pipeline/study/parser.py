@@ -7,9 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import yaml
-
-from pipeline.errors import UserError
+from pipeline.config.schema import read_document
 from pipeline.study.matrix import plan_cells
 from pipeline.study.spec import (
     AXES,
@@ -36,12 +34,7 @@ def load_study(path: str | Path, extra: list[str] = ()) -> tuple[Study, list[Cel
     Every problem is a one-line UserError naming the file and the key.
     """
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"study: {path}: no such file")
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (yaml.YAMLError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: not valid YAML ({' '.join(str(e).split())})") from None
+    raw = read_document(path, f"study: {path}")
     study = _Parser(path).study(raw, list(extra))
     return study, plan_cells(study)
 
@@ -121,13 +114,29 @@ class _Parser:
         if not isinstance(spec, dict):
             self.fail(key, "expected a mapping with command, overrides, launcher")
         for k in spec:
-            if k not in ("command", "overrides", "launcher"):
-                self.fail(f"{key}.{k}", "unknown key (expected command, overrides, launcher)")
+            if k not in ("command", "overrides", "launcher", "export"):
+                self.fail(f"{key}.{k}", "unknown key (expected command, overrides, launcher, export)")
         command = spec.get("command", "train")
         if command not in COMMANDS:
             self.fail(f"{key}.command", f"{command!r}: must be one of {' | '.join(COMMANDS)}")
         launcher = self.launcher(spec["launcher"], f"{key}.launcher") if "launcher" in spec else None
-        return Procedure(name, command, self.overrides(spec.get("overrides"), f"{key}.overrides"), launcher)
+        export = self.export(spec["export"], f"{key}.export") if "export" in spec else None
+        return Procedure(name, command, self.overrides(spec.get("overrides"), f"{key}.overrides"), launcher, export)
+
+    def export(self, raw: object, key: str) -> list[str] | None:
+        """`export: true`, `export: {int8: true}` -> the export command's options; false -> None."""
+        if raw is True or raw == {}:
+            return []
+        if raw is False or raw is None:
+            return None
+        if not isinstance(raw, dict):
+            self.fail(key, "expected true, false or a mapping {int8: true}")
+        for k, v in raw.items():
+            if k != "int8":
+                self.fail(f"{key}.{k}", "unknown key (expected int8)")
+            if not isinstance(v, bool):
+                self.fail(f"{key}.{k}", f"{v!r}: expected true or false")
+        return ["--int8"] if raw.get("int8") else []
 
     def block(self, index: int, raw: object, procedures: dict[str, Procedure], key: str) -> Block:
         if not isinstance(raw, dict):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from pipeline.errors import UserError
 from pipeline.study.cell_process import ATTEMPT
-from pipeline.study.runner import _logs, _open_study, _skipped, exit_file, report_only
+from pipeline.study.runner import OpenStudy, _logs, exit_file, report_only
 from pipeline.study.spec import Cell, Study, study_error
 
 log = logging.getLogger("pipeline")
@@ -55,7 +55,8 @@ def submit_study(study: Study, cells: list[Cell], extra: list[str]) -> int:
     for tool in ("sbatch", "squeue"):
         if shutil.which(tool) is None:
             raise UserError(f"study: --executor slurm: {tool} is not on PATH (run it where Slurm's commands are)")
-    base, uri, client, experiment_id, parent, _ = _open_study(study, cells)
+    opened = OpenStudy.open(study, cells)
+    uri, parent = opened.uri, opened.parent
     if uri.startswith("sqlite:"):
         log.warning("study %s: the cells' jobs write the sqlite store %s over a shared filesystem, one writer per "
                     "job at a time at best; for many cells at once set tracking.uri to an MLflow server",
@@ -64,7 +65,7 @@ def submit_study(study: Study, cells: list[Cell], extra: list[str]) -> int:
     ids: dict[str, str] = {}
     for i, cell in enumerate(cells, 1):
         count = f"[{i}/{len(cells)}]"
-        if _skipped(client, experiment_id, study, cell, uri, parent):
+        if opened.skipped(cell):
             log.info("%s %s: finished before; skipped", count, cell.name)
             continue
         name = _job_name(study, cell)

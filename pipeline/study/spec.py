@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.errors import UserError
+from pipeline.layout import OutputDir
 
 AXES = ("tasks", "models", "precisions", "procedures", "seeds")
 """The matrix axes, in the order a cell's name lists their values."""
@@ -78,6 +79,9 @@ class Procedure:
     overrides: list[tuple[str, str]] = field(default_factory=list)
     """(key=value, where it came from) pairs; the origin names the study-file key in errors."""
     launcher: Launcher | None = None
+    export: list[str] | None = None
+    """`export: {int8: true}`: after the stage, `python -m pipeline export OUTPUT_DIR --check` with these
+    options (--int8), in the cell's process slot; None: no export."""
 
 
 @dataclass
@@ -139,6 +143,21 @@ class Cell:
     needs: list[str] = field(default_factory=list)
     plan: dict = field(default_factory=dict)
     """Effective task, model, precision, seed (from the resolved config), for the report."""
+    export: list[str] | None = None
+    """The procedure's export options (Procedure.export), or None."""
 
     def args(self) -> list[str]:
         return [text for text, _ in self.overrides]
+
+    def export_command(self, uri: str | None) -> list[str]:
+        """The export after the stage: its best/ exported, checked and logged on its run."""
+        return [sys.executable, "-m", "pipeline", "export", str(self.output_dir), "--check", *(self.export or []),
+                *(["--uri", uri] if uri else [])]
+
+    def stage_done(self) -> bool:
+        """The stage finished (it writes metrics.json last)."""
+        return OutputDir(self.output_dir).metrics.is_file()
+
+    def done(self) -> bool:
+        """The stage finished, and so did its export if it has one (export/check.json is written last)."""
+        return self.stage_done() and (self.export is None or OutputDir(self.output_dir).export_check.is_file())

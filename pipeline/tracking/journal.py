@@ -88,6 +88,10 @@ class Model:
     path: str
     name: str
     step: int
+    register_as: str | None = None
+    """tracking.register_as: the registered model it becomes a new version of."""
+    description: str | None = None
+    """That version's description (the run's main test score)."""
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,10 @@
 """When the loop's numbers are logged, and every record they become (torchtitan's MetricsProcessor).
 
 The loop hands it numbers: after each optimizer step, at each epoch's end, at the job's end. It
-decides when a step is logged (every train.log_every steps and the last one), reads every rank's
-numbers at an epoch's end in one collective (the step losses and the meters together: a host
-wait per collective shows in a GPU step's time), and makes each record: the MLflow metrics
-through the Tracker (which journals them first), the console lines, and output_dir's
-metrics.json and report.txt with the logged model. pipeline/names.py spells every name.
+decides when a step is logged (every train.log_every steps and the last one) and makes each
+record: the MLflow metrics through the Tracker (which journals them first), the console lines (a
+logged step's: console.py), and output_dir's metrics.json and report.txt with the logged model and
+best/'s completed card. pipeline/names.py spells every name.
 """
 from __future__ import annotations
 
@@ -17,8 +16,8 @@ from pipeline.fsutil import write_json, write_text
 from pipeline.layout import OutputDir
 from pipeline.measure import collapse
 from pipeline.measure.telemetry import StageMeters
-from pipeline.parts.step_losses import StepLosses
-from pipeline.runtime import dist
+from pipeline.parts.model_card import write_card
+from pipeline.tracking.console import StepLines
 from pipeline.tracking.served_model import MODEL_NAME, ServedModel, save_for_logging
 from pipeline.tracking.tracker import Tracker
 
@@ -32,10 +31,10 @@ log = logging.getLogger("pipeline")
 class MetricsProcessor:
     """The records of one stage's run; every method is called on every rank (rank 0 writes)."""
 
-    def __init__(self, tracker: Tracker, meters: StageMeters, losses: StepLosses, log_every: int, total_steps: int,
-                 is_main: bool):
-        self.tracker, self.meters, self.losses = tracker, meters, losses
+    def __init__(self, tracker: Tracker, meters: StageMeters, log_every: int, total_steps: int, is_main: bool):
+        self.tracker, self.meters = tracker, meters
         self.log_every, self.total_steps, self.is_main = log_every, total_steps, is_main
+        self.console = StepLines(meters, total_steps, log_every, is_main)
 
     def begin(self, out: OutputDir, files: dict[str, dict]) -> None:
         """Collective, as the loop starts: the run's energy_available tag (does any rank measure
@@ -51,46 +50,39 @@ class MetricsProcessor:
     def should_log(self, step: int) -> bool:
         return step % self.log_every == 0 or step == self.total_steps
 
-    def log_step(self, step: int, lr: float, grad_norm: float, epoch_progress: float, loss_scale: float | None
-                 ) -> float:
-        """A logged step (the losses read into the window first): the window's mean loss, the
-        learning rate, the gradient norm, the epoch's progress, AMP health. Returns the loss."""
+    def log_step(self, step: int, loss: float, lr: float, grad_norm: float, epoch_progress: float,
+                 amp: dict[str, float]) -> None:
+        """A logged step: the window's mean loss and throughput, the learning rate, the gradient norm,
+        the epoch's progress, AMP health (`amp`: StepLosses.amp_metrics); to MLflow and, without a
+        TTY, the console."""
         self.meters.check_compiles()
-        loss = self.losses.close_window()
-        self.tracker.log_metrics({names.TRAIN_LOSS: loss, names.TRAIN_LR: lr, names.TRAIN_GRAD_NORM: grad_norm,
-                                  names.TRAIN_EPOCH: epoch_progress, **self.losses.amp_metrics(loss_scale)}, step)
-        return loss
+        metrics = {names.TRAIN_LOSS: loss, names.TRAIN_LR: lr, names.TRAIN_GRAD_NORM: grad_norm,
+                   names.TRAIN_EPOCH: epoch_progress, **amp, **self.console.step_figures()}
+        self.tracker.log_metrics(metrics, step)
+        self.console.show(step, metrics)
 
-    def reduce_epoch(self) -> tuple[dict, dist.Reduced]:
-        """Collective, one for both: the epoch's perf/ and energy/ metrics (the meters' clocks
-        stop), and the steps' pending losses over every rank (for StepLosses.read)."""
-        losses, meters = dist.reduce_together([self.losses.pending.local(), self.meters.epoch_local()])
-        return self.meters.end_epoch(meters), losses
-
-    def log_epoch(self, epoch_metrics: dict, dev: Evaluation, step: int, epoch: int, epochs: int,
+    def log_epoch(self, epoch_metrics: dict, loss: float, dev: Evaluation, step: int, epoch: int, epochs: int,
                   main_metric: str) -> None:
-        """The epoch's metrics with its dev scores, and its console line."""
-        metrics = {**epoch_metrics, **self.losses.amp_metrics(None),
-                   **{names.eval_metric(k): v for k, v in dev.scores.items()}}
+        """The epoch's metrics (the meters' and AMP health) with its dev scores, and its console
+        line (`loss`: the last logged mean)."""
+        metrics = {**epoch_metrics, **{names.eval_metric(k): v for k, v in dev.scores.items()}}
         self.tracker.log_metrics(metrics, step)
         if self.is_main:
             log.info("epoch %d/%d  step %d  loss %.4f  dev %s %.4f  %.1f samples/s  %.1fs", epoch + 1, epochs, step,
-                     self.losses.last_loss, main_metric, dev.main, metrics[names.SAMPLES_PER_S],
-                     metrics[names.EPOCH_TIME])
+                     loss, main_metric, dev.main, metrics[names.SAMPLES_PER_S], metrics[names.EPOCH_TIME])
 
-    def log_final(self, step: int, best: BestModel, test: Evaluation, loss_scale: float | None,
+    def log_final(self, step: int, best: BestModel, test: Evaluation, loss: float, amp: dict[str, float],
                   served_figures: dict[str, float]) -> dict[str, float]:
         """The job's final metrics (the best evaluation's eval/ metrics and epoch, the test scores, the
-        whole job's perf/ and energy/ figures, AMP health, rank 0's serving figures): to MLflow,
-        the eval/ ones excepted (logged at their epoch); the collapse tags of the test split and
-        why the best epoch was chosen."""
+        last logged loss, the whole job's perf/ and energy/ figures, AMP health, rank 0's serving
+        figures): to MLflow, the eval/ ones excepted (logged at their epoch); the collapse tags of the
+        test split and why the best epoch was chosen."""
         self.tracker.set_tags({**collapse.flag(test.stall, "test", self.is_main),
                                **({names.TAG_BEST_REASON: best.reason} if best.reason else {})})
         final = {**best.metrics, names.BEST_EPOCH: best.epoch,
                  **{names.test_metric(k): v for k, v in test.scores.items()},
-                 names.TRAIN_LOSS: self.losses.last_loss, names.TRAIN_STEPS: step,
-                 **self.meters.final_metrics(best.time_to_best), **self.losses.amp_metrics(loss_scale),
-                 **served_figures}
+                 names.TRAIN_LOSS: loss, names.TRAIN_STEPS: step,
+                 **self.meters.final_metrics(best.time_to_best), **amp, **served_figures}
         final = {k: v for k, v in final.items() if v is not None}
         self.tracker.log_metrics({k: v for k, v in final.items() if not k.startswith(names.EVAL)}, step)
         return final
@@ -106,11 +98,14 @@ class MetricsProcessor:
         as an MLflow model, if asked: `served`); metrics.json last of all, so its presence says
         the job finished."""
         write_text(out.report, report)
+        if out.trained_model() is not None:  # its card completed: the test scores, the inference figures
+            write_card(out.best, out, final)
         saved = served is not None and save_for_logging(out, served)
         write_json(out.metrics, final)
         for path in (out.metrics, out.report):
             self.tracker.log_artifact(path)
         if saved:
-            self.tracker.log_model(out.mlflow_model, MODEL_NAME, step)  # after the metrics: it links them
+            self.tracker.log_model(out.mlflow_model, MODEL_NAME, step,  # after the metrics: it links them
+                                   f"test {served.task.main_metric} {final[names.TEST_MAIN]:.4f}")
         elif served is not None:
             self.tracker.log_artifact(out.best, OutputDir.BEST)

@@ -4,7 +4,7 @@ task's serving_task with its tokenizer, an input example and a signature, so
 a model that serves, and the registry can take it.
 
 Offline, nothing fetched: mlflow/transformers/__init__.py save_model fetches the model card from
-the hub unless one is given (a card is given), looks up a license file in the hub repository named
+the hub unless one is given (best/'s card is given), looks up a license file in the hub repository named
 by the model's name_or_path (an absolute local path here: refused by huggingface_hub's repo-id check
 before any request, so it writes its fallback LICENSE.txt), and infers pip requirements by loading the model in
 a subprocess unless they are given (they are: the installed torch, transformers, tokenizers).
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.fsutil import atomic_dir
 from pipeline.layout import OutputDir
+from pipeline.parts.model_card import CARD
 
 if TYPE_CHECKING:
     from pipeline.tasks.base import Task
@@ -67,7 +68,9 @@ def save_served_model(best: Path, task: Task, examples: list[dict], target: Path
     # would try over the network; an absolute path is refused by the repo-id check before any request
     local = str(Path(best).resolve())
     pipe = transformers.pipeline(task.serving_task, model=local, tokenizer=local, device="cpu")
-    card = huggingface_hub.ModelCard(f"---\nlicense: other\n---\nA {task.name} model trained by the pipeline: "
+    written = Path(best) / CARD  # best/'s own card (parts/model_card.py), else a line
+    card = huggingface_hub.ModelCard(written.read_text(encoding="utf-8") if written.is_file() else
+                                     f"---\nlicense: other\n---\nA {task.name} model trained by the pipeline: "
                                      f"{task.serving_task}; inputs are text normalized as the task normalizes it.")
     requirements = [f"{name}=={importlib.metadata.version(name)}" for name in REQUIREMENTS]
     with atomic_dir(target, replace=True) as tmp:

@@ -15,6 +15,10 @@ if TYPE_CHECKING:
     from mlflow.entities import DatasetInput
 
 PARAMS_PER_BATCH, METRICS_PER_BATCH = 100, 1000  # MLflow's limits for one log_batch
+SOURCE_TAGS = ("mlflow.source.", "mlflow.user")
+MODEL_VERSIONS_TAG = "mlflow.modelVersions"
+"""MLflow's own tag on a logged model: the registered versions made from it."""
+"""The run's tags a logged model carries too (MLflow's Models page shows its source and commit)."""
 
 
 class _Every:
@@ -120,37 +124,58 @@ def reason(e: Exception) -> str:
 
 
 def log_saved_model(client: MlflowClient, run_id: str, record: Model) -> None:
-    """An MLflow model already saved on disk, logged as MLflow 3 logs a model (mlflow/models/model.py,
-    Model.log: a LoggedModel whose source is the run, the run's output, the run's metrics at
-    `record.step` linked to it, its artifacts uploaded) without building it again: the flavor
-    handed to Model.log copies the saved directory and its MLmodel description. The serving input
-    was checked when the model was saved (validate_serving_input off here).
-
-    The LoggedModel is created first, in the run's experiment (for a study cell, the study's), and
-    Model.log fills it: left to create it, Model.log files it under the fluent API's active
-    experiment (MLflow's `Default` here, the pipeline logging through a client) and the
-    experiment's Models page never shows it."""
+    """An MLflow model already saved on disk, logged through the client's public API as MLflow 3's
+    Model.log logs one (mlflow/models/model.py): a LoggedModel in the run's experiment (for a study
+    cell, the study's) with the run as its source and the run's params, its files uploaded as they
+    were saved (the MLmodel naming the logged model and run), READY, the run's output at
+    `record.step`, and the run's metrics at that step linked to it. With `record.register_as`, a new
+    version of that registered model (created on first use), described by `record.description`."""
     import shutil
-    import types
+    import tempfile
 
-    import mlflow
+    from mlflow.entities import LoggedModelOutput, LoggedModelStatus
+    from mlflow.entities import Metric as MlflowMetric
     from mlflow.models import Model as MlflowModel
-    from mlflow.tracking._tracking_service.utils import _use_tracking_uri
 
-    saved = MlflowModel.load(record.path)
-
-    def copy_saved(path: str, mlflow_model: MlflowModel, **_: object) -> None:
-        shutil.copytree(record.path, path, dirs_exist_ok=True)
-        for name in ("flavors", "signature", "saved_input_example_info", "model_size_bytes", "metadata"):
-            setattr(mlflow_model, name, getattr(saved, name))
-        mlflow_model.save(str(Path(path) / "MLmodel"))
-
-    flavor = types.SimpleNamespace(__name__=next(iter(k for k in saved.flavors if k != "python_function"), "custom"),
-                                   save_model=copy_saved)
     run = client.get_run(run_id)
-    with _use_tracking_uri(client._tracking_client.tracking_uri):
-        # initialize_logged_model adds the source tags Model.log would (user, entry point, git commit)
-        model = mlflow.initialize_logged_model(name=record.name, source_run_id=run_id, params=run.data.params,
-                                               experiment_id=run.info.experiment_id)
-        mlflow.models.Model.log(None, name=record.name, flavor=flavor, run_id=run_id, step=record.step,
-                                model_id=model.model_id, validate_serving_input=False)
+    source_tags = {k: v for k, v in run.data.tags.items() if k.startswith(SOURCE_TAGS)}
+    model = client.create_logged_model(run.info.experiment_id, name=record.name, source_run_id=run_id,
+                                       params=run.data.params, tags=source_tags)
+    with tempfile.TemporaryDirectory() as tmp:
+        files = Path(tmp) / "model"
+        shutil.copytree(record.path, files)
+        described = MlflowModel.load(files)
+        described.run_id, described.model_id, described.artifact_path = run_id, model.model_id, model.artifact_location
+        described.save(str(files / "MLmodel"))
+        client.log_model_artifacts(model.model_id, str(files))
+    client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
+    client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=record.step)])
+    linked = [MlflowMetric(m.key, m.value, m.timestamp, m.step, model_id=model.model_id, run_id=run_id)
+              for key in run.data.metrics for m in client.get_metric_history(run_id, key)
+              if m.step == record.step and m.model_id is None]
+    for i in range(0, len(linked), METRICS_PER_BATCH):
+        client.log_batch(run_id, metrics=linked[i : i + METRICS_PER_BATCH])
+    if record.register_as:
+        register(client, record.register_as, model.model_id, model.artifact_location, run_id, record.description)
+
+
+def register(client: MlflowClient, name: str, model_id: str, location: str, run_id: str,
+             description: str | None) -> int:
+    """A new version of registered model `name` (created on first use) from a logged model, as
+    mlflow.register_model makes one (mlflow/tracking/_model_registry/fluent.py), the logged model
+    tagged with its versions (the UI links them); its number. The source is the logged model's
+    artifact location: a models:/ID source is resolved by the store through the process's default
+    tracking URI, not this client's."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.create_registered_model(name)
+    except MlflowException as e:
+        if e.error_code != "RESOURCE_ALREADY_EXISTS":
+            raise
+    version = client.create_model_version(name, source=location, run_id=run_id, model_id=model_id,
+                                          description=description)
+    versions = json.loads(client.get_logged_model(model_id).tags.get(MODEL_VERSIONS_TAG, "[]"))
+    client.set_logged_model_tags(model_id, {MODEL_VERSIONS_TAG: json.dumps(
+        [*versions, {"name": name, "version": version.version}])})
+    return int(version.version)

@@ -64,6 +64,7 @@ def start_stage_run(cfg: Config, rt: Runtime, uri: str, run: StageRun) -> tuple[
     out = Path(cfg.output_dir)
     resolved = write_config(cfg, rt, uri)
     tracker = Tracker(out, active=rt.is_main, resume=run.resumed)
+    tracker.register_as = cfg.tracking.register_as
     tags = run_tags(cfg, rt, run)
     run_name = cfg.tracking.run_name or f"{cfg.task}-{run.model_spec.split('/')[-1]}-{run.precision}"
     try:
@@ -102,6 +103,8 @@ def run_tags(cfg: Config, rt: Runtime, run: StageRun) -> dict[str, object]:
         names.TAG_NUM_NODES: rt.num_nodes, names.TAG_STAGE: run.kind, names.TAG_PROCEDURE: run.kind,
         names.TAG_DEVICE: telemetry.device_name(rt.device), names.TAG_DEVICE_TYPE: rt.device.type,
         names.TAG_SEED: cfg.seed, names.TAG_STUDY: "",
+        # MLflow's own source tags: its run page and runs table show them
+        names.TAG_SOURCE_NAME: f"python -m pipeline {run.kind}", names.TAG_SOURCE_TYPE: "LOCAL",
         **telemetry.environment_tags(), **run.ran.get("tags", {}), **cfg.tracking.tags,
     }
     if cfg.tracking.parent_run_id:

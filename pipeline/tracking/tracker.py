@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline import fsutil
+from pipeline import compat, fsutil
 from pipeline.config.secrets import redact
 from pipeline.tracking import sink
 from pipeline.tracking.journal import (
@@ -48,6 +48,8 @@ class Tracker:
         self.uri: str | None = None
         self._warned = False
         self._monitor = None
+        self.register_as: str | None = None
+        """tracking.register_as: the registered model a logged model becomes a new version of."""
         if active:
             self.journal_path.parent.mkdir(parents=True, exist_ok=True)
             if not resume:  # a resumed job appends to the journal of its first attempt
@@ -100,10 +102,7 @@ class Tracker:
         if run_id is None:
             return
         try:
-            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-
-            self._monitor = SystemMetricsMonitor(run_id, sampling_interval=interval, node_id=node_id,
-                                                 tracking_uri=uri)
+            self._monitor = compat.system_metrics_monitor(run_id, interval, node_id, uri)
             self._monitor.start()
         except Exception as e:  # noqa: BLE001 - optional: psutil missing, server down
             log.warning("tracking: system metrics unavailable (%s)", sink.reason(e))
@@ -147,11 +146,12 @@ class Tracker:
             return
         self._record([Artifact(str(path), artifact_path)])
 
-    def log_model(self, path: Path, name: str, step: int) -> None:
-        """An MLflow model saved at `path` (tracking/served_model.py), as a logged model of the run."""
+    def log_model(self, path: Path, name: str, step: int, description: str | None = None) -> None:
+        """An MLflow model saved at `path` (tracking/served_model.py), as a logged model of the run,
+        registered as a new version of `register_as` if set (`description`: that version's)."""
         if not self.active or not Path(path).is_dir():
             return
-        self._record([Model(str(path), name, step)])
+        self._record([Model(str(path), name, step, self.register_as, description)])
 
     # -------------------------------------------------------------- internals
     def _record(self, records: list[Record]) -> None:

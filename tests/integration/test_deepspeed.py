@@ -37,8 +37,6 @@ JOB = [*FAST, "train.batch_size=16", "train.epochs=2"]
 
 @pytest.fixture(scope="module")
 def ddp_bf16(tmp_path_factory):
-    if not precision.cpu_supports_bf16():
-        pytest.skip("this CPU has no bf16 (DeepSpeed's fp16 on CPU is not supported either)")
     tmp = tmp_path_factory.mktemp("ddp")
     result = torchrun(2, "train", *JOB, "precision=bf16", f"output_dir={tmp}", f"tracking.uri=sqlite:///{tracking_db(tmp)}")
     assert result.returncode == 0, result.stderr[-3000:]
@@ -110,7 +108,9 @@ def deepspeed_process_group():
 @pytest.mark.slow
 def test_a_cpu_engine_starts_without_compiling_the_shm_all_reduce(deepspeed_process_group):
     """DeepSpeed's CPU accelerator would JIT-compile its shared-memory all-reduce (minutes of C++ on
-    a first run) for inference only; the pipeline's engine trains without it, through gloo."""
+    a first run) for inference only; the pipeline's engine trains without it, through gloo. The
+    engine runs the batch split handed to prepare (batch_size=auto finds it after the config was
+    read and checked), not the one the backend was built with."""
     from deepspeed.comm import comm as ds_comm
 
     train = settled_train("train.batch_size=4")
@@ -118,8 +118,10 @@ def test_a_cpu_engine_starts_without_compiling_the_shm_all_reduce(deepspeed_proc
                                "ds_configs/zero2.json")
     model = BertForSequenceClassification(BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
                                                      num_attention_heads=2, intermediate_size=64, num_labels=2))
-    engine = backend.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+    found = settled_train("train.batch_size=2", "train.grad_accum=2")
+    engine = backend.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3), found)
     assert ds_comm.cdb.shm_comm_op is None
+    assert (engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()) == (2, 2)
     backend.backward(engine(input_ids=torch.randint(5, 100, (4, 8)), labels=torch.tensor([0, 1, 0, 1])).loss)
     assert backend.step().stepped
 

@@ -15,13 +15,13 @@ from mlflow.tracking import MlflowClient
 from helpers import FAST, ROOT, assert_same_result, free_port, mlflow_runs, run_cli, tracking_db, wait_for
 from pipeline import cli, fsutil, names
 from pipeline.config import load_config
-from pipeline.jobs.outputs import start_over
+from pipeline.jobs.resume import Resume
 from pipeline.jobs.run import run
 from pipeline.layout import OutputDir
 from pipeline.parts import checkpoint
+from pipeline.parts.step_losses import Diverged
 from pipeline.runtime.dist import Runtime
 from pipeline.tracking import Tracker, sync
-from pipeline.train import Diverged
 
 SINGLE = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
 # dropout stays on: a resume must restore every rank's RNG to continue bit-exactly. train/loss is
@@ -41,13 +41,17 @@ def newest_step(out):
     return (checkpoint.latest(OutputDir(out)) or checkpoint.Checkpoint(None, 0)).step
 
 
+def finished_without_a_fault(tmp: Path, start) -> Path:
+    """JOB launched by `start` (start_cli, start_torchrun) and left to finish: its output_dir."""
+    proc = start("train", *JOB, f"output_dir={tmp / 'out'}", f"tracking.uri=sqlite:///{tracking_db(tmp)}",
+                 log=tmp / "log")
+    assert proc.wait(timeout=600) == 0, (tmp / "log").read_text()[-3000:]
+    return tmp / "out"
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("uninterrupted")
-    proc = start_cli("train", *JOB, f"output_dir={tmp / 'out'}", f"tracking.uri=sqlite:///{tracking_db(tmp)}",
-                     log=tmp / "log")
-    assert proc.wait(timeout=600) == 0, (tmp / "log").read_text()[-2000:]
-    return tmp / "out"
+    return finished_without_a_fault(tmp_path_factory.mktemp("uninterrupted"), start_cli)
 
 
 @pytest.mark.slow
@@ -134,11 +138,7 @@ def kill_all(agent):
 
 @pytest.fixture(scope="module")
 def uninterrupted_ddp(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("uninterrupted_ddp")
-    proc = start_torchrun("train", *JOB, f"output_dir={tmp / 'out'}", f"tracking.uri=sqlite:///{tracking_db(tmp)}",
-                          log=tmp / "log")
-    assert proc.wait(timeout=600) == 0, (tmp / "log").read_text()[-3000:]
-    return tmp / "out"
+    return finished_without_a_fault(tmp_path_factory.mktemp("uninterrupted_ddp"), start_torchrun)
 
 
 @pytest.mark.slow
@@ -255,7 +255,7 @@ def test_a_lost_job_that_never_reached_mlflow_is_uploaded_when_the_next_starts_o
     lost.log_metrics({"train/loss": 0.7}, step=10)  # then killed: no end record
 
     caplog.set_level(logging.WARNING, logger="pipeline")
-    start_over(OutputDir(out), SINGLE, f"sqlite:///{db}", resuming=True)
+    Resume(OutputDir(out), auto=True).start_over(SINGLE, f"sqlite:///{db}")
     (run,) = mlflow_runs(db, "lost")
     assert run.info.status == "FAILED" and run.data.params["train.lr"] == "0.001"
     assert [m.value for m in MlflowClient(f"sqlite:///{db}").get_metric_history(run.info.run_id, "train/loss")] \
@@ -264,7 +264,7 @@ def test_a_lost_job_that_never_reached_mlflow_is_uploaded_when_the_next_starts_o
 
     again = tmp_path / "again"
     Tracker(again, active=True).start(dead, "lost", "second-job", {}, {})
-    start_over(OutputDir(again), SINGLE, dead, resuming=True)
+    Resume(OutputDir(again), auto=True).start_over(SINGLE, dead)
     (kept,) = again.glob("journal.abandoned-*.jsonl")
     assert not (again / "journal.jsonl").exists() and f"python -m pipeline sync {kept}" in caplog.text
     assert run_cli("sync", kept, "--uri", f"sqlite:///{db}").returncode == 0

@@ -1,7 +1,10 @@
 """The offline install of docs/launching.md, as on an air-gapped node: a fresh virtualenv that already has
 a torch, the pipeline installed from a wheelhouse (`make wheelhouse`, this machine's Python and platform)
-with no package index, the torch left as it was, and the CLI working. `make test-offline` builds the
-wheelhouse and runs this; `make test` leaves it out (minutes of installing)."""
+with no package index, the torch left as it was, and jobs run from a directory outside the checkout: a
+train job, and a 2-process DeepSpeed ZeRO-2 job (on the CPU) that names no config (the one shipped in the
+wheel). `make test-offline` builds the wheelhouse and runs this; `make test` leaves it out (minutes of
+installing)."""
+import json
 import os
 import subprocess
 import sys
@@ -10,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import ROOT
+from helpers import FAST, ROOT, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.install]
 
@@ -44,6 +47,26 @@ def test_the_pipeline_installs_from_the_wheelhouse_with_no_index_and_keeps_the_n
     assert check[0] == version and str(venv) in check[1]  # the installed copy, not this checkout
     cli = subprocess.run([py, "-m", "pipeline", "--help"], cwd=tmp_path, capture_output=True, text=True, env=clean)
     assert cli.returncode == 0 and "train" in cli.stdout, cli.stderr[-2000:]
+    jobs_run_from_elsewhere(venv, tmp_path / "elsewhere", clean)
+
+
+def jobs_run_from_elsewhere(venv: Path, here: Path, env: dict[str, str]) -> None:
+    """From a directory that is not the checkout: a train job, then a 2-process DeepSpeed job on the CPU
+    with no `deepspeed=` (the wheel's zero2.json), each to a finished output_dir."""
+    here.mkdir()
+    env = {**env, "CUDA_VISIBLE_DEVICES": "", "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    job = [*FAST, "train.max_steps=4", f"tracking.uri=sqlite:///{here / 'mlflow.db'}"]
+    train = subprocess.run([str(venv / "bin" / "python"), "-m", "pipeline", "train", *job, "output_dir=single"],
+                           cwd=here, capture_output=True, text=True, env=env, timeout=900)
+    assert train.returncode == 0, train.stderr[-3000:]
+    assert (here / "single" / "metrics.json").is_file()
+    ds = subprocess.run([str(venv / "bin" / "deepspeed"), "--num_gpus", "2", "--master_port", str(free_port()),
+                         "--module", "pipeline", "train", *job, "train.batch_size=8", "output_dir=zero2"],
+                        cwd=here, capture_output=True, text=True, env=env, timeout=900)
+    assert ds.returncode == 0, ds.stdout[-3000:] + ds.stderr[-3000:]
+    resolved = json.loads((here / "zero2" / "deepspeed_config.json").read_text())
+    assert resolved["zero_optimization"]["stage"] == 2 and resolved["train_batch_size"] == 16
+    assert (here / "zero2" / "metrics.json").is_file()
 
 
 def test_install_offline_refuses_an_environment_without_torch(tmp_path):

@@ -121,7 +121,7 @@ def test_a_changed_learning_rate_is_refused_naming_the_key_both_values_and_the_w
     j = preset_job.copy(tmp_path)
     message = j.untouched_by("train.lr=1e-2")
     assert "trained with other settings: train.lr: 0.001 -> 0.01." in message
-    assert "resume=never starts over" in message and "accept_changes=train.lr continues" in message
+    assert "resume=never overwrite=true starts over" in message and "accept_changes=train.lr continues" in message
 
     result = run_cli("train", *j.args("train.lr=1e-2"))  # the user's command: exit 2, one line
     assert result.returncode == 2

@@ -28,7 +28,8 @@ def logged(tmp_path_factory):
         env.setenv("MLFLOW_EXPERIMENT_NAME", FLUENT)
         figures = run(load_config(None, [*FAST, "train.epochs=1", f"output_dir={out}",
                                          f"tracking.uri=sqlite:///{db}", "tracking.experiment=t",
-                                         "tracking.log_model=true", "seed=3"]))
+                                         "tracking.log_model=true", "tracking.register_as=demo-student",
+                                         "seed=3"]))
     (mlrun,) = mlflow_runs(db, "t")
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(f"sqlite:///{db}")
@@ -53,16 +54,31 @@ def test_the_logged_model_reproduces_the_runs_test_predictions(logged):
     assert list(served.predict([e["text"] for e in examples[:3]])["label"]) == labels[:3]
 
 
-def test_the_logged_model_is_saved_offline_with_its_example_and_can_be_registered(logged):
+def test_the_logged_model_is_saved_offline_with_its_example_and_card(logged):
     saved = logged["out"] / "mlflow_model"
     example = json.loads((saved / "input_example.json").read_text())
     assert example and (saved / "model" / "model.safetensors").is_file()
     assert (saved / "components" / "tokenizer").is_dir()
     assert "transformers==" in (saved / "requirements.txt").read_text()
-    (output,) = logged["run"].outputs.model_outputs
-    version = mlflow.register_model(f"models:/{output.model_id}", "sentiment-student")
-    assert str(version.version) == "1"
-    assert mlflow.transformers.load_model("models:/sentiment-student/1").task == "text-classification"
+    card = (logged["out"] / "best" / "README.md").read_text()  # best/'s card, with the final figures
+    assert card.startswith("---\nlibrary_name: transformers\n") and "pipeline_tag: text-classification" in card
+    assert f"| test/main | {logged['figures'][names.TEST_MAIN]:.4f} |" in card and "| seed | 3 |" in card
+    assert (saved / "model_card.md").read_text().strip() == card.split("---\n", 2)[2].strip()
+
+
+def test_register_as_makes_a_version_that_loads_and_predicts_and_the_run_shows_its_source(logged):
+    """tracking.register_as: version 1 of the registered model, described by the run's main test
+    score, loads through the registry as `mlflow models serve` would; the run carries MLflow's own
+    source tags (name, and the commit in a checkout)."""
+    run = logged["run"]
+    (version,) = mlflow.MlflowClient().search_model_versions("name='demo-student'")
+    assert (str(version.version), version.run_id) == ("1", run.info.run_id)
+    assert version.description == f"test macro_f1 {logged['figures'][names.TEST_MAIN]:.4f}"
+    served = mlflow.pyfunc.load_model("models:/demo-student/1")
+    assert set(served.predict(["ভালো লাগলো", "খুব খারাপ"])["label"]) <= set(get_task("sentiment").labels)
+    tags = run.data.tags
+    assert tags[names.TAG_SOURCE_NAME] == "python -m pipeline train" and tags[names.TAG_SOURCE_TYPE] == "LOCAL"
+    assert len(tags[names.TAG_GIT_COMMIT]) == 40  # the tests run in a checkout
 
 
 def models_by_experiment(client):

@@ -8,23 +8,18 @@ from helpers import FAST, mlflow_runs, torchrun, tracking_db
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.jobs.run import run
-from pipeline.runtime import precision
 
 # ---------------------------------------------------------------------- the job end to end
 # Chance on the sample set: F1 0 (all negative), MAP and MRR 0.50-0.51 on dev and test (random ranking).
 # Observed with FAST, 3 epochs: test F1 0.71, MAP 0.90 (fp32).
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("prec", ["fp32", "bf16"])
-def test_wikiqa_learns_above_chance(tmp_path, prec):
-    if prec == "bf16" and not precision.cpu_supports_bf16():
-        pytest.skip("this CPU has no bf16")
-    out, db = tmp_path / "out", tracking_db(tmp_path)
-    cfg = load_config(None, ["task=wikiqa", *FAST, "train.epochs=3", f"precision={prec}", f"output_dir={out}",
-                             f"tracking.uri=sqlite:///{db}", "tracking.experiment=t"])
-    figures = run(cfg)
+LEARNS = ["task=wikiqa", *FAST, "train.epochs=3"]
+"""The job tests/integration/test_task_learns.py trains in fp32 and bf16 (above chance), then checks
+with learned()."""
 
+
+def learned(figures: dict, out, db, prec: str) -> None:
     assert figures[names.EVAL_MAIN] == figures[names.eval_metric("f1")] > 0.5
     assert (figures[names.test_metric("f1")] > 0.5 and figures[names.test_metric("map")] > 0.75
             and figures[names.test_metric("mrr")] > 0.75)

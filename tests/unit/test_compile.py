@@ -10,8 +10,8 @@ import torch
 import transformers
 from transformers import BertConfig, BertForSequenceClassification, BertForTokenClassification
 
-from helpers import free_port
-from pipeline import compat, names
+from helpers import ddp_syncs_buffers_every_forward, free_port
+from pipeline import names
 from pipeline.config import load_config
 from pipeline.data.loaders import IGNORED, ShapedCollate, real_rows
 from pipeline.errors import UserError
@@ -205,8 +205,8 @@ def test_the_compile_policy_answers_what_the_stage_asks():
     graphs, inductor, eager = (compiler.CompilePolicy(m, "test") for m in ("reduce-overhead", "default", "off"))
     assert (graphs.cuda_graphs, inductor.cuda_graphs, eager.cuda_graphs) == (True, False, False)
     assert graphs.fill_short_batches(distilling=False) and not graphs.fill_short_batches(distilling=True)
-    assert not eager.fill_short_batches(distilling=False) and not eager.counts_compile_time
-    assert inductor.counts_compile_time and compiler.CompilePolicy("max-autotune", "test").cuda_graphs
+    assert not eager.fill_short_batches(distilling=False) and not eager.compiled
+    assert inductor.compiled and compiler.CompilePolicy("max-autotune", "test").cuda_graphs
 
 
 def test_the_settled_plan_holds_one_policy_and_the_backend_logs_it(tmp_path):
@@ -277,7 +277,7 @@ def test_ddp_broadcasts_no_buffers_as_the_models_buffers_are_constants(gloo_grou
     """DDP without a buffer sync before every forward (compat.ddp_without_forward_buffer_sync): what makes that
     safe is that training never changes a buffer (position and token-type ids), so every rank's stay equal."""
     backend = backend_for(tiny_classifier(), "off", gloo_group)
-    assert not compat.ddp_syncs_buffers_every_forward(backend.model)
+    assert not ddp_syncs_buffers_every_forward(backend.model)
     before = {k: v.clone() for k, v in backend.module.named_buffers()}
     losses(backend, batches(n=2))
     assert before and all(torch.equal(v, before[k]) for k, v in backend.module.named_buffers())
@@ -293,8 +293,8 @@ def test_a_padded_batch_mask_handed_in_4d_skips_transformers_all_ones_check(monk
     (batch,) = batches(n=1)
     mask = batch["attention_mask"].clone()
     mask[0, -3:] = 0
-    assert models.takes_prepared_mask(model) and compiler.OFF.prepares_padded_mask
-    assert not compiler.CompilePolicy("default", "test").prepares_padded_mask
+    assert models.takes_prepared_mask(model) and not compiler.OFF.compiled
+    assert compiler.CompilePolicy("default", "test").compiled
     checks = []
     real_all = torch.Tensor.all
     monkeypatch.setattr(torch.Tensor, "all", lambda self, *a, **k: (checks.append(1), real_all(self, *a, **k))[1])

@@ -17,7 +17,8 @@ def test_defaults_and_overrides_are_typed(tmp_path):
     assert cfg.precision == "bf16" and cfg.kd.cache is False and cfg.data.dev is None
     assert cfg.model_config == {"hidden_dropout_prob": 0.0}
     assert cfg.output_dir is None  # as the user left it; the job settles it
-    assert settled_config(cfg, "preset:bangla-tiny", get_task("sentiment")).output_dir == "outputs/sentiment-bf16"
+    settled = settled_config(cfg, "preset:bangla-tiny", get_task("sentiment"))
+    assert settled.output_dir == "outputs/sentiment-bangla-tiny-bf16"
     assert flatten(cfg.to_dict())["train.lr"] == pytest.approx(1e-4)
 
 
@@ -75,3 +76,12 @@ def test_bad_yaml_files(tmp_path):
         load_config(str(wrong))
     with pytest.raises(UserError, match="no such file"):
         load_config(str(tmp_path / "missing.yaml"))
+
+
+def test_secret_looking_keys_are_masked_and_token_counts_are_not():
+    from pipeline.config.secrets import redact_config
+
+    got = redact_config({"hf_token": "hf_x", "api_key": "k", "tracking": {"password": "p", "client_secrets": "s"},
+                         "train": {"batch_tokens": 4096, "max_tokens": 128}, "uri": "http://u:pw@host:5000"})
+    assert got == {"hf_token": "***", "api_key": "***", "tracking": {"password": "***", "client_secrets": "***"},
+                   "train": {"batch_tokens": 4096, "max_tokens": 128}, "uri": "http://***@host:5000"}

@@ -7,6 +7,7 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from pipeline import names
+from pipeline.config.schema import PRECISIONS
 from pipeline.errors import UserError
 from pipeline.measure import inference
 from pipeline.models import SavedModel
@@ -34,11 +35,21 @@ def test_typical_lengths_are_the_median_and_the_longest_row_padded_to_its_bucket
     assert inference.typical_lengths([5, 9, 12, 60], 16, 48)["longest"] == 48  # never past max_length
 
 
-def test_the_stage_precision_comes_first_and_a_cpu_adds_only_what_it_runs():
-    got = inference.inference_precisions("fp32", CPU)
-    assert got[0] == "fp32" and "fp16" not in got
-    assert ("bf16" in got) == precision.cpu_supports_bf16()  # refused on AVX2-only CPUs, as training refuses it
+@pytest.mark.parametrize("native, emulated, rows", [
+    (True, False, ["fp32", "bf16"]), (False, True, ["fp32", "bf16"]),
+    (False, False, ["fp32"]),  # refused on AVX2-only CPUs unless emulation is asked for, as training refuses it
+])
+def test_the_stage_precision_comes_first_and_a_cpu_adds_only_what_it_runs(monkeypatch, native, emulated, rows):
+    monkeypatch.setattr(precision, "cpu_supports_bf16", lambda: native)
+    monkeypatch.setenv(precision.EMULATED_BF16_ENV, "1" if emulated else "0")
+    assert inference.inference_precisions("fp32", CPU) == rows
     assert inference.inference_precisions("tf32", CPU)[:2] == ["tf32", "fp32"]
+
+
+def test_bf16_pure_is_served_in_bf16_like_bf16():
+    assert precision.serving_dtype("bf16-pure") == precision.serving_dtype("bf16") == torch.bfloat16
+    assert inference.inference_precisions("bf16-pure", CPU)[0] == "bf16"
+    assert set(precision.SERVED_AS) == set(PRECISIONS) - {"auto"}  # every resolved precision has a serving
 
 
 def test_bench_measures_each_length_and_names_each_figure(saved):
@@ -86,9 +97,10 @@ def test_infer_bench_measures_models_side_by_side(saved, capsys):
     assert main(["infer-bench", str(saved), str(saved / "best"), "--lengths", "8,16", "--batch-size", "2",
                  "--budget-s", "0.01", "--reps", "2", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [(r["model"], r["length"]) for r in rows] == [(str(saved), 8), (str(saved), 16),
-                                                         (str(saved / "best"), 8), (str(saved / "best"), 16)]
-    assert all(r["precision"] == "fp32" and r["params"] == rows[0]["params"] for r in rows)
+    measured = inference.inference_precisions("fp32", CPU)  # fp32, and bf16 where this CPU runs it
+    assert [(r["model"], r["precision"], r["length"]) for r in rows] == [
+        (m, p, n) for m in (str(saved), str(saved / "best")) for p in measured for n in (8, 16)]
+    assert all(r["params"] == rows[0]["params"] for r in rows)
     assert rows[0]["speedup"] == 1.0 and rows[2]["speedup"] > 0  # against the first model
     assert main(["infer-bench", str(saved), "--lengths", "8", "--budget-s", "0.01", "--reps", "2"]) == 0
     table = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""The GPU step's profile (pipeline.measure.kernels): which trace events count as kernel time, the
+"""The GPU step's profile (benchmarks/kernels.py): which trace events count as kernel time, the
 one class each kernel falls in, the busy union, and each class's floor. The trace events are hand-made
 in the format torch.profiler's export_chrome_trace writes (no GPU here); the kernel names are ones
 CUDA, cuBLAS, cuDNN, aten and inductor give their kernels (several from an H100 profile of the
@@ -7,9 +7,11 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
-from pipeline.measure import kernels, telemetry
-from pipeline.measure.flops import count_flops_by_kind
+from helpers import bench_module
+from pipeline.measure import telemetry
 from pipeline.runtime import precision
+
+kernels = bench_module("kernels")
 
 NAMES = {
     "matmul": [
@@ -223,7 +225,7 @@ def test_flops_by_kind_count_a_linear_layers_forward_and_backward_as_matmul():
         layer(x).sum().backward()
 
     # forward 2 x 2 x 4 x 8; backward twice that (gradients of the input and of the weight)
-    assert count_flops_by_kind(step) == {"matmul": 3 * 2 * 2 * 4 * 8, "attention": 0.0}
+    assert kernels.count_flops_by_kind(step) == {"matmul": 3 * 2 * 2 * 4 * 8, "attention": 0.0}
 
 
 def test_a_kernel_whose_name_holds_a_hash_still_counts():

@@ -21,7 +21,7 @@ LAYERS = [  # lowest first; a name covers a module or a package and everything i
     ("parts", "measure"),
     ("data", "models", "evaluation", "kd"),
     ("tracking",),
-    ("plan",),
+    ("plan", "export"),
     ("stage",),
     ("batch_finder", "train"),
     ("jobs",),

@@ -23,8 +23,8 @@ from pipeline.layout import OutputDir
 from pipeline.measure.telemetry import StageMeters
 from pipeline.parts import checkpoint
 from pipeline.parts.best_model import BestModel
-from pipeline.parts.checkpoint import LoadedCheckpoint
 from pipeline.parts.optim import build_optimizer
+from pipeline.parts.step_losses import Diverged, StepLosses
 from pipeline.plan.settle import Plan
 from pipeline.runtime import compiler, precision
 from pipeline.runtime.backend import StepResult
@@ -70,7 +70,7 @@ class InProcessBackend:
     def describe(self):
         return {}
 
-    def prepare(self, model, optimizer):
+    def prepare(self, model, optimizer, train=None):
         self.module, self.optimizer = model, optimizer
         return model
 
@@ -152,17 +152,19 @@ def make_loop(tmp_path, overrides=(), applied=(), micro_batches=6, epochs=1, tot
     model = TinyClassifier()
     backend = InProcessBackend(applied)
     plan = Plan(settled, rt, "train", task, policy, record, compiler.resolve(settled.train.compile, "cpu", "single"))
-    s = Stage(plan, {}, {}, None, model, "tiny", backend, None, identity={})
+    s = Stage(**vars(plan), examples={}, features={}, tokenizer=None, model=model, model_spec="tiny", backend=backend,
+              distiller=None)
     loaders = Batches(micro_batches)
     steps = total_steps or math.ceil(micro_batches / cfg.train.grad_accum) * epochs
     optimizer, scheduler = build_optimizer(model, settled.train, steps, fused=False)
     wrapped = backend.prepare(model, optimizer)
-    return train.Loop(s, loaders, scheduler, wrapped, epochs, steps, AgreedFlag(CPU), StageMeters(CPU, "fp32", 1),
+    losses = StepLosses(scheduler, OutputDir(tmp_path), 1, settled.train.max_nonfinite)
+    return train.Loop(s, loaders, losses, wrapped, epochs, steps, AgreedFlag(CPU), StageMeters(CPU, "fp32", 1),
                       RecordingTracker(), None, record)
 
 
 def logged(lp, name):
-    return {step: m[name] for step, m in lp.records.tracker.logged if name in m}
+    return {step: m[name] for step, m in lp.metrics.tracker.logged if name in m}
 
 
 def test_an_optimizer_step_every_grad_accum_micro_batches_the_last_group_short(tmp_path):
@@ -177,7 +179,7 @@ def test_under_cuda_graphs_a_step_is_marked_once_per_optimizer_step_before_its_f
         tmp_path, monkeypatch):
     """A CUDA-graph step mark inside an accumulation group would free the first micro-batch's
     `.grad` (an output of the captured backward) before the next backward adds to it
-    (CompilePolicy.begin_optimizer_step). No GPU here: torch's mark is replaced by a recorder, and
+    (CompilePolicy.begin_step). No GPU here: torch's mark is replaced by a recorder, and
     the tiny model is not compiled; what is checked is where the loop marks."""
     lp = make_loop(tmp_path, ["train.grad_accum=2", "train.compile=reduce-overhead"], micro_batches=5)
     events = []
@@ -222,7 +224,7 @@ def test_a_streak_of_non_finite_losses_stops_the_job_at_the_step_that_completed_
     bar = SimpleNamespace(set_postfix=lambda **_: None)
     for loss in (1.0, math.nan, 2.0, math.nan, math.nan):  # a finite loss breaks the first streak
         train.optimizer_step(lp, torch.tensor(loss), 0.5, bar)
-    with pytest.raises(train.Diverged, match="3 consecutive non-finite losses at step 6; last good checkpoint: none"):
+    with pytest.raises(Diverged, match="3 consecutive non-finite losses at step 6; last good checkpoint: none"):
         train.optimizer_step(lp, torch.tensor(math.inf), 0.5, bar)  # step 6: the last, so read now
     assert (lp.losses.nonfinite, lp.losses.nonfinite_streak) == (4, 3)
 
@@ -266,13 +268,12 @@ def test_a_job_preempted_and_resumed_ends_exactly_where_the_uninterrupted_one_do
 
     ckpt = checkpoint.latest(OutputDir(tmp_path / "cut"))
     second = make_loop(tmp_path / "cut", overrides, micro_batches=8, epochs=2)  # a fresh process's objects
-    bundle = ckpt.load_bundle()
-    second.checkpointer.load(LoadedCheckpoint(ckpt, bundle))
+    second.checkpointer.load(ckpt)
     assert (second.progress.epoch, second.progress.epoch_steps, second.progress.step) == (1, 1, 5)
     train.train_epoch(second, 1)
 
     assert second.progress.step == whole.progress.step == 8
-    assert second.scheduler.state_dict() == whole.scheduler.state_dict()
+    assert second.losses.scheduler.state_dict() == whole.losses.scheduler.state_dict()
     assert second.losses.state_dict() == pytest.approx(whole.losses.state_dict(), nan_ok=True)
     for (k, a), b in zip(whole.stage.model.state_dict().items(), second.stage.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
@@ -324,7 +325,7 @@ def test_a_checkpoint_that_matches_its_job_but_cannot_be_loaded_is_one_line(tmp_
     torch.save(state, ckpt.path / "backend.pt")
     fresh = make_loop(tmp_path, ["train.save_every=1"], micro_batches=2)
     with pytest.raises(MachineError, match=r"^resume: checkpoint .*step-00000001: cannot be loaded \(Error") as e:
-        fresh.checkpointer.load(LoadedCheckpoint(ckpt, ckpt.load_bundle()))
+        fresh.checkpointer.load(ckpt)
     assert "\n" not in str(e.value)
 
 

@@ -167,6 +167,7 @@ def test_refusals_name_the_mode(monkeypatch):
     from pipeline.runtime.deepspeed_backend import DeepSpeedBackend
 
     monkeypatch.setattr(precision, "cpu_supports_bf16", lambda: False)  # this CPU: AVX2 only
+    monkeypatch.delenv(precision.EMULATED_BF16_ENV)  # and the suite's emulation override off
     with pytest.raises(UserError, match="precision=bf16-pure: this cpu device has no bf16 support"):
         precision.resolve("bf16-pure", torch.device("cpu"))
     monkeypatch.setattr(precision, "cpu_supports_bf16", lambda: True)

@@ -1,10 +1,13 @@
 """bf16-pure's copies between the module's bf16 weights and the optimizer's fp32 masters, batched
-into one foreach call per direction (MasterWeights.batched, a bench_gpu.py variant): the same values
+into one foreach call per direction (benchmarks/master_weights_batched.py, a bench_gpu.py variant): the same values
 as the per-parameter copies, bit for bit. Only the copies run here (no bf16 matmul: this CPU
 emulates it); what the batching saves is a GPU figure."""
+import contextlib
+
 import pytest
 import torch
 
+from helpers import bench_module
 from pipeline.runtime.master_weights import MasterWeights
 
 
@@ -16,13 +19,13 @@ def one_step(batched: bool):
     before = [p.detach().clone() for p in module.parameters()]
     optimizer = torch.optim.AdamW(module.parameters(), lr=0.1)
     weights = MasterWeights(module, optimizer, torch.bfloat16)
-    weights.batched = batched
     for p in list(module.parameters())[:-1]:
         p.grad = torch.randn_like(p)
-    weights.grads_to_master()
-    grads = [None if m.grad is None else m.grad.clone() for m in weights.master]
-    optimizer.step()
-    weights.copy_down()
+    with bench_module("master_weights_batched").batched() if batched else contextlib.nullcontext():
+        weights.grads_to_master()
+        grads = [None if m.grad is None else m.grad.clone() for m in weights.master]
+        optimizer.step()
+        weights.copy_down()
     after = [p.detach().clone() for p in module.parameters()]
     return before, grads, [m.detach().clone() for m in weights.master], after
 

@@ -8,6 +8,7 @@ import torch
 from pipeline import names
 from pipeline.measure.energy import EnergyMeter
 from pipeline.measure.telemetry import StageMeters
+from pipeline.runtime import dist
 
 CPU = torch.device("cpu")
 
@@ -129,6 +130,28 @@ def test_step_flops_match_the_analytic_bert_count_for_every_batch_shape():
         assert flop_model.batch(rows, length) == pytest.approx(expected, rel=1e-9)
 
 
+def two_ranks(local: dist.Local, same_gpu: bool) -> dist.Reduced:
+    """What the epoch's collective gives two ranks of which the second did no work (sums are this
+    rank's), on this rank's GPU or another one (the last per-rank number: the GPU's key)."""
+    other = [*local.per_rank[:-1], local.per_rank[-1] if same_gpu else local.per_rank[-1] + 1]
+    return dist.Reduced(local.sums, local.maxes, [local.per_rank, other])
+
+
+def test_mfu_counts_a_gpu_two_ranks_share_once():
+    """PIPELINE_SHARE_GPU=1: two ranks on one GPU have one GPU's peak, not two."""
+    from pipeline.measure.flops import FlopModel
+
+    figures = {}
+    for same_gpu in (False, True):
+        meters = StageMeters(CPU, "bf16", world_size=2)
+        meters.peak_tflops, meters.flop_model = 1e-12, FlopModel({n: 100.0 for n in (4, 8)})
+        meters.start_epoch()
+        meters.add_batch([4, 4], 2, 4)
+        figures[same_gpu] = meters.end_epoch(two_ranks(meters.epoch_local(), same_gpu))
+    assert figures[True][names.MFU] / figures[True][names.TFLOPS] == pytest.approx(
+        2 * figures[False][names.MFU] / figures[False][names.TFLOPS])
+
+
 def test_mfu_and_tokens_count_real_tokens_with_the_padded_figures_beside():
     """A batch of three data rows of 2, 5 and 8 tokens padded to 8, plus one filler row (a compiled
     job's): useful work is each data row at its own length, the device computed 4 rows x 8."""
@@ -144,7 +167,7 @@ def test_mfu_and_tokens_count_real_tokens_with_the_padded_figures_beside():
     meters.start_epoch()
     meters.add_batch([2, 5, 8], 4, 8)
     time.sleep(0.05)
-    figures = meters.end_epoch()
+    figures = meters.end_epoch(two_ranks(meters.epoch_local(), same_gpu=False))
 
     seconds = figures[names.EPOCH_TIME]
     assert figures[names.TOKENS_PER_S] == pytest.approx(15 / seconds)

@@ -7,7 +7,7 @@ import torch
 import transformers
 
 from pipeline.errors import UserError
-from pipeline.parts.optim import rewind
+from pipeline.parts.step_losses import rewind
 from pipeline.runtime import precision
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.torch_backend import TorchBackend
@@ -118,9 +118,14 @@ def test_policy_resolution_on_cpu(monkeypatch):
     monkeypatch.setattr(precision, "cpu_supports_bf16", lambda: True)
     assert precision.resolve("auto", cpu).name == "bf16"
     monkeypatch.setattr(precision, "cpu_supports_bf16", lambda: False)
+    monkeypatch.delenv(precision.EMULATED_BF16_ENV)  # the suite's override off: an AVX2-only CPU as a user has it
     assert precision.resolve("auto", cpu).name == "fp32"
-    with pytest.raises(UserError, match="precision=bf16: this cpu device has no bf16 support"):
+    with pytest.raises(UserError, match="precision=bf16: this cpu device has no bf16 support") as refused:
         precision.resolve("bf16", cpu)
+    assert f"set {precision.EMULATED_BF16_ENV}=1" in str(refused.value)  # the one line names the override
+    monkeypatch.setenv(precision.EMULATED_BF16_ENV, "1")
+    assert precision.resolve("bf16", cpu).name == "bf16"  # emulated, as asked
+    assert precision.resolve("auto", cpu).name == "fp32"  # auto picks bf16 only where it is native (faster)
     monkeypatch.setattr(precision, "cpu_supports_fp16", lambda: False)
     with pytest.raises(UserError, match="precision=fp16: this CPU has no fp16 kernels"):
         precision.resolve("fp16", cpu)

@@ -103,3 +103,25 @@ def test_the_chart_and_the_kd_section_opening_with_the_payoff(tmp_path):
     section = text.split("## Knowledge distillation procedures", 1)[1]
     assert section.lstrip().startswith("### What the student buys")
     assert section.index("- **wikiqa: kd keeps") < section.index("![payoff.png]") < section.index("### Training")
+
+
+def test_an_exported_student_against_the_teacher_and_its_pytorch_self():
+    """`pipeline export --check`'s graphs (export/int8/*) as a row after their student: the score the
+    graph kept, its speed in the same turns against the teacher and against the PyTorch student."""
+    rows = cells()
+    kd = rows.procedure == "kd"
+    rows.loc[kd, "export_int8_main"], rows.loc[kd, "export_int8_size_mb"] = [0.83, 0.87], 15.0
+    side = side_by_side()
+    models = side["tasks"]["wikiqa"]["models"]
+    models["kd-s1@int8"] = {"samples_per_s_by_rep": [200.0, 124.0, 240.0], "latency_ms_p50_by_rep": [3.0, 6.5, 4.0]}
+    models["kd-s2@int8"] = {"samples_per_s_by_rep": [240.0, 116.0, 240.0], "latency_ms_p50_by_rep": [4.0, 6.5, 4.0]}
+    payoff = payoff_table(rows, side).set_index("procedure")
+    assert list(payoff.index) == ["teacher", "kd", "kd int8", "baseline"]
+    int8 = payoff.loc["kd int8"]
+    assert int8.role == "exported" and int8.retained_pct == pytest.approx(100 * 0.85 / 0.85)
+    assert int8.size_pct == pytest.approx(100 * 15.0 / 86.7) and int8.throughput_x == pytest.approx(6.0)
+    assert int8.vs_student_throughput_x == pytest.approx(2.0)  # 220/110, 120/60, 240/120 in the same turns
+    sentence = next(s for s in sentences(payoff.reset_index()) if s.startswith("wikiqa: kd int8"))
+    assert "(exported, ONNX Runtime) keeps 100% ± " in sentence and "at 6.0x (5.5-6.0x over 3 repetitions)" in sentence
+    assert "2.0x (2.0-2.0x over 3 repetitions) the throughput of the PyTorch student" in sentence
+    assert "17% of its size on disk" in sentence

@@ -86,7 +86,9 @@ def collector_restored():
 
 
 def test_set_up_runs_without_the_collector_and_the_loop_with_set_ups_objects_frozen(collector_restored):
-    gc_pause.pause_for_setup()  # as `python -m pipeline` does before importing anything
+    gc_pause.pause_for_setup(["study", "s.yaml"])  # a command other than a stage keeps it on
+    assert gc.isenabled()
+    gc_pause.pause_for_setup(["--local_rank=0", "train"])  # as `python -m pipeline` does before importing anything
     assert not gc.isenabled()
     made = [[] for _ in range(1000)]  # what set-up leaves alive
     gc_pause.resume_after_setup()

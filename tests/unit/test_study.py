@@ -38,6 +38,8 @@ BAD = [
     ({"name": "x", "launcher": {"type": "slurm"}}, "launcher.type: 'slurm': must be one of"),
     ({"name": "x", "matrix": {"seeds": ["one"]}}, "matrix.seeds: 'one': a seed must be an integer"),
     ({"matrix": {}}, "name: required"),
+    ({"name": "x", "procedures": {"p": {"export": {"int4": True}}}, "matrix": {"procedures": ["p"]}},
+     "procedures.p.export.int4: unknown key (expected int8)"),
 ]
 
 
@@ -81,6 +83,17 @@ def test_dry_run_orders_dependencies_and_builds_launcher_commands(tmp_path, caps
         assert tag in kd_cmd
     assert kd_cmd.index("precision=auto") < kd_cmd.index("train.epochs=1")  # the command line's come last
     assert not (tmp_path / "m.db").exists()  # a dry run touches nothing
+
+
+def test_a_procedure_that_exports_runs_the_export_after_its_stage(tmp_path, capsys):
+    path = tmp_path / "e.yaml"
+    path.write_text(yaml.safe_dump({"name": "e", "output_root": str(tmp_path / "out"),
+                                    "procedures": {"s": {"export": {"int8": True}}, "t": {"export": False}},
+                                    "matrix": {"procedures": ["s", "t"]}}))
+    code, out = _cli(["study", path, "--dry-run"], capsys)
+    assert code == 0, out.err
+    assert re.findall(r"^    then .+ -m pipeline export (\S+) --check --int8$", out.out, re.M) == [
+        str(tmp_path / "out" / "e" / "s")]  # one export line: t has none
 
 
 def test_shipped_study_files_plan(capsys):

@@ -36,7 +36,7 @@ def test_reads_the_csv_format_in_both_label_sets(tmp_path):
         0: "Correct", 1: "Grammatical", 2: "Spelling", 3: "Code Switching", 4: "Multiple Errors"}
 
 
-@pytest.mark.parametrize("content, message", [
+BAD_FILES = [  # (content, message): tests/unit/test_task_bad_files.py, under binary=false and true
     ("Comment,Error\nভালো,0\n", "missing column(s) Category (found: Comment, Error)"),
     ("Text,Error,Category\nভালো,0,\n", "missing column(s) Comment (found: Text, Error, Category)"),
     (HEADER + "ভালো,0,\n  ,0,\n", "line 3: empty comment"),
@@ -49,13 +49,7 @@ def test_reads_the_csv_format_in_both_label_sets(tmp_path):
     (HEADER, "no data rows"),
     ("", "empty file"),
     (b"Comment,Error,Category\n\xff\xfe,0,\n", "line 2: not UTF-8 text"),
-])
-@pytest.mark.parametrize("binary", [False, True])
-def test_bad_files_name_file_row_and_reason(tmp_path, content, message, binary):
-    path = write(tmp_path, content)
-    with pytest.raises(UserError) as e:
-        get_task("error_cls", {"binary": binary}).load(str(path), "train")
-    assert str(e.value).startswith(f"{path}: ") and message in str(e.value) and "\n" not in str(e.value)
+]
 
 
 @pytest.mark.parametrize("options, message", [

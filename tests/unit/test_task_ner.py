@@ -43,7 +43,7 @@ def row(text, labels):
     return [{"text": "জ্বর", "labels": ["B-Symptom"]}, {"text": text, "labels": labels}]
 
 
-@pytest.mark.parametrize("content, message", [
+BAD_FILES = [  # (content, message): tests/unit/test_task_bad_files.py
     (row("জ্বর আর কাশি", ["B-Symptom", "O"]), "row 2: 3 words but 2 labels"),
     (row("জ্বর কাশি", ["B-Symptom", "B-Disease"]), "row 2: word 2 ('কাশি'): unknown tag 'B-Disease' (expected O, "
                                                    "or B-/I- with one of Age, Dosage, Health Condition,"),
@@ -59,12 +59,7 @@ def row(text, labels):
     ('[{"text": "জ্বর", "labels": ["O"]},\n]', "line 2: not valid JSON"),
     ("", "empty file"),
     (b'[{"text": "\xff\xfe",\n "labels": ["O"]}]', "line 1: not UTF-8 text"),
-])
-def test_bad_files_name_file_row_and_reason(tmp_path, content, message):
-    path = write(tmp_path, content)
-    with pytest.raises(UserError) as e:
-        get_task("ner").load(str(path), "train")
-    assert str(e.value).startswith(f"{path}: ") and message in str(e.value) and "\n" not in str(e.value)
+]
 
 
 def test_unknown_task_option_names_the_key():

@@ -21,7 +21,7 @@ def test_reads_the_tsv_format_and_normalizes(tmp_path):
     assert examples == [{"id": "7", "text": "খুব ভালো!", "label": 0}, {"id": "8", "text": "খারাপ", "label": 1}]
 
 
-@pytest.mark.parametrize("content, message", [
+BAD_FILES = [  # (content, message): tests/unit/test_task_bad_files.py
     ("id\ttext\n1\tভালো\n", "missing column(s) label (found: id, text)"),
     ("id\tsentence\tlabel\n1\tভালো\tPositive\n", "missing column(s) text"),
     ("id\ttext\tlabel\n1\tভালো\tPositive\n2\t \tNegative\n", "line 3: empty text"),
@@ -29,12 +29,7 @@ def test_reads_the_tsv_format_and_normalizes(tmp_path):
     ("id\ttext\tlabel\n", "no data rows"),
     ("", "empty file"),
     (b"id\ttext\tlabel\n1\t\xff\xfe\tPositive\n", "line 2: not UTF-8 text"),
-])
-def test_bad_files_name_file_row_and_reason(tmp_path, content, message):
-    path = write(tmp_path, content)
-    with pytest.raises(UserError) as e:
-        TASK.load(str(path), "train")
-    assert str(e.value).startswith(str(path)) and message in str(e.value) and "\n" not in str(e.value)
+]
 
 
 def test_missing_file_names_the_key(tmp_path):

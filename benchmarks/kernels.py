@@ -9,14 +9,17 @@ streams) count once and the busy share of the window is at most 1.
 
 `step_floors` gives each class the least time it can take: the FLOPs it must do at the tensor
 cores' peak (matmul, attention) or the bytes it must move at the memory bandwidth (the rest, from
-`StepShape`, the model's sizes and the batch); "other" has no floor.
+`StepShape`, the model's sizes and the batch); "other" has no floor. `count_flops_by_kind` splits a
+step's counted FLOPs into those two floors' kinds. bench_gpu.py's instruments, not the trainer's.
 """
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.runtime.precision import PrecisionPolicy
 
@@ -214,3 +217,15 @@ def classify_totals(kernel_ms: dict[str, float]) -> dict[str, float]:
         if not ANNOTATION.search(name):
             out[kernel_class(name)] += ms
     return out
+
+
+def count_flops_by_kind(step: Callable[[], object]) -> dict[str, float]:
+    """FLOPs of `step()` as count_flops counts them, split into "attention" (the fused attention
+    kernels' ops, forward and backward) and "matmul" (every other counted op: mm, addmm, bmm; an
+    unfused attention's bmm count here, as it runs as matmuls)."""
+    with FlopCounterMode(display=False) as counter:
+        step()
+    kinds = {"matmul": 0.0, "attention": 0.0}
+    for op, flops in counter.get_flop_counts().get("Global", {}).items():
+        kinds["attention" if "attention" in str(op) else "matmul"] += float(flops)
+    return kinds

@@ -1,0 +1,131 @@
+"""`python -m pipeline export DIR`: a stage's best model as it is served, written whole into
+DIR/export/ (atomic: a failed export or check leaves the previous export, or none):
+
+  model.onnx          the fp32 graph (dynamic batch and sequence axes, the task's head)
+  model.int8.onnx     with int8: its dynamically quantized variant
+  export.json         what they came from and hold (parameters, inputs, outputs, sizes)
+  tokenizer files, config.json   the tokenizer and config of best/ (labels), to serve with
+  check.json          with check: each graph against the PyTorch model (dev split) and its test metrics
+  mlflow_model/       with check: the served graph (int8 where written, else fp32) as an MLflow onnx model
+
+With check the export/* metrics and that model go onto the stage's MLflow run (logged.py).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from pipeline import names
+from pipeline.errors import UserError
+from pipeline.fsutil import atomic_dir, write_json
+from pipeline.layout import OutputDir
+
+log = logging.getLogger("pipeline")
+EXPORT, CHECK_JSON = OutputDir.EXPORT, OutputDir.EXPORT_CHECK
+"""The folder in an output_dir (or in a model directory) that holds the export; the check's record in it."""
+FP32, INT8 = "model.onnx", "model.int8.onnx"
+MLFLOW_MODEL = "mlflow_model"
+VARIANTS = {"fp32": FP32, "int8": INT8}
+
+
+@dataclass(frozen=True)
+class Exported:
+    folder: Path
+    check: dict | None
+    run_id: str | None
+
+
+def export(spec: str, int8: bool = False, check: bool = False, uri: str | None = None) -> Exported:
+    """Export the model of `spec` (a stage's output_dir: its best/, or a model directory) into SPEC/export/."""
+    from pipeline.export.onnx_model import EXPORT_JSON, write_onnx
+    from pipeline.measure.inference import count_params
+    from pipeline.models import SavedModel
+
+    root = Path(spec).expanduser()
+    if not root.is_dir():
+        raise UserError(f"export: {spec}: no such directory")
+    saved = SavedModel(str(root))  # best/ of an output_dir, or the model directory itself
+    out = OutputDir(root)
+    if check and not out.config.is_file():
+        raise UserError(f"export --check: {spec}: not a stage's output_dir (no {OutputDir.CONFIG}): the check "
+                        "needs the stage's task and data")
+    t0 = time.perf_counter()
+    model = saved.load(torch.float32, torch.device("cpu")).eval()
+    params = count_params(model)
+    input_names = list(saved.tokenizer.model_input_names)
+    with atomic_dir(root / EXPORT, replace=True) as tmp:
+        outputs = write_onnx(model, tmp / FP32, input_names)
+        if int8:
+            from pipeline.export.onnx_model import quantize_int8
+
+            quantize_int8(tmp / FP32, tmp / INT8)
+        saved.tokenizer.save_pretrained(str(tmp))
+        saved.config.save_pretrained(str(tmp))
+        written = {v: f for v, f in VARIANTS.items() if (tmp / f).is_file()}
+        sizes = {v: (tmp / f).stat().st_size / 2**20 for v, f in written.items()}
+        write_json(tmp / EXPORT_JSON, {"source": str(Path(saved.source).resolve()), "params": params[0],
+                                       "params_no_embed": params[1], "vocab_size": saved.config.vocab_size,
+                                       "input_names": input_names, "output_names": outputs,
+                                       "size_mb": sizes, "pytorch_size_mb": saved.size_mb})
+        log.info("export: %s written in %.1fs (%s)", ", ".join(written.values()), time.perf_counter() - t0,
+                 ", ".join(f"{v} {s:.1f} MB" for v, s in sizes.items()))
+        report = _check(out, model, tmp, written, params, sizes, saved.size_mb) if check else None
+    run_id = None
+    if report is not None:
+        shown = "int8" if "int8" in written else "fp32"
+        from pipeline.export.logged import log_to_run, model_name
+
+        name = model_name(root / EXPORT / written[shown], shown)
+        run_id = log_to_run(out, report["metrics"], root / EXPORT / MLFLOW_MODEL, name, uri)
+        log.info("export: checked: %s", "; ".join(_summary(v, report["variants"][v]) for v in written))
+        if run_id:
+            log.info("export: export/* metrics and the %s graph (MLflow model %r) logged on run %s", shown, name,
+                     run_id)
+    return Exported(root / EXPORT, report, run_id)
+
+
+def _check(out: OutputDir, model: torch.nn.Module, tmp: Path, written: dict[str, str], params: tuple[int, int],
+           sizes: dict[str, float], torch_size_mb: float) -> dict:
+    """Each graph against `model`: dev agreement, test metrics; the fp32 graph's verdict; check.json,
+    the MLflow model, and the metrics (in the returned report)."""
+    from pipeline.export import check
+    from pipeline.export.logged import example_rows, save_mlflow_onnx
+    from pipeline.export.onnx_model import OnnxModel
+
+    t0 = time.perf_counter()
+    from transformers import AutoTokenizer
+
+    data = check.stage_data(out, AutoTokenizer.from_pretrained(str(tmp)))
+    report = {"pytorch": {"test": check.test_scores(model, data), "size_mb": torch_size_mb}, "variants": {},
+              "tolerance": {"fp32_agreement": check.FP32_AGREEMENT,
+                            "fp32_max_abs_diff_relative": check.FP32_MAX_ABS_DIFF}}
+    metrics = {}
+    for variant, name in written.items():
+        graph = OnnxModel(tmp / name, params)
+        agreement = check.compare(model, graph, data.dev.loader)
+        if variant == "fp32":
+            check.verdict(tmp / name, agreement)
+        scores = check.test_scores(graph, data)
+        report["variants"][variant] = {"file": name, "size_mb": sizes[variant], "dev": agreement.as_dict(),
+                                       "test": scores}
+        metrics.update({names.export_metric(variant, names.EXPORT_MAX_ABS_DIFF): agreement.max_abs_diff,
+                        names.export_metric(variant, names.EXPORT_AGREEMENT): agreement.agreement,
+                        names.export_metric(variant, names.EXPORT_SIZE_MB): sizes[variant],
+                        **{names.export_test_metric(variant, k): v for k, v in scores.items()}})
+    served = "int8" if "int8" in written else "fp32"
+    example = example_rows(data.test.loader, OnnxModel(tmp / written[served]).input_names)
+    save_mlflow_onnx(tmp / written[served], tmp / MLFLOW_MODEL, example, served)
+    report["metrics"] = metrics
+    report["check_s"] = round(time.perf_counter() - t0, 1)
+    write_json(tmp / CHECK_JSON, report)
+    return report
+
+
+def _summary(variant: str, entry: dict) -> str:
+    dev, main = entry["dev"], entry["test"].get("main")
+    return (f"{variant}: {100 * dev['agreement']:.1f}% of dev predictions agree with PyTorch, largest logit difference "
+            f"{dev['max_abs_diff']:.2g}, test main {main:.4f}, {entry['size_mb']:.1f} MB")

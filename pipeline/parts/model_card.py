@@ -1,0 +1,88 @@
+"""best/README.md: the model card of the best model, in the Hugging Face layout (YAML front matter,
+then Markdown), so a model pushed or shared from best/ says what it is: task, base model or teacher,
+data, precision, launch, seed, and its scores. Written with the model each time best/ is saved (the
+dev scores so far), and again when the job finishes (the test scores and the inference figures).
+What it says is read from output_dir's config.yaml and job.json, written before training starts."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from pipeline import job_record, names
+from pipeline.fsutil import write_text
+from pipeline.layout import OutputDir
+from pipeline.tasks import get_task
+
+CARD = "README.md"
+LIBRARY = "bangla-amp-pipeline"
+
+
+def write_card(target: Path, out: OutputDir, metrics: dict[str, float]) -> None:
+    """The card into model directory `target` (best/, or the directory about to become it), from
+    `out`'s config.yaml and job.json and `metrics` (eval/, test/ and infer/ figures, any of them)."""
+    write_text(Path(target) / CARD, card_text(out, metrics))
+
+
+def card_text(out: OutputDir, metrics: dict[str, float]) -> str:
+    config = yaml.safe_load(out.config.read_text(encoding="utf-8")) if out.config.is_file() else {}
+    record = job_record.read(out.job)
+    task_name = config.get("task", "")
+    task = get_task(task_name, config.get("task_options") or {}) if task_name else None
+    model = config.get("model") or (task.default_model if task else None)
+    teacher = (config.get("kd") or {}).get("teacher") if record and record.teacher else None  # a distill stage
+    data = config.get("data") or {}
+    front = {"library_name": "transformers", "tags": [LIBRARY, *([task_name] if task_name else []),
+                                                       *(["knowledge-distillation"] if teacher else [])]}
+    if task and task.serving_task:
+        front["pipeline_tag"] = task.serving_task
+    base = [m for m in (model, teacher) if m and _hub_id(m)]
+    if base:
+        front["base_model"] = base[0]
+    hub_data = sorted({v.removeprefix("hub:").split(":")[0] for v in data.values() if v and v.startswith("hub:")})
+    if hub_data:
+        front["datasets"] = hub_data
+    train = config.get("train") or {}
+    rows = [("task", task_name + (f" ({task.serving_task})" if task and task.serving_task else "")),
+            ("base model", model or "")]
+    if teacher:
+        rows.append(("teacher (distilled from)", teacher))
+    for split in ("train", "dev", "test"):
+        rows.append((f"data: {split}", _data(split, data.get(split), record, task_name)))
+    rows.append(("precision", record.precision if record else config.get("precision", "")))
+    if record:
+        rows.append(("launch", f"{record.backend} backend, {record.world_size} process"
+                               f"{'es' if record.world_size != 1 else ''}, global batch {record.global_batch}"))
+    rows += [("seed", str(config.get("seed", ""))),
+             ("epochs, learning rate", f"{train.get('epochs')}, {train.get('lr')}")]
+    lines = ["---", yaml.safe_dump(front, sort_keys=False, allow_unicode=True).rstrip(), "---", "",
+             f"# {Path(str(out)).name}", "",
+             f"A {task_name} model trained by {LIBRARY}" + (f" from {model}" if model else "") + ".", "",
+             "## Training", "", *_table(rows), ""]
+    scores = [(k, v) for k, v in metrics.items() if k.startswith((names.TEST, names.EVAL))]
+    lines += ["## Scores", ""]
+    lines += _table([(k, f"{v:.4f}") for k, v in scores]) if scores else ["Not evaluated yet."]
+    inference = [(k.removeprefix(names.INFER), _figure(v)) for k, v in metrics.items() if k.startswith(names.INFER)]
+    if inference:
+        lines += ["", "## Inference (measured at the end of training, on the training device)", "",
+                  *_table(inference)]
+    return "\n".join(lines) + "\n"
+
+
+def _hub_id(spec: str) -> bool:
+    """A hub id (org/name), not a preset, a from_teacher student or a local directory."""
+    return "/" in spec and ":" not in spec and not spec.startswith((".", "/", "~")) and not Path(spec).exists()
+
+
+def _data(split: str, value: str | None, record: job_record.JobRecord | None, task: str) -> str:
+    shown = value or f"the built-in {task} {split} set"
+    fingerprint = ((record.data if record else {}).get(split) or {}).get("fingerprint")
+    return f"{shown} ({fingerprint})" if fingerprint else shown
+
+
+def _figure(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else f"{value:.4g}"
+
+
+def _table(rows: list[tuple[str, str]]) -> list[str]:
+    return ["| | |", "|---|---|", *(f"| {k} | {str(v).replace('|', chr(92) + '|')} |" for k, v in rows)]

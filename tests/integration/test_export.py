@@ -1,0 +1,95 @@
+"""`python -m pipeline export DIR --int8 --check` on a trained stage: the ONNX graphs (fp32, int8) with
+the tokenizer in DIR/export/, the fp32 graph scoring what the PyTorch model scored, the export/*
+metrics and the served graph (an MLflow onnx model) on the stage's run, loadable through
+mlflow.pyfunc; and an export whose graph disagrees with PyTorch refused in one line, the export
+before it left as it was."""
+import json
+
+import mlflow
+import numpy as np
+import onnx  # the [export] extra, which make install installs
+import pytest
+
+from helpers import FAST, mlflow_runs, tracking_db
+from pipeline import names
+from pipeline.cli import main
+from pipeline.config import load_config
+from pipeline.jobs.run import run
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("export")
+    out, db = tmp / "out", tracking_db(tmp, "mlflow.db")
+    figures = run(load_config(None, [*FAST, "train.epochs=1", f"output_dir={out}", f"tracking.uri=sqlite:///{db}",
+                                     "tracking.experiment=e", "seed=3"]))
+    assert main(["export", str(out), "--int8", "--check"]) == 0
+    previous = mlflow.get_tracking_uri()
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    yield {"out": out, "db": db, "figures": figures}
+    mlflow.set_tracking_uri(previous)
+
+
+def test_the_graphs_score_as_the_pytorch_model_did_and_land_on_its_run(exported):
+    folder = exported["out"] / "export"
+    assert {"model.onnx", "model.int8.onnx", "tokenizer.json", "config.json", "check.json"} <= {
+        p.name for p in folder.iterdir()}
+    check = json.loads((folder / "check.json").read_text())
+    fp32, int8 = check["variants"]["fp32"], check["variants"]["int8"]
+    assert fp32["dev"]["agreement"] == 1.0 and fp32["dev"]["max_abs_diff"] < 1e-3
+    assert fp32["test"]["main"] == pytest.approx(exported["figures"][names.TEST_MAIN], abs=1e-6)
+    assert int8["size_mb"] < fp32["size_mb"] / 2 and 0 < int8["dev"]["agreement"] <= 1
+    (stage_run,) = mlflow_runs(exported["db"], "e")
+    logged = stage_run.data.metrics
+    assert logged[names.export_test_metric("int8", "main")] == pytest.approx(int8["test"]["main"])
+    assert logged[names.export_metric("fp32", names.EXPORT_AGREEMENT)] == 1.0
+
+
+def test_the_logged_onnx_model_loads_and_predicts_through_pyfunc(exported):
+    (stage_run,) = mlflow_runs(exported["db"], "e")
+    client = mlflow.MlflowClient()
+    models = {client.get_logged_model(o.model_id).name: o.model_id for o in stage_run.outputs.model_outputs}
+    (name,) = [n for n in models if n.startswith("onnx-int8-")]
+    served = mlflow.pyfunc.load_model(f"models:/{models[name]}")
+    from transformers import AutoTokenizer
+
+    from pipeline.export.onnx_model import OnnxModel
+
+    tokenizer = AutoTokenizer.from_pretrained(str(exported["out"] / "export"))
+    rows = tokenizer(["ভালো লাগলো", "খুব খারাপ সেবা, আর কখনো না"], padding=True, return_tensors="np")
+    feed = {k: rows[k].astype(np.int64) for k in served.metadata.get_input_schema().input_names()}
+    logits = served.predict(feed)["logits"]
+    import torch
+
+    direct = OnnxModel(exported["out"] / "export" / "model.int8.onnx")(**{k: torch.from_numpy(v)
+                                                                          for k, v in feed.items()})
+    assert logits.shape == (2, 3) and np.allclose(logits, direct.logits.numpy(), atol=1e-5)
+
+
+def test_an_export_that_disagrees_is_refused_in_one_line(exported, monkeypatch, capsys):
+    from pipeline.export import onnx_model
+
+    written = onnx_model.write_onnx
+    before = (exported["out"] / "export" / "check.json").read_bytes()
+
+    def corrupted(model, path, input_names):  # the classifier's weights negated in the written graph
+        outputs = written(model, path, input_names)
+        from onnx import numpy_helper
+
+        graph = onnx.load(str(path))
+        weights = [t for t in graph.graph.initializer if "classifier" in t.name and len(t.dims) == 2]
+        assert weights, [t.name for t in graph.graph.initializer]
+        array = numpy_helper.to_array(weights[0])
+        weights[0].CopyFrom(numpy_helper.from_array(-array, weights[0].name))
+        onnx.save(graph, str(path))
+        return outputs
+
+    monkeypatch.setattr(onnx_model, "write_onnx", corrupted)
+    capsys.readouterr()
+    assert main(["export", str(exported["out"]), "--check"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "model.onnx disagrees with the PyTorch model on the dev split" in err[0], err
+    assert (exported["out"] / "export" / "check.json").read_bytes() == before  # the checked export stays
+    assert not list(exported["out"].glob(".export.tmp-*"))

@@ -1,0 +1,40 @@
+"""best/README.md says what the model is, in the Hugging Face layout: front matter a hub reads
+(pipeline tag, base model, datasets), then the task, model and teacher, data, precision, launch,
+seed and the scores, from output_dir's config.yaml and job.json."""
+import yaml
+
+from pipeline.fsutil import write_json, write_text
+from pipeline.job_record import JobRecord
+from pipeline.layout import OutputDir
+from pipeline.parts.model_card import card_text
+
+
+def test_a_distilled_students_card_names_its_teacher_data_launch_and_scores(tmp_path):
+    out = OutputDir(tmp_path / "wikiqa-student3-bf16-kd-all-MiniLM-L6-v2")
+    out.root.mkdir()
+    config = {"task": "wikiqa", "model": "from_teacher:3", "precision": "bf16", "seed": 7,
+              "data": {"train": "hub:microsoft/wiki_qa", "dev": None, "test": None},
+              "kd": {"teacher": "sentence-transformers/all-MiniLM-L6-v2"}, "train": {"epochs": 2, "lr": 5e-5}}
+    write_text(out.config, yaml.safe_dump(config))
+    data = {"train": {"file": "hub:microsoft/wiki_qa", "fingerprint": "hub:abc|123"},
+            "dev": {"file": "x", "fingerprint": "sha256:ff"}}
+    write_json(out.job, JobRecord(config={}, global_batch="32 rows", world_size=2, backend="deepspeed",
+                                  precision="bf16", data=data, teacher="sha256:teacher").to_json())
+    card = card_text(out, {"eval/main": 0.7, "test/main": 0.65, "test/map": 0.6512, "infer/params": 22713216.0,
+                           "infer/latency_ms_p50/bf16/median": 3.14159})
+    front, body = card.split("---\n")[1], card.split("---\n", 2)[2]
+    assert yaml.safe_load(front) == {"library_name": "transformers",
+                                     "tags": ["bangla-amp-pipeline", "wikiqa", "knowledge-distillation"],
+                                     "pipeline_tag": "text-classification",
+                                     "base_model": "sentence-transformers/all-MiniLM-L6-v2",
+                                     "datasets": ["microsoft/wiki_qa"]}
+    for line in ("| teacher (distilled from) | sentence-transformers/all-MiniLM-L6-v2 |",
+                 "| data: train | hub:microsoft/wiki_qa (hub:abc\\|123) |", "| precision | bf16 |",
+                 "| launch | deepspeed backend, 2 processes, global batch 32 rows |", "| seed | 7 |",
+                 "| test/map | 0.6512 |", "| params | 22713216 |", "| latency_ms_p50/bf16/median | 3.142 |"):
+        assert line in body, line
+
+
+def test_a_card_before_the_job_record_exists_still_says_what_it_can(tmp_path):
+    card = card_text(OutputDir(tmp_path), {})
+    assert card.startswith("---\nlibrary_name: transformers\n") and "Not evaluated yet." in card
