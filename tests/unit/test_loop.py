@@ -334,12 +334,13 @@ def test_the_final_metrics_name_the_best_epoch_and_the_run_says_why_it_was_chose
 
     lp = make_loop(tmp_path)
     train.train_epoch(lp, 0)  # the meters' figures need a trained epoch
-    lp.records.reduce_epoch()
+    lp.meters.end_epoch()
     lp.best.epoch, lp.best.reason = 2, "tie on f1 0.0000: map 0.7857 > 0.7102"
     lp.best.metrics = {names.eval_metric("f1"): 0.0, names.eval_metric("map"): 0.7857}
-    final = lp.records.log_final(7, lp.best, Evaluation({"main": 0.0, "f1": 0.0, "map": 0.85}), None, {})
+    final = lp.metrics.log_final(7, lp.best, Evaluation({"main": 0.0, "f1": 0.0, "map": 0.85}), lp.losses.last_loss,
+                                 {}, {})
     assert (final[names.BEST_EPOCH], final[names.eval_metric("map")], final[names.test_metric("map")]) == \
         (2, 0.7857, 0.85)
-    assert lp.records.tracker.tags[names.TAG_BEST_REASON] == "tie on f1 0.0000: map 0.7857 > 0.7102"
+    assert lp.metrics.tracker.tags[names.TAG_BEST_REASON] == "tie on f1 0.0000: map 0.7857 > 0.7102"
     assert logged(lp, names.BEST_EPOCH) == {7: 2}  # eval/ figures were logged at their epoch, not again
     assert logged(lp, names.eval_metric("map")) == {}
