@@ -83,8 +83,9 @@ def test_the_gpu_check_refuses_a_machine_without_a_gpu_unless_quick():
 def test_a_gpu_target_on_a_nodes_python_installs_nothing(target):
     """`make TARGET PY=python3` (a node without an index): the commands make would run check that the
     pipeline is installed there, then run; no virtualenv, no pip."""
-    plan = subprocess.run(["make", "-n", target, "PY=/node/bin/python3"], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout
+    # run as `make test` runs it too: a make inside make prints "Entering directory" unless told not to
+    plan = subprocess.run(["make", "--no-print-directory", "-n", target, "PY=/node/bin/python3"], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout
     assert plan.splitlines()[0] == "/node/bin/python3 launch/node_ready.py"
     assert not re.search(r"-m pip\s", plan) and "venv" not in plan and ".installed" not in plan
     assert all(line.startswith(("/node/bin/python3 ", " ")) for line in plan.splitlines()), plan
