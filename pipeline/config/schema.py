@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ import yaml
 
 from pipeline.config.coerce import coerce
 from pipeline.config.deepspeed_files import ds_config_file, shipped
+from pipeline.config.documents import read_document
 from pipeline.config.keys import did_you_mean, dotted_keys
 from pipeline.errors import UserError
 from pipeline.tasks import REGISTRY
@@ -322,19 +322,6 @@ class SettledConfig(Config):
 
 
 ACCEPTABLE = (*dotted_keys(Config), *RECORD_PARTS)
-
-
-def read_document(path: Path, named: str, kind: str = "YAML") -> Any:
-    """A YAML or JSON (`kind`) file's content: the one reader of the files a user names (a config,
-    a study, a DeepSpeed config); a one-line UserError naming it as `named` when it is missing or
-    does not parse."""
-    if not path.is_file():
-        raise UserError(f"{named}: no such file")
-    try:
-        text = path.read_text(encoding="utf-8")
-        return json.loads(text) if kind == "JSON" else yaml.safe_load(text)
-    except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{named}: not valid {kind} ({' '.join(str(e).split())})") from None
 
 
 def load_config(path: str | None = None, overrides: list[str] = ()) -> Config:

@@ -47,7 +47,8 @@ import torch
 
 from pipeline import names
 from pipeline.config.deepspeed_files import ds_config_file
-from pipeline.config.schema import SettledTrain, TrainConfig, read_document
+from pipeline.config.documents import read_document
+from pipeline.config.schema import SettledTrain, TrainConfig
 from pipeline.errors import UserError
 from pipeline.layout import CheckpointFiles, OutputDir
 from pipeline.runtime.backend import StepResult

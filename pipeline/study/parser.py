@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pipeline.config.schema import read_document
+from pipeline.config.documents import read_document
 from pipeline.study.matrix import plan_cells
 from pipeline.study.spec import (
     AXES,
