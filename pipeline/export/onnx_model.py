@@ -81,6 +81,9 @@ class OnnxModel:
         options = onnxruntime.SessionOptions()
         # the threads torch serves with (measure.inference.serving_threads), so both run alike
         options.intra_op_num_threads = threads or torch.get_num_threads()
+        # no busy-waiting between runs: its spinning threads would take the cores from the torch
+        # models timed in the next turns (and from a server's other work)
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             self.session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types for a bad graph
