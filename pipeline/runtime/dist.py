@@ -7,8 +7,10 @@ import datetime
 import functools
 import logging
 import os
+import pickle
 import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
@@ -192,6 +194,7 @@ def _set_env(values: dict[str, str]) -> None:
 
 def shutdown() -> None:
     if dist.is_initialized():
+        _wait_released()
         dist.destroy_process_group()
     while _saved_env:
         key, value = _saved_env.popitem()
@@ -210,8 +213,7 @@ def all_reduce(values: list[float], op: str = "sum") -> list[float]:
     """Reduce a few host scalars over all ranks (one collective for the whole list)."""
     if not dist.is_initialized():
         return list(values)
-    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-    t = torch.tensor(values, dtype=torch.float64, device=device)
+    t = _held(torch.tensor(values, dtype=torch.float64, device=_device()))
     dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
     return t.tolist()
 
@@ -257,9 +259,8 @@ def _all_gather_rows(values: list[float]) -> list[list[float]]:
     """Every rank's list of host numbers (of one length), in rank order."""
     if not dist.is_initialized():
         return [list(values)]
-    device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    gathered = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    t = _held(torch.tensor(values, dtype=torch.float64, device=_device()))
+    gathered = [_held(torch.empty_like(t)) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, t)
     return torch.stack(gathered).tolist()
 
@@ -285,20 +286,63 @@ def on_main(read: Callable[P, T]) -> Callable[P, T]:
 
 
 def all_gather_objects(obj: T) -> list[T]:
-    """Every rank's object, in rank order (a plain list of one in a single process)."""
+    """Every rank's object (picklable), in rank order (a plain list of one in a single process)."""
     if not dist.is_initialized():
         return [obj]
-    out = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
+    data = pickle.dumps(obj)
+    sizes = [int(row[0]) for row in _all_gather_rows([len(data)])]
+    mine = _held(torch.zeros(max(sizes), dtype=torch.uint8, device=_device()))
+    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    gathered = [_held(torch.empty_like(mine)) for _ in sizes]
+    dist.all_gather(gathered, mine)
+    return [pickle.loads(t[:size].cpu().numpy().tobytes()) for t, size in zip(gathered, sizes)]
 
 
 def broadcast_object(obj: T) -> T:
+    """Rank 0's object (picklable) on every rank."""
     if not dist.is_initialized():
         return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+    data = pickle.dumps(obj) if dist.get_rank() == 0 else b""
+    size = _held(torch.tensor([len(data)], dtype=torch.int64, device=_device()))
+    dist.broadcast(size, src=0)
+    box = _held(torch.empty(int(size.item()), dtype=torch.uint8, device=_device()))
+    if data:
+        box.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    dist.broadcast(box, src=0)
+    return obj if data else pickle.loads(box.cpu().numpy().tobytes())
+
+
+def _device() -> str:
+    """Where a collective's tensors live: NCCL reduces on this rank's GPU, gloo on the host."""
+    return f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
+
+
+_in_collectives: list[torch.Tensor] = []
+"""The tensors of this process's latest collectives. The backend's worker thread lets go of a
+finished collective (and its tensors) a moment after the caller's wait returns, and letting go
+of a tensor Python knows needs the GIL: a worker that asks for it while the interpreter exits is
+ended inside a C++ destructor, std::terminate, and the rank dies of SIGABRT after its work is
+done (gloo's run loop; a rank that fails with a bad input right after a collective hits it).
+shutdown() waits until the workers have let go of them."""
+
+
+def _held(t: torch.Tensor) -> torch.Tensor:
+    """`t`, kept until the backend's worker has let go of it (see _in_collectives)."""
+    _in_collectives[:] = [kept for kept in _in_collectives if kept._use_count() > 1]
+    _in_collectives.append(t)
+    return t
+
+
+def _wait_released(limit_s: float = 5.0) -> None:
+    """Until no worker holds a collective's tensor (only this module's reference left: a few ms),
+    or `limit_s` (a collective that never finished, a rank gone: the way out is not held up)."""
+    deadline = time.monotonic() + limit_s
+    while any(t._use_count() > 1 for t in _in_collectives):
+        if time.monotonic() > deadline:
+            log.debug("shutdown: a collective's tensors still held after %.0f s", limit_s)
+            break
+        time.sleep(0.001)
+    _in_collectives.clear()
 
 
 @contextlib.contextmanager

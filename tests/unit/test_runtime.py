@@ -74,6 +74,24 @@ def test_a_deepspeed_job_without_launcher_leaves_no_launcher_variables(monkeypat
     assert os.environ["MASTER_PORT"] == "29555"  # the user's own value stays
 
 
+
+def test_object_collectives_round_trip_and_shutdown_waits_for_the_backend_to_let_go():
+    """all_gather_objects and broadcast_object over a real gloo group (one rank, its worker threads
+    as in a job); gloo's worker lets go of a finished collective's tensors a moment after the
+    caller's wait returns, and at interpreter exit that is a SIGABRT: after shutdown() no worker
+    holds one. (tests/integration/test_features.py exits right after a collective on two ranks.)"""
+    torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
+    try:
+        objects = [None, {"error": "bad.tsv: line 3"}, ("x" * 100_000, [1.5, 2]), b"\x00" * 7]
+        for obj in objects:
+            assert dist.all_gather_objects(obj) == [obj] and dist.broadcast_object(obj) == obj
+        for i in range(100):
+            assert dist.all_reduce([float(i), 1.0], "max") == [float(i), 1.0]
+        used = list(dist._in_collectives)
+    finally:
+        dist.shutdown()
+    assert used and all(t._use_count() == 1 for t in used) and not torch.distributed.is_initialized()
+
 @pytest.fixture
 def collector_restored():
     frozen = gc.get_freeze_count()
