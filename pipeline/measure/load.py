@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -37,45 +37,26 @@ INTERVAL_S = 1.0
 
 @dataclass
 class LoadFigures:
-    """One segment's (or the job's) load. None: not measured (no GPU, no NVML, PIDs not NVML's)."""
+    """One segment's (or the job's) load: sums over its readings, and the figures they give as
+    properties. A figure is None where not measured (no GPU, no NVML, PIDs not NVML's)."""
 
-    seconds: float = 0.0
-    others_cpu: float | None = None
-    """Mean share of the machine's cores busy with other processes (0-1)."""
-    others_cpu_max: float | None = None
-    """The busiest reading's share."""
-    others_gpu_util: float | None = None
-    """Mean SM utilization of other processes on this GPU, % of the GPU."""
-    own_gpu_share: float | None = None
-    """This job's share of the GPU's SM utilization (0-1), over the readings where the GPU was used."""
-    others_gpu_procs: int | None = None
-    """The most processes of others seen running on this GPU at one reading."""
-
-    def metrics(self, prefix: str = names.PERF) -> dict[str, float]:
-        """The figures under their perf/ names (names.load_metric); those not measured left out."""
-        values = {names.LOAD_OTHERS_CPU: self.others_cpu, names.LOAD_OTHERS_CPU_MAX: self.others_cpu_max,
-                  names.LOAD_OTHERS_GPU_UTIL: self.others_gpu_util, names.LOAD_OWN_GPU_SHARE: self.own_gpu_share,
-                  names.LOAD_OTHERS_GPU_PROCS: self.others_gpu_procs}
-        return {names.load_metric(k, prefix): float(v) for k, v in values.items() if v is not None}
-
-
-@dataclass
-class _Totals:
     seconds: float = 0.0
     others_cpu_s: float = 0.0
     """Other processes' CPU seconds, in core-seconds / cores (so / seconds gives the share)."""
-    cpu_max: float | None = None
+    others_cpu_max: float | None = None
+    """The busiest reading's share of the machine's cores busy with other processes."""
     gpu_seconds: float = 0.0
     others_gpu_pct_s: float = 0.0
     own_pct_s: float = 0.0
     used_pct_s: float = 0.0
     gpu_procs: int | None = None
     gpu_known: bool = True
+    """False once a reading could not tell this job's GPU processes from the others'."""
 
-    def add(self, other: _Totals) -> None:
+    def add(self, other: LoadFigures) -> None:
         self.seconds += other.seconds
         self.others_cpu_s += other.others_cpu_s
-        self.cpu_max = _max(self.cpu_max, other.cpu_max)
+        self.others_cpu_max = _max(self.others_cpu_max, other.others_cpu_max)
         self.gpu_seconds += other.gpu_seconds
         self.others_gpu_pct_s += other.others_gpu_pct_s
         self.own_pct_s += other.own_pct_s
@@ -83,15 +64,36 @@ class _Totals:
         self.gpu_procs = _max(self.gpu_procs, other.gpu_procs)
         self.gpu_known = self.gpu_known and other.gpu_known
 
-    def figures(self) -> LoadFigures:
-        if not self.seconds:
-            return LoadFigures()
-        gpu = self.gpu_seconds > 0 and self.gpu_known
-        return LoadFigures(
-            seconds=self.seconds, others_cpu=self.others_cpu_s / self.seconds, others_cpu_max=self.cpu_max,
-            others_gpu_util=self.others_gpu_pct_s / self.gpu_seconds if gpu else None,
-            own_gpu_share=self.own_pct_s / self.used_pct_s if gpu and self.used_pct_s else None,
-            others_gpu_procs=self.gpu_procs if gpu else None)
+    @property
+    def others_cpu(self) -> float | None:
+        """Mean share of the machine's cores busy with other processes (0-1)."""
+        return self.others_cpu_s / self.seconds if self.seconds else None
+
+    @property
+    def _gpu(self) -> bool:
+        return self.gpu_seconds > 0 and self.gpu_known
+
+    @property
+    def others_gpu_util(self) -> float | None:
+        """Mean SM utilization of other processes on this GPU, % of the GPU."""
+        return self.others_gpu_pct_s / self.gpu_seconds if self._gpu else None
+
+    @property
+    def own_gpu_share(self) -> float | None:
+        """This job's share of the GPU's SM utilization (0-1), over the readings where the GPU was used."""
+        return self.own_pct_s / self.used_pct_s if self._gpu and self.used_pct_s else None
+
+    @property
+    def others_gpu_procs(self) -> int | None:
+        """The most processes of others seen running on this GPU at one reading."""
+        return self.gpu_procs if self._gpu else None
+
+    def metrics(self, prefix: str = names.PERF) -> dict[str, float]:
+        """The figures under their perf/ names (names.load_metric); those not measured left out."""
+        values = {names.LOAD_OTHERS_CPU: self.others_cpu, names.LOAD_OTHERS_CPU_MAX: self.others_cpu_max,
+                  names.LOAD_OTHERS_GPU_UTIL: self.others_gpu_util, names.LOAD_OWN_GPU_SHARE: self.own_gpu_share,
+                  names.LOAD_OTHERS_GPU_PROCS: self.others_gpu_procs}
+        return {names.load_metric(k, prefix): float(v) for k, v in values.items() if v is not None}
 
 
 def _max(a, b):
@@ -114,14 +116,17 @@ class LoadSampler:
         self.interval_s = interval_s
         self.root_pid = root_pid or job_root_pid()
         self.cores = psutil.cpu_count() or 1
-        self._gpu = _NvmlReader.open(device)
+        self._nvml, self._handle = _open_nvml(device) or (None, None)
+        """pynvml and the device's handle; None: no GPU figures (a CPU, no NVML, no permission)."""
+        self._since = 0
+        """NVML's samples are asked for from this timestamp (microseconds) on."""
         self._lock = threading.Lock()
         self._stop: threading.Event | None = None
         self._thread: threading.Thread | None = None
         self._last: tuple | None = None
         """(wall, machine busy CPU s, {pid: CPU s}) at the last reading of the running stretch."""
-        self.segment = _Totals()
-        self.job = _Totals()
+        self.segment = LoadFigures()
+        self.job = LoadFigures()
         self.last: LoadFigures | None = None
         """The figures of the segment a `with` block timed."""
 
@@ -129,15 +134,14 @@ class LoadSampler:
     def start(self) -> None:
         """A new segment (an epoch): figures from zero, sampling from now."""
         with self._lock:
-            self.segment = _Totals()
+            self.segment = LoadFigures()
         self.resume()
 
     def resume(self) -> None:
         if self._thread is not None:
             return
         self._last = self._read_cpu()
-        if self._gpu is not None:
-            self._gpu.begin()
+        self._since = int(time.time() * 1e6)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="load-sampler", daemon=True)
         self._thread.start()
@@ -156,12 +160,12 @@ class LoadSampler:
         self.pause()
         with self._lock:
             self.job.add(self.segment)
-            return self.segment.figures()
+            return replace(self.segment)
 
     def job_figures(self) -> LoadFigures:
         """Over every segment this process has timed."""
         with self._lock:
-            return self.job.figures()
+            return replace(self.job)
 
     def __enter__(self) -> LoadSampler:
         self.start()
@@ -190,9 +194,9 @@ class LoadSampler:
         # processes of the tree seen both times: their increase; new ones: all of theirs (forked since)
         ours = sum(max(0.0, t - own0.get(pid, 0.0)) for pid, t in own.items())
         share = min(1.0, max(0.0, (busy - busy0 - ours) / (dt * self.cores)))
-        part = _Totals(seconds=dt, others_cpu_s=share * dt, cpu_max=share)
-        if self._gpu is not None:
-            gpu = self._gpu.read(set(own))
+        part = LoadFigures(seconds=dt, others_cpu_s=share * dt, others_cpu_max=share)
+        if self._nvml is not None:
+            gpu = self._read_gpu(set(own))
             if gpu is None:
                 part.gpu_known = False
             else:
@@ -221,43 +225,18 @@ class LoadSampler:
                 continue
         return time.monotonic(), busy, own
 
-
-class _NvmlReader:
-    """Per-process GPU use of one device from NVML (pynvml, the nvidia-ml-py package)."""
-
-    def __init__(self, nvml, handle):
-        self.nvml, self.handle = nvml, handle
-        self._since = 0
-
-    @classmethod
-    def open(cls, device: torch.device) -> _NvmlReader | None:
-        if device.type != "cuda":
-            return None
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            uuid = "GPU-" + str(torch.cuda.get_device_properties(device).uuid)
-            return cls(pynvml, pynvml.nvmlDeviceGetHandleByUUID(uuid))
-        except Exception:  # noqa: BLE001 - no NVML, no permission: no GPU figures, never a guess
-            return None
-
-    def begin(self) -> None:
-        """Samples from now on (NVML's timestamps are microseconds)."""
-        self._since = int(time.time() * 1e6)
-
-    def read(self, ours: set[int]) -> tuple[float, float, int] | None:
+    def _read_gpu(self, ours: set[int]) -> tuple[float, float, int] | None:
         """(others' SM %, this job's SM %, others' processes) since the last read; None where NVML
         lists processes but none of this job's (its PIDs are another namespace's)."""
-        nvml = self.nvml
+        nvml = self._nvml
         try:
-            samples = nvml.nvmlDeviceGetProcessUtilization(self.handle, self._since)
+            samples = nvml.nvmlDeviceGetProcessUtilization(self._handle, self._since)
         except nvml.NVMLError_NotFound:  # no process sampled since: the GPU idled
             samples = []
         except nvml.NVMLError:
             return None
         try:
-            running = {p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(self.handle)}
+            running = {p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)}
         except nvml.NVMLError:
             return None
         if samples:
@@ -271,3 +250,17 @@ class _NvmlReader:
         mine = sum(u for pid, u in mean.items() if pid in ours)
         others = sum(u for pid, u in mean.items() if pid not in ours)
         return float(min(100.0, others)), float(min(100.0, mine)), len(running - ours)
+
+
+def _open_nvml(device: torch.device) -> tuple | None:
+    """(pynvml, the device's handle): per-process GPU use from NVML (the nvidia-ml-py package)."""
+    if device.type != "cuda":
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        uuid = "GPU-" + str(torch.cuda.get_device_properties(device).uuid)
+        return pynvml, pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    except Exception:  # noqa: BLE001 - no NVML, no permission: no GPU figures, never a guess
+        return None

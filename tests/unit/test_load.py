@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pipeline import names
-from pipeline.measure.load import LoadSampler, _NvmlReader
+from pipeline.measure.load import LoadSampler
 
 CPU = torch.device("cpu")
 
@@ -43,7 +43,7 @@ def test_gpu_use_is_split_into_this_jobs_and_the_others():
     me, neighbour = os.getpid(), 999_999
     nvml = StandInNvml(samples=[(me, 30), (me, 34), (neighbour, 60)], running=[me, neighbour])
     sampler = LoadSampler(CPU, interval_s=0.1)
-    sampler._gpu = _NvmlReader(nvml, "handle")  # what LoadSampler opens on a CUDA device
+    sampler._nvml, sampler._handle = nvml, "handle"  # what LoadSampler opens on a CUDA device
     sampler.start()
     time.sleep(0.35)
     figures = sampler.stop()
@@ -54,7 +54,8 @@ def test_gpu_use_is_split_into_this_jobs_and_the_others():
     metrics = figures.metrics(names.INFER_LOAD)
     assert metrics["perf/infer_others_gpu_util_pct"] == pytest.approx(60)
     idle = StandInNvml(samples=[], running=[])  # NVML: no process sampled since
-    assert _NvmlReader(idle, "h").read({me}) == (0.0, 0.0, 0)
+    sampler._nvml = idle
+    assert sampler._read_gpu({me}) == (0.0, 0.0, 0)
 
 
 def test_gpu_figures_are_left_out_where_nvml_pids_are_not_this_jobs():
@@ -62,7 +63,7 @@ def test_gpu_figures_are_left_out_where_nvml_pids_are_not_this_jobs():
     as another's; the figures are left out rather than blaming the job's own work on a neighbour."""
     nvml = StandInNvml(samples=[(4242, 95)], running=[4242])
     sampler = LoadSampler(CPU, interval_s=0.1)
-    sampler._gpu = _NvmlReader(nvml, "handle")
+    sampler._nvml, sampler._handle = nvml, "handle"
     sampler.start()
     time.sleep(0.25)
     figures = sampler.stop()
