@@ -38,12 +38,11 @@ def main() -> None:
     lengths = {"median": median_len, "longest": longest_len}
     models = {f"{proc}-s{seed}": SavedModel(str(Path(args.outputs) / f"wikiqa-{proc}-s{seed}"))
               for proc in PROCEDURES for seed in args.seeds.split(",")}
-    settings = inference.BenchSettings(args.batch_size, args.budget_s)
 
     def measure(m: SavedModel):
         def run() -> dict:
             r = inference.bench(m.served(), torch.device("cpu"), lengths=lengths, precisions=["fp32"],
-                                settings=settings)
+                                batch_size=args.batch_size, budget_s=args.budget_s)
             out = {"params": r.params, "params_no_embed": r.params_no_embed, "size_mb": r.size_mb}
             for x in r.measurements:
                 out.update({f"{x.length_name}_p50_ms": x.latency_ms_p50, f"{x.length_name}_p95_ms": x.latency_ms_p95,

@@ -107,7 +107,7 @@ class Stage(Plan):
         with inference.serving_threads(self.rt.device), LoadSampler(self.rt.device) as load:
             result = inference.bench(saved.served(), self.rt.device, lengths=lengths,
                                      precisions=inference.inference_precisions(self.policy.name, self.rt.device),
-                                     settings=inference.BenchSettings(infer.batch_size, infer.budget_s))
+                                     batch_size=infer.batch_size, budget_s=infer.budget_s)
         first = result.measurements[0]
         log.info("inference (%s, %d tokens): %.1f ms at batch 1 (p50), %.0f samples/s at batch %d; measured in %.1fs",
                  first.precision, first.length, first.latency_ms_p50, first.samples_per_s, result.batch_size,

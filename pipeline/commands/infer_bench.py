@@ -65,7 +65,7 @@ def main(args: list[str]) -> int:
         raise UserError(f"infer-bench: an exported graph runs on the CPU here; --device {device} cannot time it")
     served = {spec: m.served() for spec, m in saved.items()}
     results = inference.bench_side_by_side(served, device, lengths=lengths, precisions=precisions,
-                                           settings=inference.BenchSettings(opts.batch_size, opts.budget_s),
+                                           batch_size=opts.batch_size, budget_s=opts.budget_s,
                                            reps=opts.reps)
     if opts.json:
         print(json.dumps(inference.rows(results), indent=1))

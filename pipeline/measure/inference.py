@@ -48,14 +48,6 @@ def per_turn(bounds: tuple[int, int], reps: int, floor: int) -> tuple[int, int]:
     return max(floor, -(-bounds[0] // reps)), max(floor, bounds[1] // reps)
 
 
-@dataclass(frozen=True)
-class BenchSettings:
-    batch_size: int = 32
-    """The serving batch of the throughput figure."""
-    budget_s: float = 20.0
-    """Seconds of timed passes, shared by every (precision, length); the minimum reps may exceed it."""
-
-
 @dataclass
 class Measurement:
     precision: str
@@ -157,12 +149,12 @@ def count_params(model: torch.nn.Module) -> tuple[int, int]:
 
 
 def bench(model: Served, device: torch.device, *, lengths: dict[str, int], precisions: list[str],
-          settings: BenchSettings) -> BenchResult:
+          batch_size: int, budget_s: float) -> BenchResult:
     """Measure the model `model.load(dtype, device)` builds (in eval mode), once per precision, at
     each named length (`{"median": 37, "longest": 64}`; equal lengths are measured once): the
     side-by-side measurement of one model in one repetition."""
-    return bench_side_by_side({"model": model}, device, lengths=lengths, precisions=precisions, settings=settings,
-                              reps=1)["model"]
+    return bench_side_by_side({"model": model}, device, lengths=lengths, precisions=precisions,
+                              batch_size=batch_size, budget_s=budget_s, reps=1)["model"]
 
 
 def turn_order(names_: list[str], rep: int) -> list[str]:
@@ -173,15 +165,16 @@ def turn_order(names_: list[str], rep: int) -> list[str]:
 
 
 def bench_side_by_side(models: dict[str, Served], device: torch.device, *, lengths: dict[str, int],
-                       precisions: list[str], settings: BenchSettings, reps: int) -> dict[str, BenchResult]:
+                       precisions: list[str], batch_size: int, budget_s: float, reps: int) -> dict[str, BenchResult]:
     """Measure several models on one device, taking turns: per precision every model is loaded
     (and warmed up, its peak memory taken) first, then in each of `reps` repetitions every model is
     timed once at each length, in turn_order. Whatever else the machine does meanwhile lands on
     every model alike, and each figure is the median over repetitions with each repetition's value
-    kept (`*_by_rep`, for its spread and for ratios of turns taken close together).
-    `settings.budget_s` is each model's share of timed seconds, over every precision and length."""
+    kept (`*_by_rep`, for its spread and for ratios of turns taken close together). `batch_size`
+    is the serving batch of the throughput figure; `budget_s` each model's share of timed seconds,
+    over every precision and length (the minimum passes may exceed it)."""
     distinct = sorted(set(lengths.values()))
-    share = settings.budget_s / max(1, len(precisions) * len(distinct) * reps)
+    share = budget_s / max(1, len(precisions) * len(distinct) * reps)
     results: dict[str, BenchResult] = {}
     for precision in precisions:
         loaded: dict[str, tuple[torch.nn.Module, dict, dict]] = {}
@@ -193,9 +186,9 @@ def bench_side_by_side(models: dict[str, Served], device: torch.device, *, lengt
             if name not in results:
                 total, no_embed = count_params(model)
                 results[name] = BenchResult(total, no_embed, served.size_mb, str(device), torch.get_num_threads(),
-                                            settings.batch_size, dict(lengths), reps=reps)
+                                            batch_size, dict(lengths), reps=reps)
             inputs = {n: (_inputs(served.vocab_size, served.input_names, 1, n, device),
-                          _inputs(served.vocab_size, served.input_names, settings.batch_size, n, device))
+                          _inputs(served.vocab_size, served.input_names, batch_size, n, device))
                       for n in distinct}
             peaks = {n: _warm_up(model, device, *inputs[n], before) for n in distinct}
             loaded[name] = (model, inputs, peaks)

@@ -135,7 +135,7 @@ def _run(record: dict, groups: dict, device_name: str | None) -> dict:
                 group["cells"].update({name: str(p) for name, p in graphs.items()})
             results = inference.bench_side_by_side(
                 served, device, lengths={"median": group["length"]}, precisions=[PAYOFF_PRECISION],
-                settings=inference.BenchSettings(group["batch_size"], record["budget_s"]), reps=record["reps"])
+                batch_size=group["batch_size"], budget_s=record["budget_s"], reps=record["reps"])
             rows = group["rows"]
             record["tasks"][task] = {"length": group["length"], "batch_size": group["batch_size"], "models": {
                 cell: {"procedure": rows.procedure.get(cell.partition("@")[0]),

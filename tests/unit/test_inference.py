@@ -55,8 +55,8 @@ def test_bf16_pure_is_served_in_bf16_like_bf16():
 def test_bench_measures_each_length_and_names_each_figure(saved):
     model = SavedModel(str(saved))  # a stage's output_dir: its best/
     lengths = {"median": 8, "longest": 24}
-    settings = inference.BenchSettings(batch_size=4, budget_s=0.05)  # the minimum reps decide
-    result = inference.bench(model.served(), CPU, lengths=lengths, precisions=["fp32"], settings=settings)
+    result = inference.bench(model.served(), CPU, lengths=lengths, precisions=["fp32"], batch_size=4,
+                             budget_s=0.05)  # the minimum reps decide
     reference = BertForSequenceClassification(BertConfig(**TINY, num_labels=3))
     embeddings = sum(p.numel() for m in reference.modules() if isinstance(m, torch.nn.Embedding)
                      for p in m.parameters())
@@ -79,7 +79,7 @@ def test_bench_measures_each_length_and_names_each_figure(saved):
 def test_one_length_twice_is_measured_once(saved):
     model = SavedModel(str(saved / "best"))
     result = inference.bench(model.served(), CPU, lengths={"median": 16, "longest": 16}, precisions=["fp32"],
-                             settings=inference.BenchSettings(2, 0.01))
+                             batch_size=2, budget_s=0.01)
     a, b = result.measurements
     assert a.latency_ms_p50 == b.latency_ms_p50 and a.samples_per_s == b.samples_per_s
 

@@ -64,7 +64,7 @@ def test_the_models_are_loaded_first_then_take_turns_in_rotating_order(outputs):
 
     cells = ["teacher-s1", "kd-s1", "baseline-s1"]
     results = inference.bench_side_by_side({c: served(c) for c in cells}, CPU, lengths={"median": 8},
-                                           precisions=["fp32"], settings=inference.BenchSettings(2, 0.01), reps=3)
+                                           precisions=["fp32"], batch_size=2, budget_s=0.01, reps=3)
     loads = [i for i, e in enumerate(events) if e[0] == "load"]
     assert [events[i][1] for i in loads] == cells
     warm_up = 3  # two batch-1 passes and one serving batch right after each load
