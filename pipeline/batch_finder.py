@@ -5,7 +5,7 @@ size); here, once the model is built on its device and before any run or output 
 into the largest micro-batch that fits and as many accumulation steps as keep it (Plan.resplit), so
 the job optimizes the same thing on a 12 GB card as on an 80 GB one. Candidates are the divisors of
 the rows per rank, the largest tried first, then a binary search; a trial is one training step at
-the job's longest rows (forward, loss, backward, an optimizer step: _Trials) and fits when
+the job's longest rows (forward, loss, backward, an optimizer step: _trial) and fits when
 it neither runs out of memory nor peaks above (1 - MARGIN) of the device's memory. Every rank runs
 each trial and one all-reduce (max) of (did not fit, peak) makes the ranks agree: the smallest
 device decides. The evaluation batch is searched on its own afterwards (forward only, beside the
@@ -73,16 +73,36 @@ def fit_batch(stage: Stage) -> Stage:
     """Collective, train.batch_size=auto: the same stage, its plan's global batch split into the
     largest micro-batch that fits the device, and its evaluation batch found (Plan.resplit; the
     backend takes the split when the loop prepares it); the model's weights and the RNG as they
-    were. A UserError when even one row does not fit."""
-    trials = _Trials(stage)
-    cfg, device, model = stage.cfg, stage.rt.device, stage.model
+    were. A UserError when even one row does not fit.
+
+    The trials run at the longest rows: a whole training step (train), or a forward pass beside the
+    optimizer's state (evaluate), at a number of rows; each gives its peak bytes, or None when it
+    ran out of memory (_trial)."""
+    cfg, device, model, rows = stage.cfg, stage.rt.device, stage.model, stage.features
+    longest = {split: _longest(rows[split]) for split in SPLITS}  # (row, length)
+    eval_split = max(("dev", "test"), key=lambda split: longest[split][1])
+    train_row, eval_row = rows["train"][longest["train"][0]], rows[eval_split][longest[eval_split][0]]
+    # the largest evaluation split's rows per rank: no evaluation batch is larger
+    eval_rows = math.ceil(max(len(rows["dev"]), len(rows["test"])) / stage.rt.world_size)
+    collate = shaped_collate(stage.task.collator(stage.tokenizer), cfg.train, stage.tokenizer.pad_token_id)
+
+    def train(n: int, limit: int) -> int | None:
+        """One training step at n rows (forward, loss, backward, a fused-or-not AdamW step as the
+        backend builds it)."""
+        return _trial(stage, collate([train_row] * n), None, limit)
+
+    def evaluate(n: int, limit: int) -> int | None:
+        """A forward pass without gradients at n rows, beside the optimizer's state (a one-row step
+        made it, its gradients freed, as the loop leaves them before evaluating)."""
+        return _trial(stage, collate([eval_row] * n), collate([train_row]), limit)
+
     saved = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     was_training = model.training
     capacity = memory.capacity(device, cfg.train.memory_limit_mb) - stage.backend.standing_bytes(model)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         try:
-            found = find(cfg.train.batch_size * cfg.train.grad_accum, trials.eval_rows, trials.train, trials.eval,
-                         capacity, f"{trials.longest} tokens")
+            found = find(cfg.train.batch_size * cfg.train.grad_accum, eval_rows, train, evaluate, capacity,
+                         f"{max(length for _, length in longest.values())} tokens")
         finally:
             model.load_state_dict(saved)
             model.train(was_training)
@@ -92,74 +112,50 @@ def fit_batch(stage: Stage) -> Stage:
     return stage.resplit(found.batch_size, found.grad_accum, found.eval_batch_size, found.describe())
 
 
-class _Trials:
-    """The finder's trials on a built stage, at its longest rows: a whole training step, or a
-    forward pass beside the optimizer's state, at a number of rows; each gives its peak bytes, or
-    None when it ran out of memory, and gives the memory back once it is over."""
+def _trial(stage: Stage, batch: dict, one_row: dict | None, limit: int) -> int | None:
+    """A trial's peak bytes (a training step at `batch`, or with `one_row` a forward pass at `batch`
+    after a step at one_row), or None when it ran out of memory. The trial's tensors (its optimizer
+    among them) go with _measure's frame, an out-of-memory exception's traceback with the handler:
+    the memory is given back once both are left."""
+    try:
+        peak = _measure(stage, batch, one_row, limit)
+    except (torch.OutOfMemoryError, RuntimeError) as e:
+        if not memory.is_out_of_memory(e):
+            raise
+        peak = None
+    finally:
+        stage.model.zero_grad(set_to_none=True)
+    memory.release(stage.rt.device)
+    return peak
 
-    def __init__(self, stage: Stage):
-        self.stage = stage
-        rows = stage.features
-        longest = {split: _longest(rows[split]) for split in SPLITS}  # (row, length)
-        eval_split = max(("dev", "test"), key=lambda split: longest[split][1])
-        self.train_row = rows["train"][longest["train"][0]]
-        self.eval_row = rows[eval_split][longest[eval_split][0]]
-        self.longest = max(length for _, length in longest.values())
-        self.eval_rows = math.ceil(max(len(rows["dev"]), len(rows["test"])) / stage.rt.world_size)
-        """The largest evaluation split's rows per rank: no evaluation batch is larger."""
-        self.collate = shaped_collate(stage.task.collator(stage.tokenizer), stage.cfg.train,
-                                      stage.tokenizer.pad_token_id)
 
-    def train(self, rows: int, limit: int) -> int | None:
-        """One training step at `rows` (forward, loss, backward, a fused-or-not AdamW step as the
-        backend builds it)."""
-        return self._peak(self.collate([self.train_row] * rows), None, limit)
+def _measure(stage: Stage, batch: dict, one_row: dict | None, limit: int) -> int:
+    model, device = stage.model, stage.rt.device
+    # what lives on the device through a step: the model's (and a live teacher's) parameters,
+    # buffers and gradients (the CPU's tensor count starts from them)
+    modules = [model] + ([stage.teacher] if stage.teacher is not None else [])
+    model.train()
+    if one_row is None:
+        def step() -> None:
+            stage.plain_step(dict(batch))
+            optimizer, _ = build_optimizer(model, stage.cfg.train, 1, fused=stage.backend.fused_optimizer)
+            optimizer.step()
 
-    def eval(self, rows: int, limit: int) -> int | None:
-        """A forward pass without gradients at `rows`, beside the optimizer's state (a one-row step
-        made it, its gradients freed, as the loop leaves them before evaluating)."""
-        return self._peak(self.collate([self.eval_row] * rows), self.collate([self.train_row]), limit)
+        return memory.peak_bytes(device, _tensors(modules), limit, step)
+    stage.plain_step(dict(one_row))
+    optimizer, _ = build_optimizer(model, stage.cfg.train, 1, fused=stage.backend.fused_optimizer)
+    optimizer.step()  # its state exists now, as in the loop
+    model.zero_grad(set_to_none=True)
+    model.eval()
+    state = [t for st in optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
 
-    def _peak(self, batch: dict, one_row: dict | None, limit: int) -> int | None:
-        """The trial's peak bytes (a training step at `batch`, or with `one_row` a forward pass at
-        `batch` after a step at one_row), or None when it ran out of memory. The trial's tensors
-        (its optimizer among them) go with its frame, an out-of-memory exception's traceback
-        with the handler: the memory is given back once both are left."""
-        stage, device = self.stage, self.stage.rt.device
-        try:
-            peak = self._measure(batch, one_row, limit)
-        except (torch.OutOfMemoryError, RuntimeError) as e:
-            if not memory.is_out_of_memory(e):
-                raise
-            peak = None
-        finally:
-            stage.model.zero_grad(set_to_none=True)
-        memory.release(device)
-        return peak
+    @torch.no_grad()
+    def forward() -> None:
+        inputs = {k: v.to(device) for k, v in batch.items() if k != "idx"}
+        with stage.policy.autocast():
+            model(**inputs)
 
-    def _measure(self, batch: dict, one_row: dict | None, limit: int) -> int:
-        stage, model, device = self.stage, self.stage.model, self.stage.rt.device
-        # what lives on the device through a step: the model's (and a live teacher's) parameters,
-        # buffers and gradients (the CPU's tensor count starts from them)
-        modules = [model] + ([stage.teacher] if stage.teacher is not None else [])
-        model.train()
-        if one_row is None:
-            with memory.measured(device, _tensors(modules), limit) as peak:
-                stage.plain_step(dict(batch))
-                optimizer, _ = build_optimizer(model, stage.cfg.train, 1, fused=stage.backend.fused_optimizer)
-                optimizer.step()
-            return peak.bytes
-        stage.plain_step(dict(one_row))
-        optimizer, _ = build_optimizer(model, stage.cfg.train, 1, fused=stage.backend.fused_optimizer)
-        optimizer.step()  # its state exists now, as in the loop
-        model.zero_grad(set_to_none=True)
-        model.eval()
-        state = [t for st in optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
-        with memory.measured(device, [*_tensors(modules), *state], limit) as peak, torch.no_grad():
-            inputs = {k: v.to(device) for k, v in batch.items() if k != "idx"}
-            with stage.policy.autocast():
-                model(**inputs)
-        return peak.bytes
+    return memory.peak_bytes(device, [*_tensors(modules), *state], limit, forward)
 
 
 def _tensors(modules: list[torch.nn.Module]) -> list[torch.Tensor]:

@@ -21,24 +21,15 @@ only while counting (the batch finder's trials); the CPU job itself is limited b
 """
 from __future__ import annotations
 
-import contextlib
 import gc
 import weakref
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 MIB = 2**20
-
-
-@dataclass
-class Peak:
-    """What a piece of work reached: bytes at its peak (filled in when the work ends)."""
-
-    bytes: int = 0
 
 
 def cap(device: torch.device, limit_mb: int | None) -> None:
@@ -64,24 +55,16 @@ def capacity(device: torch.device, limit_mb: int | None) -> int:
     return psutil.virtual_memory().available
 
 
-@contextlib.contextmanager
-def measured(device: torch.device, standing: list[torch.Tensor], limit: int) -> Iterator[Peak]:
-    """The peak bytes of the work inside; torch.OutOfMemoryError past `limit` (the allocator's own on
+def peak_bytes(device: torch.device, standing: list[torch.Tensor], limit: int, work: Callable[[], object]) -> int:
+    """The peak bytes `work()` reaches; torch.OutOfMemoryError past `limit` (the allocator's own on
     a GPU). `standing`: the tensors that live before the work starts (CPU: counted from the start)."""
-    peak = Peak()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-        try:
-            yield peak
-        finally:
-            peak.bytes = torch.cuda.max_memory_allocated(device)
-        return
-    counter = TensorBytes(standing, limit)
-    try:
-        with counter:
-            yield peak
-    finally:
-        peak.bytes = counter.peak
+        work()
+        return torch.cuda.max_memory_allocated(device)
+    with TensorBytes(standing, limit) as counter:
+        work()
+    return counter.peak
 
 
 def release(device: torch.device) -> None:
