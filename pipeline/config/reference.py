@@ -48,23 +48,16 @@ class Key(NamedTuple):
     meaning: str
 
 
-class Section(NamedTuple):
-    """The top-level keys (name ""), or one nested dataclass's keys."""
-
-    name: str
-    meaning: str
-    keys: list[Key]
-
-
-def sections() -> list[Section]:
-    """The configuration's keys, grouped: top-level keys first, then one section per dataclass."""
-    top = Section("", "Keys at the top level of the configuration.", [])
-    out = [top]
+def sections() -> list[tuple[str, str, list[Key]]]:
+    """The configuration's keys, grouped as (name, meaning, keys): the top-level keys first (name
+    ""), then one section per nested dataclass."""
+    top: list[Key] = []
+    out = [("", "Keys at the top level of the configuration.", top)]
     for f, kind in fields_of(Config):
         if dataclasses.is_dataclass(kind):
-            out.append(Section(f.name, _meaning(Config, f.name), list(_keys(kind, f"{f.name}.", CHOICES))))
+            out.append((f.name, _meaning(Config, f.name), list(_keys(kind, f"{f.name}.", CHOICES))))
         else:
-            top.keys.append(_key(Config, f, kind, "", CHOICES))
+            top.append(_key(Config, f, kind, "", CHOICES))
     return out
 
 
@@ -78,9 +71,9 @@ def help_text(command: str) -> str:
     else:
         lines += ["One training stage.", ""]
     lines += [INTRO, "", f"Every key, also in {PAGE} (KEY = DEFAULT  [TYPE], then its meaning):"]
-    for section in sections():
-        lines += ["", f"{section.name or 'top level'}: {section.meaning}"]
-        for key in section.keys:
+    for name, meaning, keys in sections():
+        lines += ["", f"{name or 'top level'}: {meaning}"]
+        for key in keys:
             lines.append(f"  {key.key} = {key.default}  [{key.kind}]")
             lines += textwrap.wrap(key.meaning, 100, initial_indent=" " * 6, subsequent_indent=" " * 6,
                                    break_on_hyphens=False, break_long_words=False)  # keep names whole
@@ -93,11 +86,11 @@ def markdown() -> str:
              "     edit those and regenerate (tests/unit/test_cli_help.py fails while this page is stale). -->",
              "", "# Configuration", "", f"Regenerate this page with `{REGENERATE}`.",
              "Every key is also listed by `python -m pipeline train --help`.", "", INTRO]
-    for section in sections():
-        lines += ["", f"## {f'`{section.name}`' if section.name else 'Top level'}", "", section.meaning, "",
+    for name, meaning, keys in sections():
+        lines += ["", f"## {f'`{name}`' if name else 'Top level'}", "", meaning, "",
                   "| key | type | default | meaning |", "|---|---|---|---|"]
         lines += [f"| `{k.key}` | {_cell(k.kind)} | {'*unset*' if k.default == UNSET else _cell(k.default)} "
-                  f"| {_cell(k.meaning, code=False)} |" for k in section.keys]
+                  f"| {_cell(k.meaning, code=False)} |" for k in keys]
     return "\n".join(lines) + "\n"
 
 

@@ -22,6 +22,6 @@ def test_train_help_lists_every_key_with_its_default_and_meaning():
     assert ("train.epochs = unset [int | None] Passes over the training set; unset: the task's "
             "(3; error_cls 5, qa 8)") in flat
     assert "precision = fp32 [fp32 | tf32 | fp16 | bf16 | bf16-pure | auto] fp32 (strict, TF32 off)" in flat
-    for section in reference.sections():  # every docstring's text, whitespace aside
-        for key in section.keys:
+    for _, _, keys in reference.sections():  # every docstring's text, whitespace aside
+        for key in keys:
             assert key.meaning and key.meaning in flat, f"{key.key}: no docstring under the field"
