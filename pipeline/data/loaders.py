@@ -251,23 +251,12 @@ def build_loaders(features: dict[str, PreparedFeatures], collate: Collate, train
     return Loaders(train_loader, sampler, dev, test)
 
 
-@dataclass(frozen=True)
-class DatasetRecord:
-    """What data a split of the run saw, as MLflow records a dataset input."""
-
-    split: str
-    name: str
-    source_type: str
-    """local | hugging_face (MLflow's source types)."""
-    source: str
-    """JSON: {"uri": absolute path} for a file, {"path": id, "config_name", "split"} for the hub."""
-    digest: str
-    """sha256 of the examples as read (after validation), first 16 hex digits: equal data, equal digest."""
-    rows: int
-
-
-def describe_datasets(data: DataConfig, task: Task, examples: dict[str, TrainRows | list[dict]]) -> list[DatasetRecord]:
-    """One record per split: where its rows came from (file, hub id or the built-in sample set)."""
+def describe_datasets(data: DataConfig, task: Task, examples: dict[str, TrainRows | list[dict]]) -> list[dict]:
+    """What data each split of the run saw, as MLflow records a dataset input (the journal's entry
+    as written): split, name, source_type (local | hugging_face: MLflow's source types), source
+    (JSON: {"uri": absolute path} for a file, {"path": id, "config_name", "split"} for the hub: where
+    its rows came from, a file, a hub id or the built-in sample set), digest (sha256 of the examples
+    as read, after validation, first 16 hex digits: equal data, equal digest) and rows."""
     from pipeline.tasks.base import SPLITS
 
     records = []
@@ -277,12 +266,12 @@ def describe_datasets(data: DataConfig, task: Task, examples: dict[str, TrainRow
         digest = rows.digest if isinstance(rows, TrainRows) else examples_digest(rows)
         if spec and spec.startswith("hub:"):
             ident, _, config = spec[len("hub:"):].partition(":")
+            name, source_type = spec[len("hub:"):], "hugging_face"
             source = {"path": ident, "config_name": config or None, "split": HUB_SPLIT[split]}
-            records.append(DatasetRecord(split, spec[len("hub:"):], "hugging_face", json.dumps(source), digest,
-                                         len(examples[split])))
-            continue
-        path = Path(spec) if spec else samples.ensure_samples(task.name, task.write_samples)[split]
-        name = path.name if spec else f"{task.name}-samples-v{samples.SAMPLE_VERSION}/{path.name}"
-        records.append(DatasetRecord(split, name, "local", json.dumps({"uri": str(path.resolve())}), digest,
-                                     len(examples[split])))
+        else:
+            path = Path(spec) if spec else samples.ensure_samples(task.name, task.write_samples)[split]
+            name = path.name if spec else f"{task.name}-samples-v{samples.SAMPLE_VERSION}/{path.name}"
+            source_type, source = "local", {"uri": str(path.resolve())}
+        records.append({"split": split, "name": name, "source_type": source_type, "source": json.dumps(source),
+                        "digest": digest, "rows": len(rows)})
     return records

@@ -66,7 +66,7 @@ class Params:
 
 @dataclass(frozen=True)
 class Datasets:
-    """Dataset inputs: data.DatasetRecord fields, one dict per split."""
+    """Dataset inputs: one dict per split, as data.loaders.describe_datasets gives them."""
 
     kind: ClassVar[str] = "datasets"
     datasets: list[dict[str, Any]]

@@ -109,7 +109,7 @@ def apply(client: MlflowClient, run_id: str, records: Sequence[Record], present:
 
 
 def dataset_inputs(entries: list[dict[str, Any]]) -> list[DatasetInput]:
-    """MLflow DatasetInputs from journal entries of DatasetRecords."""
+    """MLflow DatasetInputs from journal entries of describe_datasets' dicts."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     return [DatasetInput(Dataset(e["name"], e["digest"], e["source_type"], e["source"],

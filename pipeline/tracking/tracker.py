@@ -2,7 +2,6 @@
 run; a tracking error never stops training, it leaves the records to the journal (and sync)."""
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -31,7 +30,6 @@ from pipeline.tracking.store import few_retries, open_experiment, safe_params
 
 if TYPE_CHECKING:
     from pipeline.config import TrackingConfig
-    from pipeline.data.loaders import DatasetRecord
 
 log = logging.getLogger("pipeline")
 
@@ -134,12 +132,12 @@ class Tracker:
             return
         self._record([Params(safe_params(params))])
 
-    def log_datasets(self, records: Iterable[DatasetRecord]) -> None:
+    def log_datasets(self, records: Iterable[dict]) -> None:
         """The run's data as MLflow dataset inputs (name, source, digest, rows, split as the
         input's context), so the UI's Dataset column says what it trained on."""
         if not self.active:
             return
-        self._record([Datasets([dataclasses.asdict(r) for r in records])])
+        self._record([Datasets(list(records))])
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         if not self.active or not Path(path).exists():

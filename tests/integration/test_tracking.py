@@ -250,7 +250,6 @@ def test_a_journal_replays_into_a_new_run(tmp_path):
 def test_a_live_run_and_its_journal_replayed_elsewhere_are_the_same_run(tmp_path):
     """The Tracker applies each record it journals the way sync replays them: the run it logs
     live and the run sync makes of its journal on another store hold the same record."""
-    from pipeline.data.loaders import DatasetRecord
     from pipeline.tracking import Tracker
 
     live, replayed = f"sqlite:///{tracking_db(tmp_path, 'live.db')}", f"sqlite:///{tracking_db(tmp_path, 're.db')}"
@@ -258,7 +257,8 @@ def test_a_live_run_and_its_journal_replayed_elsewhere_are_the_same_run(tmp_path
     tracker = Tracker(out, active=True)
     tracker.start(live, "same", "job", {"task": "sentiment", "api_token": "tok"},
                   {f"p{i:03d}": i for i in range(150)})  # more params than one MLflow batch takes
-    tracker.log_datasets([DatasetRecord("dev", "dev.tsv", "local", '{"uri": "/d/dev.tsv"}', "fedcba9876543210", 3)])
+    tracker.log_datasets([{"split": "dev", "name": "dev.tsv", "source_type": "local", "source": '{"uri": "/d/dev.tsv"}',
+                          "digest": "fedcba9876543210", "rows": 3}])
     tracker.set_tags({"data_cache": "hit"})
     tracker.log_metrics({"train/loss": 2.0, "lr": 1e-3}, step=1)
     tracker.log_metrics({"train/loss": 1.0}, step=2)
