@@ -8,6 +8,7 @@ continue exactly after a resume).
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterator, Sequence, Sized
@@ -145,7 +146,8 @@ TARGETS = ("labels", "start_positions", "end_positions")
 """The batch keys that hold training targets: a filler row's are IGNORED."""
 
 
-class ShapedCollate:
+def collate_shaped(features: list[dict], collate: Collate, multiple: int, max_length: int, pad_id: int,
+                   rows: int | None = None) -> dict:
     """The task's collate, then the batch brought to one of a few shapes, so that compiled graphs
     (one per shape) and CUDA graphs (which replay one shape) are reused rather than rebuilt:
 
@@ -158,39 +160,37 @@ class ShapedCollate:
       and the tasks'), so a filled batch's loss and gradients are the short batch's.
 
     Real rows come first; a batch's real rows are those with idx >= 0 (the meters count only them)."""
-
-    def __init__(self, collate: Collate, multiple: int, max_length: int, pad_id: int, rows: int | None = None):
-        self.collate, self.multiple, self.max_length = collate, multiple, max_length
-        self.pad_id, self.rows = pad_id, rows
-
-    def __call__(self, features: list[dict]) -> dict:
-        batch = self.collate(features)
-        length = batch["input_ids"].shape[1]
-        bucket = min(-(-length // self.multiple) * self.multiple, max(length, self.max_length))
-        if bucket > length:
-            pad_values = {"input_ids": self.pad_id, "labels": IGNORED}
-            batch = {k: torch.nn.functional.pad(v, (0, bucket - length), value=pad_values.get(k, 0))
-                     if v.dim() == 2 and v.shape[1] == length else v for k, v in batch.items()}
-        n = len(batch["idx"])
-        if self.rows and n < self.rows:
-            take = torch.arange(self.rows) % n
-            batch = {k: v[take] for k, v in batch.items()}
-            for key in (*TARGETS, "idx"):
-                if key in batch:
-                    batch[key][n:] = -1 if key == "idx" else IGNORED
-        return batch
+    batch = collate(features)
+    length = batch["input_ids"].shape[1]
+    bucket = min(-(-length // multiple) * multiple, max(length, max_length))
+    if bucket > length:
+        pad_values = {"input_ids": pad_id, "labels": IGNORED}
+        batch = {k: torch.nn.functional.pad(v, (0, bucket - length), value=pad_values.get(k, 0))
+                 if v.dim() == 2 and v.shape[1] == length else v for k, v in batch.items()}
+    n = len(batch["idx"])
+    if rows and n < rows:
+        take = torch.arange(rows) % n
+        batch = {k: v[take] for k, v in batch.items()}
+        for key in (*TARGETS, "idx"):
+            if key in batch:
+                batch[key][n:] = -1 if key == "idx" else IGNORED
+    return batch
 
 
 def real_rows(idx: torch.Tensor) -> int:
-    """The rows of a batch that are data, from its idx on the host (ShapedCollate's filler rows,
+    """The rows of a batch that are data, from its idx on the host (collate_shaped's filler rows,
     which come last, have idx -1)."""
     return int((idx >= 0).sum()) if len(idx) and idx[-1] < 0 else len(idx)
 
 
 def shaped_collate(collate: Collate, train: TrainConfig, pad_id: int, rows: int | None = None) -> Collate:
-    """`collate`, its batches shaped by ShapedCollate where train.pad_to_multiple_of or `rows` ask for it."""
+    """`collate`, its batches shaped by collate_shaped where train.pad_to_multiple_of or `rows` ask for
+    it (a partial: DataLoader workers pickle it)."""
     multiple = train.pad_to_multiple_of or 1
-    return ShapedCollate(collate, multiple, train.max_length, pad_id, rows) if multiple > 1 or rows else collate
+    if multiple == 1 and not rows:
+        return collate
+    return functools.partial(collate_shaped, collate=collate, multiple=multiple, max_length=train.max_length,
+                             pad_id=pad_id, rows=rows)
 
 
 def eval_shard(n: int, rt: Runtime) -> list[int]:
@@ -218,7 +218,7 @@ class Loaders:
 def build_loaders(features: dict[str, PreparedFeatures], collate: Collate, train: TrainConfig, rt: Runtime, seed: int,
                   pad_id: int, fill: bool) -> Loaders:
     """The training loader (shuffled, sharded, resumable) and this rank's dev/test shards, their
-    batches shaped by ShapedCollate (lengths to train.pad_to_multiple_of; with `fill`, short
+    batches shaped by collate_shaped (lengths to train.pad_to_multiple_of; with `fill`, short
     batches filled to full rows: a compiled job). Workers (train.num_workers) stay between epochs."""
     grouped = train.group_by_length or train.batch_tokens
     lengths = sequence_lengths(features["train"]) if grouped else None

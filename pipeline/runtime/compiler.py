@@ -4,7 +4,7 @@ answered once), and torch.compile for the trained module, the frozen teacher and
 A module is compiled in place (nn.Module.compile), so its state_dict keeps its own keys (no
 `_orig_mod.` prefix): checkpoints, best/ and resume are the same compiled or not, and a job can
 resume under the other setting. Shapes are static (dynamic=False): each distinct batch shape is
-one specialized graph, and data.ShapedCollate keeps those few (lengths padded to buckets, short
+one specialized graph, and data.loaders.collate_shaped keeps those few (lengths padded to buckets, short
 batches filled), which is also what CUDA graphs (`reduce-overhead`) need to replay.
 
 Compilation happens inside the first steps of each new shape; its time is read from Dynamo's

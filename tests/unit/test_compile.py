@@ -13,7 +13,7 @@ from transformers import BertConfig, BertForSequenceClassification, BertForToken
 from helpers import ddp_syncs_buffers_every_forward, free_port
 from pipeline import names
 from pipeline.config import load_config
-from pipeline.data.loaders import IGNORED, ShapedCollate, real_rows
+from pipeline.data.loaders import IGNORED, collate_shaped, real_rows
 from pipeline.errors import UserError
 from pipeline.evaluation import evaluate
 from pipeline.measure.telemetry import StageMeters
@@ -98,7 +98,7 @@ def collate_rows(lengths, labels_per_token=False):
     ([7], 1, 32, 7)])
 def test_lengths_are_padded_to_a_few_buckets(lengths, multiple, max_length, expected):
     collate, features = collate_rows(lengths, labels_per_token=True)
-    batch = ShapedCollate(collate, multiple, max_length, pad_id=0)(features)
+    batch = collate_shaped(features, collate, multiple, max_length, pad_id=0)
     assert {k: v.shape[1] for k, v in batch.items() if v.dim() == 2} == dict.fromkeys(
         ("input_ids", "attention_mask", "labels"), expected)
     plain = collate(features)
@@ -112,8 +112,8 @@ def test_filler_rows_carry_no_loss_no_gradient_and_are_not_counted(per_token):
     """A short batch filled to full rows gives the short batch's loss and gradients (the heads'
     cross-entropy averages over targets that are not IGNORED); its filler rows are marked idx -1."""
     collate, features = collate_rows([4, 6, 3], labels_per_token=per_token)
-    short = ShapedCollate(collate, 8, 16, pad_id=0)(features)
-    filled = ShapedCollate(collate, 8, 16, pad_id=0, rows=8)(features)
+    short = collate_shaped(features, collate, 8, 16, pad_id=0)
+    filled = collate_shaped(features, collate, 8, 16, pad_id=0, rows=8)
     assert filled["input_ids"].shape == (8, 8) and filled["idx"].tolist() == [0, 1, 2] + [-1] * 5
     assert real_rows(filled["idx"]) == 3 and real_rows(short["idx"]) == 3
     assert (filled["labels"][3:] == IGNORED).all()
@@ -164,7 +164,7 @@ def test_evaluation_leaves_filler_rows_out_of_scores_and_loss():
     policy = precision.PrecisionPolicy("fp32", "cpu")
     scores = [evaluate(model, torch.utils.data.DataLoader(features, batch_size=4, collate_fn=shaped), _Sentiment(),
                        policy, CPU, None, features, keep=True)
-              for shaped in (collate, ShapedCollate(collate, 8, 16, pad_id=0, rows=4))]
+              for shaped in (collate, lambda batch: collate_shaped(batch, collate, 8, 16, pad_id=0, rows=4))]
     assert scores[1].scores["accuracy"] == scores[0].scores["accuracy"]
     assert scores[1].scores["loss"] == pytest.approx(scores[0].scores["loss"], rel=1e-5)
     assert len(scores[1].predictions["label"]) == len(features)
