@@ -55,9 +55,6 @@ class BatchFit:
 
     batch_size: int
     grad_accum: int
-    largest: int
-    """The largest candidate that fit (batch_size, unless a larger micro-batch would exceed the
-    global batch's rows per rank)."""
     peak_mb: float
     eval_batch_size: int
     eval_peak_mb: float
@@ -193,7 +190,7 @@ def find(rows_per_rank: int, eval_rows: int, train_trial: Trial, eval_trial: Tri
                         "train.memory_limit_mb or the device's free memory); less memory: precision=bf16/fp16, "
                         "train.gradient_checkpointing=true, a shorter train.max_length, ZeRO offload")
     (micro, peak), (evals, eval_peak) = found["training"], found["evaluation"]
-    return BatchFit(micro, rows_per_rank // micro, micro, peak / MIB, evals, eval_peak / MIB, capacity / MIB)
+    return BatchFit(micro, rows_per_rank // micro, peak / MIB, evals, eval_peak / MIB, capacity / MIB)
 
 
 def _largest(candidates: list[int], fits: Callable[[int], tuple[bool, int]]) -> tuple[int | None, int]:
