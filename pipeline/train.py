@@ -30,7 +30,6 @@ from pipeline.runtime import dist
 from pipeline.runtime.dist import AgreedFlag
 from pipeline.stage import Stage
 from pipeline.tracking.metrics import MetricsProcessor
-from pipeline.tracking.served_model import ServedModel
 from pipeline.tracking.tracker import Tracker
 
 log = logging.getLogger("pipeline")
@@ -235,7 +234,7 @@ def finish(loop: Loop) -> dict[str, float]:
                                    loop.losses.amp_metrics(stage.backend.loss_scale), serving)
     if stage.rt.is_main:
         report = stage.task.report(test.predictions, stage.examples["test"], stage.features["test"])
-        served = ServedModel(stage.task, stage.examples["test"]) if stage.cfg.tracking.log_model else None
-        loop.metrics.write_outputs(stage.out, final, report, served, loop.progress.step)
+        loop.metrics.write_outputs(stage.out, final, report, loop.progress.step, stage.task, stage.examples["test"],
+                                   stage.cfg.tracking.log_model)
         loop.metrics.announce(final, stage.task.main_metric, test.main, stage.out)
     return final

@@ -33,7 +33,7 @@ def main(args: list[str]) -> int:
 
     import torch
 
-    from pipeline.export.onnx_model import ExportedModel
+    from pipeline.export.onnx_model import served_graph
     from pipeline.measure import inference
     from pipeline.models import SavedModel
     from pipeline.runtime.precision import SERVED_AS, resolve
@@ -60,10 +60,10 @@ def main(args: list[str]) -> int:
         resolve(p, device)  # what the device cannot run is refused as a stage refuses it
     precisions = list(dict.fromkeys(SERVED_AS[p] for p in precisions))  # bf16-pure is served as bf16
     # every path checked before any timing
-    saved = {spec: ExportedModel(spec) if spec.endswith(".onnx") else SavedModel(spec) for spec in opts.models}
-    if device.type != "cpu" and any(isinstance(m, ExportedModel) for m in saved.values()):
+    served = {spec: served_graph(spec) if spec.endswith(".onnx") else SavedModel(spec).served()
+              for spec in opts.models}
+    if device.type != "cpu" and any(spec.endswith(".onnx") for spec in served):
         raise UserError(f"infer-bench: an exported graph runs on the CPU here; --device {device} cannot time it")
-    served = {spec: m.served() for spec, m in saved.items()}
     results = inference.bench_side_by_side(served, device, lengths=lengths, precisions=precisions,
                                            batch_size=opts.batch_size, budget_s=opts.budget_s,
                                            reps=opts.reps)

@@ -10,12 +10,13 @@ An int8 graph differs by design: its figures are reported, and its test scores s
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 import yaml
+from torch.utils.data import DataLoader
 
 from pipeline.errors import UserError
 from pipeline.layout import OutputDir
@@ -27,51 +28,15 @@ FP32_AGREEMENT = 0.99
 flip one of a hundred by rounding)."""
 
 
-@dataclass
-class Split:
-    """A split of the stage's task as its evaluation read it: examples, features, batches."""
-
-    examples: list[dict]
-    features: object
-    loader: torch.utils.data.DataLoader
-
-
-@dataclass
-class StageData:
-    task: object
-    dev: Split
-    test: Split
-
-
-@dataclass
-class Agreement:
-    max_abs_diff: float = 0.0
-    scale: float = 0.0
-    """The largest |output| of the PyTorch model."""
-    agree: int = 0
-    compared: int = 0
-    rows: int = 0
-
-    @property
-    def agreement(self) -> float:
-        return self.agree / self.compared if self.compared else 1.0
-
-    def as_dict(self) -> dict:
-        return {"max_abs_diff": self.max_abs_diff, "logit_scale": self.scale, "agreement": self.agreement,
-                "predictions": self.compared, "rows": self.rows}
-
-
-@dataclass
-class Checked:
-    dev: Agreement
-    test: dict[str, float] = field(default_factory=dict)
-
-
-def stage_data(out: OutputDir, tokenizer) -> StageData:
-    """The dev and test splits of the stage whose output_dir is `out`, from its config.yaml, batched
-    as its evaluation batched them (train.eval_batch_size, the task's collator)."""
+def stage_data(out: OutputDir, tokenizer) -> tuple[DataLoader, DataLoader, Callable[..., dict[str, float]]]:
+    """The dev and test batches of the stage whose output_dir is `out`, from its config.yaml, as its
+    evaluation batched them (train.eval_batch_size, the task's collator), and its test scorer: the
+    task's test metrics of a model (PyTorch or exported) through the stage's own scorer
+    (evaluation.evaluate)."""
     from pipeline.data import features
+    from pipeline.evaluation import evaluate
     from pipeline.runtime.dist import Runtime
+    from pipeline.runtime.precision import resolve
     from pipeline.tasks import get_task
 
     if not out.config.is_file():
@@ -83,53 +48,52 @@ def stage_data(out: OutputDir, tokenizer) -> StageData:
     max_length, batch = int(train.get("max_length", 128)), int(train.get("eval_batch_size", 64))
     rt = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
     collate = task.collator(tokenizer)
-    splits = {}
+    examples, prepared, loaders = {}, {}, {}
     for split in ("dev", "test"):
-        examples = task.load(data.get(split), split)
-        prepared = features.prepare_features(task, split, data.get(split), examples, tokenizer, max_length, rt)
-        splits[split] = Split(examples, prepared, torch.utils.data.DataLoader(prepared, batch_size=batch,
-                                                                              collate_fn=collate))
-    return StageData(task, splits["dev"], splits["test"])
+        examples[split] = task.load(data.get(split), split)
+        prepared[split] = features.prepare_features(task, split, data.get(split), examples[split], tokenizer,
+                                                    max_length, rt)
+        loaders[split] = DataLoader(prepared[split], batch_size=batch, collate_fn=collate)
+
+    def test_scores(model) -> dict[str, float]:
+        scores = evaluate(model, loaders["test"], task, resolve("fp32", rt.device), rt, examples["test"],
+                          prepared["test"]).scores
+        return {k: float(v) for k, v in scores.items() if k != "loss" and np.isfinite(v)}
+
+    return loaders["dev"], loaders["test"], test_scores
 
 
 @torch.inference_mode()
-def compare(reference: torch.nn.Module, exported, loader) -> Agreement:
-    """`exported` against `reference` on every batch of `loader`: every output both give."""
-    seen = Agreement()
+def compare(reference: torch.nn.Module, exported, loader) -> dict[str, float]:
+    """`exported` against `reference` on every batch of `loader`, every output both give, as
+    check.json records it: the largest absolute difference, the largest |output| of the PyTorch
+    model (logit_scale), the share of predictions that agree, the predictions and rows compared."""
+    max_abs_diff = scale = 0.0
+    agree = compared = rows = 0
     for batch in loader:
         inputs = {k: v for k, v in batch.items() if k in exported.input_names}
         ours, theirs = reference(**inputs), exported(**inputs)
         mask = inputs.get("attention_mask")
-        seen.rows += len(next(iter(inputs.values())))
+        rows += len(next(iter(inputs.values())))
         for name in exported.output_names:
             a, b = ours[name].float(), theirs[name].float()
-            seen.max_abs_diff = max(seen.max_abs_diff, float((a - b).abs().max()))
-            seen.scale = max(seen.scale, float(a.abs().max()))
+            max_abs_diff = max(max_abs_diff, float((a - b).abs().max()))
+            scale = max(scale, float(a.abs().max()))
             same = a.argmax(-1) == b.argmax(-1)
             if same.dim() == 2 and mask is not None and mask.shape == same.shape and name == "logits":
                 same = same[mask.bool()]  # per token: the real tokens only
-            seen.agree += int(same.sum())
-            seen.compared += same.numel()
-    return seen
+            agree += int(same.sum())
+            compared += same.numel()
+    return {"max_abs_diff": max_abs_diff, "logit_scale": scale, "agreement": agree / compared if compared else 1.0,
+            "predictions": compared, "rows": rows}
 
 
-def test_scores(model, data: StageData) -> dict[str, float]:
-    """The task's test metrics with `model` (PyTorch or exported), through the stage's scorer."""
-    from pipeline.evaluation import evaluate
-    from pipeline.runtime.dist import Runtime
-    from pipeline.runtime.precision import resolve
-
-    rt = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
-    scores = evaluate(model, data.test.loader, data.task, resolve("fp32", rt.device), rt, data.test.examples,
-                      data.test.features).scores
-    return {k: float(v) for k, v in scores.items() if k != "loss" and np.isfinite(v)}
-
-
-def verdict(path: Path, dev: Agreement) -> None:
-    """An fp32 graph that disagrees with its PyTorch model beyond tolerance: the one-line refusal."""
-    limit = FP32_MAX_ABS_DIFF * max(1.0, dev.scale)
-    if dev.agreement < FP32_AGREEMENT or dev.max_abs_diff > limit:
+def verdict(path: Path, dev: dict[str, float]) -> None:
+    """An fp32 graph that disagrees with its PyTorch model beyond tolerance (`dev`: compare's
+    figures): the one-line refusal."""
+    limit = FP32_MAX_ABS_DIFF * max(1.0, dev["logit_scale"])
+    if dev["agreement"] < FP32_AGREEMENT or dev["max_abs_diff"] > limit:
         raise UserError(f"export --check: {path.name} disagrees with the PyTorch model on the dev split: "
-                        f"{100 * dev.agreement:.1f}% of predictions agree (at least {100 * FP32_AGREEMENT:.0f}% "
-                        f"expected), largest logit difference {dev.max_abs_diff:.3g} (at most {limit:.3g}); "
+                        f"{100 * dev['agreement']:.1f}% of predictions agree (at least {100 * FP32_AGREEMENT:.0f}% "
+                        f"expected), largest logit difference {dev['max_abs_diff']:.3g} (at most {limit:.3g}); "
                         "the export is not written")

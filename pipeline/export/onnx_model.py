@@ -9,7 +9,7 @@ fastest of the candidates measured on a CPU (docs/outputs.md, benchmarks/bench_i
 OnnxModel runs a graph with ONNX Runtime's CPU provider behind the call a transformers model
 answers (`model(**inputs)` -> outputs with .logits), on torch tensors, so the task's scorer
 (evaluation.evaluate) and the inference benchmark (measure/inference.py) take it as they take the
-PyTorch model. ExportedModel is an export on disk as infer-bench and the report time it.
+PyTorch model. served_graph: an export on disk as infer-bench and the report time it.
 """
 from __future__ import annotations
 
@@ -107,25 +107,21 @@ class OnnxModel:
         return self.params[1] if exclude_embeddings else self.params[0]
 
 
-class ExportedModel:
+def served_graph(spec: str) -> Served:
     """An exported graph on disk (DIR/export/model.onnx or model.int8.onnx, export.json beside it),
     as infer-bench and the report's side-by-side time it: on the CPU, in the precision it holds."""
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise UserError(f"{spec}: no such file")
+    meta_path = path.parent / EXPORT_JSON
+    if not meta_path.is_file():
+        raise UserError(f"{spec}: no {EXPORT_JSON} beside it: not written by `python -m pipeline export`")
+    meta = json.loads(meta_path.read_text(encoding="utf-8"))
 
-    def __init__(self, spec: str):
-        self.path = Path(spec).expanduser()
-        if not self.path.is_file():
-            raise UserError(f"{spec}: no such file")
-        meta_path = self.path.parent / EXPORT_JSON
-        if not meta_path.is_file():
-            raise UserError(f"{spec}: no {EXPORT_JSON} beside it: not written by `python -m pipeline export`")
-        self.meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        self.size_mb = self.path.stat().st_size / 2**20
-
-    def served(self) -> Served:
-        return Served(self.load, self.meta["vocab_size"], self.meta["input_names"], self.size_mb, ("fp32",))
-
-    def load(self, dtype: torch.dtype, device: torch.device) -> OnnxModel:
+    def load(dtype: torch.dtype, device: torch.device) -> OnnxModel:
         if device.type != "cpu":
-            raise UserError(f"{self.path}: an exported graph runs on the CPU here (ONNX Runtime's CPU provider), "
+            raise UserError(f"{path}: an exported graph runs on the CPU here (ONNX Runtime's CPU provider), "
                             f"not on {device}")
-        return OnnxModel(self.path, (self.meta["params"], self.meta["params_no_embed"]))
+        return OnnxModel(path, (meta["params"], meta["params_no_embed"]))
+
+    return Served(load, meta["vocab_size"], meta["input_names"], path.stat().st_size / 2**20, ("fp32",))

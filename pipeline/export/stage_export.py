@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,14 +31,7 @@ MLFLOW_MODEL = "mlflow_model"
 VARIANTS = {"fp32": FP32, "int8": INT8}
 
 
-@dataclass(frozen=True)
-class Exported:
-    folder: Path
-    check: dict | None
-    run_id: str | None
-
-
-def export(spec: str, int8: bool = False, check: bool = False, uri: str | None = None) -> Exported:
+def export(spec: str, int8: bool = False, check: bool = False, uri: str | None = None) -> None:
     """Export the model of `spec` (a stage's output_dir: its best/, or a model directory) into SPEC/export/."""
     from pipeline.export.onnx_model import EXPORT_JSON, write_onnx
     from pipeline.measure.inference import count_params
@@ -74,7 +66,6 @@ def export(spec: str, int8: bool = False, check: bool = False, uri: str | None =
         log.info("export: %s written in %.1fs (%s)", ", ".join(written.values()), time.perf_counter() - t0,
                  ", ".join(f"{v} {s:.1f} MB" for v, s in sizes.items()))
         report = _check(out, model, tmp, written, params, sizes, saved.size_mb) if check else None
-    run_id = None
     if report is not None:
         shown = "int8" if "int8" in written else "fp32"
         from pipeline.export.logged import log_to_run, model_name
@@ -85,7 +76,6 @@ def export(spec: str, int8: bool = False, check: bool = False, uri: str | None =
         if run_id:
             log.info("export: export/* metrics and the %s graph (MLflow model %r) logged on run %s", shown, name,
                      run_id)
-    return Exported(root / EXPORT, report, run_id)
 
 
 def _check(out: OutputDir, model: torch.nn.Module, tmp: Path, written: dict[str, str], params: tuple[int, int],
@@ -99,25 +89,24 @@ def _check(out: OutputDir, model: torch.nn.Module, tmp: Path, written: dict[str,
     t0 = time.perf_counter()
     from transformers import AutoTokenizer
 
-    data = check.stage_data(out, AutoTokenizer.from_pretrained(str(tmp)))
-    report = {"pytorch": {"test": check.test_scores(model, data), "size_mb": torch_size_mb}, "variants": {},
+    dev, test, test_scores = check.stage_data(out, AutoTokenizer.from_pretrained(str(tmp)))
+    report = {"pytorch": {"test": test_scores(model), "size_mb": torch_size_mb}, "variants": {},
               "tolerance": {"fp32_agreement": check.FP32_AGREEMENT,
                             "fp32_max_abs_diff_relative": check.FP32_MAX_ABS_DIFF}}
     metrics = {}
     for variant, name in written.items():
         graph = OnnxModel(tmp / name, params)
-        agreement = check.compare(model, graph, data.dev.loader)
+        agreement = check.compare(model, graph, dev)
         if variant == "fp32":
             check.verdict(tmp / name, agreement)
-        scores = check.test_scores(graph, data)
-        report["variants"][variant] = {"file": name, "size_mb": sizes[variant], "dev": agreement.as_dict(),
-                                       "test": scores}
-        metrics.update({names.export_metric(variant, names.EXPORT_MAX_ABS_DIFF): agreement.max_abs_diff,
-                        names.export_metric(variant, names.EXPORT_AGREEMENT): agreement.agreement,
+        scores = test_scores(graph)
+        report["variants"][variant] = {"file": name, "size_mb": sizes[variant], "dev": agreement, "test": scores}
+        metrics.update({names.export_metric(variant, names.EXPORT_MAX_ABS_DIFF): agreement["max_abs_diff"],
+                        names.export_metric(variant, names.EXPORT_AGREEMENT): agreement["agreement"],
                         names.export_metric(variant, names.EXPORT_SIZE_MB): sizes[variant],
                         **{names.export_test_metric(variant, k): v for k, v in scores.items()}})
     served = "int8" if "int8" in written else "fp32"
-    example = example_rows(data.test.loader, OnnxModel(tmp / written[served]).input_names)
+    example = example_rows(test, OnnxModel(tmp / written[served]).input_names)
     save_mlflow_onnx(tmp / written[served], tmp / MLFLOW_MODEL, example, served)
     report["metrics"] = metrics
     report["check_s"] = round(time.perf_counter() - t0, 1)

@@ -11,9 +11,6 @@ comparison says so itself.
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
 import pandas as pd
 
 BUSY_CPU = 0.10
@@ -22,45 +19,20 @@ BUSY_GPU_PCT = 10.0
 """Other processes' SM utilization on the run's GPU, % of the GPU."""
 
 
-@dataclass
-class SideLoad:
-    name: str
-    measured: int
-    """Finished runs that logged the load."""
-    runs: int
-    others_cpu: float
-    """Mean over those runs; NaN where none logged it."""
-    others_gpu: float
-    shared_with: list[str]
-
-
-def side_load(name: str, rows: pd.DataFrame) -> SideLoad:
-    done = rows[rows.status == "finished"]
-    cpu = _values(done, "others_cpu")
-    gpu = _values(done, "others_gpu")
-    shared = sorted({n for v in _column(done, "shared_with") for n in str(v).split(",") if n and v == v})
-    return SideLoad(name, len(cpu), len(done), float(cpu.mean()) if len(cpu) else math.nan,
-                    float(gpu.mean()) if len(gpu) else math.nan, shared)
-
-
-def _column(rows: pd.DataFrame, column: str) -> pd.Series:
-    return rows[column] if column in rows else pd.Series(dtype=object)
-
-
-def _values(rows: pd.DataFrame, column: str) -> pd.Series:
-    return _column(rows, column).astype(float).dropna()
-
-
-def confounded(sides: list[SideLoad]) -> str:
-    """"" where the comparison stands, else "confounded: ..." naming each side's load and the threshold."""
+def confounded(*sides: tuple[str, pd.DataFrame]) -> str:
+    """"" where the comparison of the sides (name, rows) stands, else "confounded: ..." naming each
+    side's load (the mean over its finished runs that logged it) and the threshold."""
+    done = [(name, rows[rows.status == "finished"]) for name, rows in sides]
     reasons = []
-    shared = [s for s in sides if s.shared_with]
-    if shared:
-        reasons.append("; ".join(f"the {s.name} run(s) ran beside other cells on one device (--jobs): "
-                                 f"{', '.join(s.shared_with)}" for s in shared))
-    for label, attr, limit, unit in (("the machine's cores", "others_cpu", BUSY_CPU, "frac"),
-                                     ("the GPU", "others_gpu", BUSY_GPU_PCT, "pct")):
-        values = [(s.name, getattr(s, attr)) for s in sides if not math.isnan(getattr(s, attr))]
+    shared = [(name, sorted({n for v in _column(rows, "shared_with") for n in str(v).split(",") if n and v == v}))
+              for name, rows in done]
+    if any(cells for _, cells in shared):
+        reasons.append("; ".join(f"the {name} run(s) ran beside other cells on one device (--jobs): "
+                                 f"{', '.join(cells)}" for name, cells in shared if cells))
+    for label, column, limit, unit in (("the machine's cores", "others_cpu", BUSY_CPU, "frac"),
+                                       ("the GPU", "others_gpu", BUSY_GPU_PCT, "pct")):
+        loads = [(name, _column(rows, column).astype(float).dropna()) for name, rows in done]
+        values = [(name, float(load.mean())) for name, load in loads if len(load)]
         if not values:
             continue
         busy = max(v for _, v in values) > limit
@@ -70,6 +42,10 @@ def confounded(sides: list[SideLoad]) -> str:
             reasons.append(f"other processes used {label} ({each}; threshold {_pct(limit, unit)}"
                            f"{', and the sides differ by more' if differ else ''})")
     return "confounded: " + "; ".join(reasons) if reasons else ""
+
+
+def _column(rows: pd.DataFrame, column: str) -> pd.Series:
+    return rows[column] if column in rows else pd.Series(dtype=object)
 
 
 def _pct(value: float, unit: str) -> str:

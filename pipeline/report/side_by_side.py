@@ -116,7 +116,7 @@ def _first(values: pd.Series) -> float:
 def _run(record: dict, groups: dict, device_name: str | None) -> dict:
     import torch
 
-    from pipeline.export.onnx_model import ExportedModel
+    from pipeline.export.onnx_model import served_graph
     from pipeline.measure import inference
     from pipeline.measure.load import LoadSampler
     from pipeline.measure.telemetry import device_name as describe
@@ -131,7 +131,7 @@ def _run(record: dict, groups: dict, device_name: str | None) -> dict:
             if device.type == "cpu":  # a student's exported graphs, beside its model: CELL@int8, CELL@fp32
                 graphs = {f"{cell}@{v}": p for cell, path in group["cells"].items() if cell in group["students"]
                           for v, p in _exported(path)}
-                served.update({name: ExportedModel(str(p)).served() for name, p in graphs.items()})
+                served.update({name: served_graph(str(p)) for name, p in graphs.items()})
                 group["cells"].update({name: str(p) for name, p in graphs.items()})
             results = inference.bench_side_by_side(
                 served, device, lengths={"median": group["length"]}, precisions=[PAYOFF_PRECISION],

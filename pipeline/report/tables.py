@@ -10,7 +10,7 @@ import pandas as pd
 
 from pipeline.report.columns import AMP_COLUMNS, AMP_DELTAS, COLUMNS, KD_COLUMNS, KD_SHOWN, SPREAD_COLUMNS
 from pipeline.report.compare import Comparison, amp_pairs, comparisons, difference, identical_scores, ratio, stalled
-from pipeline.report.confound import confounded, side_load
+from pipeline.report.confound import confounded
 
 
 def _aggregate(rows: pd.DataFrame) -> dict:
@@ -70,7 +70,7 @@ def amp_table(cells: pd.DataFrame) -> pd.DataFrame:
             row[f"{delta}_beyond"] = d["exceeds_spread"]
         row["fp32_stalled"], row["amp_stalled"] = f["stalled"], a["stalled"]
         row["same_precision"] = bool(f["n"] and a["n"]) and f["precision"] == a["precision"]
-        row["speed_confounded"] = confounded([side_load("FP32", fp32), side_load("AMP", amp)])
+        row["speed_confounded"] = confounded(("FP32", fp32), ("AMP", amp))
         row["identical_seeds"] = "{1}/{0}".format(*identical_scores(pair))
         rows.append(row)
     return pd.DataFrame(rows)

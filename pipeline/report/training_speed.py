@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from pipeline.report.compare import Comparison, stats
-from pipeline.report.confound import confounded, side_load
+from pipeline.report.confound import confounded
 
 
 def _rate(mean: float, std: float) -> str:
@@ -38,7 +38,7 @@ def speed_sentences(found: list[Comparison]) -> list[str]:
                          "speed-up to compare.")
             continue
         what = "AMP against FP32" if c.kind == "kd_amp" else "with its teacher's targets against the baseline"
-        clause = confounded([side_load(c.reference, c.ref), side_load(c.compared, c.cmp)])
+        clause = confounded((c.reference, c.ref), (c.compared, c.cmp))
         lines.append(f"{c.task}: {c.compared} trained at {_rate(cm, cs)} samples/s against {_rate(rm, rs)} for "
                      f"{c.reference} ({what}: {100 * (cm / rm - 1):+.1f}%)"
                      + (f"; {clause}" if clause else "") + ".")

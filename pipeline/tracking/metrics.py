@@ -18,12 +18,13 @@ from pipeline.measure import collapse
 from pipeline.measure.telemetry import StageMeters
 from pipeline.parts.model_card import write_card
 from pipeline.tracking.console import StepLines
-from pipeline.tracking.served_model import MODEL_NAME, ServedModel, save_for_logging
+from pipeline.tracking.served_model import MODEL_NAME, save_for_logging
 from pipeline.tracking.tracker import Tracker
 
 if TYPE_CHECKING:
     from pipeline.evaluation import Evaluation
     from pipeline.parts.best_model import BestModel
+    from pipeline.tasks.base import Task
 
 log = logging.getLogger("pipeline")
 
@@ -92,20 +93,20 @@ class MetricsProcessor:
         log.info("test %s %.4f  |  %.1f samples/s over %.1fs of training  |  outputs in %s", main_metric, test_main,
                  final[names.SAMPLES_PER_S], self.meters.totals.train_seconds, out)
 
-    def write_outputs(self, out: OutputDir, final: dict[str, float], report: str, served: ServedModel | None,
-                      step: int) -> None:
+    def write_outputs(self, out: OutputDir, final: dict[str, float], report: str, step: int, task: Task,
+                      examples: list[dict], log_model: bool) -> None:
         """Rank 0: the final metrics and the task's report into output_dir and the run (with best/
-        as an MLflow model, if asked: `served`); metrics.json last of all, so its presence says
-        the job finished."""
+        as an MLflow model if `log_model`: the task's serving pipeline, `examples` its input
+        example); metrics.json last of all, so its presence says the job finished."""
         write_text(out.report, report)
         if out.trained_model() is not None:  # its card completed: the test scores, the inference figures
             write_card(out.best, out, final)
-        saved = served is not None and save_for_logging(out, served)
+        saved = log_model and save_for_logging(out, task, examples)
         write_json(out.metrics, final)
         for path in (out.metrics, out.report):
             self.tracker.log_artifact(path)
         if saved:
             self.tracker.log_model(out.mlflow_model, MODEL_NAME, step,  # after the metrics: it links them
-                                   f"test {served.task.main_metric} {final[names.TEST_MAIN]:.4f}")
-        elif served is not None:
+                                   f"test {task.main_metric} {final[names.TEST_MAIN]:.4f}")
+        elif log_model:
             self.tracker.log_artifact(out.best, OutputDir.BEST)

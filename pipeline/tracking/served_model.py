@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,26 +30,17 @@ MODEL_NAME = "model"
 """The logged model's name in the run (models:/MODEL_ID, or registered from the run's outputs)."""
 
 
-@dataclass(frozen=True)
-class ServedModel:
-    """What tracking.log_model=true logs best/ with: the task (its serving pipeline) and examples
-    (the input example: the first test rows)."""
-
-    task: Task
-    examples: list[dict]
-
-
-def save_for_logging(out: OutputDir, served: ServedModel) -> bool:
-    """best/ as an MLflow model in output_dir (True), or why not in a line (False): a failure is a
-    warning, as any tracking failure: the job's results stand (best/ is there to log by hand)."""
+def save_for_logging(out: OutputDir, task: Task, examples: list[dict]) -> bool:
+    """best/ as an MLflow model in output_dir (True), or why not in a line (False): the task's serving
+    pipeline, its input example the first of `examples` (the test rows). A failure is a warning, as
+    any tracking failure: the job's results stand (best/ is there to log by hand)."""
     if out.trained_model() is None:
         return False
-    if served.task.serving_task is None:
-        log.info("tracking.log_model: no transformers pipeline serves task %s; best/ uploaded as files",
-                 served.task.name)
+    if task.serving_task is None:
+        log.info("tracking.log_model: no transformers pipeline serves task %s; best/ uploaded as files", task.name)
         return False
     try:
-        save_served_model(out.best, served.task, served.examples, out.mlflow_model)
+        save_served_model(out.best, task, examples, out.mlflow_model)
     except Exception as e:  # noqa: BLE001 - a library's failure to build the pipeline must not fail the job
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         log.warning("tracking.log_model: best/ could not be saved as an MLflow model (%s); not logged", reason)

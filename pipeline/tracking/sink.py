@@ -21,11 +21,6 @@ MODEL_VERSIONS_TAG = "mlflow.modelVersions"
 """The run's tags a logged model carries too (MLflow's Models page shows its source and commit)."""
 
 
-class _Every:
-    def __contains__(self, key: object) -> bool:
-        return True
-
-
 @dataclass(frozen=True)
 class Present:
     """What the run already holds, so that applying records logs only the rest."""
@@ -42,9 +37,9 @@ NOTHING = Present()
 
 
 def opened(start: Start) -> Present:
-    """What a run holds once open_run returns: a new run has the start's tags (set as it is
-    created); a reopened run keeps its params (MLflow refuses changing a param's value)."""
-    return Present(params=_Every()) if start.resume_run_id else Present(tags=start.tags)
+    """What a run holds of its start record once open_run returns: a new run has the start's tags
+    (set as it is created); a reopened run keeps its params (MLflow refuses changing a param's value)."""
+    return Present(params=start.params) if start.resume_run_id else Present(tags=start.tags)
 
 
 def open_run(client: MlflowClient, experiment_id: str, start: Start) -> str:
