@@ -229,7 +229,7 @@ def run_cell(arch, precision_name, batch, length, seconds, min_steps, device, mo
               "compile_s": compile_s}
     if profile:
         table = profile_steps(step, profile, device)
-        bandwidth = telemetry.peak_bandwidth_tbs(name) if device.type == "cuda" else None
+        bandwidth = kernels.peak_bandwidth_tbs(name) if device.type == "cuda" else None
         table["floors_ms"] = kernels.step_floors(flops_by_kind, shape, peak, bandwidth)
         table["flops_by_kind"], table["step_bytes"] = flops_by_kind, kernels.step_bytes(shape)
         result.update(table)
@@ -332,7 +332,7 @@ def floors_of(args) -> str:
         for p in args.precisions.split(","):
             policy = PrecisionPolicy(p, "cuda")
             peak = telemetry.peak_tflops(args.floors, policy.arithmetic)
-            bandwidth = telemetry.peak_bandwidth_tbs(args.floors)
+            bandwidth = kernels.peak_bandwidth_tbs(args.floors)
             for length in map(int, args.lengths.split(",")):
                 for batch in map(int, args.batches.split(",")):
                     flops = meta_flops_by_kind(model, batch, length)

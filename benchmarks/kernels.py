@@ -23,6 +23,22 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.runtime.precision import PrecisionPolicy
 
+PEAK_BANDWIDTH_TBS: dict[str, float] = {
+    # Memory bandwidth in TB/s from the vendors' data sheets (NVIDIA H100 Tensor Core GPU data sheet:
+    # SXM 3.35, PCIe 2.0, NVL 3.9; NVIDIA H200 Tensor Core GPU data sheet: SXM and NVL 4.8; NVIDIA A100
+    # data sheet: 40GB 1.555, 80GB PCIe 1.935, 80GB SXM 2.039). The floor of a memory-bound kernel.
+    "H100 80GB HBM3": 3.35, "H100 PCIe": 2.0, "H100 NVL": 3.9, "H200": 4.8, "H200 NVL": 4.8,
+    "A100": 1.555, "A100 80GB PCIe": 1.935, "A100-SXM4-80GB": 2.039,
+}
+
+
+def peak_bandwidth_tbs(device_name: str) -> float | None:
+    """The data sheet's memory bandwidth (TB/s) of the most specific entry in the device's name, as
+    telemetry.peak_tflops picks; None for a device not listed. A MIG slice gets the whole GPU's figure."""
+    found = [model for model in PEAK_BANDWIDTH_TBS if model in device_name]
+    return PEAK_BANDWIDTH_TBS[max(found, key=len)] if found else None
+
+
 CLASSES = ("matmul", "attention", "optimizer", "norm+dropout+residual", "activation", "casts", "other")
 
 # Kernels inductor generates are named after the aten ops fused into them (triton_{poi,per,red}_fused_

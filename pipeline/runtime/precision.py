@@ -63,11 +63,6 @@ SERVING_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.fl
 tensors, TF32 matmuls)."""
 
 
-def serving_dtype(precision: str) -> torch.dtype:
-    """The dtype a model trained or served in `precision` is cast to for serving."""
-    return SERVING_DTYPES[SERVED_AS[precision]]
-
-
 @dataclass(frozen=True)
 class PrecisionPolicy:
     name: str

@@ -47,7 +47,8 @@ def test_the_stage_precision_comes_first_and_a_cpu_adds_only_what_it_runs(monkey
 
 
 def test_bf16_pure_is_served_in_bf16_like_bf16():
-    assert precision.serving_dtype("bf16-pure") == precision.serving_dtype("bf16") == torch.bfloat16
+    served = {p: precision.SERVING_DTYPES[precision.SERVED_AS[p]] for p in ("bf16-pure", "bf16")}
+    assert served == {"bf16-pure": torch.bfloat16, "bf16": torch.bfloat16}
     assert inference.inference_precisions("bf16-pure", CPU)[0] == "bf16"
     assert set(precision.SERVED_AS) == set(PRECISIONS) - {"auto"}  # every resolved precision has a serving
 

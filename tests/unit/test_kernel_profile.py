@@ -188,12 +188,12 @@ def test_the_table_rows_put_each_class_beside_its_floor():
 
 
 def test_the_bandwidth_table_matches_like_the_peak_table():
-    assert telemetry.peak_bandwidth_tbs("NVIDIA H100 80GB HBM3") == 3.35
-    assert telemetry.peak_bandwidth_tbs("NVIDIA H200") == 4.8
-    assert telemetry.peak_bandwidth_tbs("NVIDIA A100-SXM4-80GB") == 2.039
-    assert telemetry.peak_bandwidth_tbs("NVIDIA GeForce RTX 4070") is None
+    assert kernels.peak_bandwidth_tbs("NVIDIA H100 80GB HBM3") == 3.35
+    assert kernels.peak_bandwidth_tbs("NVIDIA H200") == 4.8
+    assert kernels.peak_bandwidth_tbs("NVIDIA A100-SXM4-80GB") == 2.039
+    assert kernels.peak_bandwidth_tbs("NVIDIA GeForce RTX 4070") is None
     # every device with a bandwidth has a peak, so no class gets a floor the other kind cannot match
-    assert all(telemetry.peak_tflops(name, "bf16") for name in telemetry.PEAK_BANDWIDTH_TBS)
+    assert all(telemetry.peak_tflops(name, "bf16") for name in kernels.PEAK_BANDWIDTH_TBS)
 
 
 def tiny_bert():
