@@ -103,8 +103,8 @@ def open_attempt(log_path: Path) -> TextIO:
 
 def last_line(lines: Iterable[str]) -> str:
     """What a failed stage's output says in one line: its last error line (the CLI's one-line
-    error, a traceback's last line), else its last line; a log's lines are read from its last
-    attempt on."""
+    error, a traceback's last line), else its last line. Of a whole log, only its last attempt
+    counts."""
     line = error = ""
     for text in lines:
         if text.startswith(ATTEMPT):  # a log's next attempt: what the one before said is not its

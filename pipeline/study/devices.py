@@ -49,7 +49,9 @@ def default_jobs(gpus: list[str]) -> int:
 
 def check_devices(cells: list[Cell], gpus: list[str]) -> None:
     """Refuse, before anything runs, a cell that could never get its devices among `gpus`."""
-    for cell in cells if gpus else []:
+    if not gpus:  # a CPU machine: cells share the cores
+        return
+    for cell in cells:
         need = width(cell, len(gpus))
         if need > len(gpus):
             raise UserError(f"study: cell {cell.name} needs {need} GPUs ({cell.launcher.describe()}) but "
