@@ -103,13 +103,13 @@ def probe(args) -> None:
     from pipeline.runtime import dist
     from pipeline.tasks import get_task
     from pipeline.tasks import workers as base
-    from pipeline.tasks.sentiment import SentimentTask
+    from pipeline.tasks.text_classification import TextClassificationTask
 
     rt = dist.init("ddp" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "single")
     task = get_task(TASK)
     calls = []
-    featurize = SentimentTask.featurize
-    SentimentTask.featurize = lambda self, *a: calls.append(a[-1]) or featurize(self, *a)
+    featurize = TextClassificationTask.featurize
+    TextClassificationTask.featurize = lambda self, *a: calls.append(a[-1]) or featurize(self, *a)
     specs = {"train": args.train, "dev": args.dev, "test": args.test}
     before = memory()
     heap = HeapPeak()

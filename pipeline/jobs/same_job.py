@@ -128,12 +128,8 @@ def check_finished(out: OutputDir, old: JobRecord | None, new: JobRecord) -> Non
                     "resume=never overwrite=true starts over; another output_dir starts a new job")
 
 
-class _Unset:
-    def __repr__(self) -> str:
-        return "(unset)"
-
-
-_UNSET = _Unset()
+_UNSET = object()
+"""A key one record has and the other lacks (shown as "(unset)")."""
 
 
 def _matches(key: str, patterns: tuple[str, ...]) -> bool:
@@ -141,7 +137,7 @@ def _matches(key: str, patterns: tuple[str, ...]) -> bool:
 
 
 def _shown(value: Any) -> str:
-    return repr(value) if isinstance(value, _Unset) else str(value)
+    return "(unset)" if value is _UNSET else str(value)
 
 
 def param_value(value: Any) -> str:
@@ -160,6 +156,6 @@ def _short(fingerprint: str) -> str:
 def _architecture_change(old: JobRecord, new: JobRecord) -> str:
     keys = sorted(k for k in set(old.architecture) | set(new.architecture)
                   if old.architecture.get(k) != new.architecture.get(k))
-    shown = [f"{k} {old.architecture.get(k, _UNSET)} -> {new.architecture.get(k, _UNSET)}" for k in keys
+    shown = [f"{k} {_shown(old.architecture.get(k, _UNSET))} -> {_shown(new.architecture.get(k, _UNSET))}" for k in keys
              if k != "parameters"][:3]
     return ", ".join(shown) or "parameter names or shapes differ"

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TextIO
@@ -23,24 +23,22 @@ ATTEMPT = "=== attempt "
 FOLLOW_S = 0.2  # how often a running stage's log is read back
 
 
-@dataclass
-class Ended:
-    name: str
-    exit_code: int
-    last_line: str
-    """The last error line of its output (the CLI's one-line error, a traceback's), else its last line."""
-    wall_s: float
-
-
 class CellProcess:
+    """The process, and once it ended (it is put on `ended` then) its exit code, the last error
+    line of its output (the CLI's one-line error, a traceback's; else its last line) and its
+    wall time."""
+
     def __init__(self, name: str, cmd: list[str], env: dict[str, str], log_path: Path, echo: bool,
-                 ended: queue.Queue[Ended]):
+                 ended: queue.Queue[CellProcess]):
         self.name, self.cmd, self.env, self.log_path, self.echo, self.ended = name, cmd, env, log_path, echo, ended
         self.proc: subprocess.Popen | None = None
         self.thread = threading.Thread(target=self._follow, name=f"cell-{name}", daemon=True)
         self.start_time = 0.0
         self.offset = 0
         """Where this attempt's output starts in the log."""
+        self.exit_code: int | None = None
+        self.last_line = ""
+        self.wall_s = 0.0
 
     def start(self) -> None:
         self.start_time = time.perf_counter()
@@ -52,7 +50,8 @@ class CellProcess:
                 self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
             except OSError as e:  # the launcher itself is missing (deepspeed not installed)
                 log.write(f"{e}\n")
-                self.ended.put(Ended(self.name, 127, f"cannot start {self.cmd[0]}: {e.strerror}", 0.0))
+                self.exit_code, self.last_line = 127, f"cannot start {self.cmd[0]}: {e.strerror}"
+                self.ended.put(self)
                 return
         self.thread.start()
 
@@ -66,8 +65,8 @@ class CellProcess:
             self.thread.join()
 
     def _follow(self) -> None:
-        """The stage's output read back from its log as it grows (echoed, its last line kept), until it ends."""
-        last, rest = LastLine(), b""
+        """The stage's output read back from its log as it grows (echoed), until it ends."""
+        rest = b""
         with self.log_path.open("rb") as log:
             log.seek(self.offset)
             while True:
@@ -75,17 +74,18 @@ class CellProcess:
                 *lines, rest = (rest + log.read()).split(b"\n")
                 if code is not None and rest:  # the output's last line, without its newline
                     lines, rest = [*lines, rest], b""
-                for raw in lines:
-                    line = raw.decode("utf-8", errors="replace") + "\n"
-                    if self.echo:
-                        sys.stdout.write(line)
-                    last.see(line)
                 if self.echo:
+                    for raw in lines:
+                        sys.stdout.write(raw.decode("utf-8", errors="replace") + "\n")
                     sys.stdout.flush()
                 if code is not None:
                     break
                 time.sleep(FOLLOW_S)
-        self.ended.put(Ended(self.name, code, last.text, time.perf_counter() - self.start_time))
+        with self.log_path.open(encoding="utf-8", errors="replace", newline="\n") as log:  # lines as echoed
+            log.seek(self.offset)
+            self.last_line = last_line(log)
+        self.exit_code, self.wall_s = code, time.perf_counter() - self.start_time
+        self.ended.put(self)
 
 
 def open_attempt(log_path: Path) -> TextIO:
@@ -101,21 +101,16 @@ def open_attempt(log_path: Path) -> TextIO:
     return f
 
 
-class LastLine:
+def last_line(lines: Iterable[str]) -> str:
     """What a failed stage's output says in one line: its last error line (the CLI's one-line
-    error, a traceback's last line), else its last line."""
-
-    def __init__(self):
-        self.line = self.error = ""
-
-    def see(self, line: str) -> None:
-        if line.startswith(ATTEMPT):  # a log's next attempt: what the one before said is not its
-            self.line = self.error = ""
-        elif line.strip():
-            self.line = line.strip()
-            if line.startswith("error") or "Error" in line:
-                self.error = self.line
-
-    @property
-    def text(self) -> str:
-        return self.error or self.line
+    error, a traceback's last line), else its last line. Of a whole log, only its last attempt
+    counts."""
+    line = error = ""
+    for text in lines:
+        if text.startswith(ATTEMPT):  # a log's next attempt: what the one before said is not its
+            line = error = ""
+        elif text.strip():
+            line = text.strip()
+            if text.startswith("error") or "Error" in text:
+                error = line
+    return error or line

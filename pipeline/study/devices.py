@@ -47,41 +47,20 @@ def default_jobs(gpus: list[str]) -> int:
     return max(1, len(gpus))
 
 
-class DevicePool:
-    """The node's free GPUs; a cell takes the lowest free ids it needs and gives them back."""
-
-    def __init__(self, gpus: list[str]):
-        self.gpus = list(gpus)
-        self.free = list(gpus)
-
-    def check(self, cells: list[Cell]) -> None:
-        """Refuse, before anything runs, a cell that could never get its devices."""
-        if not self.gpus:
-            return
-        for cell in cells:
-            need = width(cell, len(self.gpus))
-            if need > len(self.gpus):
-                raise UserError(f"study: cell {cell.name} needs {need} GPUs ({cell.launcher.describe()}) but "
-                                f"{len(self.gpus)} are visible ({','.join(self.gpus)})")
-            if cell.launcher.kind == "deepspeed":
-                named = [g for g in self.gpus if not g.isdigit()]
-                if named:  # its launcher's --include takes indices only
-                    raise UserError(f"study: cell {cell.name}: the deepspeed launcher takes GPU indices, not "
-                                    f"{named[0]!r} (CUDA_VISIBLE_DEVICES); use indices or a torchrun launcher")
-
-    def take(self, cell: Cell) -> list[str] | None:
-        """The GPUs for `cell`, or None while too few are free; [] on a CPU machine."""
-        if not self.gpus:
-            return []
-        need = width(cell, len(self.gpus))
-        if need > len(self.free):
-            return None
-        taken, self.free = self.free[:need], self.free[need:]
-        return taken
-
-    def give_back(self, ids: list[str]) -> None:
-        order = {g: i for i, g in enumerate(self.gpus)}
-        self.free = sorted(self.free + ids, key=order.__getitem__)
+def check_devices(cells: list[Cell], gpus: list[str]) -> None:
+    """Refuse, before anything runs, a cell that could never get its devices among `gpus`."""
+    if not gpus:  # a CPU machine: cells share the cores
+        return
+    for cell in cells:
+        need = width(cell, len(gpus))
+        if need > len(gpus):
+            raise UserError(f"study: cell {cell.name} needs {need} GPUs ({cell.launcher.describe()}) but "
+                            f"{len(gpus)} are visible ({','.join(gpus)})")
+        if cell.launcher.kind == "deepspeed":
+            named = [g for g in gpus if not g.isdigit()]
+            if named:  # its launcher's --include takes indices only
+                raise UserError(f"study: cell {cell.name}: the deepspeed launcher takes GPU indices, not "
+                                f"{named[0]!r} (CUDA_VISIBLE_DEVICES); use indices or a torchrun launcher")
 
 
 def describe(ids: list[str]) -> str:

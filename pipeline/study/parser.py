@@ -35,190 +35,191 @@ def load_study(path: str | Path, extra: list[str] = ()) -> tuple[Study, list[Cel
     """
     path = Path(path)
     raw = read_document(path, f"study: {path}")
-    study = _Parser(path).study(raw, list(extra))
+    study = _study(path, raw, list(extra))
     return study, plan_cells(study)
 
 
-class _Parser:
-    def __init__(self, path: Path):
-        self.path = path
+def _study(path: Path, raw: object, extra: list[str]) -> Study:
+    if not isinstance(raw, dict):
+        raise study_error(path, "(top level)", "must be a mapping of keys")
+    for key in raw:
+        if key not in STUDY_KEYS:
+            raise study_error(path, str(key), f"unknown key (expected one of {', '.join(STUDY_KEYS)})")
+    name = raw.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise study_error(path, "name", "required: a name of letters, digits, '.', '_' or '-' (the MLflow experiment)")
+    config = raw.get("config")
+    if config is not None:
+        if not isinstance(config, str):
+            raise study_error(path, "config", "expected a path")
+        found = next((c for c in (Path(config), path.parent / config) if c.is_file()), None)
+        if found is None:
+            raise study_error(path, "config",
+                              f"{config}: no such file (relative to the working directory or the study file)")
+        config = str(found)
+    procedures = {}
+    raw_procs = raw.get("procedures") or {}
+    if not isinstance(raw_procs, dict):
+        raise study_error(path, "procedures", "expected a mapping of name -> {command, overrides, launcher}")
+    for pname, spec in raw_procs.items():
+        procedures[str(pname)] = _procedure(path, str(pname), spec)
+    matrix = raw.get("matrix")
+    if matrix is None:
+        matrix = {}
+    blocks_raw = matrix if isinstance(matrix, list) else [matrix]
+    blocks = [_block(path, i, b, procedures, "matrix" if not isinstance(matrix, list) else f"matrix[{i}]")
+              for i, b in enumerate(blocks_raw)]
+    if not blocks:
+        raise study_error(path, "matrix", "must have at least one block")
+    for key in ("output_root", "report_dir"):
+        if raw.get(key) is not None and not isinstance(raw[key], str):
+            raise study_error(path, key, "expected a path")
+    return Study(
+        name=name, path=path, config=config,
+        overrides=_overrides(path, raw.get("overrides"), "overrides"),
+        extra=[(_check_override(path, a, "command line"), "command line") for a in extra],
+        launcher=_launcher(path, raw.get("launcher"), "launcher"), procedures=procedures, blocks=blocks,
+        output_root=Path(raw.get("output_root") or "outputs"),
+        report_dir=Path(raw.get("report_dir") or f"reports/{name}"), slurm=_slurm(path, raw.get("slurm")))
 
-    def fail(self, key: str, reason: str):
-        raise study_error(self.path, key, reason)
 
-    def study(self, raw: object, extra: list[str]) -> Study:
-        if not isinstance(raw, dict):
-            self.fail("(top level)", "must be a mapping of keys")
-        for key in raw:
-            if key not in STUDY_KEYS:
-                self.fail(str(key), f"unknown key (expected one of {', '.join(STUDY_KEYS)})")
-        name = raw.get("name")
-        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
-            self.fail("name", "required: a name of letters, digits, '.', '_' or '-' (the MLflow experiment)")
-        config = raw.get("config")
-        if config is not None:
-            if not isinstance(config, str):
-                self.fail("config", "expected a path")
-            found = next((c for c in (Path(config), self.path.parent / config) if c.is_file()), None)
-            if found is None:
-                self.fail("config", f"{config}: no such file (relative to the working directory or the study file)")
-            config = str(found)
-        procedures = {}
-        raw_procs = raw.get("procedures") or {}
-        if not isinstance(raw_procs, dict):
-            self.fail("procedures", "expected a mapping of name -> {command, overrides, launcher}")
-        for pname, spec in raw_procs.items():
-            procedures[str(pname)] = self.procedure(str(pname), spec)
-        matrix = raw.get("matrix")
-        if matrix is None:
-            matrix = {}
-        blocks_raw = matrix if isinstance(matrix, list) else [matrix]
-        blocks = [self.block(i, b, procedures, "matrix" if not isinstance(matrix, list) else f"matrix[{i}]")
-                  for i, b in enumerate(blocks_raw)]
-        if not blocks:
-            self.fail("matrix", "must have at least one block")
-        for key in ("output_root", "report_dir"):
-            if raw.get(key) is not None and not isinstance(raw[key], str):
-                self.fail(key, "expected a path")
-        return Study(
-            name=name, path=self.path, config=config,
-            overrides=self.overrides(raw.get("overrides"), "overrides"),
-            extra=[(self.check_override(a, "command line"), "command line") for a in extra],
-            launcher=self.launcher(raw.get("launcher"), "launcher"), procedures=procedures, blocks=blocks,
-            output_root=Path(raw.get("output_root") or "outputs"),
-            report_dir=Path(raw.get("report_dir") or f"reports/{name}"), slurm=self.slurm(raw.get("slurm")))
+def _slurm(path: Path, raw: object) -> SlurmSettings:
+    if raw is None:
+        return SlurmSettings()
+    known = (*SLURM_TEXT, *SLURM_COUNTS, "extra")
+    if not isinstance(raw, dict):
+        raise study_error(path, "slurm", f"expected a mapping with {', '.join(known)}")
+    for k, v in raw.items():
+        if k not in known:
+            raise study_error(path, f"slurm.{k}", f"unknown key (expected one of {', '.join(known)})")
+        if k in SLURM_TEXT and not (isinstance(v, str) and v.strip() and not any(c.isspace() for c in v)):
+            # an unquoted 4:00:00 is YAML's sexagesimal integer: the quotes keep it a time
+            raise study_error(path, f"slurm.{k}", f"{v!r}: expected one word of text (quote times: \"04:00:00\")")
+        if k in SLURM_COUNTS and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise study_error(path, f"slurm.{k}", f"{v!r}: must be an integer >= 0")
+    extra = raw.get("extra") or []
+    if not isinstance(extra, list) or not all(isinstance(e, str) and e.startswith("-") for e in extra):
+        raise study_error(path, "slurm.extra", "expected a list of sbatch options (--constraint=h100)")
+    return SlurmSettings(**{k: v for k, v in raw.items() if k != "extra"}, extra=extra)
 
-    def slurm(self, raw: object) -> SlurmSettings:
-        if raw is None:
-            return SlurmSettings()
-        known = (*SLURM_TEXT, *SLURM_COUNTS, "extra")
-        if not isinstance(raw, dict):
-            self.fail("slurm", f"expected a mapping with {', '.join(known)}")
-        for k, v in raw.items():
-            if k not in known:
-                self.fail(f"slurm.{k}", f"unknown key (expected one of {', '.join(known)})")
-            if k in SLURM_TEXT and not (isinstance(v, str) and v.strip() and not any(c.isspace() for c in v)):
-                # an unquoted 4:00:00 is YAML's sexagesimal integer: the quotes keep it a time
-                self.fail(f"slurm.{k}", f"{v!r}: expected one word of text (quote times: \"04:00:00\")")
-            if k in SLURM_COUNTS and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-                self.fail(f"slurm.{k}", f"{v!r}: must be an integer >= 0")
-        extra = raw.get("extra") or []
-        if not isinstance(extra, list) or not all(isinstance(e, str) and e.startswith("-") for e in extra):
-            self.fail("slurm.extra", "expected a list of sbatch options (--constraint=h100)")
-        return SlurmSettings(**{k: v for k, v in raw.items() if k != "extra"}, extra=extra)
 
-    def procedure(self, name: str, spec: object) -> Procedure:
-        key = f"procedures.{name}"
-        if spec is None:
-            spec = {}
-        if not isinstance(spec, dict):
-            self.fail(key, "expected a mapping with command, overrides, launcher")
-        for k in spec:
-            if k not in ("command", "overrides", "launcher", "export"):
-                self.fail(f"{key}.{k}", "unknown key (expected command, overrides, launcher, export)")
-        command = spec.get("command", "train")
-        if command not in COMMANDS:
-            self.fail(f"{key}.command", f"{command!r}: must be one of {' | '.join(COMMANDS)}")
-        launcher = self.launcher(spec["launcher"], f"{key}.launcher") if "launcher" in spec else None
-        export = self.export(spec["export"], f"{key}.export") if "export" in spec else None
-        return Procedure(name, command, self.overrides(spec.get("overrides"), f"{key}.overrides"), launcher, export)
+def _procedure(path: Path, name: str, spec: object) -> Procedure:
+    key = f"procedures.{name}"
+    if spec is None:
+        spec = {}
+    if not isinstance(spec, dict):
+        raise study_error(path, key, "expected a mapping with command, overrides, launcher")
+    for k in spec:
+        if k not in ("command", "overrides", "launcher", "export"):
+            raise study_error(path, f"{key}.{k}", "unknown key (expected command, overrides, launcher, export)")
+    command = spec.get("command", "train")
+    if command not in COMMANDS:
+        raise study_error(path, f"{key}.command", f"{command!r}: must be one of {' | '.join(COMMANDS)}")
+    launcher = _launcher(path, spec["launcher"], f"{key}.launcher") if "launcher" in spec else None
+    export = _export(path, spec["export"], f"{key}.export") if "export" in spec else None
+    return Procedure(name, command, _overrides(path, spec.get("overrides"), f"{key}.overrides"), launcher, export)
 
-    def export(self, raw: object, key: str) -> list[str] | None:
-        """`export: true`, `export: {int8: true}` -> the export command's options; false -> None."""
-        if raw is True or raw == {}:
-            return []
-        if raw is False or raw is None:
-            return None
-        if not isinstance(raw, dict):
-            self.fail(key, "expected true, false or a mapping {int8: true}")
-        for k, v in raw.items():
-            if k != "int8":
-                self.fail(f"{key}.{k}", "unknown key (expected int8)")
-            if not isinstance(v, bool):
-                self.fail(f"{key}.{k}", f"{v!r}: expected true or false")
-        return ["--int8"] if raw.get("int8") else []
 
-    def block(self, index: int, raw: object, procedures: dict[str, Procedure], key: str) -> Block:
-        if not isinstance(raw, dict):
-            self.fail(key, "expected a mapping of axes (tasks, models, precisions, procedures, seeds)")
-        for k in raw:
-            if k not in (*AXES, "overrides"):
-                self.fail(f"{key}.{k}", f"unknown key (expected {', '.join(AXES)}, overrides)")
-        axes: dict = {}
-        for axis in AXES:
-            value = raw.get(axis)
-            if value is None:
-                axes[axis] = None
-                continue
-            where = f"{key}.{axis}"
-            if isinstance(value, list):
-                items = {}
-                for v in value:
-                    if isinstance(v, (dict, list)) or v is None:
-                        self.fail(where, f"{v!r}: expected a scalar value")
-                    items[str(v)] = []
-            elif isinstance(value, dict):
-                items = {str(v): self.overrides(o, f"{where}.{v}") for v, o in value.items()}
-            else:
-                self.fail(where, "expected a list of values or a mapping value -> overrides")
-            if not items:
-                self.fail(where, "is empty (leave the axis out instead)")
-            if axis == "seeds":
-                for v in items:
-                    if not re.fullmatch(r"-?\d+", v):
-                        self.fail(where, f"{v!r}: a seed must be an integer")
-            if axis == "procedures":
-                for v in items:
-                    if v not in procedures:
-                        self.fail(where, f"{v!r}: not declared under procedures "
-                                         f"(declared: {', '.join(procedures) or 'none'})")
-            axes[axis] = items
-        return Block(index, axes, self.overrides(raw.get("overrides"), f"{key}.overrides"))
+def _export(path: Path, raw: object, key: str) -> list[str] | None:
+    """`export: true`, `export: {int8: true}` -> the export command's options; false -> None."""
+    if raw is True or raw == {}:
+        return []
+    if raw is False or raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise study_error(path, key, "expected true, false or a mapping {int8: true}")
+    for k, v in raw.items():
+        if k != "int8":
+            raise study_error(path, f"{key}.{k}", "unknown key (expected int8)")
+        if not isinstance(v, bool):
+            raise study_error(path, f"{key}.{k}", f"{v!r}: expected true or false")
+    return ["--int8"] if raw.get("int8") else []
 
-    def launcher(self, raw: object, key: str) -> Launcher:
-        if raw is None or raw == "none":
-            return Launcher()
-        if isinstance(raw, str):
-            raw = {"type": raw}
-        if not isinstance(raw, dict):
-            self.fail(key, f"expected {' | '.join(LAUNCHERS)} or a mapping with type, nproc, nnodes, config")
-        for k in raw:
-            if k not in ("type", "nproc", "nnodes", "rdzv_endpoint", "config"):
-                self.fail(f"{key}.{k}", "unknown key (expected type, nproc, nnodes, rdzv_endpoint, config)")
-        kind = raw.get("type", "none")
-        if kind not in LAUNCHERS:
-            self.fail(f"{key}.type", f"{kind!r}: must be one of {' | '.join(LAUNCHERS)}")
-        nproc = raw.get("nproc", 1)
-        if not ((isinstance(nproc, int) and not isinstance(nproc, bool) and nproc >= 1)
-                or (kind == "torchrun" and nproc in ("auto", "gpu", "cpu"))):
-            or_auto = " or auto" if kind == "torchrun" else ""
-            self.fail(f"{key}.nproc", f"{nproc!r}: must be an integer >= 1{or_auto}")
-        nnodes = raw.get("nnodes", 1)
-        if not isinstance(nnodes, int) or isinstance(nnodes, bool) or nnodes < 1:
-            self.fail(f"{key}.nnodes", f"{nnodes!r}: must be an integer >= 1")
-        if kind == "none" and (nproc != 1 or nnodes != 1):
-            self.fail(key, "nproc and nnodes need a launcher (type: torchrun or deepspeed)")
-        config = raw.get("config")
-        if config is not None:
-            if kind != "deepspeed":
-                self.fail(f"{key}.config", "only the deepspeed launcher takes a config")
-            if not isinstance(config, str) or not Path(config).is_file():
-                self.fail(f"{key}.config", f"{config}: no such file")
-        return Launcher(kind, nproc, nnodes, raw.get("rdzv_endpoint"), config)
 
-    def overrides(self, raw: object, key: str) -> list[tuple[str, str]]:
-        if raw is None:
-            return []
-        if isinstance(raw, dict):
-            raw = [f"{k}={_text(v)}" for k, v in raw.items()]
-        if not isinstance(raw, list):
-            self.fail(key, "expected a list of key=value (or a mapping key: value)")
-        return [(self.check_override(item, f"{key}[{i}]"), key) for i, item in enumerate(raw)]
+def _block(path: Path, index: int, raw: object, procedures: dict[str, Procedure], key: str) -> Block:
+    if not isinstance(raw, dict):
+        raise study_error(path, key, "expected a mapping of axes (tasks, models, precisions, procedures, seeds)")
+    for k in raw:
+        if k not in (*AXES, "overrides"):
+            raise study_error(path, f"{key}.{k}", f"unknown key (expected {', '.join(AXES)}, overrides)")
+    axes: dict = {}
+    for axis in AXES:
+        value = raw.get(axis)
+        if value is None:
+            axes[axis] = None
+            continue
+        where = f"{key}.{axis}"
+        if isinstance(value, list):
+            items = {}
+            for v in value:
+                if isinstance(v, (dict, list)) or v is None:
+                    raise study_error(path, where, f"{v!r}: expected a scalar value")
+                items[str(v)] = []
+        elif isinstance(value, dict):
+            items = {str(v): _overrides(path, o, f"{where}.{v}") for v, o in value.items()}
+        else:
+            raise study_error(path, where, "expected a list of values or a mapping value -> overrides")
+        if not items:
+            raise study_error(path, where, "is empty (leave the axis out instead)")
+        if axis == "seeds":
+            for v in items:
+                if not re.fullmatch(r"-?\d+", v):
+                    raise study_error(path, where, f"{v!r}: a seed must be an integer")
+        if axis == "procedures":
+            for v in items:
+                if v not in procedures:
+                    raise study_error(path, where, f"{v!r}: not declared under procedures "
+                                     f"(declared: {', '.join(procedures) or 'none'})")
+        axes[axis] = items
+    return Block(index, axes, _overrides(path, raw.get("overrides"), f"{key}.overrides"))
 
-    def check_override(self, item: object, key: str) -> str:
-        if not isinstance(item, str) or "=" not in item or item.startswith("="):
-            self.fail(key, f"{item!r}: expected key=value")
-        return item
+
+def _launcher(path: Path, raw: object, key: str) -> Launcher:
+    if raw is None or raw == "none":
+        return Launcher()
+    if isinstance(raw, str):
+        raw = {"type": raw}
+    if not isinstance(raw, dict):
+        raise study_error(path, key, f"expected {' | '.join(LAUNCHERS)} or a mapping with type, nproc, nnodes, config")
+    for k in raw:
+        if k not in ("type", "nproc", "nnodes", "rdzv_endpoint", "config"):
+            raise study_error(path, f"{key}.{k}", "unknown key (expected type, nproc, nnodes, rdzv_endpoint, config)")
+    kind = raw.get("type", "none")
+    if kind not in LAUNCHERS:
+        raise study_error(path, f"{key}.type", f"{kind!r}: must be one of {' | '.join(LAUNCHERS)}")
+    nproc = raw.get("nproc", 1)
+    if not ((isinstance(nproc, int) and not isinstance(nproc, bool) and nproc >= 1)
+            or (kind == "torchrun" and nproc in ("auto", "gpu", "cpu"))):
+        or_auto = " or auto" if kind == "torchrun" else ""
+        raise study_error(path, f"{key}.nproc", f"{nproc!r}: must be an integer >= 1{or_auto}")
+    nnodes = raw.get("nnodes", 1)
+    if not isinstance(nnodes, int) or isinstance(nnodes, bool) or nnodes < 1:
+        raise study_error(path, f"{key}.nnodes", f"{nnodes!r}: must be an integer >= 1")
+    if kind == "none" and (nproc != 1 or nnodes != 1):
+        raise study_error(path, key, "nproc and nnodes need a launcher (type: torchrun or deepspeed)")
+    config = raw.get("config")
+    if config is not None:
+        if kind != "deepspeed":
+            raise study_error(path, f"{key}.config", "only the deepspeed launcher takes a config")
+        if not isinstance(config, str) or not Path(config).is_file():
+            raise study_error(path, f"{key}.config", f"{config}: no such file")
+    return Launcher(kind, nproc, nnodes, raw.get("rdzv_endpoint"), config)
+
+
+def _overrides(path: Path, raw: object, key: str) -> list[tuple[str, str]]:
+    if raw is None:
+        return []
+    if isinstance(raw, dict):
+        raw = [f"{k}={_text(v)}" for k, v in raw.items()]
+    if not isinstance(raw, list):
+        raise study_error(path, key, "expected a list of key=value (or a mapping key: value)")
+    return [(_check_override(path, item, f"{key}[{i}]"), key) for i, item in enumerate(raw)]
+
+
+def _check_override(path: Path, item: object, key: str) -> str:
+    if not isinstance(item, str) or "=" not in item or item.startswith("="):
+        raise study_error(path, key, f"{item!r}: expected key=value")
+    return item
 
 
 def _text(value: object) -> str:

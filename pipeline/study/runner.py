@@ -27,7 +27,7 @@ from pipeline.names import (
     TAG_STUDY_FILE,
 )
 from pipeline.runtime.dist import on_sigterm
-from pipeline.study.cell_process import CellProcess, Ended, LastLine, open_attempt
+from pipeline.study.cell_process import CellProcess, last_line, open_attempt
 from pipeline.study.devices import cpu_threads, describe
 from pipeline.study.schedule import Schedule
 from pipeline.study.spec import Cell, Study
@@ -54,12 +54,11 @@ def run_study(study: Study, cells: list[Cell], jobs: int | None = None) -> int:
     on GPUs of its own; then the report. Returns 0, 1 (a cell failed) or 143 (SIGTERM)."""
     from mlflow import MlflowClient
 
-    from pipeline.study.devices import DevicePool, default_jobs, visible_gpus
+    from pipeline.study.devices import check_devices, default_jobs, visible_gpus
 
     gpus = visible_gpus()
     jobs = jobs or default_jobs(gpus)
-    pool = DevicePool(gpus)
-    pool.check(cells)
+    check_devices(cells, gpus)
     opened = OpenStudy.open(study, cells)
     log.info("study %s: %d cells, up to %d at once on %s; parent MLflow run %s in %s", study.name, len(cells), jobs,
              f"{len(gpus)} GPU(s)" if gpus else "the CPU", opened.parent, opened.uri)
@@ -70,7 +69,7 @@ def run_study(study: Study, cells: list[Cell], jobs: int | None = None) -> int:
             # while a server serves the store, it is the store's one writer: the runner writes through it too
             live = opened if cell_uri == opened.uri else dataclasses.replace(
                 opened, client=MlflowClient(tracking_uri=cell_uri), uri=cell_uri)
-            schedule = Schedule(cells, outcomes, jobs, pool)
+            schedule = Schedule(cells, outcomes, jobs, gpus)
             for i, cell in enumerate((c for c in cells if c.name in outcomes), 1):
                 log.info("[%d/%d done, 0 running] %s: finished before; skipped", i, len(cells), cell.name)
                 _note_skip(study, cell, outcomes[cell.name])
@@ -144,7 +143,7 @@ class OpenStudy:
             return {"status": "finished", "exit_code": 0, "run_id": run_id, "skipped": True}
         return None
 
-    def outcome(self, cell: Cell, end: Ended) -> dict:
+    def outcome(self, cell: Cell, end: CellProcess) -> dict:
         """A cell that ended; one that finished has its run caught up with its journal (what a
         tracking server that failed it meanwhile did not take)."""
         wall = round(end.wall_s, 1)
@@ -218,7 +217,7 @@ def _run_schedule(opened: OpenStudy, schedule: Schedule, served: str | None) -> 
     gets one line per start and end). The cells track to `opened.uri`: the store itself, or the
     server on it (`served`)."""
     study = opened.study
-    ended: queue.Queue[Ended] = queue.Queue()
+    ended: queue.Queue[CellProcess] = queue.Queue()
     running: dict[str, tuple[Cell, CellProcess, list[str]]] = {}
     sharing: dict[str, set[str]] = {}  # cell -> the cells that ran beside it on one of its devices
     echo = schedule.jobs == 1
@@ -252,7 +251,7 @@ def _run_schedule(opened: OpenStudy, schedule: Schedule, served: str | None) -> 
                 process.start()
             if not running:
                 continue
-            end = ended.get()
+            end = ended.get()  # the process that ended
             cell, process, gpus = running.pop(end.name)
             process.join()
             if end.exit_code == 0 and not cell.done():  # the stage finished: its export next, in its slot
@@ -303,13 +302,12 @@ def _outcome_from_outputs(study: Study, cell: Cell, outcomes: dict[str, dict]) -
         why = (f"needs {', '.join(broken)}, which failed" if broken else
                f"no exit code: its job was cancelled, ran out of time or never started (log: {log_path})")
         return {"status": "failed", "exit_code": None, "reason": why}
-    last = LastLine()
+    last = ""
     if log_path.is_file():
         with log_path.open(encoding="utf-8", errors="replace") as f:
-            for line in f:
-                last.see(line)
+            last = last_line(f)
     code = int(code_file.read_text().strip() or -1)
-    return {"status": "failed", "exit_code": code, "reason": (last.text or "finished without a run")[:300]}
+    return {"status": "failed", "exit_code": code, "reason": (last or "finished without a run")[:300]}
 
 
 def exit_file(study: Study, cell: Cell) -> Path:

@@ -7,19 +7,21 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pipeline.study.devices import DevicePool
+from pipeline.study.devices import width
 from pipeline.study.spec import Cell
 
 
 class Schedule:
-    def __init__(self, cells: list[Cell], outcomes: dict[str, dict], jobs: int, pool: DevicePool):
-        """`outcomes`: cells ended before the first start (finished before: skipped)."""
+    def __init__(self, cells: list[Cell], outcomes: dict[str, dict], jobs: int, gpus: list[str]):
+        """`outcomes`: cells ended before the first start (finished before: skipped); `gpus`: the
+        node's GPUs to hand out (none on a CPU)."""
         self.total = len(cells)
         self.pending = [c for c in cells if c.name not in outcomes]  # in run order
         self.outcomes = dict(outcomes)
         self.running: dict[str, list[str]] = {}
+        """Cell -> the GPUs it holds: the GPUs free are the others."""
         self.jobs = jobs
-        self.pool = pool
+        self.gpus = list(gpus)
 
     @property
     def done(self) -> bool:
@@ -46,7 +48,7 @@ class Schedule:
                 break
             if not all(self.outcomes.get(n, {}).get("status") == "finished" for n in cell.needs):
                 continue
-            ids = self.pool.take(cell)
+            ids = self.take(cell)
             if ids is None:
                 continue
             self.pending.remove(cell)
@@ -56,9 +58,19 @@ class Schedule:
         if not started and not self.running and self.pending:  # planning orders needs first: cannot happen
             raise RuntimeError(f"study: nothing can start: {', '.join(c.name for c in self.pending)}")
 
+    def take(self, cell: Cell) -> list[str] | None:
+        """The lowest free GPUs `cell` needs, or None while too few are free; [] on a CPU machine
+        (cells share the cores)."""
+        if not self.gpus:
+            return []
+        held = {g for ids in self.running.values() for g in ids}
+        free = [g for g in self.gpus if g not in held]
+        need = width(cell, len(self.gpus))
+        return free[:need] if need <= len(free) else None
+
     def ended(self, cell: Cell, outcome: dict) -> None:
-        """A cell ended (or will never run): its outcome, and its GPUs back in the pool."""
-        self.pool.give_back(self.running.pop(cell.name, []))
+        """A cell ended (or will never run): its outcome; its GPUs are free again."""
+        self.running.pop(cell.name, None)
         self.outcomes[cell.name] = outcome
 
     def count(self) -> str:

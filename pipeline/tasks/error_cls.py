@@ -8,15 +8,13 @@ Comments go through `normalizer.normalize` before tokenization. Metrics: accurac
 """
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+import functools
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from pipeline.errors import UserError
-from pipeline.tasks.readers import read_table
 from pipeline.tasks.samples import error_cls as sample_set
 from pipeline.tasks.text_classification import TextClassificationTask
-from pipeline.tasks.workers import normalize_texts
 
 if TYPE_CHECKING:
     import datasets
@@ -25,61 +23,44 @@ LABELS = ["Correct", "Grammatical", "Spelling", "Code Switching", "Multiple Erro
 BINARY_LABELS = ["Correct", "Error"]
 COLUMNS = ("Comment", "Error", "Category")
 OPTIONS = ("binary",)
+_CATEGORIES = {c.lower(): c for c in LABELS[1:]}
+EPOCHS = 5  # 3 left 4 seeds in 10 of the default config with a common class never predicted
 
 
-class ErrorClsTask(TextClassificationTask):
-    name = "error_cls"
-    extra_average = "weighted"
-    epochs = 5  # 3 left 4 seeds in 10 of the default config with a common class never predicted
+def task(options: dict | None = None) -> TextClassificationTask:
+    for key in options or {}:
+        if key not in OPTIONS:
+            raise UserError(f"config: task_options.{key}: unknown option for task error_cls "
+                            f"(available: {', '.join(OPTIONS)})")
+    binary = (options or {}).get("binary", False)
+    if not isinstance(binary, bool):
+        raise UserError(f"config: task_options.binary={binary}: must be true or false")
+    return TextClassificationTask("error_cls", BINARY_LABELS if binary else LABELS, columns=COLUMNS, delimiter=",",
+                                  example=functools.partial(example, binary=binary), hub_rows=hub_rows,
+                                  samples=functools.partial(sample_set.write, columns=COLUMNS, labels=LABELS),
+                                  extra_average="weighted", epochs=EPOCHS, options=options)
 
-    def __init__(self, options: dict | None = None):
-        super().__init__(options)
-        for key in self.options:
-            if key not in OPTIONS:
-                raise UserError(f"config: task_options.{key}: unknown option for task error_cls "
-                                f"(available: {', '.join(OPTIONS)})")
-        self.binary = self.options.get("binary", False)
-        if not isinstance(self.binary, bool):
-            raise UserError(f"config: task_options.binary={self.binary}: must be true or false")
-        self.labels = BINARY_LABELS if self.binary else LABELS
 
-    # ------------------------------------------------------------------ data
-    def write_samples(self, directory: Path) -> dict[str, Path]:
-        return sample_set.write(directory, COLUMNS, LABELS)
+def example(r: dict, line: int, binary: bool) -> dict:
+    comment = r["Comment"].strip()
+    if not comment:
+        raise UserError("empty comment")
+    error = r["Error"].strip()
+    if error not in ("0", "1"):
+        raise UserError(f"Error must be 0 or 1 (got {r['Error']!r})")
+    raw = " ".join(r["Category"].split())
+    category = _CATEGORIES.get(raw.lower()) if raw else "Correct"
+    if category is None:
+        raise UserError(f"unknown category {raw!r} (expected {', '.join(LABELS[1:])}, or empty for Correct)")
+    if (error == "1") != (category != "Correct"):
+        raise UserError(f"Error={error} but Category={raw!r}" + (" (a correct comment has an empty Category)"
+                                                                 if error == "0" else " (an error needs a Category)"))
+    return {"text": comment, "label": int(error) if binary else LABELS.index(category)}
 
-    def table_rows(self, path: Path) -> Iterator[tuple[int, dict]]:
-        return read_table(path, COLUMNS, delimiter=",")
 
-    def from_hub_rows(self, rows: datasets.Dataset, source: str) -> list[dict]:
-        missing = [c for c in COLUMNS if c not in rows.features]
-        if missing:
-            raise UserError(f"{source}: missing column(s) {', '.join(missing)} (found: {', '.join(rows.features)})")
-        numbered = ((i + 1, {c: "" if r[c] is None else str(r[c]) for c in COLUMNS}) for i, r in enumerate(rows))
-        return self._validate(numbered, f"{source}: row")
-
-    def _validate(self, rows: Iterable[tuple[int, dict]], where: str) -> list[dict]:
-        categories = {c.lower(): c for c in LABELS[1:]}
-        examples, line = [], 0
-
-        def fail(reason: str) -> NoReturn:
-            raise UserError(f"{where} {line}: {reason}")
-
-        for line, r in rows:  # noqa: B007 - fail() reads `line`
-            comment = r["Comment"].strip()
-            if not comment:
-                fail("empty comment")
-            error = r["Error"].strip()
-            if error not in ("0", "1"):
-                fail(f"Error must be 0 or 1 (got {r['Error']!r})")
-            raw = " ".join(r["Category"].split())
-            category = categories.get(raw.lower()) if raw else "Correct"
-            if category is None:
-                fail(f"unknown category {raw!r} (expected {', '.join(LABELS[1:])}, or empty for Correct)")
-            if (error == "1") != (category != "Correct"):
-                fail(f"Error={error} but Category={raw!r}" + (" (a correct comment has an empty Category)"
-                                                                if error == "0" else " (an error needs a Category)"))
-            label = int(error) if self.binary else LABELS.index(category)
-            examples.append({"text": comment, "label": label})
-        for example, text in zip(examples, normalize_texts([e["text"] for e in examples])):
-            example["text"] = text
-        return examples
+def hub_rows(rows: datasets.Dataset, source: str) -> Iterator[tuple[int, dict]]:
+    """A hub dataset's rows with the CSV's columns, as text."""
+    missing = [c for c in COLUMNS if c not in rows.features]
+    if missing:
+        raise UserError(f"{source}: missing column(s) {', '.join(missing)} (found: {', '.join(rows.features)})")
+    return ((i + 1, {c: "" if r[c] is None else str(r[c]) for c in COLUMNS}) for i, r in enumerate(rows))

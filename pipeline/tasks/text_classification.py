@@ -1,16 +1,18 @@
-"""One text -> one of `labels`: the part sentiment and error classification share."""
+"""One text -> one of `labels`: the task class sentiment and error classification are instances of."""
 from __future__ import annotations
 
 import itertools
-from abc import abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 from sklearn.metrics import accuracy_score, classification_report, f1_score
 
+from pipeline.errors import UserError
 from pipeline.tasks.base import Task, logits_to_numpy, missing_classes
+from pipeline.tasks.readers import read_table
+from pipeline.tasks.workers import normalize_texts
 
 if TYPE_CHECKING:
     import datasets
@@ -20,13 +22,13 @@ if TYPE_CHECKING:
 
 
 class TextClassificationTask(Task):
-    """Examples are {"id", "text" (normalized), "label" (index into `labels`)}."""
+    """Examples are {"text" (normalized), "label" (index into `labels`)} and what else `example`
+    keeps. A task (tasks/sentiment.py, tasks/error_cls.py) is an instance: its name and labels,
+    its files' columns and delimiter, how one row becomes an example, how a hub dataset's rows
+    become rows of its files, and its built-in sample set."""
 
     main_metric = "macro_f1"
     tie_breakers = ("accuracy",)
-    labels: list[str]
-    extra_average = "micro"
-    """The F1 average reported beside macro-F1 (sentiment: micro, error_cls: weighted)."""
     group_by_length = True
     """Grouped batches kept the dev macro-F1 within the seed spread on both tasks (sentiment 10
     seeds, error_cls 8) at 2-2.5x the samples/s on long-tailed comments."""
@@ -36,14 +38,44 @@ class TextClassificationTask(Task):
     worker processes (PARALLEL_ROWS) to pay; it sets the builder's heap peak (239 MiB at 100k rows
     of long comments, 285 MiB at 1M: benchmarks/results/data_prep-*.json)."""
 
-    @abstractmethod
+    def __init__(self, name: str, labels: list[str], *, columns: tuple[str, ...], delimiter: str,
+                 example: Callable[[dict, int], dict],
+                 hub_rows: Callable[[datasets.Dataset, str], Iterable[tuple[int, dict]]],
+                 samples: Callable[[Path], dict[str, Path]], extra_average: str, epochs: int = Task.epochs,
+                 options: dict | None = None):
+        super().__init__(options)
+        self.name, self.labels, self.columns, self.delimiter = name, labels, columns, delimiter
+        self.example = example
+        """(row, its line number) -> the example, its text not yet normalized; UserError(reason) for a bad row."""
+        self.hub_rows = hub_rows
+        """(a hub split, its source) -> numbered rows with the files' columns."""
+        self.samples = samples
+        self.extra_average = extra_average
+        """The F1 average reported beside macro-F1 (sentiment: micro, error_cls: weighted)."""
+        self.epochs = epochs
+
+    def write_samples(self, directory: Path) -> dict[str, Path]:
+        return self.samples(directory)
+
     def table_rows(self, path: Path) -> Iterator[tuple[int, dict]]:
         """(line number, row) of a data file, parsed as it is read (readers.read_table)."""
+        return read_table(path, self.columns, delimiter=self.delimiter)
 
-    @abstractmethod
+    def from_hub_rows(self, rows: datasets.Dataset, source: str) -> list[dict]:
+        return self._validate(self.hub_rows(rows, source), f"{source}: row")
+
     def _validate(self, rows: Iterable[tuple[int, dict]], where: str) -> list[dict]:
         """Examples of numbered rows, normalized; `where` names the source and its unit:
         "FILE: line" or "hub:ID: row"."""
+        examples = []
+        for line, row in rows:
+            try:
+                examples.append(self.example(row, line))
+            except UserError as e:
+                raise UserError(f"{where} {line}: {e}") from None
+        for example, text in zip(examples, normalize_texts([e["text"] for e in examples])):
+            example["text"] = text
+        return examples
 
     def read_file(self, path: Path) -> list[dict]:
         return [example for chunk in self.read_chunks(path) for example in chunk]

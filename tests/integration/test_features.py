@@ -68,13 +68,13 @@ from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.errors import UserError
 from pipeline.runtime import dist
-from pipeline.tasks.sentiment import SentimentTask
+from pipeline.tasks.text_classification import TextClassificationTask
 from pipeline.plan.settle import settle
 from pipeline.stage import build_stage
 
 calls = []
-featurize = SentimentTask.featurize
-SentimentTask.featurize = lambda self, *a: calls.append(a[-1]) or featurize(self, *a)
+featurize = TextClassificationTask.featurize
+TextClassificationTask.featurize = lambda self, *a: calls.append(a[-1]) or featurize(self, *a)
 data, out = sys.argv[1], sys.argv[2]
 cfg = load_config(None, ["model=preset:bangla-tiny", "train.max_length=32", "backend=ddp", f"output_dir={out}",
                          *(f"data.{s}={data}/{s}.tsv" for s in ("train", "dev", "test"))])

@@ -108,7 +108,6 @@ def test_a_large_training_file_is_read_and_written_piece_by_piece(cache, tmp_pat
     time and writes each piece before reading the next (a 1M-row file is never all Python objects);
     the entry is the one a whole read gives: same examples, digest, texts' hash and features. A
     bad row in a later piece is the usual one-line error and leaves no entry behind."""
-    from pipeline.tasks.sentiment import SentimentTask
     from pipeline.tasks.text_classification import TextClassificationTask
 
     paths = sentiment_files(tmp_path / "data")
@@ -118,13 +117,13 @@ def test_a_large_training_file_is_read_and_written_piece_by_piece(cache, tmp_pat
     shutil.rmtree(cache)
 
     monkeypatch.setattr(TextClassificationTask, "CHUNK_ROWS", 45)  # 120 rows: two whole pieces and a shorter one
-    written_before, validate = [], SentimentTask._validate
+    written_before, validate = [], TextClassificationTask._validate
 
     def counted_validate(self, chunk, where):
         written_before.append(len(list(cache.rglob("pieces/*/examples/dataset_info.json"))))
         return validate(self, chunk, where)
 
-    monkeypatch.setattr(SentimentTask, "_validate", counted_validate)
+    monkeypatch.setattr(TextClassificationTask, "_validate", counted_validate)
     task = get_task("sentiment")
     assert [len(chunk) for chunk in task.load_chunks(str(paths["train"]), "train")] == [45, 45, 30]
     written_before.clear()
@@ -168,10 +167,10 @@ def stage_config(paths, tmp_path, *extra):
 
 def counting(monkeypatch):
     """Count the task's file reads (per path) and featurize calls (per split)."""
-    from pipeline.tasks.sentiment import SentimentTask
+    from pipeline.tasks.text_classification import TextClassificationTask
 
     calls = {"read": [], "featurize": []}
-    read, featurize = SentimentTask.table_rows, SentimentTask.featurize
+    read, featurize = TextClassificationTask.table_rows, TextClassificationTask.featurize
 
     def counted_read(self, path):
         calls["read"].append(path.name)
@@ -181,8 +180,8 @@ def counting(monkeypatch):
         calls["featurize"].append(split)
         return featurize(self, examples, tokenizer, max_length, split)
 
-    monkeypatch.setattr(SentimentTask, "table_rows", counted_read)
-    monkeypatch.setattr(SentimentTask, "featurize", counted_featurize)
+    monkeypatch.setattr(TextClassificationTask, "table_rows", counted_read)
+    monkeypatch.setattr(TextClassificationTask, "featurize", counted_featurize)
     return calls
 
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from pipeline.errors import UserError
-from pipeline.study.devices import DevicePool, cpu_threads, width
+from pipeline.study.devices import check_devices, cpu_threads, width
 from pipeline.study.schedule import Schedule
 from pipeline.study.spec import Cell, Launcher
 
@@ -30,7 +30,7 @@ def start_all(schedule):
 
 def test_a_dependant_starts_only_after_its_teacher_finished():
     teacher, student, other = cell("teacher"), cell("student", needs=["teacher"]), cell("other")
-    schedule = Schedule([teacher, student, other], {}, jobs=4, pool=DevicePool([]))
+    schedule = Schedule([teacher, student, other], {}, jobs=4, gpus=[])
     assert start_all(schedule) == [("teacher", []), ("other", [])]  # the student waits
     schedule.ended(other, {"status": "finished"})
     assert start_all(schedule) == []
@@ -41,7 +41,7 @@ def test_a_dependant_starts_only_after_its_teacher_finished():
 
 def test_a_failed_teacher_leaves_its_dependants_unrun_and_the_rest_goes_on():
     teacher, student, other = cell("teacher"), cell("student", needs=["teacher"]), cell("other")
-    schedule = Schedule([teacher, student, other], {}, jobs=1, pool=DevicePool([]))
+    schedule = Schedule([teacher, student, other], {}, jobs=1, gpus=[])
     assert start_all(schedule) == [("teacher", [])]  # --jobs 1: one at a time, in run order
     schedule.ended(teacher, {"status": "failed"})
     assert [(c.name, broken) for c, broken in schedule.blocked()] == [("student", ["teacher"])]
@@ -51,7 +51,7 @@ def test_a_failed_teacher_leaves_its_dependants_unrun_and_the_rest_goes_on():
 def test_each_cell_gets_gpus_of_its_own():
     ddp = Launcher("torchrun", 2)
     cells = [cell("a", ddp), cell("b"), cell("c", ddp), cell("d")]
-    schedule = Schedule(cells, {}, jobs=8, pool=DevicePool(["0", "1", "2", "3"]))
+    schedule = Schedule(cells, {}, jobs=8, gpus=["0", "1", "2", "3"])
     assert start_all(schedule) == [("a", ["0", "1"]), ("b", ["2"]), ("d", ["3"])]  # c waits for two free GPUs
     schedule.ended(cells[1], {"status": "finished"})
     assert start_all(schedule) == []  # one free is not enough for c
@@ -61,14 +61,15 @@ def test_each_cell_gets_gpus_of_its_own():
 
 def test_torchrun_auto_takes_the_whole_node_and_the_cpu_has_no_devices():
     assert width(cell("x", Launcher("torchrun", "gpu")), 8) == 8
-    assert DevicePool([]).take(cell("x", Launcher("torchrun", 4))) == []  # CPU: cells share the cores
+    cpu = Schedule([cell("x", Launcher("torchrun", 4))], {}, jobs=1, gpus=[])
+    assert start_all(cpu) == [("x", [])]  # CPU: cells share the cores
 
 
 def test_a_cell_wider_than_the_node_is_refused_up_front():
     with pytest.raises(UserError, match=r"cell wide needs 4 GPUs \(torchrun:4\) but 2 are visible \(0,1\)"):
-        DevicePool(["0", "1"]).check([cell("wide", Launcher("torchrun", 4))])
+        check_devices([cell("wide", Launcher("torchrun", 4))], ["0", "1"])
     with pytest.raises(UserError, match="the deepspeed launcher takes GPU indices"):
-        DevicePool(["GPU-aa", "GPU-bb"]).check([cell("ds", Launcher("deepspeed", 1))])
+        check_devices([cell("ds", Launcher("deepspeed", 1))], ["GPU-aa", "GPU-bb"])
 
 
 def test_deepspeed_cell_is_told_its_gpus():
