@@ -65,12 +65,13 @@ gpu-check: $(SETUP)
 	$(PY) benchmarks/gpu_check.py $(if $(GPU_CHECK_BUDGET),--budget $(GPU_CHECK_BUDGET)) $(if $(OUT),--out $(OUT)) $(GPU_CHECK_ARGS)
 
 # The oldest versions the pipeline supports (floor-versions.txt, pyproject.toml's floors), proven: a second
-# virtualenv with exactly those, and there the fast suite plus the DDP, DeepSpeed and activation
-# checkpointing tests. torch 2.11 from the package index is its CUDA build (with its CUDA libraries 4.6 GB
+# virtualenv with exactly those, and there the fast suite plus the DDP, DeepSpeed, activation
+# checkpointing, logged/registered model and journal replay tests. torch 2.11 from the package index is its CUDA build (with its CUDA libraries 4.6 GB
 # installed; it runs on a CPU): README, "Versions tested".
 FLOOR_VENV ?= .venv-floor
 FLOOR_PY := $(FLOOR_VENV)/bin/python
-FLOOR_TESTS := $(addprefix tests/integration/,test_compat.py test_ddp.py test_deepspeed.py test_activation_checkpointing.py)
+FLOOR_TESTS := $(addprefix tests/integration/,test_compat.py test_ddp.py test_deepspeed.py test_activation_checkpointing.py \
+	test_served_model.py test_catch_up.py)
 $(FLOOR_VENV)/.installed: floor-versions.txt pyproject.toml Makefile
 	test -x $(FLOOR_PY) || $(PYTHON) -m venv $(FLOOR_VENV)
 	$(FLOOR_PY) -m pip install -q --upgrade pip
