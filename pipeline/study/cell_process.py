@@ -65,8 +65,8 @@ class CellProcess:
             self.thread.join()
 
     def _follow(self) -> None:
-        """The stage's output read back from its log as it grows (echoed), until it ends."""
-        rest = b""
+        """The stage's output read back from its log as it grows (echoed, its last lines kept), until it ends."""
+        rest, last = b"", ("", "")
         with self.log_path.open("rb") as log:
             log.seek(self.offset)
             while True:
@@ -74,16 +74,17 @@ class CellProcess:
                 *lines, rest = (rest + log.read()).split(b"\n")
                 if code is not None and rest:  # the output's last line, without its newline
                     lines, rest = [*lines, rest], b""
+                for raw in lines:
+                    text = raw.decode("utf-8", errors="replace") + "\n"
+                    if self.echo:
+                        sys.stdout.write(text)
+                    last = _seen(text, *last)
                 if self.echo:
-                    for raw in lines:
-                        sys.stdout.write(raw.decode("utf-8", errors="replace") + "\n")
                     sys.stdout.flush()
                 if code is not None:
                     break
                 time.sleep(FOLLOW_S)
-        with self.log_path.open(encoding="utf-8", errors="replace", newline="\n") as log:  # lines as echoed
-            log.seek(self.offset)
-            self.last_line = last_line(log)
+        self.last_line = last[1] or last[0]
         self.exit_code, self.wall_s = code, time.perf_counter() - self.start_time
         self.ended.put(self)
 
@@ -105,12 +106,17 @@ def last_line(lines: Iterable[str]) -> str:
     """What a failed stage's output says in one line: its last error line (the CLI's one-line
     error, a traceback's last line), else its last line. Of a whole log, only its last attempt
     counts."""
-    line = error = ""
+    last = ("", "")
     for text in lines:
-        if text.startswith(ATTEMPT):  # a log's next attempt: what the one before said is not its
-            line = error = ""
-        elif text.strip():
-            line = text.strip()
-            if text.startswith("error") or "Error" in text:
-                error = line
-    return error or line
+        last = _seen(text, *last)
+    return last[1] or last[0]
+
+
+def _seen(text: str, line: str, error: str) -> tuple[str, str]:
+    """(the last line, the last error line) once `text`, the output's next line, is read."""
+    if text.startswith(ATTEMPT):  # a log's next attempt: what the one before said is not its
+        return "", ""
+    if not text.strip():
+        return line, error
+    line = text.strip()
+    return line, line if text.startswith("error") or "Error" in text else error
