@@ -394,6 +394,7 @@ class AgreedFlag:
             self._pending = (work, flag, None, flag)
             return
         work.wait()  # the current stream waits for it; the host does not
+        _held(flag)
         answer = torch.empty(1, pin_memory=True)
         answer.copy_(flag, non_blocking=True)
         done = torch.cuda.Event()
@@ -403,10 +404,11 @@ class AgreedFlag:
     def _finish(self) -> bool:
         if self._pending is None:
             return False
-        work, answer, done, _ = self._pending
+        work, answer, done, flag = self._pending
         self._pending = None
         if work is not None:
             work.wait()
+            _held(flag)  # waited for: shutdown waits until the backend lets go of it too
         if done is not None:
             done.synchronize()  # the previous step's work only: this step's stays queued
         return bool(answer.item())
