@@ -60,11 +60,12 @@ def cell_main(overrides: list[str], counted: bool) -> None:
     from pipeline import batch_finder, names
     from pipeline.config import load_config
     from pipeline.jobs.run import run
+    from pipeline.measure import batch_fit
     from pipeline.measure.memory import MIB, TensorBytes
 
     found = {}
     counter = TensorBytes([], 2**62) if counted else None
-    real_find, real_fit = batch_finder.find, batch_finder.fit_batch
+    real_find, real_fit = batch_fit.find, batch_finder.fit_batch
 
     def find(*args, **kwargs):
         fit = real_find(*args, **kwargs)
@@ -77,7 +78,7 @@ def cell_main(overrides: list[str], counted: bool) -> None:
             counter.peak = counter.live  # the job's own peak from here on, not the trials'
         return fitted
 
-    batch_finder.find, batch_finder.fit_batch = find, fit_batch
+    batch_fit.find, batch_finder.fit_batch = find, fit_batch
     with counter if counter is not None else contextlib.nullcontext():
         final = run(load_config(None, overrides))
     figures = {"samples_per_s": final[names.SAMPLES_PER_S], "peak_rss_mb": final.get(names.PEAK_RSS),

@@ -6,7 +6,8 @@ into the largest micro-batch that fits and as many accumulation steps as keep it
 the job optimizes the same thing on a 12 GB card as on an 80 GB one. Candidates are the divisors of
 the rows per rank, the largest tried first, then a binary search; a trial is one training step at
 the job's longest rows (forward, loss, backward, an optimizer step: _trial) and fits when
-it neither runs out of memory nor peaks above (1 - MARGIN) of the device's memory. Every rank runs
+it neither runs out of memory nor peaks above (1 - MARGIN) of the device's memory (the search:
+measure/batch_fit.py). Every rank runs
 each trial and one all-reduce (max) of (did not fit, peak) makes the ranks agree: the smallest
 device decides. The evaluation batch is searched on its own afterwards (forward only, beside the
 optimizer's state), over powers of two up to the largest evaluation split per rank; it never
@@ -19,51 +20,20 @@ and Lightning's BatchSizeFinder, which refuses DDP because the ranks would have 
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from pipeline.data import features
 from pipeline.data.loaders import shaped_collate
-from pipeline.errors import UserError
-from pipeline.measure import memory
-from pipeline.measure.memory import MIB
+from pipeline.measure import batch_fit, memory
 from pipeline.parts.optim import build_optimizer
-from pipeline.runtime import dist
 from pipeline.stage import Stage
 from pipeline.tasks.base import SPLITS
 
 log = logging.getLogger("pipeline")
-
-MARGIN = 0.10
-"""Headroom below the device's memory a trial's peak must leave: a trial measures one step at the
-longest rows, and the job adds what it does not see (the allocator's fragmentation over many shapes,
-DataLoader and NCCL buffers, the CUDA context outside the allocator). Measured: benchmarks/README.md."""
-EVAL_MAX = 1024
-"""The largest evaluation batch searched: past it a batch saves no time."""
-
-Trial = Callable[[int, int], "int | None"]
-"""(rows, limit in bytes) -> the trial's peak bytes, or None when it ran out of memory."""
-
-
-@dataclass(frozen=True)
-class BatchFit:
-    """What the finder chose, and what it measured."""
-
-    batch_size: int
-    grad_accum: int
-    peak_mb: float
-    eval_batch_size: int
-    eval_peak_mb: float
-    capacity_mb: float
-
-    def describe(self) -> str:
-        return (f"micro-batch {self.batch_size} x grad_accum {self.grad_accum} (peak {self.peak_mb:.0f} MiB), "
-                f"eval batch {self.eval_batch_size} (peak {self.eval_peak_mb:.0f} MiB), of {self.capacity_mb:.0f} "
-                f"MiB less {MARGIN:.0%}")
 
 
 def fit_batch(stage: Stage) -> Stage:
@@ -76,30 +46,30 @@ def fit_batch(stage: Stage) -> Stage:
     optimizer's state (evaluate), at a number of rows; each gives its peak bytes, or None when it
     ran out of memory (_trial)."""
     cfg, device, model, rows = stage.cfg, stage.rt.device, stage.model, stage.features
-    longest = {split: _longest(rows[split]) for split in SPLITS}  # (row, length)
-    eval_split = max(("dev", "test"), key=lambda split: longest[split][1])
-    train_row, eval_row = rows["train"][longest["train"][0]], rows[eval_split][longest[eval_split][0]]
+    lengths = {split: features.sequence_lengths(rows[split]) for split in SPLITS}
+    longest = {split: max(range(len(n)), key=n.__getitem__) for split, n in lengths.items()}  # its row
+    eval_split = max(("dev", "test"), key=lambda split: lengths[split][longest[split]])
+    train_row, eval_row = rows["train"][longest["train"]], rows[eval_split][longest[eval_split]]
+    what = f"{max(n[longest[split]] for split, n in lengths.items())} tokens"
     # the largest evaluation split's rows per rank: no evaluation batch is larger
     eval_rows = math.ceil(max(len(rows["dev"]), len(rows["test"])) / stage.rt.world_size)
     collate = shaped_collate(stage.task.collator(stage.tokenizer), cfg.train, stage.tokenizer.pad_token_id)
+    capacity = memory.capacity(device, cfg.train.memory_limit_mb) - stage.backend.standing_bytes(model)
 
-    def train(n: int, limit: int) -> int | None:
+    def trial(n: int, limit: int, evaluate: bool = False) -> int | None:
         """One training step at n rows (forward, loss, backward, a fused-or-not AdamW step as the
-        backend builds it)."""
-        return _trial(stage, collate([train_row] * n), None, limit)
-
-    def evaluate(n: int, limit: int) -> int | None:
-        """A forward pass without gradients at n rows, beside the optimizer's state (a one-row step
-        made it, its gradients freed, as the loop leaves them before evaluating)."""
-        return _trial(stage, collate([eval_row] * n), collate([train_row]), limit)
+        backend builds it); `evaluate`: a forward pass without gradients at n rows, beside the
+        optimizer's state (a one-row step made it, its gradients freed, as the loop leaves them
+        before evaluating)."""
+        rows, one_row = ([eval_row] * n, collate([train_row])) if evaluate else ([train_row] * n, None)
+        return _trial(stage, collate(rows), one_row, limit)
 
     saved = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     was_training = model.training
-    capacity = memory.capacity(device, cfg.train.memory_limit_mb) - stage.backend.standing_bytes(model)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         try:
-            found = find(cfg.train.batch_size * cfg.train.grad_accum, eval_rows, train, evaluate, capacity,
-                         f"{max(length for _, length in longest.values())} tokens")
+            found = batch_fit.find(cfg.train.batch_size * cfg.train.grad_accum, eval_rows, trial,
+                                   functools.partial(trial, evaluate=True), capacity, what)
         finally:
             model.load_state_dict(saved)
             model.train(was_training)
@@ -129,19 +99,20 @@ def _trial(stage: Stage, batch: dict, one_row: dict | None, limit: int) -> int |
 def _measure(stage: Stage, batch: dict, one_row: dict | None, limit: int) -> int:
     model, device = stage.model, stage.rt.device
     # what lives on the device through a step: the model's (and a live teacher's) parameters,
-    # buffers and gradients (the CPU's tensor count starts from them)
+    # buffers and gradients (none between trials; the CPU's tensor count starts from them)
     modules = [model] + ([stage.teacher] if stage.teacher is not None else [])
+    standing = [t for m in modules for p in (*m.parameters(), *m.buffers()) for t in (p, p.grad) if t is not None]
     model.train()
-    if one_row is None:
-        def step() -> None:
-            stage.plain_step(dict(batch))
-            optimizer, _ = build_optimizer(model, stage.cfg.train, 1, fused=stage.backend.fused_optimizer)
-            optimizer.step()
 
-        return memory.peak_bytes(device, _tensors(modules), limit, step)
-    stage.plain_step(dict(one_row))
-    optimizer, _ = build_optimizer(model, stage.cfg.train, 1, fused=stage.backend.fused_optimizer)
-    optimizer.step()  # its state exists now, as in the loop
+    def step(rows: dict) -> torch.optim.Optimizer:
+        stage.plain_step(dict(rows))
+        optimizer, _ = build_optimizer(model, stage.cfg.train, 1, fused=stage.backend.fused_optimizer)
+        optimizer.step()
+        return optimizer
+
+    if one_row is None:
+        return memory.peak_bytes(device, standing, limit, lambda: step(batch))
+    optimizer = step(one_row)  # its state exists now, as in the loop
     model.zero_grad(set_to_none=True)
     model.eval()
     state = [t for st in optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
@@ -152,67 +123,4 @@ def _measure(stage: Stage, batch: dict, one_row: dict | None, limit: int) -> int
         with stage.policy.autocast():
             model(**inputs)
 
-    return memory.peak_bytes(device, [*_tensors(modules), *state], limit, forward)
-
-
-def _tensors(modules: list[torch.nn.Module]) -> list[torch.Tensor]:
-    return [t for m in modules for p in (*m.parameters(), *m.buffers()) for t in (p, p.grad) if t is not None]
-
-
-def _longest(rows) -> tuple[int, int]:
-    """(index, length) of a split's longest row."""
-    lengths = features.sequence_lengths(rows)
-    i = max(range(len(lengths)), key=lengths.__getitem__)
-    return i, lengths[i]
-
-
-def find(rows_per_rank: int, eval_rows: int, train_trial: Trial, eval_trial: Trial, capacity: int,
-         what: str) -> BatchFit:
-    """Collective: the largest micro-batch dividing rows_per_rank and the largest evaluation batch
-    (up to eval_rows, EVAL_MAX) that fit `capacity` bytes on every rank; `what` names the longest
-    rows in a refusal. A UserError when even one row does not fit."""
-    usable = int(capacity * (1 - MARGIN))
-    bound = max(1, min(eval_rows, EVAL_MAX))
-    searched = {"training": ([b for b in range(1, rows_per_rank + 1) if rows_per_rank % b == 0], train_trial),
-                "evaluation": (sorted({*(2 ** k for k in range(bound.bit_length()) if 2 ** k < bound), bound}),
-                               eval_trial)}
-    found = {}
-    for phase, (candidates, trial) in searched.items():
-        found[phase] = _largest(candidates, lambda b, trial=trial: _agreed(trial, b, capacity, usable))
-        if found[phase][0] is not None:
-            continue
-        # how much one row needs: measured without the cap where the device can count past it (a
-        # CPU); on a GPU, at least the device's memory
-        need = dist.all_reduce([float(trial(1, 2**62) or 0)], "max")[0]
-        needed = f"{need / MIB:.1f} MiB" if need > usable else f"more than {capacity / MIB:.1f} MiB"
-        raise UserError(f"train.batch_size=auto: one row of {what} does not fit for {phase}: it needs {needed}, the "
-                        f"device has {capacity / MIB:.1f} MiB ({usable / MIB:.1f} usable with a {MARGIN:.0%} margin; "
-                        "train.memory_limit_mb or the device's free memory); less memory: precision=bf16/fp16, "
-                        "train.gradient_checkpointing=true, a shorter train.max_length, ZeRO offload")
-    (micro, peak), (evals, eval_peak) = found["training"], found["evaluation"]
-    return BatchFit(micro, rows_per_rank // micro, peak / MIB, evals, eval_peak / MIB, capacity / MIB)
-
-
-def _largest(candidates: list[int], fits: Callable[[int], tuple[bool, int]]) -> tuple[int | None, int]:
-    """The largest candidate that fits (fitting is monotone in size), and its peak: the largest
-    first (the common case: one trial), then a binary search below it."""
-    ok, peak = fits(candidates[-1])
-    if ok:
-        return candidates[-1], peak
-    best, best_peak = None, 0
-    lo, hi = 0, len(candidates) - 1  # candidates[hi] does not fit
-    while lo < hi:
-        mid = (lo + hi) // 2
-        ok, peak = fits(candidates[mid])
-        if ok:
-            best, best_peak, lo = candidates[mid], peak, mid + 1
-        else:
-            hi = mid
-    return best, best_peak
-
-
-def _agreed(trial: Trial, rows: int, capacity: int, usable: int) -> tuple[bool, int]:
-    """One trial on every rank, then one all-reduce (max): it fits only if it fits everywhere."""
-    peak = trial(rows, capacity)
-    failed, most = dist.all_reduce([float(peak is None or peak > usable), float(peak or 0)], "max")
-    return not failed, int(most)
+    return memory.peak_bytes(device, [*standing, *state], limit, forward)

@@ -4,7 +4,9 @@
 gets the answer): the job finished already (`finished`: its metrics, nothing to do), it continues
 from the newest usable checkpoint (`checkpoint`), or it starts over (neither). Another live job in
 output_dir (lock.py), a resume of another job, or of a finished job asked for more, stops here in
-one line (same_job.py says what may differ). `Resume.compare` is the one comparison of the job
+one line (same_job.py says what may differ), as does starting over on another job's work (its
+finished outputs or checkpoints, compared as a resume compares them plus the model and teacher as
+named) unless overwrite=true. `Resume.compare` is the one comparison of the job
 asked for with the one it continues, at the phase the job's record was made: settled (the
 settings) or built (the model's architecture, the tokenizer, the teacher's weights too). Once the
 stage is built, `confirm` makes that comparison and loads the checkpoint's bundle; a job that
@@ -20,6 +22,7 @@ import shutil
 from dataclasses import dataclass, field
 
 from pipeline import job_record
+from pipeline.errors import UserError
 from pipeline.job_record import JobRecord
 from pipeline.jobs import lock, same_job
 from pipeline.jobs.same_job import Change
@@ -100,22 +103,46 @@ class Resume:
         dist.barrier()
 
 
+NAMED = ("model", "kd.teacher")
+"""Compared by what they make when a job resumes (same_job.COMPARED_ELSEWHERE); when a job starts over,
+before anything is built, by what the config names: another model or teacher is another job."""
+
+
 @dist.on_main
 def decide(plan: Plan) -> Resume:
     """Collective, read on global rank 0: what this job continues from; a UserError when it may do
-    nothing (another job holds output_dir, or holds the job asked for otherwise)."""
+    nothing: another job holds output_dir live (lock.py), a resume would continue another job or a
+    finished one asked for more (same_job.py), or starting over would remove another job's work
+    without overwrite=true."""
     out = plan.out
     lock.refuse_if_busy(out)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # an elastic restart resumes
     auto = plan.cfg.resume == "auto" or restarted
-    if not auto:
-        return Resume(out, auto=False)
-    # what output_dir holds: a finished job's metrics (written last), else its newest usable checkpoint
+    # what output_dir holds: a finished job's metrics (written last), else its newest checkpoint (one
+    # whose files match their manifest, to resume; one fully written, to keep), with that job's record
     metrics = json.loads(out.metrics.read_text(encoding="utf-8")) if out.metrics.is_file() else None
-    ckpt = checkpoint.latest(out) if metrics is None else None
-    if metrics is None and ckpt is None:
-        return Resume(out, auto=True)
-    trained = job_record.read(out.job if ckpt is None else ckpt.job)
-    start = Resume(out, auto=True, checkpoint=ckpt, metrics=metrics, trained=trained)
-    start.compare(plan.record, plan.cfg.accepted_changes, built=False)
-    return start
+    ckpt = None
+    if metrics is None:
+        ckpt = next(reversed(checkpoint.complete(out)), None) if not auto else checkpoint.latest(out)
+    held = metrics is not None or ckpt is not None
+    trained = job_record.read(out.job if ckpt is None else ckpt.job) if held else None
+    if auto:  # resume=auto with nothing usable starts over: there is nothing of a job to keep
+        start = Resume(out, auto=True, checkpoint=ckpt, metrics=metrics, trained=trained)
+        start.compare(plan.record, plan.cfg.accepted_changes, built=False)
+        return start
+    if held and not plan.cfg.overwrite:  # starting over never removes another job's work
+        what = "finished outputs" if metrics is not None else "checkpoints"
+        found = _another_job(trained, plan.record) if trained else None
+        if found != []:
+            named = "no record of its job (job.json)" if found is None else "; ".join(found)
+            raise UserError(f"output_dir {out} holds another job's {what} ({named}): another output_dir keeps "
+                            "both; overwrite=true removes them and starts this job there")
+    return Resume(out, auto=False)
+
+
+def _another_job(old: JobRecord, new: JobRecord) -> list[str]:
+    """What makes `new` another job than `old`, a line each: the settings a resume compares, then the
+    model and teacher as the configs name them."""
+    found = [str(c) for c in same_job.settings_changes(old, new)]
+    return found + [f"{k}: {old.config.get(k)} -> {new.config.get(k)}" for k in NAMED
+                    if old.config.get(k) != new.config.get(k)]

@@ -17,7 +17,7 @@ from pipeline.config import Config
 from pipeline.data import features
 from pipeline.data.loaders import describe_datasets
 from pipeline.job_record import JobRecord
-from pipeline.jobs import lock, overwrite, resume
+from pipeline.jobs import lock, resume
 from pipeline.jobs.same_job import Change, param_value
 from pipeline.plan.settle import settle
 from pipeline.runtime import dist, gc_pause
@@ -30,14 +30,13 @@ log = logging.getLogger("pipeline")
 
 def run(cfg: Config, kind: str = "train") -> dict[str, float]:
     """Run one stage (kind: train | distill); returns the final metrics (also in output_dir/metrics.json)."""
-    rt = dist.init(cfg.backend, timeout_s=cfg.dist_timeout, fallback=cfg.fallback)
-    if rt is None:  # a surplus torchrun rank under fallback: the others do the work
-        return {}
     try:
-        plan = settle(cfg, kind, rt)
-        start = resume.decide(plan)  # another job's output_dir, or a resume of another job, stops here
-        if start.checkpoint is None and not start.finished:  # as does starting over on another job's work
-            overwrite.refuse_another_job(plan, start.auto)
+        plan = settle(cfg, kind)  # joins the job's world (dist.init)
+        if plan is None:  # a surplus torchrun rank under fallback: the others do the work
+            return {}
+        rt = plan.rt
+        # another job's output_dir, a resume of another job or starting over on its work stops here
+        start = resume.decide(plan)
         if start.finished:  # what its journal holds and the store lacks, replayed first
             if rt.is_main:
                 log.info("%s: this job finished before (%s); nothing to train. To train again: resume=never "

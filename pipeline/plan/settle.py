@@ -28,9 +28,8 @@ from pipeline.config.secrets import redact_config
 from pipeline.data import features
 from pipeline.job_record import JobRecord
 from pipeline.layout import OutputDir
-from pipeline.runtime import compiler, precision
+from pipeline.runtime import compiler, dist, precision
 from pipeline.runtime.compiler import CompilePolicy
-from pipeline.runtime.deepspeed_backend import zero_stage_of
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.fallback import fit_to_world
 from pipeline.runtime.precision import PrecisionPolicy
@@ -89,16 +88,21 @@ class Plan:
         return dataclasses.replace(self, cfg=cfg, record=record, find_batch=False, batch_found=found)
 
 
-def settle(cfg: Config, kind: str, rt: Runtime) -> Plan:
+def settle(cfg: Config, kind: str, rt: Runtime | None = None) -> Plan | None:
     """The job's plan from its validated config and the runtime (a UserError for what this device
-    cannot run). The distill stage's default student (from_teacher:N) needs the teacher, but only
-    the kind of model matters to the defaults decided here."""
+    cannot run); without `rt`, this process joins the job's world first (dist.init), and a surplus
+    torchrun rank under the fallback gets None (the others do the work). The distill stage's default
+    student (from_teacher:N) needs the teacher, but only the kind of model matters to the defaults
+    decided here."""
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r}: must be one of {KINDS}")
+    if rt is None:
+        rt = dist.init(cfg.backend, timeout_s=cfg.dist_timeout, fallback=cfg.fallback)
+        if rt is None:
+            return None
     cfg, rt = fit_to_world(cfg, rt)  # fewer processes than planned: same global batch
     policy = precision.resolve(cfg.precision, rt.device)
-    zero_stage = zero_stage_of(cfg.deepspeed) if rt.backend == "deepspeed" else 0
-    compile_policy = compiler.resolve(cfg.train.compile, rt.device.type, rt.backend, zero_stage)
+    compile_policy = compiler.resolve(cfg.train.compile, rt.device.type, rt.backend, cfg.deepspeed)
     task = get_task(cfg.task, cfg.task_options)
     planned_model = cfg.model or (task.default_model if kind == "train" else "from_teacher:")
     settled = settle_config(cfg, planned_model, task, rt.device.type, compile_policy,

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.config.deepspeed_files import zero_stage_of
+
 log = logging.getLogger("pipeline")
 
 RECOMPILE_LIMIT = 64
@@ -97,14 +99,16 @@ class CompilePolicy:
 OFF = CompilePolicy("off", "train.compile=off")
 
 
-def resolve(requested: str, device_type: str, backend: str, zero_stage: int = 0) -> CompilePolicy:
-    """`train.compile` for this device (cuda | cpu) and backend (single | ddp | deepspeed, with its
-    ZeRO stage); `auto` picks what has been measured to work and pay there (benchmarks/README.md)."""
+def resolve(requested: str, device_type: str, backend: str, deepspeed: str | None = None) -> CompilePolicy:
+    """`train.compile` for this device (cuda | cpu) and backend (single | ddp | deepspeed, with the
+    ZeRO stage of its `deepspeed` config); `auto` picks what has been measured to work and pay there
+    (benchmarks/README.md)."""
     if requested != "auto":
         return CompilePolicy(requested, f"train.compile={requested} (set)")
     if device_type != "cuda":
         return CompilePolicy("off", "auto on a CPU: inductor's warm-up costs minutes there and its steps "
                                     "were no faster (benchmarks/results/compile-*.json)")
+    zero_stage = zero_stage_of(deepspeed) if backend == "deepspeed" else 0
     if backend == "deepspeed" and zero_stage == 3:
         # ZeRO-3's parameter gather/release hooks are @torch.compiler.disable
         # (deepspeed/runtime/zero/parameter_offload.py): a graph break at every submodule, and CUDA graphs

@@ -39,15 +39,13 @@ and reading and checking the config must not.
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from pipeline import names
-from pipeline.config.deepspeed_files import ds_config_file
-from pipeline.config.documents import read_document
+from pipeline.config.deepspeed_files import check_supported, ds_config_file, load_ds_config, resolve_ds_config
 from pipeline.config.schema import SettledTrain, TrainConfig
 from pipeline.errors import UserError
 from pipeline.layout import CheckpointFiles, OutputDir
@@ -59,60 +57,6 @@ from pipeline.runtime.precision import BF16_PURE, PURE16, PrecisionPolicy
 if TYPE_CHECKING:
     from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer
     from transformers import PretrainedConfig
-
-
-def zero_stage_of(deepspeed_path: str | None) -> int:
-    """The ZeRO stage the DeepSpeed config asks for (the backend checks the rest of it)."""
-    stage = load_ds_config(deepspeed_path).get("zero_optimization", {}).get("stage", 0)
-    return stage if isinstance(stage, int) else 0
-
-
-def load_ds_config(path: str | None) -> dict:
-    """The config `path` names (a file, or a shipped config by name; unset: zero2.json)."""
-    p = ds_config_file(path)
-    if p is None:
-        raise UserError(f"config: deepspeed={path}: no such file, nor a shipped config")
-    cfg = read_document(p, f"config: deepspeed={p}", "JSON")
-    if not isinstance(cfg, dict):
-        raise UserError(f"config: deepspeed={p}: the top level must be an object")
-    return cfg
-
-
-def resolve_ds_config(raw: dict, train: TrainConfig, precision: str, world_size: int, source: str) -> dict:
-    """Fill "auto" values from the pipeline config; refuse disagreements."""
-    cfg = json.loads(json.dumps(raw))  # deep copy
-
-    def fill(block: dict, key: str, value: bool | int | float | str, ours: str, label: str | None = None) -> None:
-        if block.get(key, "auto") == "auto":
-            block[key] = value
-        elif block[key] != value:
-            theirs = f"{label or key}={json.dumps(block[key])}"
-            mine = ours if label else f"{ours}={value}"
-            raise UserError(f"config: {source} sets {theirs} but {mine}; "
-                            f"make them agree or write \"auto\" in the DeepSpeed config")
-
-    fill(cfg, "train_micro_batch_size_per_gpu", train.batch_size, "train.batch_size")
-    fill(cfg, "gradient_accumulation_steps", train.grad_accum, "train.grad_accum")
-    fill(cfg, "train_batch_size", train.batch_size * train.grad_accum * world_size,
-         "train.batch_size x train.grad_accum x world size")
-    fill(cfg, "gradient_clipping", train.max_grad_norm, "train.max_grad_norm")
-    # fp16: DeepSpeed's fp16 mode (pure16); bf16: torch autocast with fp32 weights, the bf16 block off
-    fill(cfg.setdefault("fp16", {}), "enabled", precision == "fp16", f"precision={precision}", label="fp16.enabled")
-    fill(cfg.setdefault("bf16", {}), "enabled", False, f"precision={precision} runs as torch autocast with fp32 weights"
-         if precision == "bf16" else f"precision={precision}", label="bf16.enabled")
-    autocast = cfg.setdefault("torch_autocast", {})
-    fill(autocast, "enabled", precision == "bf16", f"precision={precision}", label="torch_autocast.enabled")
-    if autocast["enabled"]:
-        fill(autocast, "dtype", "bfloat16", f"precision={precision}", label="torch_autocast.dtype")
-    if "optimizer" in cfg:
-        params = cfg["optimizer"].setdefault("params", {})
-        fill(params, "lr", train.lr, "train.lr")
-        fill(params, "weight_decay", train.weight_decay, "train.weight_decay")
-    if "scheduler" in cfg:
-        raise UserError(f"config: {source}: remove the scheduler block; the pipeline's linear warm-up/decay "
-                        "schedule is used with every backend")
-    cfg["managed_gradient_accumulation"] = False
-    return cfg
 
 
 BUCKET_SIZES = {  # ZeRO key -> its size from the model's hidden size h (transformers' DeepSpeed integration)
@@ -148,16 +92,6 @@ def read_loss_scale(optimizer: DeepSpeedOptimizer) -> float | None:
     return None if scale is None else float(scale)
 
 
-def check_supported(ds_cfg: dict, policy: PrecisionPolicy, device: torch.device, source: str) -> None:
-    """Combinations that cannot work, refused at start instead of deep inside DeepSpeed."""
-    stage = ds_cfg.get("zero_optimization", {}).get("stage", 0)
-    if policy.name == "fp16" and device.type == "cpu":
-        raise UserError("precision=fp16 with backend=deepspeed: DeepSpeed's CPU accelerator has no fp16 "
-                        "training; use bf16 or fp32")
-    if stage not in (0, 1, 2, 3):
-        raise UserError(f"config: {source}: zero_optimization.stage={stage}: must be 0, 1, 2 or 3")
-
-
 def precision_mode(policy: PrecisionPolicy) -> str:
     """fp16 is DeepSpeed's own 16-bit module (pure16); bf16 autocast as under torchrun."""
     return PURE16 if policy.name == "fp16" else policy.mode
@@ -188,14 +122,13 @@ class DeepSpeedBackend:
                             "master weights in its own partitions); use precision=bf16, or backend=ddp")
         self.rt = rt
         self.policy = policy
-        self.source = str(ds_config_file(config_path) or config_path)
-        self.raw = load_ds_config(config_path)
-        self.ds_config = resolve_ds_config(self.raw, train, policy.name, rt.world_size, self.source)
-        check_supported(self.ds_config, policy, rt.device, self.source)
-        self.zero_stage = self.ds_config.get("zero_optimization", {}).get("stage", 0)
         self.engine = None
         self.precision_mode = precision_mode(policy)
         self.compile = compile
+        self.source = str(ds_config_file(config_path) or config_path)
+        self.raw = load_ds_config(config_path)
+        self.ds_config = resolve_ds_config(self.raw, train, policy.name, rt.world_size, self.source)
+        self.zero_stage = check_supported(self.ds_config, policy.name, rt.device.type, self.source)
 
     @property
     def fused_optimizer(self) -> bool:

@@ -16,6 +16,6 @@ def make_backend(rt: Runtime, policy: PrecisionPolicy, compile_policy: CompilePo
     unset) is read, resolved and checked here, before any model is built; the deepspeed package
     itself is imported only when DeepSpeedBackend.prepare runs (importing it costs seconds). The
     compile policy was settled with the plan (plan/settle.py); the backend holds it."""
-    if rt.backend == "deepspeed":
-        return DeepSpeedBackend(rt, policy, train, deepspeed_path, compile_policy)
-    return TorchBackend(rt, policy, train.max_grad_norm, compile_policy)
+    if rt.backend != "deepspeed":
+        return TorchBackend(rt, policy, train.max_grad_norm, compile_policy)
+    return DeepSpeedBackend(rt, policy, train, deepspeed_path, compile_policy)

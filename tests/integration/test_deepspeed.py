@@ -232,7 +232,7 @@ def test_a_compiled_engine_steps_like_an_eager_one(deepspeed_process_group):
     for mode in ("off", "default"):
         train = settled_train("train.batch_size=4", f"train.compile={mode}")
         backend = DeepSpeedBackend(deepspeed_process_group, precision.PrecisionPolicy("fp32", "cpu"), train,
-                                   "ds_configs/zero2.json", compiler.resolve(mode, "cpu", "deepspeed", 2))
+                                   "ds_configs/zero2.json", compiler.resolve(mode, "cpu", "deepspeed", "zero2"))
         torch.manual_seed(0)
         model = BertForSequenceClassification(BertConfig(
             vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from helpers import settled_config
-from pipeline import batch_finder
 from pipeline.config import load_config
 from pipeline.errors import UserError
+from pipeline.measure import batch_fit
 from pipeline.measure.memory import MIB, TensorBytes
 from pipeline.plan import settle
 from pipeline.runtime import dist
@@ -59,7 +59,7 @@ def test_bad_batch_settings_name_the_key(overrides, fragment):
 def test_the_largest_divisor_that_fits_under_the_margin_keeps_the_global_batch():
     tried = []
     # 100 MiB device, 90 usable: 10 + 3 x rows fits up to 26 rows; 64 rows per rank -> 16 x 4
-    fit = batch_finder.find(64, 500, linear_trial(10, 3, tried), linear_trial(20, 0.1), 100 * MIB, "48 tokens")
+    fit = batch_fit.find(64, 500, linear_trial(10, 3, tried), linear_trial(20, 0.1), 100 * MIB, "48 tokens")
     assert (fit.batch_size, fit.grad_accum) == (16, 4)
     assert fit.batch_size * fit.grad_accum == 64
     assert tried[0] == 64 and len(tried) <= 4  # the largest first, then a binary search of the divisors
@@ -69,13 +69,13 @@ def test_the_largest_divisor_that_fits_under_the_margin_keeps_the_global_batch()
 
 def test_a_batch_that_fits_whole_takes_one_trial_and_no_accumulation():
     tried = []
-    fit = batch_finder.find(32, 100, linear_trial(1, 0.1, tried), linear_trial(1, 0.1), 100 * MIB, "48 tokens")
+    fit = batch_fit.find(32, 100, linear_trial(1, 0.1, tried), linear_trial(1, 0.1), 100 * MIB, "48 tokens")
     assert (fit.batch_size, fit.grad_accum, tried) == (32, 1, [32])
 
 
 def test_evaluation_is_found_on_its_own_and_never_shrinks_the_training_batch():
     # evaluation rows cost more than the device leaves: its batch is small, training's is not
-    fit = batch_finder.find(16, 4096, linear_trial(10, 1), linear_trial(60, 7), 100 * MIB, "48 tokens")
+    fit = batch_fit.find(16, 4096, linear_trial(10, 1), linear_trial(60, 7), 100 * MIB, "48 tokens")
     assert (fit.batch_size, fit.grad_accum) == (16, 1)
     assert fit.eval_batch_size == 4  # powers of two: 60 + 7 x 4 <= 90 < 60 + 7 x 8
 
@@ -97,13 +97,13 @@ def test_every_rank_agrees_on_the_smallest_fit_in_one_collective_per_trial(monke
         return [max(mine_failed, float(theirs is None or theirs > 90 * MIB)), max(mine_peak, float(theirs or 0))]
 
     monkeypatch.setattr(dist, "all_reduce", all_reduce)
-    fit = batch_finder.find(64, 1, trial, lambda rows, limit: 0, 100 * MIB, "48 tokens")
+    fit = batch_fit.find(64, 1, trial, lambda rows, limit: 0, 100 * MIB, "48 tokens")
     assert fit.batch_size == 16 and fit.grad_accum == 4  # alone it would be 16 as well: 10 + 3 x 26 <= 90
     assert len(calls) == len(last_rows) + 1  # one per training trial, one for evaluation's
     monkeypatch.setattr(dist, "all_reduce", all_reduce)
     last_rows.clear()
     other = linear_trial(70, 3)  # now the other rank fits only 6 rows: 4 wins (a divisor of 64)
-    fit = batch_finder.find(64, 1, trial, lambda rows, limit: 0, 100 * MIB, "48 tokens")
+    fit = batch_fit.find(64, 1, trial, lambda rows, limit: 0, 100 * MIB, "48 tokens")
     assert (fit.batch_size, fit.grad_accum) == (4, 16)
 
 
@@ -121,7 +121,7 @@ def test_ddp_keeps_its_gradient_buckets_beside_the_model_and_a_single_process_do
 
 def test_one_row_that_does_not_fit_is_refused_naming_what_it_needs_and_what_there_is():
     with pytest.raises(UserError) as e:
-        batch_finder.find(16, 100, linear_trial(150, 1), linear_trial(1, 1), 100 * MIB, "48 tokens")
+        batch_fit.find(16, 100, linear_trial(150, 1), linear_trial(1, 1), 100 * MIB, "48 tokens")
     message = str(e.value)
     assert "one row of 48 tokens does not fit for training: it needs 151.0 MiB" in message
     assert "the device has 100.0 MiB (90.0 usable" in message

@@ -192,7 +192,7 @@ def test_device_defaults_follow_the_measurements():
     ("auto", "cuda", "deepspeed", 3, "off"), ("default", "cuda", "deepspeed", 3, "default"),
     ("reduce-overhead", "cpu", "single", 0, "reduce-overhead")])
 def test_auto_compile_resolves_per_device_and_backend_and_says_why(requested, device, backend, stage, mode):
-    chosen = compiler.resolve(requested, device, backend, stage)
+    chosen = compiler.resolve(requested, device, backend, f"zero{stage}")
     assert chosen.mode == mode and chosen.describe() == {"compile": mode, "compile_reason": chosen.reason}
     assert ("(set)" in chosen.reason) == (requested != "auto")
     if backend == "deepspeed" and requested == "auto":

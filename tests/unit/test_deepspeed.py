@@ -12,14 +12,10 @@ from helpers import (
     settled_train,
 )
 from pipeline.config import load_config
+from pipeline.config.deepspeed_files import load_ds_config, resolve_ds_config
 from pipeline.errors import UserError
 from pipeline.runtime import precision
-from pipeline.runtime.deepspeed_backend import (
-    DeepSpeedBackend,
-    fill_bucket_sizes,
-    load_ds_config,
-    resolve_ds_config,
-)
+from pipeline.runtime.deepspeed_backend import DeepSpeedBackend, fill_bucket_sizes
 from pipeline.runtime.dist import Runtime
 
 

@@ -11,7 +11,7 @@ from pipeline.config.output_dir import model_slug
 from pipeline.errors import UserError
 from pipeline.fsutil import write_json
 from pipeline.job_record import JobRecord
-from pipeline.jobs.overwrite import refuse_another_job
+from pipeline.jobs.resume import decide
 from pipeline.layout import OutputDir
 from pipeline.plan.settle import settle_config
 from pipeline.runtime import compiler
@@ -47,7 +47,7 @@ def record(**config) -> JobRecord:
 
 
 def plan(out, asked: JobRecord, overwrite=False):
-    return SimpleNamespace(cfg=SimpleNamespace(overwrite=overwrite), out=OutputDir(out), record=asked)
+    return SimpleNamespace(cfg=SimpleNamespace(overwrite=overwrite, resume="never"), out=OutputDir(out), record=asked)
 
 
 def finished(out, held: JobRecord | None):
@@ -62,7 +62,7 @@ def test_another_finished_job_is_refused_in_one_line_naming_each_difference(tmp_
     finished(out, record())
     asked = record(model="preset:bangla-small", **{"train.lr": 1e-4, "train.log_every": 5})  # log_every: safe
     with pytest.raises(UserError) as e:
-        refuse_another_job(plan(out, asked), resuming=False)
+        decide(plan(out, asked))
     message = str(e.value)
     assert message == (f"output_dir {out} holds another job's finished outputs (train.lr: 0.0003 -> 0.0001; "
                        "model: preset:bangla-tiny -> preset:bangla-small): another output_dir keeps both; "
@@ -73,13 +73,13 @@ def test_another_finished_job_is_refused_in_one_line_naming_each_difference(tmp_
 def test_the_same_job_and_overwrite_start_over_and_unrecorded_outputs_are_refused(tmp_path):
     out = tmp_path / "out"
     finished(out, record())
-    refuse_another_job(plan(out, record(**{"tracking.experiment": "x"})), resuming=False)  # the same job
-    refuse_another_job(plan(out, record(model="preset:bangla-small"), overwrite=True), resuming=False)
-    refuse_another_job(plan(tmp_path / "empty", record()), resuming=False)
+    decide(plan(out, record(**{"tracking.experiment": "x"})))  # the same job
+    decide(plan(out, record(model="preset:bangla-small"), overwrite=True))
+    decide(plan(tmp_path / "empty", record()))
     unrecorded = tmp_path / "old"
     finished(unrecorded, None)
     with pytest.raises(UserError, match=r"holds another job's finished outputs \(no record of its job"):
-        refuse_another_job(plan(unrecorded, record()), resuming=False)
+        decide(plan(unrecorded, record()))
 
 
 def test_another_jobs_checkpoints_are_refused_too(tmp_path):
@@ -89,4 +89,4 @@ def test_another_jobs_checkpoints_are_refused_too(tmp_path):
     write_json(ckpt / "manifest.json", {"step": 10, "files": {}})
     write_json(ckpt / "job.json", record().to_json())
     with pytest.raises(UserError, match=r"holds another job's checkpoints \(precision: fp32 -> bf16\)"):
-        refuse_another_job(plan(out, JobRecord(**{**record().to_json(), "precision": "bf16"})), resuming=False)
+        decide(plan(out, JobRecord(**{**record().to_json(), "precision": "bf16"})))
