@@ -17,7 +17,9 @@ from dataclasses import InitVar, dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from pipeline.data.loaders import Loaders, build_loaders, real_rows
+from pipeline import names
+from pipeline.data import features
+from pipeline.data.loaders import Loaders, build_loaders, describe_datasets, real_rows
 from pipeline.evaluation import evaluate
 from pipeline.job_record import JobRecord
 from pipeline.measure.telemetry import StageMeters
@@ -82,15 +84,15 @@ def fit(stage: Stage, tracker: Tracker, run_id: str | None, resumed: Checkpoint 
         ) -> dict[str, float]:
     """Train every epoch (from where a resumed job stopped), then test; returns the final metrics.
     A SIGTERM checkpoints at the next step boundary every rank agrees on (Preempted)."""
-    preemption = AgreedFlag(stage.rt.device)
+    preemption = AgreedFlag()
     with dist.on_sigterm(preemption.raised.set):
         loop = setup(stage, tracker, run_id, preemption, record)
-        begin(loop)
         if resumed is not None:  # model, optimizer, every part and the RNG; the best model's weights from best/
             loop.checkpointer.load(resumed)
             loop.best.restore_weights(stage.out, stage.backend)
         else:
             torch.manual_seed(stage.cfg.seed + stage.rt.rank)  # dropout differs per rank; data order does not
+        begin(loop)
         for epoch in range(loop.progress.epoch, loop.epochs):
             train_epoch(loop, epoch)
             if end_epoch(loop, epoch):
@@ -122,9 +124,15 @@ def setup(stage: Stage, tracker: Tracker, run_id: str | None, preemption: Agreed
 
 
 def begin(loop: Loop) -> None:
-    """Collective, what the loop writes as it starts: the run's energy_available tag and the
-    backend's files (the resolved DeepSpeed config), and the job's record into output_dir."""
-    loop.metrics.begin(loop.stage.out, loop.stage.backend.extra_artifacts)
+    """Collective, what the loop writes as it starts: the run's tags (what the data and teacher
+    caches did, the batch finder's choice, energy_available), its datasets, the backend's files (the
+    resolved DeepSpeed config), and the job's record into output_dir."""
+    stage = loop.stage
+    tags = {names.TAG_DATA_CACHE: features.cache_outcome(stage.examples["train"], stage.features),
+            **({names.TAG_KD_CACHE: stage.distiller.cache_outcome} if stage.distiller else {}),
+            **({names.TAG_BATCH_FIT: stage.batch_found} if stage.batch_found else {})}
+    loop.metrics.begin(stage.out, stage.backend.extra_artifacts, tags,
+                       describe_datasets(stage.cfg.data, stage.task, stage.examples))
     loop.checkpointer.write_job()
 
 

@@ -14,8 +14,6 @@ import logging
 
 from pipeline import batch_finder, names
 from pipeline.config import Config
-from pipeline.data import features
-from pipeline.data.loaders import describe_datasets
 from pipeline.job_record import JobRecord
 from pipeline.jobs import lock, resume
 from pipeline.jobs.same_job import Change, param_value
@@ -67,10 +65,6 @@ def _run_locked(stage: Stage, start: resume.Resume, record: JobRecord, uri: str)
         resumed=ckpt is not None, resume_run_id=ckpt.run_id if ckpt else None))
     if start.accepted:
         _record_accepted(tracker, record, start.accepted, ckpt.step)
-    tracker.set_tags({names.TAG_DATA_CACHE: features.cache_outcome(stage.examples["train"], stage.features),
-                      **({names.TAG_KD_CACHE: stage.distiller.cache_outcome} if stage.distiller else {}),
-                      **({names.TAG_BATCH_FIT: stage.batch_found} if stage.batch_found else {})})
-    tracker.log_datasets(describe_datasets(stage.cfg.data, stage.task, stage.examples))
     gc_pause.resume_after_setup()  # the CLI paused it through set-up (runtime/gc_pause.py)
     try:
         final = fit(stage, tracker, run_id, ckpt, record)

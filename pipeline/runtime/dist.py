@@ -366,8 +366,7 @@ class AgreedFlag:
     previous poll's, which has finished by then; so the ranks stop together, one step after the
     signal. In one process the flag itself is the answer, at once."""
 
-    def __init__(self, device: torch.device):
-        self.device = device
+    def __init__(self):
         self.raised = threading.Event()
         """Set on this rank (on_sigterm's handler); every rank acts on it at the same step."""
         self._pending: tuple | None = None

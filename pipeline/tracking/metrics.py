@@ -37,12 +37,14 @@ class MetricsProcessor:
         self.log_every, self.total_steps, self.is_main = log_every, total_steps, is_main
         self.console = StepLines(meters, total_steps, log_every, is_main)
 
-    def begin(self, out: OutputDir, files: dict[str, dict]) -> None:
-        """Collective, as the loop starts: the run's energy_available tag (does any rank measure
-        energy? the report tells a missing figure from a zero by it); rank 0 writes `files` (the
-        backend's, e.g. the resolved DeepSpeed config) into output_dir and the run."""
+    def begin(self, out: OutputDir, files: dict[str, dict], tags: dict[str, str], datasets: list[dict]) -> None:
+        """Collective, as the loop starts: the run's `tags` and its energy_available tag (does any
+        rank measure energy? the report tells a missing figure from a zero by it), its `datasets`
+        (MLflow dataset inputs); rank 0 writes `files` (the backend's, e.g. the resolved DeepSpeed
+        config) into output_dir and the run."""
         available = self.meters.energy_available_anywhere()
-        self.tracker.set_tags({names.TAG_ENERGY_AVAILABLE: "true" if available else "false"})
+        self.tracker.set_tags({**tags, names.TAG_ENERGY_AVAILABLE: "true" if available else "false"})
+        self.tracker.log_datasets(datasets)
         if self.is_main:
             for name, content in files.items():
                 write_json(out / name, content)

@@ -159,7 +159,7 @@ def make_loop(tmp_path, overrides=(), applied=(), micro_batches=6, epochs=1, tot
     optimizer, scheduler = build_optimizer(model, settled.train, steps, fused=False)
     wrapped = backend.prepare(model, optimizer)
     losses = StepLosses(scheduler, OutputDir(tmp_path), 1, settled.train.max_nonfinite)
-    return train.Loop(s, loaders, losses, wrapped, epochs, steps, AgreedFlag(CPU), StageMeters(CPU, "fp32", 1),
+    return train.Loop(s, loaders, losses, wrapped, epochs, steps, AgreedFlag(), StageMeters(CPU, "fp32", 1),
                       RecordingTracker(), None, record)
 
 
