@@ -43,7 +43,7 @@ def child(overrides: list[str], started: float) -> None:
     """In the job's process: wrap the phases' functions, run the command, print the seconds."""
     import pipeline.cli  # the command's imports (torch, transformers, mlflow...) happen here
     from pipeline import models, stage, train
-    from pipeline.jobs import outputs, run
+    from pipeline.jobs import resume, run
     from pipeline.parts.best_model import BestModel
     from pipeline.parts.checkpoint import Checkpointer
     from pipeline.tracking.metrics import MetricsProcessor
@@ -70,11 +70,11 @@ def child(overrides: list[str], started: float) -> None:
         setattr(owner, attribute, wrapper)
 
     timed(run, "settle", "settle")
-    timed(run.resume, "decide", "settle")
+    timed(resume, "decide", "settle")
     timed(stage.features, "prepare_train", "data")
     timed(stage.features, "prepare_features", "data")
     timed(models, "build", "model")
-    timed(outputs, "start_over", "run start")
+    timed(resume.Resume, "start_over", "run start")
     timed(run, "start_stage_run", "run start")
     timed(Tracker, "set_tags", "run start")
     timed(Tracker, "log_datasets", "run start")

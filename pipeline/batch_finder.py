@@ -46,6 +46,16 @@ def fit_batch(stage: Stage) -> Stage:
     optimizer's state (evaluate), at a number of rows; each gives its peak bytes, or None when it
     ran out of memory (_trial)."""
     cfg, device, model, rows = stage.cfg, stage.rt.device, stage.model, stage.features
+
+    def trial(n: int, limit: int, evaluate: bool = False) -> int | None:
+        """One training step at n of the longest training rows (forward, loss, backward, a
+        fused-or-not AdamW step as the backend builds it); `evaluate`: a forward pass without
+        gradients at n of the longest evaluation rows, beside the optimizer's state (a one-row step
+        made it, its gradients freed, as the loop leaves them before evaluating). The rows and
+        collate are fit_batch's, set below."""
+        picked, one_row = ([eval_row] * n, collate([train_row])) if evaluate else ([train_row] * n, None)
+        return _trial(stage, collate(picked), one_row, limit)
+
     lengths = {split: features.sequence_lengths(rows[split]) for split in SPLITS}
     longest = {split: max(range(len(n)), key=n.__getitem__) for split, n in lengths.items()}  # its row
     eval_split = max(("dev", "test"), key=lambda split: lengths[split][longest[split]])
@@ -55,15 +65,6 @@ def fit_batch(stage: Stage) -> Stage:
     eval_rows = math.ceil(max(len(rows["dev"]), len(rows["test"])) / stage.rt.world_size)
     collate = shaped_collate(stage.task.collator(stage.tokenizer), cfg.train, stage.tokenizer.pad_token_id)
     capacity = memory.capacity(device, cfg.train.memory_limit_mb) - stage.backend.standing_bytes(model)
-
-    def trial(n: int, limit: int, evaluate: bool = False) -> int | None:
-        """One training step at n rows (forward, loss, backward, a fused-or-not AdamW step as the
-        backend builds it); `evaluate`: a forward pass without gradients at n rows, beside the
-        optimizer's state (a one-row step made it, its gradients freed, as the loop leaves them
-        before evaluating)."""
-        rows, one_row = ([eval_row] * n, collate([train_row])) if evaluate else ([train_row] * n, None)
-        return _trial(stage, collate(rows), one_row, limit)
-
     saved = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     was_training = model.training
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):

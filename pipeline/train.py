@@ -21,7 +21,6 @@ from pipeline import names
 from pipeline.data import features
 from pipeline.data.loaders import Loaders, build_loaders, describe_datasets, real_rows
 from pipeline.evaluation import evaluate
-from pipeline.job_record import JobRecord
 from pipeline.measure.telemetry import StageMeters
 from pipeline.parts.best_model import BestModel
 from pipeline.parts.checkpoint import Checkpoint, Checkpointer, Stateful
@@ -59,34 +58,32 @@ class Loop:
     meters: StageMeters
     """The job's throughput, energy, memory and FLOP totals."""
     tracker: InitVar[Tracker]
-    run_id: InitVar[str | None]
-    record: InitVar[JobRecord]
     progress: Progress = field(default_factory=Progress)
     best: BestModel = field(default_factory=BestModel)
     metrics: MetricsProcessor = field(init=False)
     """When a step is logged, and every record the loop's numbers become."""
     checkpointer: Checkpointer = field(init=False)
 
-    def __post_init__(self, tracker: Tracker, run_id: str | None, record: JobRecord) -> None:
+    def __post_init__(self, tracker: Tracker) -> None:
         """The metrics processor and the checkpointer, built without writing anything (begin writes)."""
         stage = self.stage
         self.metrics = MetricsProcessor(tracker, self.meters, stage.cfg.train.log_every, self.total_steps,
                                         stage.rt.is_main)
         self.checkpointer = Checkpointer(stage.out, self.parts(), stage.backend, stage.rt.rank, stage.cfg.train,
-                                         run_id, record.to_json(), pending=self.losses, clock=self.meters)
+                                         tracker.run_id, stage.record.to_json(), pending=self.losses,
+                                         clock=self.meters)
 
     def parts(self) -> dict[str, Stateful]:
         return {"progress": self.progress, "losses": self.losses, "best": self.best, "meters": self.meters,
                 "scheduler": self.losses.scheduler}
 
 
-def fit(stage: Stage, tracker: Tracker, run_id: str | None, resumed: Checkpoint | None, record: JobRecord
-        ) -> dict[str, float]:
+def fit(stage: Stage, tracker: Tracker, resumed: Checkpoint | None) -> dict[str, float]:
     """Train every epoch (from where a resumed job stopped), then test; returns the final metrics.
     A SIGTERM checkpoints at the next step boundary every rank agrees on (Preempted)."""
     preemption = AgreedFlag()
     with dist.on_sigterm(preemption.raised.set):
-        loop = setup(stage, tracker, run_id, preemption, record)
+        loop = setup(stage, tracker, preemption)
         if resumed is not None:  # model, optimizer, every part and the RNG; the best model's weights from best/
             loop.checkpointer.load(resumed)
             loop.best.restore_weights(stage.out, stage.backend)
@@ -100,7 +97,7 @@ def fit(stage: Stage, tracker: Tracker, run_id: str | None, resumed: Checkpoint 
         return finish(loop)
 
 
-def setup(stage: Stage, tracker: Tracker, run_id: str | None, preemption: AgreedFlag, record: JobRecord) -> Loop:
+def setup(stage: Stage, tracker: Tracker, preemption: AgreedFlag) -> Loop:
     """The FLOP model, the meters, loaders, AdamW, the LR schedule, the backend's wrapper; the Loop
     around them."""
     train_cfg, rt = stage.cfg.train, stage.rt
@@ -119,7 +116,7 @@ def setup(stage: Stage, tracker: Tracker, run_id: str | None, preemption: Agreed
     if stage.backend.optimizer is not optimizer:  # DeepSpeed's: the schedule sets the lr of what steps
         scheduler = lr_schedule(stage.backend.optimizer, train_cfg, total_steps)
     losses = StepLosses(scheduler, stage.out, rt.world_size, train_cfg.max_nonfinite)
-    return Loop(stage, loaders, losses, wrapped, epochs, total_steps, preemption, meters, tracker, run_id, record,
+    return Loop(stage, loaders, losses, wrapped, epochs, total_steps, preemption, meters, tracker,
                 best=BestModel(order=(stage.task.main_metric, *stage.task.tie_breakers)))
 
 

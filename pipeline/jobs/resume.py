@@ -21,18 +21,19 @@ import os
 import shutil
 from dataclasses import dataclass, field
 
-from pipeline import job_record
+from pipeline import job_record, names
 from pipeline.errors import UserError
 from pipeline.job_record import JobRecord
 from pipeline.jobs import lock, same_job
-from pipeline.jobs.same_job import Change
+from pipeline.jobs.same_job import Change, param_value
 from pipeline.layout import OutputDir
 from pipeline.parts import checkpoint
 from pipeline.parts.checkpoint import Checkpoint
 from pipeline.plan.settle import Plan
 from pipeline.runtime import dist
 from pipeline.runtime.dist import Runtime
-from pipeline.tracking import settle_abandoned_run
+from pipeline.stage import Stage
+from pipeline.tracking import Tracker, settle_abandoned_run
 
 log = logging.getLogger("pipeline")
 
@@ -67,16 +68,29 @@ class Resume:
             check = same_job.check_built if built else same_job.check_settings
             self.accepted += check(self.checkpoint.path, self.trained, asked, accept)
 
-    def confirm(self, built: JobRecord, accept: list[str]) -> JobRecord:
+    def confirm(self, stage: Stage, accept: list[str]) -> Stage:
         """Collective: the built stage against the checkpoint (a UserError if the model no longer fits
         or the tokenizer or teacher changed unaccepted), then the checkpoint's bundle; returns the
-        job's record from now on, with every change accepted in its life."""
+        stage with the job's record from now on: every change accepted in its life."""
         if self.checkpoint is None:
-            return built
-        self.compare(built, accept, built=True)
+            return stage
+        self.compare(stage.record, accept, built=True)
         step = self.checkpoint.load_bundle()["parts"]["progress"]["step"]
         carried = [*self.trained.accepted, *(f"{c} (at step {step})" for c in self.accepted)]
-        return dataclasses.replace(built, accepted=carried)
+        return dataclasses.replace(stage, record=dataclasses.replace(stage.record, accepted=carried))
+
+    def record_accepted(self, tracker: Tracker, record: JobRecord) -> None:
+        """A resumed job that goes on with changes says so: a warning line, a tag listing every change
+        accepted in the run's life (`record`: confirm's stage's), a param per change accepted now
+        (MLflow keeps a param's first value: these are new keys)."""
+        if not self.accepted:
+            return
+        log.warning("resume: continuing with changed settings (accept_changes): %s; the run mixes them and is "
+                    "tagged %s", "; ".join(map(str, self.accepted)), names.TAG_RESUMED_WITH_CHANGES)
+        tracker.set_tags({names.TAG_RESUMED_WITH_CHANGES: " | ".join(record.accepted)})
+        step = self.checkpoint.step
+        tracker.log_params({f"resumed_at_step_{step}.{c.key}": f"{param_value(c.old)} -> {param_value(c.new)}"
+                            for c in self.accepted})
 
     def start_over(self, rt: Runtime, uri: str) -> None:
         """Collective: a job that continues from nothing removes what a previous job left in

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import logging
 
-from pipeline import batch_finder, names
+from pipeline import batch_finder
 from pipeline.config import Config
-from pipeline.job_record import JobRecord
 from pipeline.jobs import lock, resume
-from pipeline.jobs.same_job import Change, param_value
 from pipeline.plan.settle import settle
 from pipeline.runtime import dist, gc_pause
 from pipeline.stage import Stage, build_stage
-from pipeline.tracking import StageRun, Tracker, catch_up, resolve_uri, start_stage_run, what_ran
+from pipeline.tracking import StageRun, catch_up, resolve_uri, start_stage_run, what_ran
 from pipeline.train import Preempted, fit
 
 log = logging.getLogger("pipeline")
@@ -45,43 +43,31 @@ def run(cfg: Config, kind: str = "train") -> dict[str, float]:
         stage = build_stage(plan)
         if plan.find_batch:
             stage = batch_finder.fit_batch(stage)
-        # a checkpoint against the model, tokenizer and teacher: the job's record from now on
-        record = start.confirm(stage.record, plan.cfg.accepted_changes)
+        # a checkpoint against the model, tokenizer and teacher: the stage's record, the job's from now on
+        stage = start.confirm(stage, plan.cfg.accepted_changes)
         with lock.job_lock(plan.out):  # a second job into output_dir: UserError, nothing touched
-            return _run_locked(stage, start, record, uri)
+            return _run_locked(stage, start, uri)
     finally:
         dist.shutdown()
 
 
-def _run_locked(stage: Stage, start: resume.Resume, record: JobRecord, uri: str) -> dict[str, float]:
+def _run_locked(stage: Stage, start: resume.Resume, uri: str) -> dict[str, float]:
     """The stage in its MLflow run, from its checkpoint or from scratch (what a previous job left
     in output_dir cleared first)."""
     ckpt = start.checkpoint
     if ckpt is None:
         start.start_over(stage.rt, uri)
-    tracker, run_id = start_stage_run(stage.cfg, stage.rt, uri, StageRun(
+    tracker = start_stage_run(stage.cfg, stage.rt, uri, StageRun(
         stage.kind, stage.model_spec, stage.policy.name,
         what_ran(stage.cfg, stage.rt, stage.policy, stage.backend, stage.model_spec, stage.kind),
         resumed=ckpt is not None, resume_run_id=ckpt.run_id if ckpt else None))
-    if start.accepted:
-        _record_accepted(tracker, record, start.accepted, ckpt.step)
+    start.record_accepted(tracker, stage.record)
     gc_pause.resume_after_setup()  # the CLI paused it through set-up (runtime/gc_pause.py)
     try:
-        final = fit(stage, tracker, run_id, ckpt, record)
+        final = fit(stage, tracker, ckpt)
     except BaseException as e:
         tracker.end("KILLED" if isinstance(e, (KeyboardInterrupt, Preempted)) else "FAILED")
         raise
     tracker.end("FINISHED")
     tracker.announce(stage.cfg.tracking)
     return final
-
-
-def _record_accepted(tracker: Tracker, record: JobRecord, accepted: list[Change], step: int) -> None:
-    """A resumed job that goes on with changes says so: a warning line, a tag listing every change
-    accepted in the run's life, a param per change (MLflow keeps a param's first value: these
-    are new keys)."""
-    log.warning("resume: continuing with changed settings (accept_changes): %s; the run mixes them and is "
-                "tagged %s", "; ".join(map(str, accepted)), names.TAG_RESUMED_WITH_CHANGES)
-    tracker.set_tags({names.TAG_RESUMED_WITH_CHANGES: " | ".join(record.accepted)})
-    tracker.log_params({f"resumed_at_step_{step}.{c.key}": f"{param_value(c.old)} -> {param_value(c.new)}"
-                        for c in accepted})

@@ -1,12 +1,13 @@
 """A job settled once: the raw config and the runtime turned into a typed plan.
 
 `settle()` is the one place a job's derived values are decided, before any data or model loads:
-the world it runs on (the fallback to fewer devices: runtime/fallback.py), the precision policy,
+the world it runs on (joined here unless given: dist.init; the fallback to fewer devices:
+runtime/fallback.py), the precision policy,
 the task, every default an unset key or `auto` stands for (output_dir; with the device, the
 compile mode, the padding multiple and the loader workers; with the task and the kind of model,
 the learning rate, the epochs and length grouping; batch_size=auto's global batch), and the part
-of the job's record a resume compares that is known before anything loads (describe; the record
-itself is pipeline/job_record.py). One thing is left for later, by name: under batch_size=auto the
+of the job's record a resume compares that is known before anything loads (the record itself is
+pipeline/job_record.py). One thing is left for later, by name: under batch_size=auto the
 split of the global batch into micro-batches (Plan.find_batch), which only the built model on its
 device can measure (batch_finder.fit_batch, Plan.resplit): until then the plan holds the default
 split of that global batch, a job that runs as it is. Every later reader takes the plan:
@@ -107,8 +108,22 @@ def settle(cfg: Config, kind: str, rt: Runtime | None = None) -> Plan | None:
     planned_model = cfg.model or (task.default_model if kind == "train" else "from_teacher:")
     settled = settle_config(cfg, planned_model, task, rt.device.type, compile_policy,
                             teacher=cfg.kd.teacher if kind == "distill" else None)
-    return Plan(settled, rt, kind, task, policy, describe(settled, task, rt, policy), compile_policy,
-                find_batch=cfg.train.batch_size == "auto")
+    # the part of the job's record known before data and models load (the rest: JobRecord.built)
+    t = settled.train
+    per_rank = f"{t.batch_tokens * t.grad_accum} tokens" if t.batch_tokens else f"{t.batch_size * t.grad_accum} rows"
+    amount, unit = per_rank.split()
+    record = JobRecord(
+        # redacted as config.yaml is (no secrets in output_dir), and as JSON reads it back
+        config=json.loads(json.dumps({k: v for k, v in flatten(redact_config(settled.to_dict())).items() if v != {}},
+                                     default=str)),  # an empty mapping (model_config={}) is no key
+        global_batch=f"{int(amount) * rt.world_size} {unit}", world_size=rt.world_size,
+        backend="deepspeed" if rt.backend == "deepspeed" else "torch",
+        precision=policy.name,
+        # a file's sha256 (remembered: a warm start does not read it again) or a hub dataset's fingerprint
+        data={split: {"file": getattr(settled.data, split) or f"the built-in {task.name} {split} set",
+                      "fingerprint": features.source_identity(task, getattr(settled.data, split), split)}
+              for split in FINGERPRINTED_SPLITS})
+    return Plan(settled, rt, kind, task, policy, record, compile_policy, find_batch=cfg.train.batch_size == "auto")
 
 
 def settle_config(cfg: Config, model_spec: str, task: Task, device_type: str,
@@ -125,24 +140,6 @@ def settle_config(cfg: Config, model_spec: str, task: Task, device_type: str,
                             "group_by_length": t.group_by_length if t.group_by_length is not None
                             else task.group_by_length})
     return SettledConfig(**{**_fields(cfg), "train": train, "output_dir": default_output_dir(cfg, model_spec, teacher)})
-
-
-def describe(cfg: SettledConfig, task: Task, rt: Runtime, policy: PrecisionPolicy) -> JobRecord:
-    """The part of a job's record known before data and models load (settle makes it)."""
-    t = cfg.train
-    per_rank = f"{t.batch_tokens * t.grad_accum} tokens" if t.batch_tokens else f"{t.batch_size * t.grad_accum} rows"
-    amount, unit = per_rank.split()
-    return JobRecord(
-        # redacted as config.yaml is (no secrets in output_dir), and as JSON reads it back
-        config=json.loads(json.dumps({k: v for k, v in flatten(redact_config(cfg.to_dict())).items() if v != {}},
-                                     default=str)),  # an empty mapping (model_config={}) is no key
-        global_batch=f"{int(amount) * rt.world_size} {unit}", world_size=rt.world_size,
-        backend="deepspeed" if rt.backend == "deepspeed" else "torch",
-        precision=policy.name,
-        # a file's sha256 (remembered: a warm start does not read it again) or a hub dataset's fingerprint
-        data={split: {"file": getattr(cfg.data, split) or f"the built-in {task.name} {split} set",
-                      "fingerprint": features.source_identity(task, getattr(cfg.data, split), split)}
-              for split in FINGERPRINTED_SPLITS})
 
 
 def device_defaults(train: TrainConfig, gpu: bool, compile_policy: CompilePolicy) -> dict[str, Any]:

@@ -56,11 +56,11 @@ def what_ran(cfg: Config, rt: Runtime, policy: PrecisionPolicy, backend: Backend
     return {"params": {f"resolved.{k}": v for k, v in params.items()}, "tags": backend.extra_tags}
 
 
-def start_stage_run(cfg: Config, rt: Runtime, uri: str, run: StageRun) -> tuple[Tracker, str | None]:
+def start_stage_run(cfg: Config, rt: Runtime, uri: str, run: StageRun) -> Tracker:
     """Collective: write the resolved config.yaml, open the stage's MLflow run on rank 0 with its
     tags and params (a resumed job reopens its run and appends to its journal), and start system
     metrics on every node. Params are the config as requested plus `run.ran`'s. Returns the
-    tracker and the run id (the same on every rank; None without tracking)."""
+    tracker, its run_id the same on every rank (None without tracking)."""
     out = Path(cfg.output_dir)
     resolved = write_config(cfg, rt, uri)
     tracker = Tracker(out, active=rt.is_main, resume=run.resumed)
@@ -71,15 +71,15 @@ def start_stage_run(cfg: Config, rt: Runtime, uri: str, run: StageRun) -> tuple[
         params = {**flatten(resolved), **{k: v for k, v in run.ran.get("params", {}).items() if v is not None}}
         tracker.start(uri, cfg.tracking.experiment, run_name, tags, params, resume_run_id=run.resume_run_id)
         tracker.log_artifact(OutputDir(out).config)
-        run_id = dist.broadcast_object(tracker.run_id)
+        tracker.run_id = dist.broadcast_object(tracker.run_id)
         if cfg.tracking.system_metrics and rt.local_rank == 0:
             node = rt.rank // max(1, rt.world_size // rt.num_nodes)
-            tracker.start_system_metrics(run_id, uri, f"node{node}-{socket.gethostname()}",
+            tracker.start_system_metrics(tracker.run_id, uri, f"node{node}-{socket.gethostname()}",
                                          cfg.tracking.system_metrics_interval)
     except BaseException:  # e.g. the journal on a full disk: the run must not stay RUNNING
         tracker.end("FAILED")
         raise
-    return tracker, run_id
+    return tracker
 
 
 def write_config(cfg: Config, rt: Runtime, uri: str) -> dict[str, Any]:

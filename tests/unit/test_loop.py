@@ -132,6 +132,7 @@ class Batches:
 
 class RecordingTracker:
     def __init__(self):
+        self.run_id = None
         self.logged: list[tuple[int, dict]] = []
         self.tags: dict[str, str] = {}
 
@@ -160,7 +161,7 @@ def make_loop(tmp_path, overrides=(), applied=(), micro_batches=6, epochs=1, tot
     wrapped = backend.prepare(model, optimizer)
     losses = StepLosses(scheduler, OutputDir(tmp_path), 1, settled.train.max_nonfinite)
     return train.Loop(s, loaders, losses, wrapped, epochs, steps, AgreedFlag(), StageMeters(CPU, "fp32", 1),
-                      RecordingTracker(), None, record)
+                      RecordingTracker())
 
 
 def logged(lp, name):
