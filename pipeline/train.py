@@ -206,10 +206,9 @@ def optimizer_step(loop: Loop, group_loss: torch.Tensor, epoch_progress: float, 
 def end_epoch(loop: Loop, epoch: int) -> bool:
     """Epoch metrics, dev evaluation, the best model so far, a checkpoint; True = training is over."""
     stage, progress = loop.stage, loop.progress
-    # one collective for both: the steps' pending losses and the epoch's meters (their clocks stop)
-    losses, meters = dist.reduce_together([loop.losses.local(), loop.meters.epoch_local()])
-    loop.losses.read(progress.step, losses)  # the epoch's non-finite count is complete
-    epoch_metrics = {**loop.meters.end_epoch(meters), **loop.losses.amp_metrics(None)}
+    meters = loop.meters.end_epoch()  # the epoch's clocks stop; its figures over every rank
+    loop.losses.read(progress.step)  # the steps still pending: the epoch's non-finite count is complete
+    epoch_metrics = {**meters, **loop.losses.amp_metrics(None)}
     dev = evaluate(stage.model, loop.loaders.dev, stage.task, stage.policy, stage.rt, stage.examples["dev"],
                    stage.features["dev"], compile=stage.compile)
     loop.metrics.log_epoch(epoch_metrics, loop.losses.last_loss, dev, progress.step, epoch, loop.epochs,

@@ -258,7 +258,7 @@ class StageMeters:
 
     def epoch_local(self) -> dist.Local:
         """Ends the epoch's clocks (every training segment; evaluation comes after) and gives this
-        rank's numbers for the epoch's one collective (end_epoch takes them back reduced): work
+        rank's numbers for the epoch's collective (epoch_metrics takes them back reduced): work
         summed, time and peak memory the largest, each GPU's energy per rank (counted once by UUID)."""
         elapsed = self.throughput.stop()
         joules = self.energy.stop()
@@ -271,11 +271,14 @@ class StageMeters:
             per_rank=[float(energy.available), _uuid_key(energy.uuid), joules,
                       math.nan if energy.mean_utilization is None else energy.mean_utilization, self.gpu_key])
 
-    def end_epoch(self, reduced: dist.Reduced | None = None) -> dict:
-        """The epoch's perf/ and energy/ metrics from epoch_local()'s numbers over every rank
-        (collective when not given); adds the epoch to the totals."""
-        if reduced is None:
-            (reduced,) = dist.reduce_together([self.epoch_local()])
+    def end_epoch(self) -> dict:
+        """Collective: the epoch's clocks stopped, its perf/ and energy/ metrics over every rank."""
+        reduced = dist.reduce_local(self.epoch_local())
+        return self.epoch_metrics(reduced)
+
+    def epoch_metrics(self, reduced: dist.Reduced) -> dict:
+        """The epoch's perf/ and energy/ metrics from epoch_local()'s numbers over every rank; adds
+        the epoch to the totals."""
         totals = self.totals
         samples, tokens, padded_tokens, flops, padded_flops = reduced.sums
         elapsed, compiling, *peaks = reduced.maxes

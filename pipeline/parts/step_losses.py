@@ -62,10 +62,9 @@ class StepLosses:
         self.scheduler.step()
 
     def local(self) -> dist.Local:
-        """This rank's share of a read (one host read of every pending step), for a collective
-        shared with other parts: per step its finite loss (0 where non-finite) and a non-finite
-        flag, summed over ranks; the skip flags stay local (every rank makes the same skip
-        decision: its gradients are the all-reduced ones)."""
+        """This rank's share of a read (one host read of every pending step): per step its finite
+        loss (0 where non-finite) and a non-finite flag, summed over ranks; the skip flags stay
+        local (every rank makes the same skip decision: its gradients are the all-reduced ones)."""
         if not self._losses:  # ranks step in lockstep: all of them have none
             return dist.Local()
         losses = torch.stack(self._losses)
@@ -76,13 +75,11 @@ class StepLosses:
         self._skip_flags = values[2 * n:]
         return dist.Local(sums=values[:2 * n])
 
-    def read(self, step: int, reduced: dist.Reduced | None = None) -> None:
-        """Collective unless `reduced` (local()'s numbers over every rank, read in a collective
-        shared with other parts): the steps pending since the last read (`step` is the last of
+    def read(self, step: int) -> None:
+        """Collective, one all-gather: the steps pending since the last read (`step` is the last of
         them) into the window; the skipped ones taken back from the schedule; a streak of
         max_nonfinite non-finite losses on any rank raises Diverged, naming the last good checkpoint."""
-        if reduced is None:
-            (reduced,) = dist.reduce_together([self.local()])
+        reduced = dist.reduce_local(self.local())
         n = len(self._losses)
         first, sums, flags = step - n + 1, reduced.sums, self._skip_flags
         self._losses, self._stepped, self._skip_flags = [], [], []

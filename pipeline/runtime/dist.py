@@ -11,7 +11,7 @@ import pickle
 import signal
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
 
@@ -220,8 +220,8 @@ def all_reduce(values: list[float], op: str = "sum") -> list[float]:
 
 @dataclass(frozen=True)
 class Local:
-    """One part's host numbers for a collective shared with other parts: summed over ranks, the
-    largest over ranks, or kept per rank. Every rank gives the same counts."""
+    """A part's host numbers for one collective: summed over ranks, the largest over ranks, or kept
+    per rank. Every rank gives the same counts."""
 
     sums: list[float] = field(default_factory=list)
     maxes: list[float] = field(default_factory=list)
@@ -238,21 +238,14 @@ class Reduced:
     """Each rank's per_rank numbers, in rank order."""
 
 
-def reduce_together(parts: Sequence[Local]) -> list[Reduced]:
-    """One collective for every part at a log point: each rank's numbers all-gathered as one
-    tensor, then summed, maxed or kept per rank here; each part gets its own back, in order."""
-    flat = [float(v) for p in parts for v in (*p.sums, *p.maxes, *p.per_rank)]
+def reduce_local(local: Local) -> Reduced:
+    """One collective: every rank's numbers all-gathered as one tensor, then summed, maxed or kept
+    per rank here."""
+    flat = [float(v) for v in (*local.sums, *local.maxes, *local.per_rank)]
     rows = _all_gather_rows(flat) if flat else [[]]
-    reduced, i = [], 0
-    for p in parts:
-        sums = [sum(row[j] for row in rows) for j in range(i, i + len(p.sums))]
-        i += len(p.sums)
-        maxes = [max(row[j] for row in rows) for j in range(i, i + len(p.maxes))]
-        i += len(p.maxes)
-        per_rank = [row[i:i + len(p.per_rank)] for row in rows]
-        i += len(p.per_rank)
-        reduced.append(Reduced(sums, maxes, per_rank))
-    return reduced
+    n, m = len(local.sums), len(local.sums) + len(local.maxes)
+    return Reduced([sum(row[j] for row in rows) for j in range(n)], [max(row[j] for row in rows) for j in range(n, m)],
+                   [row[m:] for row in rows])
 
 
 def _all_gather_rows(values: list[float]) -> list[list[float]]:

@@ -118,12 +118,12 @@ def test_step_losses_are_read_and_reduced_only_at_log_boundaries(tmp_path, monke
     from pipeline.runtime import dist
 
     losses, in_epoch, reductions = [], [False], []
-    real = {"reduce": dist.reduce_together, "forward_backward": train.forward_backward, "epoch": train.train_epoch}
+    real = {"reduce": dist.reduce_local, "forward_backward": train.forward_backward, "epoch": train.train_epoch}
 
-    def counted_reduce(parts):
+    def counted_reduce(local):
         if in_epoch[0]:
-            reductions.append(len(parts))
-        return real["reduce"](parts)
+            reductions.append(local)
+        return real["reduce"](local)
 
     def recorded_forward_backward(*args):
         loss = real["forward_backward"](*args)
@@ -137,7 +137,7 @@ def test_step_losses_are_read_and_reduced_only_at_log_boundaries(tmp_path, monke
         finally:
             in_epoch[0] = False
 
-    monkeypatch.setattr(dist, "reduce_together", counted_reduce)
+    monkeypatch.setattr(dist, "reduce_local", counted_reduce)
     monkeypatch.setattr(train, "forward_backward", recorded_forward_backward)
     monkeypatch.setattr(train, "train_epoch", epoch)
     out = tmp_path / "out"
