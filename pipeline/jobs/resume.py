@@ -132,20 +132,22 @@ def decide(plan: Plan) -> Resume:
     lock.refuse_if_busy(out)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # an elastic restart resumes
     auto = plan.cfg.resume == "auto" or restarted
-    # what output_dir holds: a finished job's metrics (written last), else its newest checkpoint (one
-    # whose files match their manifest, to resume; one fully written, to keep), with that job's record
-    metrics = json.loads(out.metrics.read_text(encoding="utf-8")) if out.metrics.is_file() else None
+    # what output_dir holds: a finished job's outputs (metrics.json, written last), else its newest
+    # checkpoint (one whose files match their manifest, to resume; one fully written, to keep),
+    # with that job's record
+    finished = out.metrics.is_file()
     ckpt = None
-    if metrics is None:
+    if not finished:
         ckpt = next(reversed(checkpoint.complete(out)), None) if not auto else checkpoint.latest(out)
-    held = metrics is not None or ckpt is not None
+    held = finished or ckpt is not None
     trained = job_record.read(out.job if ckpt is None else ckpt.job) if held else None
     if auto:  # resume=auto with nothing usable starts over: there is nothing of a job to keep
+        metrics = json.loads(out.metrics.read_text(encoding="utf-8")) if finished else None
         start = Resume(out, auto=True, checkpoint=ckpt, metrics=metrics, trained=trained)
         start.compare(plan.record, plan.cfg.accepted_changes, built=False)
         return start
     if held and not plan.cfg.overwrite:  # starting over never removes another job's work
-        what = "finished outputs" if metrics is not None else "checkpoints"
+        what = "finished outputs" if finished else "checkpoints"
         found = _another_job(trained, plan.record) if trained else None
         if found != []:
             named = "no record of its job (job.json)" if found is None else "; ".join(found)
