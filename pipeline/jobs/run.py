@@ -1,12 +1,12 @@
 """One stage as a job, from the command line's config to its final metrics: build, train, close.
 
-run() settles the job into its plan (plan/settle.py), decides what it does with output_dir
-(resume.py: refused while another job holds it, finished, from a checkpoint, or over), builds
-the stage (stage.py: whatever can be the user's fault fails before any run or output exists;
-batch_finder.py under train.batch_size=auto), completes the job's record with what was built
-and confirms a checkpoint against it; then, holding the lock, it clears what a previous job left
-(Resume.start_over), opens the MLflow run and hands the stage to the loop (train.py), and closes the run
-with how the loop ended.
+run() settles the job into its plan, joining its world (plan/settle.py), decides what it does with
+output_dir (resume.py: refused while another job holds it or would lose its work, finished, from a
+checkpoint, or over), builds the stage (stage.py: whatever can be the user's fault fails before
+any run or output exists; batch_finder.py under train.batch_size=auto) and confirms a checkpoint
+against what was built (the stage's record, the job's from then on); then, holding the lock, it
+clears what a previous job left (Resume.start_over), opens the MLflow run and hands the stage to
+the loop (train.py), and closes the run with how the loop ended.
 """
 from __future__ import annotations
 
