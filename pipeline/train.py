@@ -128,8 +128,9 @@ def begin(loop: Loop) -> None:
     tags = {names.TAG_DATA_CACHE: features.cache_outcome(stage.examples["train"], stage.features),
             **({names.TAG_KD_CACHE: stage.distiller.cache_outcome} if stage.distiller else {}),
             **({names.TAG_BATCH_FIT: stage.batch_found} if stage.batch_found else {})}
-    loop.metrics.begin(stage.out, stage.backend.extra_artifacts, tags,
-                       describe_datasets(stage.cfg.data, stage.task, stage.examples))
+    # rank 0 logs the datasets: the others' would digest every dev and test example for nothing
+    datasets = describe_datasets(stage.cfg.data, stage.task, stage.examples) if stage.rt.is_main else []
+    loop.metrics.begin(stage.out, stage.backend.extra_artifacts, tags, datasets)
     loop.checkpointer.write_job()
 
 
