@@ -111,6 +111,20 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or "cpu"
 
 
+CPU_BF16_FLAGS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"))
+"""/proc/cpuinfo flag -> the bf16 hardware it names, the faster first."""
+
+
+def cpu_bf16() -> str:
+    """This CPU's bf16 matmul hardware: AMX, AVX512-BF16, or none (bf16 is then emulated, slower than fp32)."""
+    try:
+        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    return next((name for flag, name in CPU_BF16_FLAGS if flag in flags), "none")
+
+
 def environment_tags() -> dict[str, str]:
     tags = {"torch_version": torch.__version__, "python_version": sys.version.split()[0]}
     for package in ("transformers", "deepspeed", "datasets", "mlflow"):

@@ -15,6 +15,7 @@ from pipeline.names import (
     PARENT_TAG,
     TAG_BEST_REASON,
     TAG_CELL,
+    TAG_CPU_BF16,
     TAG_DEVICE_TYPE,
     TAG_ENERGY_AVAILABLE,
     TAG_FALLBACK,
@@ -37,7 +38,7 @@ from pipeline.names import (
     TEST,
     TEST_MAIN,
 )
-from pipeline.report.columns import AMP_PRECISIONS, COLUMNS, FP32_PRECISIONS, MEMORY, METRICS
+from pipeline.report.columns import AMP_PRECISIONS, COLUMNS, ENERGY_FIGURES, FP32_PRECISIONS, MEMORY, METRICS
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -45,14 +46,14 @@ if TYPE_CHECKING:
 
 ROW_COLUMNS = ["cell", "task", "model", "procedure", "stage", "seed", "precision_requested", "precision",
                "precision_mode", "role", "tables", "needs", "launcher", "status", "exit_code", "reason", "run_id",
-               "device_type", "energy_available", "main_source", "memory", "test_scores", "stalled", "best_epoch",
-               "best_reason", "output_dir", "shared_with", *COLUMNS]
+               "device_type", "cpu_bf16", "energy_available", "main_source", "memory", "test_scores", "stalled",
+               "best_epoch", "best_reason", "output_dir", "shared_with", *COLUMNS]
 """The columns of a cell row (cells.csv); stalled: why the run's predictions collapsed (its
 stall_reason tag), "" for a run that learned or was not checked; best_epoch, best_reason: the epoch
 whose model is the run's best/ (its test scores are that model's) and why it was chosen (the
 best/epoch metric and best/reason tag; parts/best_model.py); output_dir: the run's (its best/
 is what the side-by-side measurement loads); shared_with: the cells that ran at the same time on
-the same device (a study's --jobs), comma-separated."""
+the same device (a study's --jobs), comma-separated; cpu_bf16: a CPU run's bf16 hardware (its tag)."""
 
 
 def read_cells(client: MlflowClient, experiment_id: str):
@@ -124,7 +125,8 @@ def _row(client: MlflowClient, name: str, plan: dict | None, run: Run | None) ->
         "exit_code": plan.get("exit_code") if status == "failed" else (0 if status == "finished" else None),
         "reason": plan.get("reason", "") if status == "failed" else "",
         "run_id": run.info.run_id if run else plan.get("run_id"),
-        "device_type": tags.get(TAG_DEVICE_TYPE), "energy_available": tags.get(TAG_ENERGY_AVAILABLE),
+        "device_type": tags.get(TAG_DEVICE_TYPE), "cpu_bf16": tags.get(TAG_CPU_BF16, ""),
+        "energy_available": tags.get(TAG_ENERGY_AVAILABLE),
         "main_source": None, "memory": None, "test_scores": "",
         "stalled": (tags.get(TAG_STALL_REASON) or "stalled") if tags.get(TAG_STALLED) == "true" else "",
         "best_epoch": math.nan, "best_reason": tags.get(TAG_BEST_REASON, ""),
@@ -134,6 +136,7 @@ def _row(client: MlflowClient, name: str, plan: dict | None, run: Run | None) ->
     }
     if status == "finished":  # metrics of failed runs are partial: never reported
         row.update(_metrics(client, run))
+        row["cell_wall_s"] = plan.get("wall_s", math.nan)  # the runner's clock: absent for a run it did not start
     return row
 
 
@@ -162,8 +165,8 @@ def _metrics(client: MlflowClient, run: Run) -> dict:
         if metric in m:
             values.update(peak_mem_mb=m[metric], memory=kind)
             break
-    if run.data.tags.get(TAG_ENERGY_AVAILABLE) == "false":
-        values["energy_j"] = math.nan
+    if run.data.tags.get(TAG_ENERGY_AVAILABLE) == "false":  # not measurable: n/a, never the 0 a counter read
+        values.update({figure: math.nan for figure in ENERGY_FIGURES})
     # every test score but the loss, to tell two runs that predicted the same from two that differ
     scores = {k: v for k, v in sorted(m.items()) if k.startswith(TEST) and k not in (TEST_MAIN, f"{TEST}loss")}
     values["test_scores"] = json.dumps(scores) if scores else ""

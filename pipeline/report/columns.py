@@ -4,9 +4,11 @@ each table shows. Spelled once here; collect, tables, markdown and charts use th
 from __future__ import annotations
 
 from pipeline.names import (
+    AVG_POWER,
     ENERGY_JOULES,
     EPOCH_TIME,
     EXPORT_SIZE_MB,
+    GPU_UTIL,
     INFER_BATCH,
     INFER_LATENCY_P50,
     INFER_PARAMS,
@@ -27,11 +29,15 @@ from pipeline.names import (
     test_metric,
 )
 
-AMP_PRECISIONS = ("fp16", "bf16", "bf16-pure", "auto")
-FP32_PRECISIONS = ("fp32", "tf32")
+AMP_PRECISIONS = ("fp16", "bf16", "bf16-pure", "auto", "tf32")
+"""The precisions compared against fp32, each in its own pair (tf32 too: its own column, never fp32's side)."""
+FP32_PRECISIONS = ("fp32",)
 
 TEST_COLUMNS = ("precision", "recall", "f1", "map", "mrr")
 """The task metrics of the KD table: column test_NAME <- MLflow test/NAME."""
+PAPER_COLUMNS = ("accuracy", "exact")
+"""The AMP paper's other test metrics beside F1 (each task's main metric is its F1): accuracy
+(sentiment, error classification, NER) and exact match (QA); n/a where the task has none."""
 PAYOFF_PRECISION, PAYOFF_LENGTH = "fp32", "median"
 """The inference figures the payoff compares: fp32, which every stage measures on every device, at the
 test split's median length (a 16-bit stage's own precision is in its run, infer/*/bf16/...)."""
@@ -42,7 +48,9 @@ METRICS = {
     "epoch_time_s": EPOCH_TIME,
     "train_time_s": TRAIN_TIME,
     "energy_j": ENERGY_JOULES,
-    **{f"test_{name}": test_metric(name) for name in TEST_COLUMNS},
+    "gpu_util_pct": GPU_UTIL,
+    "avg_power_w": AVG_POWER,
+    **{f"test_{name}": test_metric(name) for name in (*TEST_COLUMNS, *PAPER_COLUMNS)},
     **{f"infer_{short}": metric for short, metric in (
         ("params", INFER_PARAMS), ("params_no_embed", INFER_PARAMS_NO_EMBED), ("size_mb", INFER_SIZE_MB))},
     "infer_latency_ms": infer_metric(INFER_LATENCY_P50, PAYOFF_PRECISION, PAYOFF_LENGTH),
@@ -57,14 +65,19 @@ METRICS = {
 """Report column -> MLflow metric (the main metric and peak memory are picked per run, in collect)."""
 MEMORY = {PEAK_MEM_ALLOCATED: "CUDA peak allocated", PEAK_RSS: "CPU peak RSS"}
 """The peak-memory metric a run has (the first one found) -> what the memory column says."""
-COLUMNS = ("main", "peak_mem_mb", *METRICS)
-"""Every metric column of a cell row."""
+COLUMNS = ("main", "peak_mem_mb", "cell_wall_s", *METRICS)
+"""Every metric column of a cell row; cell_wall_s: the cell's process from start to finish, as the
+study runner timed it (set-up, training, evaluation, the inference bench, saving)."""
+ENERGY_FIGURES = ("energy_j", "gpu_util_pct", "avg_power_w")
+"""NVML's figures: n/a, never 0, on a run tagged energy_available=false (a CPU run)."""
 
-AMP_COLUMNS = ("main", "peak_mem_mb", "samples_per_s", "epoch_time_s", "energy_j")
+AMP_COLUMNS = ("main", *(f"test_{name}" for name in PAPER_COLUMNS), "peak_mem_mb", "samples_per_s", "epoch_time_s",
+               "energy_j")
 """The columns of each side (FP32, AMP) of the AMP table."""
 AMP_DELTAS = ("speedup_pct", "mem_reduction_pct", "retention_pct")
 """The AMP table's comparisons of the two sides."""
-KD_SHOWN = ("train_time_s", "samples_per_s", "peak_mem_mb", "energy_j", *(f"test_{n}" for n in TEST_COLUMNS))
+KD_SHOWN = ("cell_wall_s", "train_time_s", "samples_per_s", "peak_mem_mb", "gpu_util_pct", "avg_power_w", "energy_j",
+            *(f"test_{n}" for n in TEST_COLUMNS))
 """The columns of the KD table as written (CSV and markdown)."""
 KD_COLUMNS = (*KD_SHOWN, "main")
 """The KD table's columns, with the main metric for its chart."""

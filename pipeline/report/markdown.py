@@ -7,9 +7,11 @@ from datetime import datetime, timezone
 import pandas as pd
 
 from pipeline.names import (
+    AVG_POWER,
     BEST_EPOCH,
     ENERGY_JOULES,
     EVAL_MAIN,
+    GPU_UTIL,
     LOAD_OTHERS_CPU,
     LOAD_OTHERS_GPU_UTIL,
     PEAK_MEM_ALLOCATED,
@@ -41,30 +43,82 @@ CONFOUND_NOTE = (f"- confounded: a speed comparison whose side ran while other p
                  f"{BUSY_GPU_PCT:.0f}% of its GPU (`{load_metric(LOAD_OTHERS_GPU_UTIL)}`) busy, whose sides differ "
                  "in that load by more, or that ran beside other cells on one device (`--jobs`): its difference "
                  "is partly the machine's.")
+PAPER_METRICS = {"main": "F1", "test_accuracy": "accuracy", "test_exact": "EM"}
+"""The AMP paper's metrics, each task's main metric being its F1: AMP table column -> header."""
 TEST_LABELS = ("P", "R", "F1", "MAP", "MRR")
 """The KD table's column headers of TEST_COLUMNS, in their order."""
 
 
+PAPER = {"source": "the paper (arXiv 2512.00829): RTX 4070, fp16 AMP with dynamic loss scaling, 4 tasks x 4 models",
+         "speedup_pct": 44.5, "mem_reduction_pct": 17.6, "retention_pct": 99.7}
+"""The Bangla AMP paper's headline, averaged over its task x model cells as the headline here is;
+shown beside this study's averages, labelled as the paper's (GPU figures: a CPU study is no reproduction)."""
+CPU_BF16_WORDS = {"AMX": "a CPU with AMX (bf16 matrix tiles) and AVX512-BF16",
+                  "AVX512-BF16": "a CPU with AVX512-BF16 (bf16 dot products; no AMX)",
+                  "none": "a CPU without bf16 hardware (bf16 emulated: slower than fp32 by construction)"}
+"""A CPU run's cpu_bf16 tag in words: what the AMP speed-up on that machine can be."""
+CPU_MEMORY_NOTE = ("CPU peak RSS is the whole process's and counts the bf16 copies of the weights that autocast keeps "
+                   "beside the fp32 ones; the activation memory AMP saves shows on a GPU, where the paper measured")
+
+
+def _where(rows: pd.DataFrame) -> str:
+    """" on a CPU with ..." from the rows' cpu_bf16 tags, "" on a GPU or where no run says."""
+    tags = sorted({t for v in rows.get("cpu_bf16", pd.Series(dtype=object)).dropna() for t in str(v).split("/") if t})
+    return "".join(f" on {CPU_BF16_WORDS.get(t, t)}" for t in tags[:1]) + (
+        f" (and {', '.join(tags[1:])})" if len(tags) > 1 else "")
+
+
+def averages(amp: pd.DataFrame) -> pd.DataFrame:
+    """Speed-up, memory reduction and retention averaged over the task x model cells per AMP
+    precision requested (pairs whose sides resolved to one precision left out of speed and memory),
+    and the paper's row beside them."""
+    rows = []
+    ok = amp.dropna(subset=["retention_pct"]) if not amp.empty else amp
+    for requested, g in ok.groupby("amp_requested", sort=False) if not ok.empty else ():
+        compared = g[~g.same_precision.astype(bool)]
+        rows.append({"": f"this study: {requested} vs fp32", "cells": len(g),
+                     "speed-up": _pct(compared.speedup_pct.mean()) if len(compared) else SAME,
+                     "memory reduction": _pct(compared.mem_reduction_pct.mean()) if len(compared) else SAME,
+                     "F1 retention": f"{g.retention_pct.mean():.1f}%",
+                     "memory": "/".join(sorted(set(g.memory) - {""})) or "peak memory",
+                     "where": ("GPU" if not _where(g) else _where(g).removeprefix(" on "))})
+    rows.append({"": PAPER["source"], "cells": 16, "speed-up": f"{PAPER['speedup_pct']:+.1f}%",
+                 "memory reduction": f"{PAPER['mem_reduction_pct']:+.1f}%",
+                 "F1 retention": f"{PAPER['retention_pct']:.1f}%", "memory": "GPU memory", "where": "RTX 4070 12 GB"})
+    return pd.DataFrame(rows)
+
+
+SAME = "same precision: nothing to compare"
+
+
 def headline(amp: pd.DataFrame) -> str:
-    """Speed and memory averaged over the matrix in one sentence (the scores are compared pair
-    by pair, against the seed spread: amp_sentence). Pairs whose sides resolved to one precision
-    have nothing to compare and are left out of the averages; a speed-up measured on a machine busy
-    with other work (confound.py) is called confounded in the sentence itself."""
+    """Speed, memory and retention averaged over the matrix, one sentence per AMP precision (the
+    scores are compared pair by pair, against the seed spread: amp_sentence). Pairs whose sides
+    resolved to one precision have nothing to compare and are left out of the speed and memory
+    averages; a speed-up measured on a machine busy with other work (confound.py) is called
+    confounded in the sentence itself; a CPU run names its bf16 hardware and what its memory measures."""
     if amp.empty:
         return "No FP32/AMP pairs in this study."
-    ok = amp.dropna(subset=list(AMP_DELTAS))
+    ok = amp.dropna(subset=list(AMP_DELTAS), how="all").dropna(subset=["retention_pct"])
     if ok.empty:
         return f"No task x model cell has both an FP32 and an AMP run that finished ({len(amp)} planned)."
     left_out = f" ({len(amp) - len(ok)} more failed or are missing)" if len(ok) < len(amp) else ""
+    groups = ok.groupby("amp_requested", sort=False) if "amp_requested" in ok else [("", ok)]
+    return " ".join(_headline(g, left_out) for _, g in groups)
+
+
+def _headline(ok: pd.DataFrame, left_out: str) -> str:
     same = ok[ok.same_precision.astype(bool)] if "same_precision" in ok else ok.iloc[:0]
     compared = ok.drop(same.index)
+    where = _where(ok)
     if compared.empty:  # precision=auto on a device with neither bf16 nor fp16: no AMP ran
         ran = "/".join(sorted(set(same.amp_precision)))
-        return (f"AMP resolved to {ran} in every cell{left_out} (precision=auto on a device without bf16 or fp16): "
-                f"both sides ran {ran}, so there is nothing to compare: no AMP speed-up, no memory saving.")
-    s, m = compared.speedup_pct.mean(), compared.mem_reduction_pct.mean()
+        return (f"AMP resolved to {ran} in every cell{left_out}{where} (precision=auto on a device without bf16 or "
+                f"fp16): both sides ran {ran}, so there is nothing to compare: no AMP speed-up, no memory saving.")
+    s, m, kept = compared.speedup_pct.mean(), compared.mem_reduction_pct.mean(), ok.retention_pct.mean()
     precisions = "/".join(sorted(set("/".join(compared.amp_precision).split("/"))))
-    memory = "/".join(sorted(set(compared.memory) - {""})) or "peak memory"
+    memories = sorted(set(compared.memory) - {""})
+    memory = "/".join(memories) or "peak memory"
     n = len(compared)
     busy = compared[compared.speed_confounded.fillna("") != ""] if "speed_confounded" in compared else compared.iloc[:0]
     confound = "" if busy.empty else (
@@ -75,10 +129,11 @@ def headline(amp: pd.DataFrame) -> str:
         f"; {len(same)} more ran one precision on both sides ("
         + ", ".join(f"{r.task} / {r.model}: {r.amp_precision}" for r in same.itertuples())
         + "): nothing to compare there")
-    return (f"Averaged over {n} task x model cell{'s' if n != 1 else ''}{left_out}, AMP ({precisions}) "
+    cpu_memory = f" ({CPU_MEMORY_NOTE})" if "CPU peak RSS" in memories else ""
+    return (f"Averaged over {n} task x model cell{'s' if n != 1 else ''}{left_out}{where}, AMP ({precisions}) "
             f"trained {abs(s):.1f}% {'faster' if s >= 0 else 'slower'} than FP32 (samples/s){confound}, used "
-            f"{abs(m):.1f}% {'less' if m >= 0 else 'more'} peak memory ({memory}){same_note}; the scores, pair by "
-            "pair, are below the table.")
+            f"{abs(m):.1f}% {'less' if m >= 0 else 'more'} peak memory ({memory}){cpu_memory} and kept {kept:.1f}% of "
+            f"FP32's F1{same_note}; the scores, pair by pair, are below the table.")
 
 
 def _fmt(value: float | str, std: float | None = math.nan, digits: int = 2) -> str:
@@ -115,6 +170,11 @@ def _pct(value: float | str, spread: float = math.nan, beyond: str = "") -> str:
 def _stalled_runs(fp32: int, amp: int) -> str:
     """"FP32 1, AMP 0": stalled runs per side, or "" where none stalled."""
     return f"FP32 {fp32}, AMP {amp}" if fp32 or amp else ""
+
+
+def _measured(shown: pd.DataFrame, column: str) -> bool:
+    """Some row of either side has a number in the column (a study without QA shows no EM)."""
+    return any(not isinstance(v, str) for side in ("fp32", "amp") for v in shown[f"{side}_{column}"])
 
 
 def md_table(df: pd.DataFrame) -> str:
@@ -154,9 +214,10 @@ def _amp_section(amp: pd.DataFrame, charts: list[str], findings: list[str]) -> l
     shown = amp_display(amp)
     table = pd.DataFrame({
         "task": shown.task, "model": shown.model,
-        "FP32 main": [_fmt(v, s, 4) for v, s in zip(shown.fp32_main, shown.fp32_main_std)],
-        "AMP main": [_fmt(v, s, 4) for v, s in zip(shown.amp_main, shown.amp_main_std)],
         "AMP precision": shown.amp_precision,
+        **{f"{side} {label}": [_fmt(v, s, 4) for v, s in zip(shown[f"{p}_{col}"], shown[f"{p}_{col}_std"])]
+           for col, label in PAPER_METRICS.items() if col == "main" or _measured(shown, col)
+           for side, p in (("FP32", "fp32"), ("AMP", "amp"))},
         "FP32 peak MB": [_fmt(v, s, 1) for v, s in zip(shown.fp32_peak_mem_mb, shown.fp32_peak_mem_mb_std)],
         "AMP peak MB": [_fmt(v, s, 1) for v, s in zip(shown.amp_peak_mem_mb, shown.amp_peak_mem_mb_std)],
         "memory": shown.memory,
@@ -179,10 +240,14 @@ def _amp_section(amp: pd.DataFrame, charts: list[str], findings: list[str]) -> l
     })
     if (shown.procedure != "train").any():
         table.insert(2, "procedure", shown.procedure)
-    lines = ["## AMP vs FP32", "", f"**{headline(amp)}**", "", md_table(table), "",
+    lines = ["## AMP vs FP32", "", f"**{headline(amp)}**", "", md_table(averages(amp)), "",
+             "Averages over the task x model cells (a cell: one task and model, its seeds' means), as the paper "
+             "averages; the last row is the paper's own figures, not measured here.", "", md_table(table), "",
              *[f"- {line}" for line in findings], "",
-             f"- main: the task's main metric on the test split with the best dev checkpoint (`{TEST_MAIN}`; "
-             f"`{EVAL_MAIN}`, the best dev epoch, where a run has no test metrics).",
+             f"- F1: the task's main metric on the test split with the best dev checkpoint (`{TEST_MAIN}`: macro-F1 "
+             f"for sentiment and error classification, entity F1 for NER, token F1 for QA; `{EVAL_MAIN}`, the best dev "
+             f"epoch, where a run has no test metrics); accuracy: `{test_metric('accuracy')}`; EM: exact match, "
+             f"`{test_metric('exact')}` (QA); a column shows where some task has the metric, n/a where a task has not.",
              f"- peak memory: `{PEAK_MEM_ALLOCATED}` on CUDA, `{PEAK_RSS}` (process peak RSS) on CPU; "
              "the memory column says which.",
              "- speed-up = AMP samples/s / FP32 samples/s - 1; memory reduction = 1 - AMP peak / FP32 peak "
@@ -219,11 +284,13 @@ def _kd_section(kd: pd.DataFrame, charts: list[str], findings: list[str], payoff
     table = pd.DataFrame({
         "task": shown.task, "procedure": shown.procedure, "stage": shown.stage, "model": shown.model,
         "precision": shown.precision, "launcher": shown.launcher,
-        "wall time s": [_fmt(v, s, 2) for v, s in zip(shown.train_time_s, shown.train_time_s_std)],
-        "samples/s": [_fmt(v, s, 1) for v, s in zip(shown.samples_per_s, shown.samples_per_s_std)],
-        "peak MB": [_fmt(v, s, 1) for v, s in zip(shown.peak_mem_mb, shown.peak_mem_mb_std)],
+        **{label: [_fmt(v, s, digits) for v, s in zip(shown[col], shown[f"{col}_std"])]
+           for col, label, digits in (("cell_wall_s", "total time s", 1), ("train_time_s", "training s", 2),
+                                      ("samples_per_s", "samples/s", 1), ("peak_mem_mb", "peak MB", 1))},
         "memory": shown.memory,
-        "energy J": [_fmt(v, s, 1) for v, s in zip(shown.energy_j, shown.energy_j_std)],
+        **{label: [_fmt(v, s, 1) for v, s in zip(shown[col], shown[f"{col}_std"])]
+           for col, label in (("gpu_util_pct", "GPU util %"), ("avg_power_w", "avg power W"),
+                              ("energy_j", "energy J"))},
         **{label: [_fmt(v, s, 4) for v, s in zip(shown[f"test_{k}"], shown[f"test_{k}_std"])]
            for label, k in zip(TEST_LABELS, TEST_COLUMNS)},
         "stalled runs": [str(n) if n else "" for n in kd.stalled],
@@ -231,7 +298,10 @@ def _kd_section(kd: pd.DataFrame, charts: list[str], findings: list[str], payoff
     })
     lines = ["## Knowledge distillation procedures", "", *_payoff_lines(payoff, charts, side), md_table(table), "",
              *[f"- {line}" for line in findings], "",
-             f"- wall time: `{TRAIN_TIME}` (training steps only); P/R/F1: `{test_metric('precision')}`, "
+             "- total time: the cell's process from start to finish as the study runner timed it (set-up, "
+             f"training, evaluation, inference bench, saving: the thesis's total time); training: `{TRAIN_TIME}` "
+             f"(training steps only); GPU util, avg power, energy: `{GPU_UTIL}`, `{AVG_POWER}`, `{ENERGY_JOULES}` "
+             "(NVML; n/a on a CPU or where NVML has no counter, never 0); P/R/F1: `{test_metric('precision')}`, "
              f"`{test_metric('recall')}`, `{test_metric('f1')}` (the positive class for WikiQA); MAP/MRR: "
              f"`{test_metric('map')}`, `{test_metric('mrr')}`; n/a where the task has no such metric.", CONFOUND_NOTE,
              STALLED_NOTE, ""]

@@ -8,7 +8,15 @@ import math
 
 import pandas as pd
 
-from pipeline.report.columns import AMP_COLUMNS, AMP_DELTAS, COLUMNS, KD_COLUMNS, KD_SHOWN, SPREAD_COLUMNS
+from pipeline.report.columns import (
+    AMP_COLUMNS,
+    AMP_DELTAS,
+    COLUMNS,
+    ENERGY_FIGURES,
+    KD_COLUMNS,
+    KD_SHOWN,
+    SPREAD_COLUMNS,
+)
 from pipeline.report.compare import Comparison, amp_pairs, comparisons, difference, identical_scores, ratio, stalled
 from pipeline.report.confound import confounded
 
@@ -52,7 +60,9 @@ def amp_table(cells: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (task, model, procedure), fp32, amp in amp_pairs(cells):
         f, a = _aggregate(fp32), _aggregate(amp)
-        row = {"task": task, "model": model, "procedure": procedure, "memory": f["memory"] or a["memory"]}
+        row = {"task": task, "model": model, "procedure": procedure, "memory": f["memory"] or a["memory"],
+               "amp_requested": "/".join(dict.fromkeys(amp.precision_requested.map(str))),
+               "cpu_bf16": "/".join(sorted(set(pd.concat([fp32, amp]).cpu_bf16.dropna().map(str)) - {""}))}
         for prefix, agg in (("fp32", f), ("amp", a)):
             row.update({f"{prefix}_status": agg["status"], f"{prefix}_precision": agg["precision"],
                         f"{prefix}_seeds": f"{agg['n']}/{agg['of']}", f"{prefix}_energy_na": agg["energy_na"]})
@@ -77,10 +87,13 @@ def amp_table(cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def kd_table(cells: pd.DataFrame) -> pd.DataFrame:
-    """One row per procedure (per task): time, throughput, memory, energy, P/R/F1, MAP/MRR."""
+    """One row per procedure and precision (per task), as the KD thesis compares its procedures:
+    the cell's wall time from start to finish, training time, throughput, memory, GPU utilisation,
+    average power, energy, P/R/F1, MAP/MRR. A procedure run in several precisions is one row each."""
     rows = []
     sub = cells[cells.tables.str.contains("kd")]
-    for (task, procedure), g in sub.groupby(["task", "procedure"], sort=False, dropna=False):
+    groups = sub.groupby(["task", "procedure", "precision_requested"], sort=False, dropna=False)
+    for (task, procedure, _requested), g in groups:
         agg = _aggregate(g)
         row = {"task": task, "procedure": procedure, "stage": "/".join(sorted(set(g.stage.dropna()))),
                "model": "/".join(dict.fromkeys(g.model.dropna())), "precision": agg["precision"],
@@ -117,6 +130,7 @@ SEED_COLUMNS = ["comparison", "metric", "reference_n", "reference_mean", "refere
 
 
 def _value(agg_status: str, value: float, energy_na: bool = False, energy: bool = False):
+    """A figure as written: the status where the runs did not finish, n/a where nothing measured it."""
     if agg_status != "ok":
         return agg_status  # failed | missing | running
     if energy and energy_na:
@@ -128,11 +142,12 @@ def amp_display(amp: pd.DataFrame) -> pd.DataFrame:
     """The AMP table as written to CSV: numbers where measured, else failed / missing / n/a."""
     if amp.empty:
         return amp
-    out = amp[["task", "model", "procedure", "memory", "fp32_precision", "amp_precision", "fp32_seeds",
-               "amp_seeds"]].copy()
+    out = amp[["task", "model", "procedure", "memory", "cpu_bf16", "fp32_precision", "amp_requested", "amp_precision",
+               "fp32_seeds", "amp_seeds"]].copy()
     for col in AMP_COLUMNS:
         for p in ("fp32", "amp"):
-            out[f"{p}_{col}"] = [_value(r[f"{p}_status"], r[f"{p}_{col}"], r[f"{p}_energy_na"], col == "energy_j")
+            out[f"{p}_{col}"] = [_value(r[f"{p}_status"], r[f"{p}_{col}"], r[f"{p}_energy_na"],
+                                       col in ENERGY_FIGURES)
                                  for _, r in amp.iterrows()]
             out[f"{p}_{col}_std"] = [r[f"{p}_{col}_std"] if r[f"{p}_status"] == "ok" else None
                                      for _, r in amp.iterrows()]
@@ -159,7 +174,7 @@ def kd_display(kd: pd.DataFrame) -> pd.DataFrame:
         return kd
     out = kd[["task", "procedure", "stage", "model", "precision", "launcher", "memory", "status", "seeds"]].copy()
     for col in KD_SHOWN:
-        out[col] = [_value(r.status, r[col], r.energy_na, col == "energy_j") for _, r in kd.iterrows()]
+        out[col] = [_value(r.status, r[col], r.energy_na, col in ENERGY_FIGURES) for _, r in kd.iterrows()]
         out[f"{col}_std"] = [r[f"{col}_std"] if r.status == "ok" else None for _, r in kd.iterrows()]
     return out
 

@@ -107,6 +107,8 @@ def run_tags(cfg: Config, rt: Runtime, run: StageRun) -> dict[str, object]:
         names.TAG_SOURCE_NAME: f"python -m pipeline {run.kind}", names.TAG_SOURCE_TYPE: "LOCAL",
         **telemetry.environment_tags(), **run.ran.get("tags", {}), **cfg.tracking.tags,
     }
+    if rt.device.type == "cpu":
+        tags[names.TAG_CPU_BF16] = telemetry.cpu_bf16()
     if cfg.tracking.parent_run_id:
         tags[names.TAG_PARENT_RUN] = cfg.tracking.parent_run_id
     return tags
