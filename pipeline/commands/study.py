@@ -1,5 +1,6 @@
 """`python -m pipeline study STUDY.yaml [--jobs N] [--executor local|slurm] [--dry-run] [--report-only]
-[key=value ...]`: a matrix of stages run (pipeline/study/, whose docstring describes the study file)."""
+[key=value | PROCEDURE:key=value ...]`: a matrix of stages run (pipeline/study/, whose docstring describes
+the study file)."""
 from __future__ import annotations
 
 import argparse
@@ -11,7 +12,8 @@ from pipeline.study import dry_run, load_study, report_only, run_study
 def main(args: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline study")
     parser.add_argument("study", help="study file (YAML); see launch/studies/")
-    parser.add_argument("overrides", nargs="*", help="key=value applied to every cell (after the study file's)")
+    parser.add_argument("overrides", nargs="*", help="key=value applied to every cell (after the study file's); "
+                        "PROCEDURE:key=value to that procedure's cells alone (teacher:model=bert-base-uncased)")
     parser.add_argument("--dry-run", action="store_true", help="print the cells and their commands; run nothing")
     parser.add_argument("--jobs", type=int, default=None,
                         help="cells at once on this node (default: one per visible GPU; 1 without GPUs)")

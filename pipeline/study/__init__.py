@@ -1,5 +1,5 @@
 """A study: a matrix of stages run as processes (`python -m pipeline study STUDY.yaml [--jobs N]
-[--executor local|slurm] [--dry-run] [key=value ...]`, pipeline/commands/study.py).
+[--executor local|slurm] [--dry-run] [key=value | PROCEDURE:key=value ...]`, pipeline/commands/study.py).
 
 Every cell of the matrix is one stage (`train` or `distill`) in its own process, started
 through its launcher (none, torchrun, deepspeed), logged as a child of the study's one MLflow
@@ -52,7 +52,9 @@ and if it failed the dependent cell is recorded as failed without running.
 
 Overrides apply in this order (a later one wins): config file, study overrides, block
 overrides, task, model, precision, seed, procedure, launcher (backend=deepspeed ...),
-command-line overrides, and last the runner's own (output_dir, tracking.*).
+command-line overrides (key=value: every cell; PROCEDURE:key=value: that procedure's cells, e.g.
+`teacher:model=bert-base-uncased` changes the teacher and not its students), and last the
+runner's own (output_dir, tracking.*).
 
 Which report table a cell feeds: the AMP table (FP32 vs AMP per task x model) when its block
 has two or more precisions; the KD table (per procedure) when its block has a procedures axis.

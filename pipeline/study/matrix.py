@@ -35,7 +35,7 @@ def plan_cells(study: Study) -> list[Cell]:
                     overrides += axes[axis][values[axis]]
             overrides += proc.overrides + (axes["procedures"][proc.name] if "procedures" in axes else [])
             overrides += [(o, f"procedures.{proc.name}.launcher") for o in launcher.overrides()]
-            overrides += study.extra
+            overrides += study.extra + study.scoped.get(proc.name, [])
             name = _cell_name(values) or proc.name
             if any(c.name == name for c in cells):
                 name = f"{name}-{block.index}"

@@ -74,13 +74,35 @@ def _study(path: Path, raw: object, extra: list[str]) -> Study:
     for key in ("output_root", "report_dir"):
         if raw.get(key) is not None and not isinstance(raw[key], str):
             raise study_error(path, key, "expected a path")
+    plain, scoped = _command_line(path, extra, procedures)
     return Study(
         name=name, path=path, config=config,
         overrides=_overrides(path, raw.get("overrides"), "overrides"),
-        extra=[(_check_override(path, a, "command line"), "command line") for a in extra],
+        extra=plain, scoped=scoped,
         launcher=_launcher(path, raw.get("launcher"), "launcher"), procedures=procedures, blocks=blocks,
         output_root=Path(raw.get("output_root") or "outputs"),
         report_dir=Path(raw.get("report_dir") or f"reports/{name}"), slurm=_slurm(path, raw.get("slurm")))
+
+
+def _command_line(path: Path, extra: list[str], procedures: dict[str, Procedure]
+                  ) -> tuple[list[tuple[str, str]], dict[str, list[tuple[str, str]]]]:
+    """The command line's overrides: key=value for every cell, PROCEDURE:key=value for the cells of
+    one procedure (the teacher's model alone, say), applied last."""
+    plain: list[tuple[str, str]] = []
+    scoped: dict[str, list[tuple[str, str]]] = {}
+    for item in extra:
+        text = _check_override(path, item, "command line")
+        key, _, _ = text.partition("=")
+        if ":" not in key:
+            plain.append((text, "command line"))
+            continue
+        procedure, _, override = text.partition(":")
+        if procedure not in procedures:
+            raise study_error(path, "command line", f"{text}: no procedure {procedure!r} in the study (declared: "
+                              f"{', '.join(procedures) or 'none'}); PROCEDURE:key=value changes that procedure's cells")
+        scoped.setdefault(procedure, []).append((_check_override(path, override, "command line"),
+                                                 f"command line ({procedure})"))
+    return plain, scoped
 
 
 def _slurm(path: Path, raw: object) -> SlurmSettings:

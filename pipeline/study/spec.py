@@ -121,6 +121,8 @@ class Study:
     overrides: list[tuple[str, str]]
     extra: list[tuple[str, str]]
     """Command-line overrides: applied to every cell after the study file's own."""
+    scoped: dict[str, list[tuple[str, str]]]
+    """Command-line PROCEDURE:key=value overrides: procedure -> its cells' overrides, applied last."""
     launcher: Launcher
     procedures: dict[str, Procedure]
     blocks: list[Block]

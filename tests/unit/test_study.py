@@ -97,8 +97,53 @@ def test_a_procedure_that_exports_runs_the_export_after_its_stage(tmp_path, caps
 
 
 def test_shipped_study_files_plan(capsys):
-    sizes = {"demo.yaml": 12, "demo-gpu.yaml": 4, "wikiqa_kd.yaml": 12, "bangla_amp.yaml": 96}
+    sizes = {"demo.yaml": 12, "demo-gpu.yaml": 4, "wikiqa_kd.yaml": 12, "bangla_amp.yaml": 144}
     for name, n in sizes.items():
         code, out = _cli(["study", ROOT / "launch" / "studies" / name, "--dry-run"], capsys)
         assert code == 0, out.err
         assert out.out.startswith(f"study {name[:-5]}: {n} cells")
+
+
+def _cell_commands(out: str) -> dict[str, str]:
+    """A dry run's listing: cell name -> its command line."""
+    return dict(re.findall(r"^- (\S+)\n    (.+)$", out, re.M))
+
+
+def test_bangla_amp_is_the_papers_experiment(capsys):
+    """FP32 against the paper's fp16 AMP (and bf16 as a third arm), Table I's sentiment row as given
+    (lr 5e-5, batch 16, 3 epochs), and every other setting's source named in the file."""
+    path = ROOT / "launch" / "studies" / "bangla_amp.yaml"
+    code, out = _cli(["study", path, "--dry-run"], capsys)
+    assert code == 0, out.err
+    cells = _cell_commands(out.out)
+    sentiment = {name: cmd for name, cmd in cells.items() if name.startswith("sentiment-banglabert-")}
+    assert {re.search(r" precision=(\S+)", cmd).group(1) for cmd in sentiment.values()} == {"fp32", "fp16", "bf16"}
+    for cmd in sentiment.values():
+        settings = dict(re.findall(r" (train\.(?:lr|batch_size|epochs))=(\S+)", cmd))
+        assert settings == {"train.lr": "5e-5", "train.batch_size": "16", "train.epochs": "3"}, cmd
+    text = path.read_text()
+    assert "Table I" in text and "chosen here" in text
+    for task in ("sentiment", "ner", "error_cls", "qa"):  # each task's settings say where they come from
+        assert re.search(rf"^#   {task}\s+lr ", text, re.M), task
+
+
+def test_one_procedures_cells_change_from_the_command_line(capsys):
+    """PROCEDURE:key=value changes that procedure's cells alone: the thesis's BERT teacher without
+    touching its students; a procedure the study lacks is one line, exit 2."""
+    path = ROOT / "launch" / "studies" / "wikiqa_kd.yaml"
+    code, out = _cli(["study", path, "--dry-run", "teacher:model=bert-base-uncased", "train.epochs=1"], capsys)
+    assert code == 0, out.err
+    cells = _cell_commands(out.out)
+    assert len(cells) == 12
+    for name, cmd in cells.items():
+        assert "train.epochs=1" in cmd
+        models = re.findall(r" model=(\S+)", cmd)
+        if "-teacher-" in name:
+            assert models[-1] == "bert-base-uncased", cmd
+        else:
+            assert "bert-base-uncased" not in cmd, cmd
+    code, out = _cli(["study", path, "--dry-run", "teachr:model=bert-base-uncased"], capsys)
+    assert code == 2
+    assert out.err.strip().splitlines() == [
+        f"error: {path}: command line: teachr:model=bert-base-uncased: no procedure 'teachr' in the study (declared: "
+        "teacher, baseline, kd_fp32, kd_amp); PROCEDURE:key=value changes that procedure's cells"]
