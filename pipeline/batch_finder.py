@@ -80,6 +80,37 @@ def fit_batch(stage: Stage) -> Stage:
     return stage.resplit(found.batch_size, found.grad_accum, found.eval_batch_size, found.describe())
 
 
+def check_batch(stage: Stage) -> Stage:
+    """train.memory_limit_mb with a fixed micro-batch on a CPU: the cap a GPU's allocator enforces
+    in every step, emulated once before any run or output exists: one training step at
+    train.batch_size of the longest training rows, its tensors counted against the cap
+    (measure/memory.py). Past it, torch.OutOfMemoryError, as a capped GPU raises in its first
+    step (the CLI's one line, exit 1); else the stage with the step's peak in its batch_fit tag.
+    The memory-ceiling study's batch ladder runs its rungs on a CPU so."""
+    cfg, device = stage.cfg, stage.rt.device
+    rows = stage.features["train"]
+    lengths = features.sequence_lengths(rows)
+    longest = rows[max(range(len(lengths)), key=lengths.__getitem__)]
+    collate = shaped_collate(stage.task.collator(stage.tokenizer), cfg.train, stage.tokenizer.pad_token_id)
+    capacity = memory.capacity(device, cfg.train.memory_limit_mb) - stage.backend.standing_bytes(stage.model)
+    saved = {k: v.detach().to("cpu", copy=True) for k, v in stage.model.state_dict().items()}
+    with torch.random.fork_rng(devices=[]):
+        try:
+            peak = _trial(stage, collate([longest] * cfg.train.batch_size), None, capacity)
+        finally:
+            stage.model.load_state_dict(saved)
+    what = f"train.batch_size={cfg.train.batch_size} at {max(lengths)} tokens under train.memory_limit_mb=" \
+           f"{cfg.train.memory_limit_mb}"
+    if peak is None:
+        raise torch.OutOfMemoryError(f"{what}: one training step needs more (the cap emulated on a CPU: "
+                                     "the step's tensors counted)")
+    found = (f"micro-batch {cfg.train.batch_size} x grad_accum {cfg.train.grad_accum} (peak {peak / memory.MIB:.0f} "
+             f"MiB), of {capacity / memory.MIB:.0f} MiB (emulated cap)")
+    if stage.rt.is_main:
+        log.info("%s: fits (one step peaks at %.0f MiB, emulated on a CPU)", what, peak / memory.MIB)
+    return stage.resplit(cfg.train.batch_size, cfg.train.grad_accum, cfg.train.eval_batch_size, found)
+
+
 def _trial(stage: Stage, batch: dict, one_row: dict | None, limit: int) -> int | None:
     """A trial's peak bytes (a training step at `batch`, or with `one_row` a forward pass at `batch`
     after a step at one_row), or None when it ran out of memory. The trial's tensors (its optimizer

@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
         return 2
     except Exception as e:
-        full = str(e) if isinstance(e, MachineError) else _disk_full(e)
+        full = str(e) if isinstance(e, MachineError) else _disk_full(e) or _out_of_memory(e)
         if full is not None:  # the environment failed, not the input: exit 1, but one line
             if rank == 0:
                 print(f"error: {full}", file=sys.stderr)
@@ -74,6 +74,14 @@ def main(argv: list[str] | None = None) -> int:
             raise
         logging.getLogger("pipeline").warning("preempted: %s; continue with resume=auto", e)
         return 143  # 128 + SIGTERM, what schedulers expect of a job that stopped on TERM
+
+
+def _out_of_memory(error: BaseException) -> str | None:
+    """The one-line message for a device out of memory (torch.OutOfMemoryError, named without
+    importing torch), else None: the memory ceiling's rungs that do not fit end on it."""
+    if type(error).__name__ != "OutOfMemoryError":
+        return None
+    return "out of memory: " + (str(error).strip().splitlines() or ["(no message)"])[0]
 
 
 def _disk_full(error: BaseException) -> str | None:

@@ -63,7 +63,9 @@ class TrainConfig:
     memory_limit_mb: int | None = None
     """Treat the device as having this many MiB: on a GPU the allocator refuses more for the whole
     job (torch.cuda.set_per_process_memory_fraction), so a large card behaves as a small one; on a
-    CPU the limit batch_size=auto's trials count tensors against. Unset: the device's own."""
+    CPU the limit batch_size=auto's trials count tensors against, and with a fixed batch_size one
+    training step at the longest rows is counted before the job starts (out of memory past it, as
+    a capped GPU). Unset: the device's own."""
     grad_accum: int = 1
     """Micro-batches per optimizer step; gradients are all-reduced only on the last one."""
     lr: float | None = None

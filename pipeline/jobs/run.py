@@ -3,7 +3,8 @@
 run() settles the job into its plan, joining its world (plan/settle.py), decides what it does with
 output_dir (resume.py: refused while another job holds it or would lose its work, finished, from a
 checkpoint, or over), builds the stage (stage.py: whatever can be the user's fault fails before
-any run or output exists; batch_finder.py under train.batch_size=auto) and confirms a checkpoint
+any run or output exists; batch_finder.py under train.batch_size=auto, or the memory cap emulated
+on a CPU) and confirms a checkpoint
 against what was built (the stage's record, the job's from then on); then, holding the lock, it
 clears what a previous job left (Resume.start_over), opens the MLflow run and hands the stage to
 the loop (train.py), and closes the run with how the loop ended.
@@ -43,6 +44,8 @@ def run(cfg: Config, kind: str = "train") -> dict[str, float]:
         stage = build_stage(plan)
         if plan.find_batch:
             stage = batch_finder.fit_batch(stage)
+        elif plan.cfg.train.memory_limit_mb is not None and plan.rt.device.type == "cpu":
+            stage = batch_finder.check_batch(stage)  # a GPU's allocator enforces the cap itself
         # a checkpoint against the model, tokenizer and teacher: the stage's record, the job's from now on
         stage = start.confirm(stage, plan.cfg.accepted_changes)
         with lock.job_lock(plan.out):  # a second job into output_dir: UserError, nothing touched

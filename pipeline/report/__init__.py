@@ -6,6 +6,8 @@ each ended; the child runs hold the metrics) and writes to reports/NAME/:
   metric retention ± the seed spread, speed and memory averaged in one sentence), the KD table
   (per procedure), each finding in words with its uncertainty (compare, verdicts), the seed
   statistics, the cells and their outcomes, the charts;
+- ceiling_table.csv: the memory ceiling (ceiling.py: per precision, each batch size's rung fits or
+  runs out of memory under the cap, and the batch finder's largest micro-batch), where a study has one;
 - amp_table.csv, kd_table.csv, payoff.csv (each student and the baseline against the teacher at
   inference: payoff.py), seed_stats.csv, cells.csv (one row per cell, raw metrics);
 - side_by_side.json: where a study has a KD section, its models' best/ timed side by side in this
@@ -20,7 +22,7 @@ a metric a run could not measure (energy on a CPU) shows as "n/a".
 May import: everything below the report layer except stage and train (it reads MLflow, never a
 running job); it imports tracking and the task registry.
 
-Inside, lowest first: columns compare confound | cells charts side_by_side tables training_speed verdicts |
+Inside, lowest first: columns compare confound | ceiling cells charts side_by_side tables training_speed verdicts |
 payoff | markdown
 """
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 
 from pipeline.errors import UserError
 from pipeline.report import side_by_side
+from pipeline.report.ceiling import ceiling_table
 from pipeline.report.cells import read_cells
 from pipeline.report.charts import plot_amp, plot_kd
 from pipeline.report.compare import comparisons
@@ -58,7 +61,10 @@ def write_report(uri: str, experiment: str, out: str | Path | None = None, timin
     out.mkdir(parents=True, exist_ok=True)
     side = _side_by_side(cells, out, timing, device)
     amp, kd, stats, payoff = amp_table(cells), kd_table(cells), seed_stats(cells), payoff_table(cells, side)
+    ceiling = ceiling_table(cells)
     cells.to_csv(out / "cells.csv", index=False)
+    if not ceiling.empty:
+        ceiling.to_csv(out / "ceiling_table.csv", index=False)
     amp_display(amp).to_csv(out / "amp_table.csv", index=False)
     kd_display(kd).to_csv(out / "kd_table.csv", index=False)
     stats.to_csv(out / "seed_stats.csv", index=False)
@@ -66,7 +72,7 @@ def write_report(uri: str, experiment: str, out: str | Path | None = None, timin
     charts = (plot_amp(amp, out) + plot_kd(kd, out, comparisons(cells) if not cells.empty else [])
               + plot_payoff(payoff, out))
     text = render(experiment, redact(uri), parent.info.run_id if parent else None, cells, amp, kd, stats, charts,
-                  payoff, side)
+                  payoff, side, ceiling)
     (out / "report.md").write_text(text, encoding="utf-8")
     if parent is not None:
         client.log_artifacts(parent.info.run_id, str(out), "report")

@@ -13,6 +13,7 @@ from pipeline.names import (
     CELL_TAG_PREFIX,
     EVAL_MAIN,
     PARENT_TAG,
+    TAG_BATCH_FIT,
     TAG_BEST_REASON,
     TAG_CELL,
     TAG_CPU_BF16,
@@ -47,13 +48,16 @@ if TYPE_CHECKING:
 ROW_COLUMNS = ["cell", "task", "model", "procedure", "stage", "seed", "precision_requested", "precision",
                "precision_mode", "role", "tables", "needs", "launcher", "status", "exit_code", "reason", "run_id",
                "device_type", "cpu_bf16", "energy_available", "main_source", "memory", "test_scores", "stalled",
-               "best_epoch", "best_reason", "output_dir", "shared_with", *COLUMNS]
+               "best_epoch", "best_reason", "output_dir", "shared_with", "batch_size", "grad_accum", "memory_limit_mb",
+               "batch_fit", *COLUMNS]
 """The columns of a cell row (cells.csv); stalled: why the run's predictions collapsed (its
 stall_reason tag), "" for a run that learned or was not checked; best_epoch, best_reason: the epoch
 whose model is the run's best/ (its test scores are that model's) and why it was chosen (the
 best/epoch metric and best/reason tag; parts/best_model.py); output_dir: the run's (its best/
 is what the side-by-side measurement loads); shared_with: the cells that ran at the same time on
-the same device (a study's --jobs), comma-separated; cpu_bf16: a CPU run's bf16 hardware (its tag)."""
+the same device (a study's --jobs), comma-separated; cpu_bf16: a CPU run's bf16 hardware (its tag);
+batch_size, grad_accum, memory_limit_mb: as planned (the run's params for a run the study did not
+plan); batch_fit: the split the batch finder chose and the peak it measured (its tag)."""
 
 
 def read_cells(client: MlflowClient, experiment_id: str):
@@ -132,12 +136,20 @@ def _row(client: MlflowClient, name: str, plan: dict | None, run: Run | None) ->
         "best_epoch": math.nan, "best_reason": tags.get(TAG_BEST_REASON, ""),
         "output_dir": (getattr(run.data, "params", {}).get("output_dir") if run else None) or plan.get("output_dir"),
         "shared_with": ",".join(plan.get("shared_device_with") or []),
+        **{key: plan.get(key, _param(run, f"train.{key}")) for key in ("batch_size", "grad_accum", "memory_limit_mb")},
+        "batch_fit": tags.get(TAG_BATCH_FIT, ""),
         **{f: math.nan for f in COLUMNS},
     }
     if status == "finished":  # metrics of failed runs are partial: never reported
         row.update(_metrics(client, run))
         row["cell_wall_s"] = plan.get("wall_s", math.nan)  # the runner's clock: absent for a run it did not start
     return row
+
+
+def _param(run: Run | None, key: str) -> str | None:
+    """A run's param as logged, None where there is no run or no such param (or it was unset)."""
+    value = getattr(run.data, "params", {}).get(key) if run else None
+    return None if value in (None, "None", "") else value
 
 
 def _status(plan: dict, run: Run | None) -> str:

@@ -191,7 +191,7 @@ def md_table(df: pd.DataFrame) -> str:
 
 def render(experiment: str, uri: str, parent_id: str | None, cells: pd.DataFrame, amp: pd.DataFrame,
            kd: pd.DataFrame, stats: pd.DataFrame, charts: list[str], payoff: pd.DataFrame | None = None,
-           side: dict | None = None) -> str:
+           side: dict | None = None, ceiling: pd.DataFrame | None = None) -> str:
     """report.md: the header, the AMP and KD sections (where the study has them; KD opens with what
     the student buys at inference), seeds, cells."""
     found = comparisons(cells) if not cells.empty else []
@@ -206,6 +206,8 @@ def render(experiment: str, uri: str, parent_id: str | None, cells: pd.DataFrame
         lines += _kd_section(kd, charts, [amp_sentence(c) for c in found if c.kind == "kd_amp"] + kd_sentences(found)
                              + speed_sentences(found),
                              payoff if payoff is not None else pd.DataFrame(), side)
+    if ceiling is not None and not ceiling.empty:
+        lines += _ceiling_section(ceiling)
     lines += _seed_section(stats) + _cells_section(cells)
     return "\n".join(lines)
 
@@ -308,6 +310,16 @@ def _kd_section(kd: pd.DataFrame, charts: list[str], findings: list[str], payoff
     if "kd.png" in charts:
         lines += ["![kd.png](kd.png)", ""]
     return lines
+
+
+def _ceiling_section(ceiling: pd.DataFrame) -> list[str]:
+    return ["## Memory ceiling: which batch fits under the cap", "", md_table(ceiling), "",
+            "- batch N: one cell at micro-batch N without accumulation under the cap (`train.memory_limit_mb`): "
+            "\"fits\" with its peak, or \"out of memory\" (a GPU's allocator held to the cap; on a CPU the cap "
+            "emulated: one step's tensors counted before the job starts). The paper raised its batch 16 -> 32 -> 64 "
+            "-> 128 on a 12 GB RTX 4070: 128 fit with AMP and ran out of memory in FP32.",
+            "- largest micro-batch: what `train.batch_size=auto` found under the same cap (the global batch kept "
+            "with accumulation), with the peak its trial measured.", ""]
 
 
 def _seed_section(stats: pd.DataFrame) -> list[str]:

@@ -154,7 +154,8 @@ def _effective(study: Study, cell: Cell) -> dict:
     if cfg.model_config:  # e.g. the baseline: the teacher's encoder cut to 3 layers
         model += " (" + ", ".join(f"{k}={v}" for k, v in cfg.model_config.items()) + ")"
     return {"task": cfg.task, "model": model, "precision": cfg.precision, "seed": cfg.seed,
-            "procedure": cell.procedure, "command": cell.command,
+            "procedure": cell.procedure, "command": cell.command, "batch_size": cfg.train.batch_size,
+            "grad_accum": cfg.train.grad_accum, "memory_limit_mb": cfg.train.memory_limit_mb,
             "launcher": cell.launcher.describe() + (f" (fallback: asked {asked})" if asked else ""),
             "tables": cell.tables, "needs": cell.needs}
 

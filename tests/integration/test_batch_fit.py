@@ -49,6 +49,29 @@ def test_when_one_row_does_not_fit_the_job_stops_in_one_line_and_leaves_nothing(
 
 
 @pytest.mark.slow
+def test_a_fixed_batch_under_a_cpu_cap_fits_or_runs_out_of_memory_before_anything_is_written(tmp_path):
+    """The memory ceiling's rungs on a CPU: train.memory_limit_mb with a fixed batch counts one step's
+    tensors against the cap before the job starts; past it the job ends on one out-of-memory line
+    (exit 1, as a capped GPU), leaving nothing; under it the job trains, its peak in the batch_fit tag."""
+    from pipeline.jobs.run import run
+
+    db = tracking_db(tmp_path)
+    fixed = [*FAST, "train.max_steps=2", "train.log_every=1", "train.memory_limit_mb=12",
+             f"tracking.uri=sqlite:///{db}"]
+    out = tmp_path / "b32"
+    result = run_cli("train", *fixed, "train.batch_size=32", f"output_dir={out}", "tracking.experiment=oom")
+    assert result.returncode == 1, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and errors[0].startswith("error: out of memory: train.batch_size=32 at "), errors
+    assert "under train.memory_limit_mb=12" in errors[0] and "Traceback" not in result.stderr
+    assert not out.exists() and mlflow_runs(db, "oom") == []
+    run(load_config(None, [*fixed, "train.batch_size=2", f"output_dir={tmp_path / 'b2'}", "tracking.experiment=fits"]))
+    (mlrun,) = mlflow_runs(db, "fits")
+    assert mlrun.data.tags[names.TAG_BATCH_FIT].startswith("micro-batch 2 x grad_accum 1 (peak ")
+    assert mlrun.data.tags[names.TAG_BATCH_FIT].endswith("of 12 MiB (emulated cap)")
+
+
+@pytest.mark.slow
 def test_two_gloo_ranks_agree_on_one_split_that_keeps_the_global_batch(tmp_path):
     db, out = tracking_db(tmp_path), tmp_path / "out"
     # 16 MiB less DDP's buckets (bangla-tiny's 3.6 MiB of gradients): about the in-process test's 12

@@ -414,10 +414,11 @@ def hand_report(tmp_path_factory):
     plan = {}
 
     def cell(name, task, model, precision, resolved, metrics, seed=1, status="FINISHED", **extra):
+        tags = {k: extra.pop(k) for k in list(extra) if k == names.TAG_BATCH_FIT}
         plan[name] = plan_entry(task, model, precision, seed=seed, **extra)
         if metrics is not None:
             log_run(client, exp, parent, name, {**cpu, "precision": resolved, "precision_requested": precision,
-                                                "seed": str(seed)}, metrics, status)
+                                                "seed": str(seed), **tags}, metrics, status)
 
     # sentiment x m1: two seeds per side, known means
     cell("a-fp32-s1", "sentiment", "m1", "fp32", "fp32", cpu_metrics(0.80, 100, 1000), seed=1)
@@ -465,6 +466,24 @@ def hand_report(tmp_path_factory):
                   names.infer_metric(names.INFER_LATENCY_P50, "fp32", "median"): 20.0 if proc == "teacher" else 8.0}
         log_run(client, exp, parent, name, {**gpu, "precision": precision, names.TAG_PROCEDURE: proc,
                                             "stage": command}, {**metrics, **served})
+    # the memory ceiling's ladder (in no AMP or KD table): fp32 fits batches 16 and 32 and runs out of
+    # memory at 64, fp16 fits all three; the finder reached a micro-batch of 32 in fp32
+    capped = {"grad_accum": 1, "memory_limit_mb": 12288, "tables": ()}
+    for precision, fits in (("fp32", (16, 32)), ("fp16", (16, 32, 64))):
+        for n in (16, 32, 64):
+            name = f"ceiling-{precision}-b{n}"
+            if n in fits:
+                cell(name, "sentiment", "bert", precision, precision, cpu_metrics(0.5, 10, 5000), procedure=f"b{n}",
+                     batch_size=n, **capped, **{names.TAG_BATCH_FIT: f"micro-batch {n} x grad_accum 1 (peak {100 * n} "
+                                                                     "MiB), of 12288 MiB (emulated cap)"})
+            else:
+                plan[name] = plan_entry("sentiment", "bert", precision, procedure=f"b{n}", batch_size=n, **capped,
+                                        status="failed", exit_code=1, reason="error: out of memory: "
+                                        "train.batch_size=64 at 256 tokens under train.memory_limit_mb=12288: ...")
+    cell("ceiling-fp32-finder", "sentiment", "bert", "fp32", "fp32", cpu_metrics(0.5, 10, 5000), procedure="finder",
+         batch_size="auto", **{**capped, "grad_accum": 8},
+         **{names.TAG_BATCH_FIT: "micro-batch 32 x grad_accum 4 (peak 3300 MiB), eval batch 64 (peak 900 MiB), of "
+                                 "12288 MiB less 10%"})
     for name, entry in plan.items():
         client.set_tag(parent, names.CELL_TAG_PREFIX + name, entry)
     client.set_terminated(parent, status="FAILED")
@@ -542,6 +561,23 @@ def test_report_kd_table_has_the_thesis_columns(hand_report):
             "P | R | F1 | MAP | MRR |" in header)
     cells = pd.read_csv(hand_report["out"] / "cells.csv").set_index("cell")
     assert cells.loc["a-fp32-s1", ["gpu_util_pct", "avg_power_w", "energy_j"]].isna().all()
+
+
+@pytest.mark.slow
+def test_report_memory_ceiling_ladder(hand_report):
+    """Per precision, each rung of the batch ladder fits with its peak or ran out of memory, and the
+    batch finder's largest micro-batch beside them; fp32 and fp16 stay separate rows."""
+    ceiling = pd.read_csv(hand_report["out"] / "ceiling_table.csv", keep_default_na=False).set_index("precision")
+    assert list(ceiling.index) == ["fp32", "fp16"]
+    assert ceiling.loc["fp32", ["batch 16", "batch 32", "batch 64"]].tolist() == [
+        "fits (peak 1600 MiB)", "fits (peak 3200 MiB)", "out of memory"]
+    assert ceiling.loc["fp16", "batch 64"] == "fits (peak 6400 MiB)"
+    assert ceiling.loc["fp32", "finder: largest micro-batch"] == "32 (peak 3300 MiB)"
+    assert ceiling.loc["fp16", "finder: largest micro-batch"] == ""  # no finder cell in fp16
+    assert str(ceiling.loc["fp32", "cap MiB"]) == "12288"
+    text = (hand_report["out"] / "report.md").read_text()
+    assert "## Memory ceiling: which batch fits under the cap" in text
+    assert "| sentiment | bert | fp32 | 12288 | fits (peak 1600 MiB) | fits (peak 3200 MiB) | out of memory |" in text
 
 
 @pytest.mark.slow
