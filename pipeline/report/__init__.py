@@ -6,6 +6,8 @@ each ended; the child runs hold the metrics) and writes to reports/NAME/:
   metric retention ± the seed spread, speed and memory averaged in one sentence), the KD table
   (per procedure), each finding in words with its uncertainty (compare, verdicts), the seed
   statistics, the cells and their outcomes, the charts;
+- amp_step.json: each FP32/AMP pair's training step timed side by side in this process (amp_step.py),
+  the AMP speed-up a busy machine cannot make; `--no-timing` leaves it out;
 - ceiling_table.csv: the memory ceiling (ceiling.py: per precision, each batch size's rung fits or
   runs out of memory under the cap, and the batch finder's largest micro-batch), where a study has one;
 - amp_table.csv, kd_table.csv, payoff.csv (each student and the baseline against the teacher at
@@ -22,8 +24,8 @@ a metric a run could not measure (energy on a CPU) shows as "n/a".
 May import: everything below the report layer except stage and train (it reads MLflow, never a
 running job); it imports tracking and the task registry.
 
-Inside, lowest first: columns compare confound | ceiling cells charts side_by_side tables training_speed verdicts |
-payoff | markdown
+Inside, lowest first: columns compare confound | amp_step ceiling cells charts side_by_side tables
+training_speed verdicts | payoff | markdown
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ import logging
 from pathlib import Path
 
 from pipeline.errors import UserError
-from pipeline.report import side_by_side
+from pipeline.report import amp_step, side_by_side
 from pipeline.report.ceiling import ceiling_table
 from pipeline.report.cells import read_cells
 from pipeline.report.charts import plot_amp, plot_kd
@@ -60,6 +62,7 @@ def write_report(uri: str, experiment: str, out: str | Path | None = None, timin
     out = Path(out or f"reports/{experiment}")
     out.mkdir(parents=True, exist_ok=True)
     side = _side_by_side(cells, out, timing, device)
+    step = _amp_step(cells, out, timing, device)
     amp, kd, stats, payoff = amp_table(cells), kd_table(cells), seed_stats(cells), payoff_table(cells, side)
     ceiling = ceiling_table(cells)
     cells.to_csv(out / "cells.csv", index=False)
@@ -72,11 +75,23 @@ def write_report(uri: str, experiment: str, out: str | Path | None = None, timin
     charts = (plot_amp(amp, out) + plot_kd(kd, out, comparisons(cells) if not cells.empty else [])
               + plot_payoff(payoff, out))
     text = render(experiment, redact(uri), parent.info.run_id if parent else None, cells, amp, kd, stats, charts,
-                  payoff, side, ceiling)
+                  payoff, side, ceiling, step)
     (out / "report.md").write_text(text, encoding="utf-8")
     if parent is not None:
         client.log_artifacts(parent.info.run_id, str(out), "report")
     return out
+
+
+def _amp_step(cells, out: Path, timing: bool, device: str | None) -> dict | None:
+    """The AMP pairs' training step timed side by side (amp_step.py) and written beside the report;
+    None without timing (an older record is removed: it would read as this report's)."""
+    (out / amp_step.FILE).unlink(missing_ok=True)
+    if not timing:
+        return None
+    record = amp_step.measure(cells, device)
+    if record.get("pairs"):
+        amp_step.write(record, out)
+    return record
 
 
 def _side_by_side(cells, out: Path, timing: bool, device: str | None) -> dict | None:

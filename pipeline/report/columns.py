@@ -20,6 +20,7 @@ from pipeline.names import (
     PEAK_MEM_ALLOCATED,
     PEAK_RSS,
     SAMPLES_PER_S,
+    TOKENS_PER_S,
     TRAIN_TIME,
     export_metric,
     export_test_metric,
@@ -45,6 +46,7 @@ EXPORT_VARIANTS = ("int8", "fp32")
 """The exported graphs the payoff shows (`pipeline export`'s export/VARIANT/* metrics), int8 first."""
 METRICS = {
     "samples_per_s": SAMPLES_PER_S,
+    "tokens_per_s": TOKENS_PER_S,
     "epoch_time_s": EPOCH_TIME,
     "train_time_s": TRAIN_TIME,
     "energy_j": ENERGY_JOULES,

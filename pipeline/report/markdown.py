@@ -25,6 +25,7 @@ from pipeline.names import (
     load_metric,
     test_metric,
 )
+from pipeline.report import amp_step
 from pipeline.report.columns import AMP_DELTAS, TEST_COLUMNS
 from pipeline.report.compare import SPREAD_FACTOR, comparisons, identical_counts
 from pipeline.report.confound import BUSY_CPU, BUSY_GPU_PCT
@@ -191,7 +192,7 @@ def md_table(df: pd.DataFrame) -> str:
 
 def render(experiment: str, uri: str, parent_id: str | None, cells: pd.DataFrame, amp: pd.DataFrame,
            kd: pd.DataFrame, stats: pd.DataFrame, charts: list[str], payoff: pd.DataFrame | None = None,
-           side: dict | None = None, ceiling: pd.DataFrame | None = None) -> str:
+           side: dict | None = None, ceiling: pd.DataFrame | None = None, step: dict | None = None) -> str:
     """report.md: the header, the AMP and KD sections (where the study has them; KD opens with what
     the student buys at inference), seeds, cells."""
     found = comparisons(cells) if not cells.empty else []
@@ -201,7 +202,7 @@ def render(experiment: str, uri: str, parent_id: str | None, cells: pd.DataFrame
              + f"; generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.",
              f"Cells: {len(cells)} ({', '.join(f'{v} {k}' for k, v in counts.items()) or 'none'}).", ""]
     if not amp.empty:
-        lines += _amp_section(amp, charts, [amp_sentence(c) for c in found if c.kind == "amp"])
+        lines += _amp_section(amp, charts, [amp_sentence(c) for c in found if c.kind == "amp"], step)
     if not kd.empty:
         lines += _kd_section(kd, charts, [amp_sentence(c) for c in found if c.kind == "kd_amp"] + kd_sentences(found)
                              + speed_sentences(found),
@@ -212,7 +213,8 @@ def render(experiment: str, uri: str, parent_id: str | None, cells: pd.DataFrame
     return "\n".join(lines)
 
 
-def _amp_section(amp: pd.DataFrame, charts: list[str], findings: list[str]) -> list[str]:
+def _amp_section(amp: pd.DataFrame, charts: list[str], findings: list[str], step: dict | None = None
+                 ) -> list[str]:
     shown = amp_display(amp)
     table = pd.DataFrame({
         "task": shown.task, "model": shown.model,
@@ -242,7 +244,9 @@ def _amp_section(amp: pd.DataFrame, charts: list[str], findings: list[str]) -> l
     })
     if (shown.procedure != "train").any():
         table.insert(2, "procedure", shown.procedure)
-    lines = ["## AMP vs FP32", "", f"**{headline(amp)}**", "", md_table(averages(amp)), "",
+    side = amp_step.sentences(step)
+    lines = ["## AMP vs FP32", "", f"**{headline(amp)}**", "", *[f"- {line}" for line in side],
+             *([""] if side else []), md_table(averages(amp)), "",
              "Averages over the task x model cells (a cell: one task and model, its seeds' means), as the paper "
              "averages; the last row is the paper's own figures, not measured here.", "", md_table(table), "",
              *[f"- {line}" for line in findings], "",

@@ -222,6 +222,12 @@ def test_report_numbers_are_the_runs_metrics(study):
     else:
         assert (f"Averaged over 1 task x model cell on a CPU with {row.cpu_bf16}" in text
                 and f"AMP ({row.amp_precision}) trained" in text)
+        # the pair's step timed side by side in the report's process: fp32 and bf16 alternating
+        step = json.loads((report / "amp_step.json").read_text())
+        (timed,) = step["pairs"].values()
+        assert timed["precision"] == row.amp_precision and len(timed["amp_ms_by_step"]) == step["steps"]
+        assert timed["speedup"] == pytest.approx(timed["fp32_step_ms"] / timed["amp_step_ms"])
+        assert f"**{row.amp_precision} {timed['speedup']:.2f}x** (medians of" in text
     assert "| failed |" in text
     for png in ("speedup.png", "memory_reduction.png", "retention.png", "kd.png"):
         assert (report / png).stat().st_size > 1000
@@ -515,6 +521,10 @@ def test_report_deltas_and_marks(hand_report):
             "autocast keeps beside the fp32 ones; the activation memory AMP saves shows on a GPU, where the paper "
             "measured) and kept 99.4% of FP32's F1; the scores, pair by pair, are below the table." in text)
     assert "RuntimeError: boom" in text
+    # no run's best/ is on this machine: the AMP step is not timed, and the report says why
+    assert ("- sentiment / m1: AMP step not timed side by side: the FP32 side's best/ or config.yaml is not on "
+            "this machine." in text)
+    assert not (hand_report["out"] / "amp_step.json").exists()
 
 
 @pytest.mark.slow
