@@ -62,7 +62,8 @@ def _shape(rows: pd.DataFrame) -> tuple[str, int, int] | None:
         if best is None or not OutputDir(out).config.is_file():
             continue
         train = yaml.safe_load(OutputDir(out).config.read_text(encoding="utf-8"))["train"]
-        mean = r.tokens_per_s / r.samples_per_s if r.samples_per_s and not math.isnan(r.tokens_per_s) else 0
+        rate, tokens = float(r.samples_per_s), float(r.tokens_per_s)
+        mean = tokens / rate if rate > 0 and not math.isnan(tokens) else 0.0  # NaN > 0 is False
         multiple = train.get("pad_to_multiple_of") or 8
         length = min(int(train["max_length"]), max(multiple, math.ceil(mean / multiple) * multiple))
         return str(best), int(train["batch_size"]), length
