@@ -1,7 +1,8 @@
 """The training loop: one stage, in any launch mode and precision, readable top to bottom.
 
 fit() runs the phases in the order written: set up, restore a checkpoint, train an epoch, end it
-(evaluate, keep the best model, checkpoint), finish (test with the best model). The job around it
+(evaluate, keep the best model, checkpoint), finish (test with the best model). train.eval_every
+adds dev evaluations between an epoch's steps, each counted as an epoch's end counts its own. The job around it
 is jobs/run.py's; the Backend hides single/DDP/DeepSpeed; each piece of mutable state is a part
 that saves and restores itself (Loop.parts), saved by the Checkpointer on its own cadence; the
 MetricsProcessor decides when to log and makes every record.
@@ -20,7 +21,7 @@ from tqdm.auto import tqdm
 from pipeline import names
 from pipeline.data import features
 from pipeline.data.loaders import Loaders, build_loaders, describe_datasets, real_rows
-from pipeline.evaluation import evaluate
+from pipeline.evaluation import Evaluation, evaluate
 from pipeline.measure.telemetry import StageMeters
 from pipeline.parts.best_model import BestModel
 from pipeline.parts.checkpoint import Checkpoint, Checkpointer, Stateful
@@ -60,6 +61,9 @@ class Loop:
     tracker: InitVar[Tracker]
     progress: Progress = field(default_factory=Progress)
     best: BestModel = field(default_factory=BestModel)
+    evaluated_at: int = -1
+    """The optimizer step of the last dev evaluation: a job that stops right after one between an
+    epoch's steps (train.eval_every) is not evaluated again at its end."""
     metrics: MetricsProcessor = field(init=False)
     """When a step is logged, and every record the loop's numbers become."""
     checkpointer: Checkpointer = field(init=False)
@@ -72,6 +76,16 @@ class Loop:
         self.checkpointer = Checkpointer(stage.out, self.parts(), stage.backend, stage.rt.rank, stage.cfg.train,
                                          tracker.run_id, stage.record.to_json(), pending=self.losses,
                                          clock=self.meters)
+
+    def evaluation_due(self, step: int, last_of_epoch: bool) -> bool:
+        """train.eval_every's evaluations between steps (an epoch's last step is its end's)."""
+        every = self.stage.cfg.train.eval_every
+        return bool(every) and step % every == 0 and not last_of_epoch
+
+    @property
+    def stopping_early(self) -> bool:
+        patience = self.stage.cfg.train.patience
+        return bool(patience and self.best.bad_evals >= patience)
 
     def parts(self) -> dict[str, Stateful]:
         return {"progress": self.progress, "losses": self.losses, "best": self.best, "meters": self.meters,
@@ -159,10 +173,14 @@ def train_epoch(loop: Loop, epoch: int) -> None:
         stop = optimizer_step(loop, group_loss, epoch + (i + 1) / micro_steps, bar)
         progress.epoch_steps += 1
         group_loss = 0.0
-        saved = loop.checkpointer.after_step(progress.step, preempted=stop, last_of_epoch=i + 1 == micro_steps)
+        epoch_end = i + 1 == micro_steps
+        if loop.evaluation_due(progress.step, epoch_end):  # before the step's checkpoint
+            evaluate_between_steps(loop, epoch)
+            epoch_end = loop.stopping_early  # an early stop ends the epoch at this step
+        saved = loop.checkpointer.after_step(progress.step, preempted=stop, last_of_epoch=epoch_end)
         if stop:
             raise Preempted(f"SIGTERM: checkpoint {saved} written at step {progress.step}")
-        if progress.step >= loop.total_steps:
+        if progress.step >= loop.total_steps or epoch_end:
             break
     bar.close()
     if loop.preemption.last_answer():  # a SIGTERM during the epoch's last step: the ranks agree only now
@@ -204,27 +222,52 @@ def optimizer_step(loop: Loop, group_loss: torch.Tensor, epoch_progress: float, 
     return stop
 
 
+def evaluate_between_steps(loop: Loop, epoch: int) -> None:
+    """Collective, train.eval_every: a dev evaluation and the best model so far after this step, the
+    training clocks paused meanwhile (as for a checkpoint)."""
+    loop.meters.pause()
+    dev = evaluate_dev(loop)
+    loop.metrics.log_dev(dev, loop.progress.step, loop.stage.task.main_metric)
+    keep_best(loop, dev, epoch)
+    loop.wrapped.train()
+    loop.meters.resume()
+
+
 def end_epoch(loop: Loop, epoch: int) -> bool:
     """Epoch metrics, dev evaluation, the best model so far, a checkpoint; True = training is over."""
     stage, progress = loop.stage, loop.progress
     meters = loop.meters.end_epoch()  # the epoch's clocks stop; its figures over every rank
     loop.losses.read(progress.step)  # the steps still pending: the epoch's non-finite count is complete
     epoch_metrics = {**meters, **loop.losses.amp_metrics(None)}
-    dev = evaluate(stage.model, loop.loaders.dev, stage.task, stage.policy, stage.rt, stage.examples["dev"],
-                   stage.features["dev"], compile=stage.compile)
+    dev = evaluate_dev(loop) if loop.evaluated_at != progress.step else None
     loop.metrics.log_epoch(epoch_metrics, loop.losses.last_loss, dev, progress.step, epoch, loop.epochs,
                            stage.task.main_metric)
-    # keep the best model (the main metric, then the task's tie-breakers); stop when none is better
-    loop.best.consider(dev.scores, epoch + 1, loop.meters.totals.train_seconds, stage.backend, stage.tokenizer,
-                       stage.out, stage.rt.is_main)
+    if dev is not None:
+        keep_best(loop, dev, epoch)
     done = progress.step >= loop.total_steps or epoch + 1 == loop.epochs
-    early = bool(stage.cfg.train.patience and loop.best.bad_evals >= stage.cfg.train.patience)
+    early = loop.stopping_early
     progress.epoch, progress.epoch_steps = epoch + 1, 0
     loop.checkpointer.at_epoch_end(progress.step, training_over=done or early)
     if early and stage.rt.is_main:
         log.info("early stop: no better dev evaluation (%s) for %d evaluations", ", ".join(loop.best.order),
                  loop.best.bad_evals)
     return done or early
+
+
+def evaluate_dev(loop: Loop) -> Evaluation:
+    """Collective: the dev split's scores at this step."""
+    stage = loop.stage
+    loop.evaluated_at = loop.progress.step
+    return evaluate(stage.model, loop.loaders.dev, stage.task, stage.policy, stage.rt, stage.examples["dev"],
+                    stage.features["dev"], compile=stage.compile)
+
+
+def keep_best(loop: Loop, dev: Evaluation, epoch: int) -> None:
+    """Keep the best model (the main metric, then the task's tie-breakers); an evaluation that is
+    not better counts towards early stopping."""
+    stage = loop.stage
+    loop.best.consider(dev.scores, epoch + 1, loop.meters.totals.train_seconds, stage.backend, stage.tokenizer,
+                       stage.out, stage.rt.is_main, step=loop.progress.step)
 
 
 def finish(loop: Loop) -> dict[str, float]:

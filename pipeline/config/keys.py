@@ -1,5 +1,7 @@
 """Dotted config keys and the near-miss hint: what validation needs of the config dataclasses'
-shape, apart from the reference (reference.py), which reads the schema whole."""
+shape, apart from the reference (reference.py), which reads the schema whole. An unknown key that
+a Hugging Face Trainer user would write (learning_rate, save_steps) is answered from the one table
+of those names (trainer_names.py) before any guess by spelling."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,6 +9,8 @@ import difflib
 import typing
 from collections.abc import Iterable
 from typing import Any
+
+from pipeline.config import trainer_names
 
 NEAR = 0.6  # difflib's own default cutoff: below it, suggestions are mostly unrelated words
 
@@ -19,6 +23,12 @@ def dotted_keys(cls: type, prefix: str = "") -> list[str]:
         if dataclasses.is_dataclass(kind):
             out += dotted_keys(kind, f"{prefix}{f.name}.")
     return out
+
+
+def unknown_key_hint(key: str, keys: Iterable[str]) -> str:
+    """The hint after an unknown dotted key: the key a Trainer user means (trainer_names.py), else
+    the valid key nearest in spelling (did_you_mean), else ''."""
+    return trainer_names.hint(key) or did_you_mean(key, keys)
 
 
 def did_you_mean(word: str, candidates: Iterable[str], default: str | None = None) -> str:

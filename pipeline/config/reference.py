@@ -1,7 +1,8 @@
 """The configuration's reference, read from the config dataclasses themselves: every dotted key
 with its type, default and meaning, the meaning being the attribute docstring under the field in
 pipeline/config/schema.py, so that text is written once. It is what `train --help` and `distill --help`
-print, and what docs/configuration.md holds.
+print, and what docs/configuration.md holds, with the Hugging Face Trainer's names for these keys
+(trainer_names.py, the table the unknown-key hint reads too).
 
 Regenerate the page after changing a field: python -m pipeline config-reference > docs/configuration.md
 
@@ -20,11 +21,13 @@ from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 from pipeline.config.keys import fields_of
+from pipeline.config.trainer_names import TRAINER_NAMES
 from pipeline.config.schema import CHOICES, Config
 
 PAGE = "docs/configuration.md"
 REGENERATE = f"python -m pipeline config-reference > {PAGE}"
 UNSET = "unset"  # the word the docstrings use for a None default
+TRAINER_SECTION = "From the Hugging Face Trainer"
 
 INTRO = """\
 A stage's configuration is these keys' defaults, then the YAML file CONFIG.yaml if one is given (a
@@ -91,7 +94,17 @@ def markdown() -> str:
                   "| key | type | default | meaning |", "|---|---|---|---|"]
         lines += [f"| `{k.key}` | {_cell(k.kind)} | {'*unset*' if k.default == UNSET else _cell(k.default)} "
                   f"| {_cell(k.meaning, code=False)} |" for k in keys]
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *_trainer_table()]) + "\n"
+
+
+def _trainer_table() -> list[str]:
+    """The section for Hugging Face Trainer users: each TrainingArguments name and its key here."""
+    lines = ["", f"## {TRAINER_SECTION}", "", "What a Hugging Face `Trainer` user writes here instead of "
+             "`TrainingArguments(...)`; an unknown key spelt as the Trainer spells it is answered with the key "
+             "of this table.", "", "| TrainingArguments | here | what differs |", "|---|---|---|"]
+    lines += [f"| {t.name} | {_cell(t.setting) if t.setting else '*none*'} | {_cell(t.differs, code=False)} |"
+              for t in TRAINER_NAMES]
+    return lines
 
 
 # ---------------------------------------------------------------- internals

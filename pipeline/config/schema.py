@@ -17,7 +17,7 @@ import yaml
 from pipeline.config.coerce import coerce
 from pipeline.config.deepspeed_files import ds_config_file, shipped
 from pipeline.config.documents import read_document
-from pipeline.config.keys import did_you_mean, dotted_keys
+from pipeline.config.keys import did_you_mean, dotted_keys, unknown_key_hint
 from pipeline.errors import UserError
 from pipeline.tasks import REGISTRY
 
@@ -107,6 +107,10 @@ class TrainConfig:
     """Batches by tokens instead of rows (fairseq's max_tokens): similar lengths together, each
     batch's padded size (longest x rows) within this budget; 0 = train.batch_size rows per batch.
     The global batch then varies; the LR schedule counts the epoch's actual batches."""
+    eval_every: int = 0
+    """Also evaluate on dev every this many optimizer steps (the Trainer's eval_steps), for the best
+    model and early stopping as an epoch's end does: for a training set whose epoch is long. 0 = at
+    each epoch's end only."""
     patience: int = 0
     """Stop after this many evaluations without a better one (the main metric, then the task's
     tie-breakers: docs/outputs.md); 0 = never stop early."""
@@ -258,6 +262,7 @@ class Config:
         _check("train.batch_tokens", t.batch_tokens, t.batch_tokens == 0 or t.batch_tokens >= t.max_length,
                f"must be 0 (off) or >= train.max_length ({t.max_length}), so that the longest sequence fits")
         _check("train.patience", t.patience, t.patience >= 0, "must be >= 0 (0 = off)")
+        _check("train.eval_every", t.eval_every, t.eval_every >= 0, "must be >= 0 (0 = epoch ends only)")
         _check("train.log_every", t.log_every, t.log_every >= 1, "must be >= 1")
         _check("train.num_workers", t.num_workers, t.num_workers is None or t.num_workers >= 0, "must be >= 0")
         _check("train.pad_to_multiple_of", t.pad_to_multiple_of, t.pad_to_multiple_of is None
@@ -379,7 +384,7 @@ def _build(cls, raw: dict, prefix: str):
     known = {f.name for f in dataclasses.fields(cls)}
     for key in raw:
         if key not in known:
-            raise UserError(f"config: unknown key '{prefix}{key}'{did_you_mean(f'{prefix}{key}', dotted_keys(Config))}")
+            raise UserError(f"config: unknown key '{prefix}{key}'{unknown_key_hint(f'{prefix}{key}', dotted_keys(Config))}")
     kwargs = {}
     for name in known:
         if name not in raw:
@@ -407,7 +412,7 @@ def _set_dotted(cfg: Config, key: str, text: str) -> None:
                 obj = obj.setdefault(part, {})
             continue
         if not dataclasses.is_dataclass(obj) or part not in {f.name for f in dataclasses.fields(obj)}:
-            raise UserError(f"config: unknown key '{path}'{did_you_mean(path, dotted_keys(Config))}")
+            raise UserError(f"config: unknown key '{path}'{unknown_key_hint(path, dotted_keys(Config))}")
         if i == len(parts) - 1:
             kind = typing.get_type_hints(type(obj))[part]
             if dataclasses.is_dataclass(kind):

@@ -85,6 +85,8 @@ class BestModel:
     """The best evaluation's eval/ metrics, the final metrics report them (and `beats` compares with)."""
     epoch: int | None = None
     """Its epoch, from 1 (names.BEST_EPOCH)."""
+    step: int | None = None
+    """The optimizer step it was evaluated at."""
     reason: str = ""
     """Why it was chosen (`beats`; names.TAG_BEST_REASON)."""
     time_to_best: float | None = None
@@ -94,7 +96,7 @@ class BestModel:
     """Its weights (CPU, fp32) for the final test; on disk in best/, so not in the checkpoint."""
 
     def consider(self, scores: dict[str, float], epoch: int, train_seconds: float, backend: Backend,
-                 tokenizer: PreTrainedTokenizerBase, out: OutputDir, is_main: bool) -> bool:
+                 tokenizer: PreTrainedTokenizerBase, out: OutputDir, is_main: bool, step: int | None = None) -> bool:
         """Collective under ZeRO-3: keep these weights (and write best/) if `scores` (epoch
         `epoch`, from 1) beat the best (`beats`); else count a bad evaluation. True when they did."""
         best = {k.removeprefix(names.EVAL): v for k, v in self.metrics.items()} if self.metrics else None
@@ -103,9 +105,9 @@ class BestModel:
             self.bad_evals += 1
             return False
         if is_main:
-            log.info("best model: epoch %d (%s)", epoch, reason)
+            log.info("best model: epoch %d%s (%s)", epoch, "" if step is None else f", step {step}", reason)
         self.score, self.bad_evals, self.time_to_best = scores[self.order[0]], 0, train_seconds
-        self.epoch, self.reason = epoch, reason
+        self.epoch, self.step, self.reason = epoch, step, reason
         self.metrics = {names.eval_metric(k): v for k, v in scores.items()}
         self.weights = backend.full_state_dict()  # collective under ZeRO-3 (gathers the shards)
         if is_main:
@@ -125,12 +127,12 @@ class BestModel:
         self.weights = {**backend.full_state_dict(), **{k: v.float() for k, v in load_file(saved).items()}}
 
     def state_dict(self) -> dict:
-        return {"score": self.score, "metrics": self.metrics, "epoch": self.epoch, "reason": self.reason,
-                "time_to_best": self.time_to_best, "bad_evals": self.bad_evals}
+        return {"score": self.score, "metrics": self.metrics, "epoch": self.epoch, "step": self.step,
+                "reason": self.reason, "time_to_best": self.time_to_best, "bad_evals": self.bad_evals}
 
     def load_state_dict(self, state: dict) -> None:
-        """`metrics` holds every score the tie-break reads; a checkpoint saved before epoch and
+        """`metrics` holds every score the tie-break reads; a checkpoint saved before epoch, step and
         reason were kept loads without them."""
         self.score, self.metrics = state["score"], state["metrics"]
-        self.epoch, self.reason = state.get("epoch"), state.get("reason", "")
+        self.epoch, self.step, self.reason = state.get("epoch"), state.get("step"), state.get("reason", "")
         self.time_to_best, self.bad_evals = state["time_to_best"], state["bad_evals"]

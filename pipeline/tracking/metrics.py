@@ -64,15 +64,22 @@ class MetricsProcessor:
         self.tracker.log_metrics(metrics, step)
         self.console.show(step, metrics)
 
-    def log_epoch(self, epoch_metrics: dict, loss: float, dev: Evaluation, step: int, epoch: int, epochs: int,
-                  main_metric: str) -> None:
-        """The epoch's metrics (the meters' and AMP health) with its dev scores, and its console
-        line (`loss`: the last logged mean)."""
-        metrics = {**epoch_metrics, **{names.eval_metric(k): v for k, v in dev.scores.items()}}
+    def log_epoch(self, epoch_metrics: dict, loss: float, dev: Evaluation | None, step: int, epoch: int,
+                  epochs: int, main_metric: str) -> None:
+        """The epoch's metrics (the meters' and AMP health) with its dev scores (None: logged by
+        log_dev at this step already), and its console line (`loss`: the last logged mean)."""
+        metrics = {**epoch_metrics, **({names.eval_metric(k): v for k, v in dev.scores.items()} if dev else {})}
         self.tracker.log_metrics(metrics, step)
         if self.is_main:
-            log.info("epoch %d/%d  step %d  loss %.4f  dev %s %.4f  %.1f samples/s  %.1fs", epoch + 1, epochs, step,
-                     loss, main_metric, dev.main, metrics[names.SAMPLES_PER_S], metrics[names.EPOCH_TIME])
+            shown = f"  dev {main_metric} {dev.main:.4f}" if dev else ""
+            log.info("epoch %d/%d  step %d  loss %.4f%s  %.1f samples/s  %.1fs", epoch + 1, epochs, step,
+                     loss, shown, metrics[names.SAMPLES_PER_S], metrics[names.EPOCH_TIME])
+
+    def log_dev(self, dev: Evaluation, step: int, main_metric: str) -> None:
+        """A dev evaluation between an epoch's steps (train.eval_every): its scores and console line."""
+        self.tracker.log_metrics({names.eval_metric(k): v for k, v in dev.scores.items()}, step)
+        if self.is_main:
+            log.info("step %d  dev %s %.4f", step, main_metric, dev.main)
 
     def log_final(self, step: int, best: BestModel, test: Evaluation, loss: float, amp: dict[str, float],
                   served_figures: dict[str, float]) -> dict[str, float]:

@@ -108,6 +108,8 @@ class InProcessBackend:
 class Batches:
     """A training loader: fixed batches, resumable at a micro-batch (as ResumableSampler is)."""
 
+    dev = None  # what the dev loader is: evaluate() is replaced where a test evaluates
+
     def __init__(self, n: int, rows: int = 4, length: int = 6):
         g = torch.Generator().manual_seed(1)
         self.batches = [{"input_ids": torch.randint(0, 16, (rows, length), generator=g),
@@ -345,3 +347,79 @@ def test_the_final_metrics_name_the_best_epoch_and_the_run_says_why_it_was_chose
     assert lp.metrics.tracker.tags[names.TAG_BEST_REASON] == "tie on f1 0.0000: map 0.7857 > 0.7102"
     assert logged(lp, names.BEST_EPOCH) == {7: 2}  # eval/ figures were logged at their epoch, not again
     assert logged(lp, names.eval_metric("map")) == {}
+
+
+class Killed(Exception):
+    """A kill in the middle of a step: nothing is saved, the loop's objects are lost."""
+
+
+def fake_dev_evaluation(monkeypatch, scores=None):
+    """evaluate() and best/'s writer replaced: an evaluation draws from the global RNG first (as a
+    DataLoader's iterator draws its base seed), so a resume whose RNG state was saved before an
+    evaluation rather than after it draws, and scores, differently; `scores` scripts the scores
+    instead. best/ holds the weights alone (restore_weights reads them back)."""
+    from safetensors.torch import save_file
+
+    from pipeline.evaluation import Evaluation
+    from pipeline.parts import best_model
+
+    scripted = iter(scores or ())
+
+    def evaluate(model, *args, **kwargs):
+        draw = torch.randint(0, 1000, ()).item()
+        main = next(scripted) if scores else draw / 1000 + float(model.head.weight.detach().sum()) * 1e-3
+        return Evaluation({"main": main, "accuracy": main})
+
+    monkeypatch.setattr(train, "evaluate", evaluate)
+    monkeypatch.setattr(best_model, "save_pretrained_fp32", lambda module, weights, tokenizer, target: (
+        target.mkdir(parents=True, exist_ok=True), save_file(weights, target / "model.safetensors")))
+    monkeypatch.setattr(best_model, "write_card", lambda *args: None)
+
+
+def train_until_done(lp):
+    """fit()'s epochs, from where the loop's progress is."""
+    lp.stage.examples["dev"] = lp.stage.features["dev"] = None
+    for epoch in range(lp.progress.epoch, lp.epochs):
+        train.train_epoch(lp, epoch)
+        if train.end_epoch(lp, epoch):
+            break
+
+
+def test_eval_every_evaluates_between_steps_and_a_job_killed_after_one_resumes_exactly(tmp_path, monkeypatch):
+    fake_dev_evaluation(monkeypatch)
+    overrides = ["train.eval_every=3", "train.save_every=2", "train.keep_checkpoints=10", "train.log_every=100"]
+    whole = make_loop(tmp_path / "whole", overrides, micro_batches=8, epochs=2)
+    train_until_done(whole)
+    dev = logged(whole, names.eval_metric("main"))
+    assert sorted(dev) == [3, 6, 8, 9, 12, 15, 16]  # every 3 optimizer steps, and each epoch's end
+    assert whole.best.step in dev and whole.best.metrics[names.eval_metric("main")] == max(dev.values())
+
+    cut = make_loop(tmp_path / "cut", overrides, micro_batches=8, epochs=2)
+    real_step = cut.stage.backend.step
+    cut.stage.backend.step = lambda: (_ for _ in ()).throw(Killed()) if cut.stage.backend.steps == 6 else real_step()
+    with pytest.raises(Killed):  # during step 7: the newest checkpoint is step 6's, saved after its evaluation
+        train_until_done(cut)
+    ckpt = checkpoint.latest(OutputDir(tmp_path / "cut"))
+    assert ckpt.step == 6
+    resumed = make_loop(tmp_path / "cut", overrides, micro_batches=8, epochs=2)  # a fresh process's objects
+    resumed.checkpointer.load(ckpt)
+    resumed.best.restore_weights(OutputDir(tmp_path / "cut"), resumed.stage.backend)
+    train_until_done(resumed)
+
+    assert logged(resumed, names.eval_metric("main")) == {k: v for k, v in dev.items() if k > 6}
+    timeless = [{k: v for k, v in b.state_dict().items() if k != "time_to_best"} for b in (resumed.best, whole.best)]
+    assert timeless[0] == timeless[1]
+    for name, weights in whole.best.weights.items():
+        torch.testing.assert_close(resumed.best.weights[name], weights, rtol=0, atol=0, msg=name)
+    for (k, a), b in zip(whole.stage.model.state_dict().items(), resumed.stage.model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
+
+
+def test_early_stopping_counts_evaluations_between_steps_and_stops_at_the_step(tmp_path, monkeypatch):
+    fake_dev_evaluation(monkeypatch, scores=[0.5, 0.4, 0.3])
+    lp = make_loop(tmp_path, ["train.eval_every=2", "train.patience=2", "train.save_every=1"], micro_batches=8)
+    train_until_done(lp)
+    assert lp.progress.step == 6  # evaluations at 2, 4 and 6; the last two were not better
+    assert sorted(logged(lp, names.eval_metric("main"))) == [2, 4, 6]  # not again at the epoch's end
+    assert (lp.best.step, lp.best.bad_evals) == (2, 2)
+    assert [c.step for c in checkpoint.complete(OutputDir(tmp_path))][-1] == 5  # none at the step it stopped
