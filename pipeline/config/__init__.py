@@ -1,6 +1,7 @@
 """The configuration: dataclasses whose fields carry their meaning (schema.py), the text of a YAML
 value or override read as its field's type (coerce.py), dotted keys and the near-miss hint
-(keys.py), the Hugging Face Trainer's names and this project's keys for them (trainer_names.py), the one reader of the files a user names (documents.py), the secrets masked wherever a
+(keys.py), the Hugging Face Trainer's names and this project's keys for them
+(trainer_names.py), the one reader of the files a user names (documents.py), the secrets masked wherever a
 config is shown (secrets.py), the DeepSpeed JSON a `deepspeed` value names (deepspeed_files.py), the
 default output_dir (output_dir.py), and the reference that --help and docs/configuration.md print
 (reference.py).

@@ -21,8 +21,8 @@ from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 from pipeline.config.keys import fields_of
-from pipeline.config.trainer_names import TRAINER_NAMES
 from pipeline.config.schema import CHOICES, Config
+from pipeline.config.trainer_names import TRAINER_NAMES
 
 PAGE = "docs/configuration.md"
 REGENERATE = f"python -m pipeline config-reference > {PAGE}"

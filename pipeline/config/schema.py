@@ -384,7 +384,8 @@ def _build(cls, raw: dict, prefix: str):
     known = {f.name for f in dataclasses.fields(cls)}
     for key in raw:
         if key not in known:
-            raise UserError(f"config: unknown key '{prefix}{key}'{unknown_key_hint(f'{prefix}{key}', dotted_keys(Config))}")
+            hint = unknown_key_hint(f"{prefix}{key}", dotted_keys(Config))
+            raise UserError(f"config: unknown key '{prefix}{key}'{hint}")
     kwargs = {}
     for name in known:
         if name not in raw:
