@@ -27,8 +27,10 @@ BACKENDS = ("auto", "single", "ddp", "deepspeed")
 COMPILE_MODES = ("auto", "off", "default", "reduce-overhead", "max-autotune")
 CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune"]
 """train.compile once settled: never auto."""
-CHOICES = {"task": TASKS, "precision": PRECISIONS, "backend": BACKENDS, "train.compile": COMPILE_MODES,
-           "resume": ("never", "auto")}  # the keys with a fixed set of values: validate() and the reference
+CHOICES = {"task": TASKS, "precision": PRECISIONS, "backend": BACKENDS, "train.compile": COMPILE_MODES}
+"""The keys with a fixed set of values: validate() and the reference."""
+RESUME_WORDS = ("never", "auto")
+"""resume's values other than a checkpoint's path."""
 
 
 RECORD_PARTS = ("global_batch", "tokenizer")
@@ -216,7 +218,9 @@ class Config:
     """Seed for model init, data order and (plus the rank) dropout."""
     resume: str = "never"
     """never | auto (continue from the newest complete checkpoint in output_dir, if any, when it
-    is the same job: the same settings, data, global batch and precision; docs/faults.md)."""
+    is the same job: the same settings, data, global batch and precision; docs/faults.md) | PATH
+    (continue from that checkpoint, OUTPUT_DIR/checkpoints/step-N, of this same job; the checkpoints
+    after it are removed, and best/ if it was saved after it)."""
     accept_changes: str | None = None
     """Comma-separated keys a resumed job may continue with although they differ from its
     checkpoint's (e.g. train.lr, data.train, global_batch, tokenizer): the run then mixes two
@@ -271,7 +275,8 @@ class Config:
         _check("train.save_every", t.save_every, t.save_every >= 0, "must be >= 0 (0 = epoch ends only)")
         _check("train.keep_checkpoints", t.keep_checkpoints, t.keep_checkpoints >= 1, "must be >= 1")
         _check("train.max_nonfinite", t.max_nonfinite, t.max_nonfinite >= 1, "must be >= 1")
-        _one_of("resume", self.resume)
+        _check("resume", self.resume, self.resume in RESUME_WORDS or _path_like(self.resume),
+               f"must be never | auto | a checkpoint's directory{did_you_mean(self.resume, RESUME_WORDS)}")
         for name in self.accepted_changes:
             _check("accept_changes", name, _acceptable(name), f"no such key{did_you_mean(name, ACCEPTABLE)}")
         _check("requested_world_size", self.requested_world_size, self.requested_world_size >= 0,
@@ -366,6 +371,11 @@ def _one_of(key: str, value: str) -> None:
     if value not in CHOICES[key]:
         near = did_you_mean(value, CHOICES[key], default=functools.reduce(getattr, key.split("."), Config()))
         raise UserError(f"config: {key}={value}: must be one of {' | '.join(CHOICES[key])}{near}")
+
+
+def _path_like(value: str) -> bool:
+    """A resume value meant as a checkpoint's path (checked when the job starts), not a misspelt word."""
+    return bool(value.strip()) and ("/" in value or Path(value).exists())
 
 
 def _acceptable(name: str) -> bool:

@@ -2,7 +2,8 @@
 
 `decide(plan)` reads output_dir once on global rank 0, before any data or model loads (every rank
 gets the answer): the job finished already (`finished`: its metrics, nothing to do), it continues
-from the newest usable checkpoint (`checkpoint`), or it starts over (neither). Another live job in
+from the newest usable checkpoint (`checkpoint`) or the one resume=PATH names, or it starts over
+(neither). Another live job in
 output_dir (lock.py), a resume of another job, or of a finished job asked for more, stops here in
 one line (same_job.py says what may differ), as does starting over on another job's work (its
 finished outputs or checkpoints, compared as a resume compares them plus the model and teacher as
@@ -10,7 +11,8 @@ named) unless overwrite=true. `Resume.compare` is the one comparison of the job
 asked for with the one it continues, at the phase the job's record was made: settled (the
 settings) or built (the model's architecture, the tokenizer, the teacher's weights too). Once the
 stage is built, `confirm` makes that comparison and loads the checkpoint's bundle; a job that
-continues from nothing clears what a previous job left (`start_over`).
+continues from nothing clears what a previous job left (`start_over`), one that continues from a
+named checkpoint what its job did after it (`rewind`).
 """
 from __future__ import annotations
 
@@ -20,15 +22,17 @@ import logging
 import os
 import shutil
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pipeline import job_record, names
+from pipeline.config.schema import RESUME_WORDS
 from pipeline.errors import UserError
 from pipeline.job_record import JobRecord
 from pipeline.jobs import lock, same_job
 from pipeline.jobs.same_job import Change, param_value
 from pipeline.layout import OutputDir
 from pipeline.parts import checkpoint
-from pipeline.parts.checkpoint import Checkpoint
+from pipeline.parts.checkpoint import MANIFEST, Checkpoint
 from pipeline.plan.settle import Plan
 from pipeline.runtime import dist
 from pipeline.runtime.dist import Runtime
@@ -53,6 +57,8 @@ class Resume:
     """The record of the job it continues (a checkpoint's job.json, or a finished job's)."""
     accepted: list[Change] = field(default_factory=list)
     """The changes accepted against it (accept_changes), recorded on the run."""
+    named: bool = False
+    """The checkpoint is the one resume=PATH names, maybe older than the job's newest."""
 
     @property
     def finished(self) -> bool:
@@ -91,6 +97,23 @@ class Resume:
         step = self.checkpoint.step
         tracker.log_params({f"resumed_at_step_{step}.{c.key}": f"{param_value(c.old)} -> {param_value(c.new)}"
                             for c in self.accepted})
+
+    def rewind(self, rt: Runtime) -> None:
+        """Collective: a job resumed from a named checkpoint (resume=PATH) drops what its job did after
+        it: the newer checkpoints, and best/ if it was saved after it (the best model is then chosen
+        afresh: BestModel.restore_weights). A file's time tells: best/ is saved before its step's
+        checkpoint, so one as new as the checkpoint goes too."""
+        if self.named and rt.is_main:
+            newer = [c.path for c in checkpoint.complete(self.out) if c.step > self.checkpoint.step]
+            weights = self.out.best / "model.safetensors"
+            if weights.is_file() and weights.stat().st_mtime >= (self.checkpoint.path / MANIFEST).stat().st_mtime:
+                newer.append(self.out.best)
+            if newer:
+                log.warning("resume=%s: removing what the job did after it: %s", self.checkpoint.path,
+                            ", ".join(p.name for p in newer))
+            for path in newer:
+                shutil.rmtree(path)
+        dist.barrier()
 
     def start_over(self, rt: Runtime, uri: str) -> None:
         """Collective: a job that continues from nothing removes what a previous job left in
@@ -131,6 +154,8 @@ def decide(plan: Plan) -> Resume:
     out = plan.out
     lock.refuse_if_busy(out)
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0  # an elastic restart resumes
+    if plan.cfg.resume not in RESUME_WORDS and not restarted:  # a restart continues from the newest
+        return _named(plan)
     auto = plan.cfg.resume == "auto" or restarted
     # what output_dir holds: a finished job's outputs (metrics.json, written last), else its newest
     # checkpoint (one whose files match their manifest, to resume; one fully written, to keep),
@@ -154,6 +179,23 @@ def decide(plan: Plan) -> Resume:
             raise UserError(f"output_dir {out} holds another job's {what} ({named}): another output_dir keeps "
                             "both; overwrite=true removes them and starts this job there")
     return Resume(out, auto=False)
+
+
+def _named(plan: Plan) -> Resume:
+    """resume=PATH: a complete checkpoint of this output_dir whose job is this one (the comparison
+    resume=auto makes), in a job not finished; else a UserError naming why."""
+    out, path = plan.out, Path(plan.cfg.resume)
+    ckpt = checkpoint.named(path)
+    owner = path.resolve().parent.parent
+    if path.resolve().parent != out.checkpoints.resolve():
+        raise UserError(f"resume={path}: a checkpoint of another output_dir ({owner}), not of this job's ({out}); "
+                        f"to continue that job: output_dir={owner}")
+    if out.metrics.is_file():
+        raise UserError(f"resume={path}: {out} holds a finished job (its {out.metrics.name}); a finished job is not "
+                        "resumed: resume=never overwrite=true starts over")
+    start = Resume(out, auto=False, checkpoint=ckpt, trained=job_record.read(ckpt.job), named=True)
+    start.compare(plan.record, plan.cfg.accepted_changes, built=False)
+    return start
 
 
 def _another_job(old: JobRecord, new: JobRecord) -> list[str]:

@@ -6,7 +6,8 @@ checkpoint, or over), builds the stage (stage.py: whatever can be the user's fau
 any run or output exists; batch_finder.py under train.batch_size=auto, or the memory cap emulated
 on a CPU) and confirms a checkpoint
 against what was built (the stage's record, the job's from then on); then, holding the lock, it
-clears what a previous job left (Resume.start_over), opens the MLflow run and hands the stage to
+clears what a previous job left (Resume.start_over) or did after the checkpoint named
+(Resume.rewind), opens the MLflow run and hands the stage to
 the loop (train.py), and closes the run with how the loop ended.
 """
 from __future__ import annotations
@@ -60,6 +61,8 @@ def _run_locked(stage: Stage, start: resume.Resume, uri: str) -> dict[str, float
     ckpt = start.checkpoint
     if ckpt is None:
         start.start_over(stage.rt, uri)
+    else:
+        start.rewind(stage.rt)
     tracker = start_stage_run(stage.cfg, stage.rt, uri, StageRun(
         stage.kind, stage.model_spec, stage.policy.name,
         what_ran(stage.cfg, stage.rt, stage.policy, stage.backend, stage.model_spec, stage.kind),

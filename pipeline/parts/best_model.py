@@ -121,6 +121,10 @@ class BestModel:
         kd_projection, if any: the model's current one fills in)."""
         saved = out.best / "model.safetensors"
         if not saved.is_file():
+            if self.metrics:  # removed as newer than the checkpoint resumed from (resume=PATH), or by hand
+                log.warning("%s is missing, though the checkpoint knows a best model (%s): the best model is chosen "
+                            "afresh from the evaluations to come", out.best, self.reason)
+                self.load_state_dict(BestModel(order=self.order).state_dict())
             return
         from safetensors.torch import load_file
 

@@ -236,14 +236,33 @@ def latest(out: OutputDir) -> Checkpoint | None:
     """The newest checkpoint whose files match their manifest; broken ones are skipped."""
     for ckpt in reversed(complete(out)):
         try:
-            meta = json.loads((ckpt.path / MANIFEST).read_text())
-            for name, digest in meta["files"].items():
-                if fsutil.file_sha256(ckpt.path / name) != digest:
-                    raise ValueError(f"{name} does not match its checksum")
+            _verify(ckpt.path)
             return ckpt
         except (OSError, ValueError, KeyError) as e:
             log.warning("checkpoint %s is corrupted (%s); trying the previous one", ckpt.path.name, e)
     return None
+
+
+def named(path: Path) -> Checkpoint:
+    """The checkpoint at `path` (resume=PATH), its files checked against their manifest; a UserError
+    naming it when it is not one or is damaged."""
+    if not path.is_dir():
+        raise UserError(f"resume={path}: no such directory")
+    try:
+        return Checkpoint(path, _verify(path))
+    except (OSError, ValueError, KeyError) as e:
+        raise UserError(f"resume={path}: not a complete checkpoint ({e}); resume=auto takes the newest "
+                        "complete one") from None
+
+
+def _verify(path: Path) -> int:
+    """The step of the checkpoint at `path`; an error when its manifest is missing or a file does not
+    match its checksum."""
+    meta = json.loads((path / MANIFEST).read_text())
+    for name, digest in meta["files"].items():
+        if fsutil.file_sha256(path / name) != digest:
+            raise ValueError(f"{name} does not match its checksum")
+    return int(meta["step"])
 
 
 def complete(out: OutputDir) -> list[Checkpoint]:
