@@ -14,7 +14,9 @@ def main(args: list[str]) -> int:
     parser.add_argument("study", help="study file (YAML); see launch/studies/")
     parser.add_argument("overrides", nargs="*", help="key=value applied to every cell (after the study file's); "
                         "PROCEDURE:key=value to that procedure's cells alone (teacher:model=bert-base-uncased)")
-    parser.add_argument("--dry-run", action="store_true", help="print the cells and their commands; run nothing")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the cells and their commands (with --executor slurm: every sbatch script and its "
+                             "dependencies, checked as a submission checks them); run nothing")
     parser.add_argument("--jobs", type=int, default=None,
                         help="cells at once on this node (default: one per visible GPU; 1 without GPUs)")
     parser.add_argument("--executor", choices=("local", "slurm"), default="local",
@@ -27,6 +29,10 @@ def main(args: list[str]) -> int:
     if opts.jobs is not None and opts.executor == "slurm":
         raise UserError("study: --jobs: with --executor slurm, Slurm decides how many cells run at once")
     study, cells = load_study(opts.study, opts.overrides)
+    if opts.dry_run and opts.executor == "slurm":
+        from pipeline.study import slurm
+
+        return slurm.dry_run(study, cells, opts.overrides)
     if opts.dry_run:
         return dry_run(study, cells)
     if opts.report_only:

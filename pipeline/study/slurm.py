@@ -11,6 +11,9 @@ job Slurm still holds (`squeue`, by job name), so it resumes the study as a loca
 
 The scripts are kept in OUTPUT_ROOT/STUDY/_slurm/CELL.sbatch (resubmit one by hand with
 `sbatch`); each job writes its output to _logs/CELL.log and its exit code to _logs/CELL.exit.
+
+`--dry-run` makes the same checks of the study file (`check`) and prints each script with the
+sbatch command that would submit it, dependencies named by cell, writing and submitting nothing.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from pathlib import Path
 
 from pipeline.errors import UserError
 from pipeline.study.cell_process import ATTEMPT
-from pipeline.study.runner import OpenStudy, _logs, exit_file, report_only
+from pipeline.study.runner import OpenStudy, _finished_before, _logs, exit_file, report_only
 from pipeline.study.spec import Cell, Study, study_error
 
 log = logging.getLogger("pipeline")
@@ -45,13 +48,46 @@ exit "$code"
 """
 
 
-def submit_study(study: Study, cells: list[Cell], extra: list[str]) -> int:
-    """Submit the cells that have yet to run, then the report's job; returns 0 once submitted."""
-    settings = study.slurm
-    if not settings.partition:
+def check(study: Study, cells: list[Cell]) -> dict[str, int]:
+    """What a submission needs of the study file, checked before anything is written (a one-line
+    UserError naming the key): the partition; each cell's GPUs per node, returned by cell name."""
+    if not study.slurm.partition:
         raise study_error(study.path, "slurm.partition", "required by --executor slurm (the partition of the cells' "
                                                          "jobs)")
-    gpus = {c.name: _gpus(study, c) for c in cells}
+    return {c.name: _gpus(study, c) for c in cells}
+
+
+def dry_run(study: Study, cells: list[Cell], extra: list[str]) -> int:
+    """Print every job a submission would make: its sbatch command (a dependency on another job named
+    <CELL>, by the cell it waits for) and its script; check what a submission checks, write nothing."""
+    gpus = check(study, cells)
+    folder = _scripts(study)
+    print(f"study {study.name}: {len(cells)} cells as Slurm jobs on partition {study.slurm.partition}; scripts would "
+          f"be written to {folder} (PARENT: the study's MLflow run); nothing written or submitted")
+    missing = [tool for tool in ("sbatch", "squeue") if shutil.which(tool) is None]
+    if missing:
+        print(f"note: {' and '.join(missing)} not on PATH here: submit where Slurm's commands are")
+    submitted: list[str] = []
+    for cell in cells:
+        if _finished_before(cell):
+            print(f"\n- {cell.name} [finished: would skip]")
+            continue
+        after = [f"<{n}>" for n in cell.needs if n in submitted]
+        submitted.append(cell.name)
+        _show(cell.name, folder, _cell_script(study, cell, "PARENT", gpus[cell.name]), after, "afterok")
+    if submitted:
+        _show("_report", folder, _report_script(study, extra), [f"<{n}>" for n in submitted], "afterany")
+    return 0
+
+
+def _show(name: str, folder: Path, script: str, after: list[str], kind: str) -> None:
+    print(f"\n- {name}\n  {shlex.join(_sbatch_command(folder / f'{name}.sbatch', after, kind))}")
+    print("".join(f"    {line}\n" for line in script.rstrip("\n").splitlines()), end="")
+
+
+def submit_study(study: Study, cells: list[Cell], extra: list[str]) -> int:
+    """Submit the cells that have yet to run, then the report's job; returns 0 once submitted."""
+    gpus = check(study, cells)
     for tool in ("sbatch", "squeue"):
         if shutil.which(tool) is None:
             raise UserError(f"study: --executor slurm: {tool} is not on PATH (run it where Slurm's commands are)")
@@ -146,8 +182,12 @@ def _report_script(study: Study, extra: list[str]) -> str:
     return "\n".join([*lines, f"exec {shlex.join(cmd)}", ""])
 
 
+def _scripts(study: Study) -> Path:
+    return study.output_root / study.name / "_slurm"
+
+
 def _write(study: Study, name: str, text: str) -> Path:
-    folder = study.output_root / study.name / "_slurm"
+    folder = _scripts(study)
     folder.mkdir(parents=True, exist_ok=True)
     _logs(study).mkdir(parents=True, exist_ok=True)
     path = folder / f"{name}.sbatch"
@@ -157,16 +197,19 @@ def _write(study: Study, name: str, text: str) -> Path:
 
 def _sbatch(script: Path, after: list[str], kind: str = "afterok") -> str:
     """Submit a script to start once the jobs `after` have ended (afterok: each of them with exit 0)."""
+    done = subprocess.run(_sbatch_command(script, after, kind), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise UserError(f"study: sbatch {script.name}: {' '.join((done.stderr or done.stdout).split())[:300]}")
+    return done.stdout.strip().split(";")[0]  # --parsable: ID or ID;CLUSTER
+
+
+def _sbatch_command(script: Path, after: list[str], kind: str) -> list[str]:
     cmd = ["sbatch", "--parsable"]
     if after:
         cmd.append(f"--dependency={kind}:{':'.join(after)}")
         if kind == "afterok":  # a dependant of a failed cell is cancelled, not left pending for ever
             cmd.append("--kill-on-invalid-dep=yes")
-    cmd.append(str(script))
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise UserError(f"study: sbatch {script.name}: {' '.join((done.stderr or done.stdout).split())[:300]}")
-    return done.stdout.strip().split(";")[0]  # --parsable: ID or ID;CLUSTER
+    return [*cmd, str(script)]
 
 
 def _queued(names: list[str]) -> dict[str, str]:

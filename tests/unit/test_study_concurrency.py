@@ -8,6 +8,7 @@ sbatch records each submission and runs its script at once, in submission order,
 afterok and --kill-on-invalid-dep as Slurm does), so the test checks what is submitted, the
 dependencies, the resume rules and the report job; not a real cluster's scheduling.
 """
+import re
 from pathlib import Path
 
 import pytest
@@ -87,16 +88,56 @@ def _cli(args, capsys):
 @pytest.mark.parametrize("args,spec,message", [
     (["--jobs", "0"], {"name": "x"}, "error: study: --jobs 0: must be >= 1"),
     (["--executor", "slurm"], {"name": "x"}, "slurm.partition: required by --executor slurm"),
+    (["--executor", "slurm", "--dry-run"], {"name": "x"}, "slurm.partition: required by --executor slurm"),
+    (["--executor", "slurm", "--dry-run"], {"name": "x", "slurm": {"partition": "gpu"},
+                                            "launcher": {"type": "torchrun", "nproc": "auto"}},
+     "slurm.gpus_per_node: required for cell train: its launcher's nproc=auto"),
     ([], {"name": "x", "slurm": {"partition": "gpu", "time": 14400}}, "slurm.time: 14400: expected one word"),
     ([], {"name": "x", "slurm": {"gpus": 2}}, "slurm.gpus: unknown key"),
-], ids=["jobs", "partition", "time", "key"])
+], ids=["jobs", "partition", "dry-run partition", "dry-run gpus", "time", "key"])
 def test_bad_concurrency_input_is_one_line_exit_2(tmp_path, capsys, args, spec, message):
     path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump(spec))
+    path.write_text(yaml.safe_dump({"output_root": str(tmp_path / "out"), **spec}))
     code, out = _cli(["study", path, *args], capsys)
     assert code == 2
     lines = out.err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], out.err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_slurm_dry_run_prints_every_script_and_its_dependencies_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "out"
+    path = tmp_path / "kd.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "kd", "output_root": str(out), "overrides": [f"tracking.uri=sqlite:///{tmp_path}/m.db"],
+        "slurm": {"partition": "gpu", "time": "01:00:00", "extra": ["--constraint=h100"]},
+        "procedures": {"teacher": {"command": "train"},
+                       "student": {"command": "distill", "launcher": {"type": "torchrun", "nproc": 2},
+                                   "overrides": ["kd.teacher=${teacher.output_dir}"]},
+                       "done": {"command": "train"}},
+        "matrix": {"tasks": ["sentiment"], "procedures": ["teacher", "student", "done"]},
+    }))
+    (out / "kd" / "sentiment-done").mkdir(parents=True)
+    (out / "kd" / "sentiment-done" / "metrics.json").write_text("{}")  # finished before: not submitted
+    code, printed = _cli(["study", path, "--executor", "slurm", "--dry-run"], capsys)
+    assert code == 0, printed.err
+    jobs = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(
+        r"^- (\S+)\n  (sbatch .+)\n((?:    .*\n)+)", printed.out, re.M)}
+    assert list(jobs) == ["sentiment-teacher", "sentiment-student", "_report"]
+    scripts = out / "kd" / "_slurm"
+    assert jobs["sentiment-teacher"][0] == f"sbatch --parsable {scripts / 'sentiment-teacher.sbatch'}"
+    assert jobs["sentiment-student"][0] == ("sbatch --parsable '--dependency=afterok:<sentiment-teacher>' "
+                                           f"--kill-on-invalid-dep=yes {scripts / 'sentiment-student.sbatch'}")
+    assert jobs["_report"][0].startswith("sbatch --parsable "
+                                         "'--dependency=afterany:<sentiment-teacher>:<sentiment-student>' ")
+    student = jobs["sentiment-student"][1]
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --time=01:00:00", "#SBATCH --gpus-per-node=2",
+                 "#SBATCH --constraint=h100", "#SBATCH --job-name=kd.sentiment-student"):
+        assert f"    {line}\n" in student
+    assert "torch.distributed.run --nproc_per_node 2" in student and "pipeline distill" in student
+    assert "- sentiment-done [finished: would skip]" in printed.out
+    assert sorted(p.name for p in (out / "kd").iterdir()) == ["sentiment-done"]  # no script, no log folder
+    assert not (tmp_path / "m.db").exists()  # no MLflow run either
 
 
 def test_a_dataset_logged_by_two_runs_at_once_is_linked_not_lost():
