@@ -1,8 +1,8 @@
 """The training loop: one stage, in any launch mode and precision, readable top to bottom.
 
 fit() runs the phases in the order written: set up, restore a checkpoint, train an epoch, end it
-(evaluate, keep the best model, checkpoint), finish (test with the best model). train.eval_every
-adds dev evaluations between an epoch's steps, each counted as an epoch's end counts its own. The job around it
+(evaluate, keep the best model, checkpoint), finish (test with the best model); train.eval_every
+adds evaluations between an epoch's steps, each counted as an epoch end's. The job around it
 is jobs/run.py's; the Backend hides single/DDP/DeepSpeed; each piece of mutable state is a part
 that saves and restores itself (Loop.parts), saved by the Checkpointer on its own cadence; the
 MetricsProcessor decides when to log and makes every record.
@@ -149,8 +149,9 @@ def begin(loop: Loop) -> None:
 
 
 def train_epoch(loop: Loop, epoch: int) -> None:
-    """This rank's shard of one epoch, an optimizer step every grad_accum micro-batches; the
-    checkpointer saves on its cadence and on SIGTERM (then Preempted)."""
+    """This rank's shard of one epoch, an optimizer step every grad_accum micro-batches, a dev
+    evaluation every train.eval_every steps (an early stop ends the epoch there); the checkpointer
+    saves on its cadence and on SIGTERM (then Preempted)."""
     stage, grad_accum, progress = loop.stage, loop.stage.cfg.train.grad_accum, loop.progress
     progress.epoch = epoch
     start = progress.epoch_steps * grad_accum  # this rank's micro-batches already trained
