@@ -36,6 +36,9 @@ class CheckpointFiles:
     """DeepSpeed's own checkpoint tag (a folder)."""
     MANIFEST = "manifest.json"
     """sha256 of every file, written last."""
+    BEST = "best.safetensors"
+    """best/'s weights as the checkpoint was saved (a hard link where the filesystem has them): a
+    resume restores the best model of its own step, whatever best/ became after it."""
 
     @staticmethod
     def rng(rank: int) -> str:
@@ -119,6 +122,11 @@ class OutputDir:
     @property
     def best(self) -> Path:
         return self.root / self.BEST
+
+    @property
+    def best_weights(self) -> Path:
+        """The weights file of best/ (save_pretrained's safetensors)."""
+        return self.best / "model.safetensors"
 
     def trained_model(self) -> Path | None:
         """best/ if a job has written its model there (a Hugging Face model directory), else None."""

@@ -98,9 +98,9 @@ def fit(stage: Stage, tracker: Tracker, resumed: Checkpoint | None) -> dict[str,
     preemption = AgreedFlag()
     with dist.on_sigterm(preemption.raised.set):
         loop = setup(stage, tracker, preemption)
-        if resumed is not None:  # model, optimizer, every part and the RNG; the best model's weights from best/
+        if resumed is not None:  # model, optimizer, every part and the RNG; the best model's weights as of it
             loop.checkpointer.load(resumed)
-            loop.best.restore_weights(stage.out, stage.backend)
+            loop.best.restore_weights(resumed.best_weights(stage.out), stage.backend)
         else:
             torch.manual_seed(stage.cfg.seed + stage.rt.rank)  # dropout differs per rank; data order does not
         begin(loop)

@@ -220,7 +220,7 @@ class Config:
     """never | auto (continue from the newest complete checkpoint in output_dir, if any, when it
     is the same job: the same settings, data, global batch and precision; docs/faults.md) | PATH
     (continue from that checkpoint, OUTPUT_DIR/checkpoints/step-N, of this same job; the checkpoints
-    after it are removed, and best/ if it was saved after it)."""
+    after it are removed, best/ holds its best model again)."""
     accept_changes: str | None = None
     """Comma-separated keys a resumed job may continue with although they differ from its
     checkpoint's (e.g. train.lr, data.train, global_batch, tokenizer): the run then mixes two

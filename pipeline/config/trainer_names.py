@@ -26,7 +26,7 @@ TRAINER_NAMES = (
     TrainerName("overwrite_output_dir", "overwrite", "the same job re-run continues or starts over on its own "
                 "outputs; overwrite=true is needed only to replace another job's"),
     TrainerName("resume_from_checkpoint", "resume", "resume=auto: the newest complete checkpoint of output_dir; "
-                "resume=PATH: that checkpoint (of the same job only)"),
+                "resume=PATH: that checkpoint (of the same job only; what followed it is undone)"),
     TrainerName("num_train_epochs", "train.epochs", "a whole number; unset = the task's (3; error_cls 5, qa 8)"),
     TrainerName("max_steps", "train.max_steps"),
     TrainerName("per_device_train_batch_size", "train.batch_size", "default 16 (Trainer: 8); auto finds the "

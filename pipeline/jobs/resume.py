@@ -12,7 +12,7 @@ asked for with the one it continues, at the phase the job's record was made: set
 settings) or built (the model's architecture, the tokenizer, the teacher's weights too). Once the
 stage is built, `confirm` makes that comparison and loads the checkpoint's bundle; a job that
 continues from nothing clears what a previous job left (`start_over`), one that continues from a
-named checkpoint what its job did after it (`rewind`).
+named checkpoint what its job did after it (`rewind`: best/ back to the checkpoint's best model).
 """
 from __future__ import annotations
 
@@ -24,15 +24,15 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline import job_record, names
+from pipeline import fsutil, job_record, names
 from pipeline.config.schema import RESUME_WORDS
 from pipeline.errors import UserError
 from pipeline.job_record import JobRecord
 from pipeline.jobs import lock, same_job
 from pipeline.jobs.same_job import Change, param_value
-from pipeline.layout import OutputDir
+from pipeline.layout import CheckpointFiles, OutputDir
 from pipeline.parts import checkpoint
-from pipeline.parts.checkpoint import MANIFEST, Checkpoint
+from pipeline.parts.checkpoint import Checkpoint
 from pipeline.plan.settle import Plan
 from pipeline.runtime import dist
 from pipeline.runtime.dist import Runtime
@@ -100,19 +100,26 @@ class Resume:
 
     def rewind(self, rt: Runtime) -> None:
         """Collective: a job resumed from a named checkpoint (resume=PATH) drops what its job did after
-        it: the newer checkpoints, and best/ if it was saved after it (the best model is then chosen
-        afresh: BestModel.restore_weights). A file's time tells: best/ is saved before its step's
-        checkpoint, so one as new as the checkpoint goes too."""
+        it: the newer checkpoints are removed, and best/, if another model became best after it,
+        holds the checkpoint's best model again (its weights from the checkpoint), or goes where the
+        checkpoint knows none."""
         if self.named and rt.is_main:
-            newer = [c.path for c in checkpoint.complete(self.out) if c.step > self.checkpoint.step]
-            weights = self.out.best / "model.safetensors"
-            if weights.is_file() and weights.stat().st_mtime >= (self.checkpoint.path / MANIFEST).stat().st_mtime:
-                newer.append(self.out.best)
-            if newer:
-                log.warning("resume=%s: removing what the job did after it: %s", self.checkpoint.path,
-                            ", ".join(p.name for p in newer))
+            out, ckpt = self.out, self.checkpoint
+            newer = [c.path for c in checkpoint.complete(out) if c.step > ckpt.step]
+            then = ckpt.path / CheckpointFiles.BEST
+            knows_best = bool(ckpt.load_bundle()["parts"]["best"]["metrics"])
+            stale = out.best_weights.is_file() and (
+                not knows_best or (then.is_file() and not _same_content(out.best_weights, then)))
+            if newer or stale:
+                log.warning("resume=%s: undoing what the job did after it: %s", ckpt.path, ", ".join(
+                    [*(f"{p.name} removed" for p in newer),
+                     *([f"{out.BEST}/ {'back to its best model' if knows_best else 'removed'}"] if stale else [])]))
             for path in newer:
                 shutil.rmtree(path)
+            if stale and knows_best:
+                _best_again(out, then)
+            elif stale:
+                shutil.rmtree(out.best)
         dist.barrier()
 
     def start_over(self, rt: Runtime, uri: str) -> None:
@@ -196,6 +203,20 @@ def _named(plan: Plan) -> Resume:
     start = Resume(out, auto=False, checkpoint=ckpt, trained=job_record.read(ckpt.job), named=True)
     start.compare(plan.record, plan.cfg.accepted_changes, built=False)
     return start
+
+
+def _same_content(a: Path, b: Path) -> bool:
+    return os.path.samefile(a, b) or fsutil.file_sha256(a) == fsutil.file_sha256(b)
+
+
+def _best_again(out: OutputDir, weights: Path) -> None:
+    """best/ with `weights` (a checkpoint's best.safetensors) beside its other files (config, tokenizer,
+    card: the same model), replaced whole."""
+    with fsutil.atomic_dir(out.best, replace=True) as tmp:
+        for path in out.best.iterdir():
+            if path != out.best_weights and path.is_file():
+                shutil.copy2(path, tmp / path.name)
+        checkpoint.link_or_copy(weights, tmp / out.best_weights.name)
 
 
 def _another_job(old: JobRecord, new: JobRecord) -> list[str]:

@@ -116,15 +116,16 @@ class BestModel:
                 write_card(tmp, out, self.metrics)
         return True
 
-    def restore_weights(self, out: OutputDir, backend: Backend) -> None:
-        """Collective: the weights of best/, if a resumed job has written one (saved without the
-        kd_projection, if any: the model's current one fills in)."""
-        saved = out.best / "model.safetensors"
+    def restore_weights(self, saved: Path, backend: Backend) -> None:
+        """Collective, on resume: the best model's weights from `saved` (Checkpoint.best_weights:
+        saved without the kd_projection, if any: the model's current one fills in), if the checkpoint
+        knows a best model; a file gone (removed by hand) starts the choice afresh, with a warning."""
+        if not self.metrics:
+            return
         if not saved.is_file():
-            if self.metrics:  # removed as newer than the checkpoint resumed from (resume=PATH), or by hand
-                log.warning("%s is missing, though the checkpoint knows a best model (%s): the best model is chosen "
-                            "afresh from the evaluations to come", out.best, self.reason)
-                self.load_state_dict(BestModel(order=self.order).state_dict())
+            log.warning("%s is missing, though the checkpoint knows a best model (%s): the best model is chosen "
+                        "afresh from the evaluations to come", saved, self.reason)
+            self.load_state_dict(BestModel(order=self.order).state_dict())
             return
         from safetensors.torch import load_file
 

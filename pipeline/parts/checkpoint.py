@@ -5,8 +5,9 @@ Layout: OUTPUT_DIR/checkpoints/step-00000123/ with `state.pt` (every part of the
 name, collected from parts that save and restore themselves; rank 0), `job.json` (what the job
 trains with: job_record.py; rank 0), what the backend writes
 (`backend.pt`: model, optimizer, loss scaler; or DeepSpeed's own engine checkpoint under
-`engine/`), `rng-rank{R}.pt` (every rank's RNG states) and `manifest.json` (sha256 of each
-file), written last. Every file goes into a temporary directory that is fsync'ed (files, then
+`engine/`), `rng-rank{R}.pt` (every rank's RNG states), `best.safetensors` (best/'s weights
+as of the checkpoint, hard-linked: no copy; rank 0) and `manifest.json` (sha256 of each file),
+written last. Every file goes into a temporary directory that is fsync'ed (files, then
 directories) and renamed when complete, so neither a kill nor a power loss publishes a partial
 checkpoint; a save that fails (a full disk: DiskFull, one line) removes its temporary directory.
 A directory without a valid manifest, or whose checksums do not match, is skipped with a warning
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import shutil
 from collections.abc import Callable, Mapping
@@ -99,6 +101,12 @@ class Checkpoint:
             self.bundle = bundle
         return self.bundle
 
+    def best_weights(self, out: OutputDir) -> Path:
+        """The best model's weights as of this checkpoint: its own link, else (a checkpoint saved
+        without one) best/'s."""
+        own = self.path / CheckpointFiles.BEST
+        return own if own.is_file() else out.best_weights
+
     @property
     def run_id(self) -> str | None:
         """The MLflow run it logs to (from its bundle)."""
@@ -158,7 +166,8 @@ class Checkpointer:
         """Collective: everything, now."""
         self.pending.read(step)
         return save(self.out, step, collect(self.parts, self.run_id), self.rank, keep=self.keep,
-                    write_backend=self.backend.save, files={CheckpointFiles.JOB: self.job})
+                    write_backend=self.backend.save, files={CheckpointFiles.JOB: self.job},
+                    links={CheckpointFiles.BEST: self.out.best_weights})
 
     def load(self, ckpt: Checkpoint) -> None:
         """Collective: the backend's state, every part's and this rank's RNG from a checkpoint; a
@@ -181,11 +190,12 @@ class Checkpointer:
 
 
 def save(out: OutputDir, step: int, state: dict, rank: int, keep: int,
-         write_backend: Callable[[Path, int], None] | None = None, files: Mapping[str, dict] | None = None
-         ) -> Path:
+         write_backend: Callable[[Path, int], None] | None = None, files: Mapping[str, dict] | None = None,
+         links: Mapping[str, Path] | None = None) -> Path:
     """Collective: every rank calls it at the same step boundary; write_backend(dir, rank) too.
     `files`: JSON files rank 0 writes beside the state (job.json: what the job trains with, which
-    a resume compares before loading the rest).
+    a resume compares before loading the rest); `links`: files rank 0 links in by name, those that
+    exist (best/'s weights).
 
     A failure on any rank (DiskFull on a full disk) removes the temporary directory and raises."""
     final, tmp = out.checkpoint(step), out.checkpoint_in_progress(step)
@@ -202,6 +212,9 @@ def save(out: OutputDir, step: int, state: dict, rank: int, keep: int,
                 save_torch(state, tmp / CheckpointFiles.STATE)
                 for name, content in (files or {}).items():
                     fsutil.write_json(tmp / name, content)
+                for name, source in (links or {}).items():
+                    if source.is_file():
+                        link_or_copy(source, tmp / name)
             dist.barrier()
             if rank == 0:
                 files = {str(p.relative_to(tmp)): fsutil.file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
@@ -217,6 +230,15 @@ def save(out: OutputDir, step: int, state: dict, rank: int, keep: int,
             shutil.rmtree(old.path, ignore_errors=True)
     dist.barrier()
     return final
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """A hard link (best/ is replaced whole, never written in place, so the link keeps its content),
+    or a copy where the filesystem has no links."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 def save_torch(obj: object, path: Path) -> None:

@@ -313,7 +313,7 @@ def test_the_best_model_keeps_the_best_weights_on_disk_and_counts_evaluations_si
     assert OutputDir(tmp_path).trained_model() == tmp_path / "best"
     restored = BestModel()
     restored.load_state_dict(best.state_dict())
-    restored.restore_weights(OutputDir(tmp_path), backend)
+    restored.restore_weights(OutputDir(tmp_path).best_weights, backend)
     assert restored.state_dict() == best.state_dict()
     for k, v in kept.items():
         torch.testing.assert_close(restored.weights[k], v, msg=k)
@@ -403,7 +403,7 @@ def test_eval_every_evaluates_between_steps_and_a_job_killed_after_one_resumes_e
     assert ckpt.step == 6
     resumed = make_loop(tmp_path / "cut", overrides, micro_batches=8, epochs=2)  # a fresh process's objects
     resumed.checkpointer.load(ckpt)
-    resumed.best.restore_weights(OutputDir(tmp_path / "cut"), resumed.stage.backend)
+    resumed.best.restore_weights(ckpt.best_weights(OutputDir(tmp_path / "cut")), resumed.stage.backend)
     train_until_done(resumed)
 
     assert logged(resumed, names.eval_metric("main")) == {k: v for k, v in dev.items() if k > 6}

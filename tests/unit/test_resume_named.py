@@ -1,6 +1,6 @@
 """resume=PATH: a job continues from the checkpoint it names, of this same job only, and drops what
-its job did after it; every other case is one line, exit 2, with nothing touched."""
-import os
+its job did after it (best/ back to the checkpoint's best model); every other case is one line, exit
+2, with nothing touched."""
 from types import SimpleNamespace
 
 import pytest
@@ -10,7 +10,8 @@ from pipeline.errors import UserError
 from pipeline.fsutil import write_json
 from pipeline.job_record import JobRecord
 from pipeline.jobs.resume import decide
-from pipeline.layout import OutputDir
+from pipeline.layout import CheckpointFiles, OutputDir
+from pipeline.parts import checkpoint
 
 SINGLE = SimpleNamespace(is_main=True)
 
@@ -26,37 +27,43 @@ def plan(out: OutputDir, resume, asked: JobRecord | None = None):
     return SimpleNamespace(cfg=cfg, out=out, record=asked or record())
 
 
-def saved(out: OutputDir, step: int, mtime: float):
-    """A complete checkpoint of record()'s job at `step`, its manifest written at `mtime`."""
-    path = out.checkpoint(step)
-    path.mkdir(parents=True)
-    write_json(path / "job.json", record().to_json())
-    write_json(path / "manifest.json", {"step": step, "files": {}})
-    os.utime(path / "manifest.json", (mtime, mtime))
-    return path
+def best_saved(out: OutputDir, weights: bytes):
+    """best/ as BestModel.consider replaces it: a new directory, its weights a new file."""
+    new = out.root / "best.new"
+    new.mkdir()
+    (new / "config.json").write_text("{}")
+    (new / "model.safetensors").write_bytes(weights)
+    if out.best.exists():
+        (out.root / "best").rename(out.root / "best.old")
+    new.rename(out.best)
 
 
-def best_saved(out: OutputDir, mtime: float):
-    out.best.mkdir(exist_ok=True)
-    (out.best / "model.safetensors").write_bytes(b"weights")
-    os.utime(out.best / "model.safetensors", (mtime, mtime))
+def saved(out: OutputDir, step: int):
+    """A checkpoint of record()'s job at `step`, as the Checkpointer writes one: best/'s weights linked in."""
+    out.root.mkdir(parents=True, exist_ok=True)
+    knows = {"eval/main": 0.5} if out.best_weights.is_file() else {}
+    state = {"format": checkpoint.FORMAT, "run_id": None, "parts": {"best": {"metrics": knows}}}
+    return checkpoint.save(out, step, state, rank=0, keep=10, files={"job.json": record().to_json()},
+                           links={CheckpointFiles.BEST: out.best_weights})
 
 
-def test_a_named_checkpoint_is_resumed_and_what_followed_it_is_removed(tmp_path):
+def test_a_named_checkpoint_is_resumed_and_what_followed_it_is_undone(tmp_path):
     out = OutputDir(tmp_path / "out")
-    for step in (10, 20, 30):
-        saved(out, step, mtime=1000 + step)
-    best_saved(out, mtime=1025)  # saved at step 25's evaluation: after the checkpoint named
+    saved(out, 10)  # before any evaluation: no best model yet
+    best_saved(out, b"best at 15")
+    saved(out, 20)
+    best_saved(out, b"best at 25")  # after the checkpoint named
+    saved(out, 30)
     start = decide(plan(out, out.checkpoint(20)))
     assert (start.checkpoint.path, start.checkpoint.step, start.named) == (out.checkpoint(20), 20, True)
-    assert out.checkpoint(30).is_dir() and out.best.is_dir()  # nothing removed before the stage is confirmed
+    assert out.checkpoint(30).is_dir() and out.best_weights.read_bytes() == b"best at 25"  # nothing done yet
     start.rewind(SINGLE)
     assert [p.name for p in out.checkpoint_dirs()] == ["step-00000010", "step-00000020"]
-    assert not out.best.exists()
+    assert out.best_weights.read_bytes() == b"best at 15" and (out.best / "config.json").is_file()
+    assert checkpoint.latest(out).step == 20  # its linked weights still match its manifest
 
-    best_saved(out, mtime=1015)  # a best model from before the checkpoint is the job's: kept
-    decide(plan(out, out.checkpoint(20))).rewind(SINGLE)
-    assert (out.best / "model.safetensors").is_file()
+    decide(plan(out, out.checkpoint(10))).rewind(SINGLE)  # a checkpoint that knows no best model
+    assert not out.best.exists() and [p.name for p in out.checkpoint_dirs()] == ["step-00000010"]
 
 
 @pytest.mark.parametrize("case, message", [
@@ -69,8 +76,8 @@ def test_a_named_checkpoint_is_resumed_and_what_followed_it_is_removed(tmp_path)
 ])
 def test_a_checkpoint_that_is_not_this_jobs_to_continue_is_one_line_and_nothing_is_touched(tmp_path, case, message):
     out, other = OutputDir(tmp_path / "out"), OutputDir(tmp_path / "other")
-    saved(out, 10, mtime=1000)
-    saved(other, 10, mtime=1000)
+    saved(out, 10)
+    saved(other, 10)
     out.checkpoint(40).mkdir()  # a save killed before its manifest
     asked = record(precision="bf16") if case == "another job" else record()
     if case == "finished":
