@@ -319,3 +319,32 @@ def test_a_disk_that_fills_mid_run_is_one_line_and_the_run_ends_failed(tmp_path,
     assert "Traceback" not in err
     (mlrun,) = mlflow_runs(db, "pipeline")
     assert mlrun.info.status == "FAILED"  # not left RUNNING although the journal could not say so
+
+
+@pytest.mark.slow  # three short CLI jobs of 75 steps
+def test_a_job_killed_after_an_evaluation_between_steps_resumes_from_a_named_checkpoint_identically(tmp_path):
+    """train.eval_every evaluates between steps; a job SIGKILLed after a later checkpoint and
+    resumed from an earlier one (resume=PATH) undoes what followed it, best/ included, and ends
+    with the uninterrupted job's weights and figures, in the same MLflow run."""
+    job = [*FAST, "train.epochs=1", "train.eval_every=15", "train.save_every=10", "train.keep_checkpoints=10",
+           "train.log_every=1000"]
+    whole = tmp_path / "whole"
+    done = run_cli("train", *job, f"output_dir={whole}", f"tracking.uri=sqlite:///{tracking_db(tmp_path, 'w.db')}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "step 15  dev " in done.stderr and "step 30  dev " in done.stderr
+
+    out, db = tmp_path / "out", tracking_db(tmp_path)
+    job += [f"output_dir={out}", f"tracking.uri=sqlite:///{db}"]
+    proc = start_cli("train", *job, log=tmp_path / "log")
+    wait_for(lambda: newest_step(out) >= 40 or proc.poll() is not None, what="a checkpoint after two evaluations")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert not (out / "metrics.json").exists()  # it really died mid-run
+
+    result = run_cli("train", *job, f"resume={OutputDir(out).checkpoint(20)}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "undoing what the job did after it: step-00000030 removed" in result.stderr
+    assert [c.step for c in checkpoint.complete(OutputDir(out))][:2] == [10, 20]
+    assert_same_result(whole, out)
+    (mlrun,) = mlflow_runs(db, "pipeline")
+    assert mlrun.info.status == "FINISHED"
