@@ -229,7 +229,7 @@ def evaluate_between_steps(loop: Loop, epoch: int) -> None:
     loop.meters.pause()
     dev = evaluate_dev(loop)
     loop.metrics.log_dev(dev, loop.progress.step, loop.stage.task.main_metric)
-    keep_best(loop, dev, epoch)
+    keep_best(loop, dev, epoch, loop.meters.totals.train_seconds + loop.meters.throughput.seconds)
     loop.wrapped.train()
     loop.meters.resume()
 
@@ -244,7 +244,7 @@ def end_epoch(loop: Loop, epoch: int) -> bool:
     loop.metrics.log_epoch(epoch_metrics, loop.losses.last_loss, dev, progress.step, epoch, loop.epochs,
                            stage.task.main_metric)
     if dev is not None:
-        keep_best(loop, dev, epoch)
+        keep_best(loop, dev, epoch, loop.meters.totals.train_seconds)
     done = progress.step >= loop.total_steps or epoch + 1 == loop.epochs
     early = loop.stopping_early
     progress.epoch, progress.epoch_steps = epoch + 1, 0
@@ -263,12 +263,12 @@ def evaluate_dev(loop: Loop) -> Evaluation:
                     stage.features["dev"], compile=stage.compile)
 
 
-def keep_best(loop: Loop, dev: Evaluation, epoch: int) -> None:
-    """Keep the best model (the main metric, then the task's tie-breakers); an evaluation that is
-    not better counts towards early stopping."""
+def keep_best(loop: Loop, dev: Evaluation, epoch: int, train_seconds: float) -> None:
+    """Keep the best model (the main metric, then the task's tie-breakers) with the training seconds
+    that reached it; an evaluation that is not better counts towards early stopping."""
     stage = loop.stage
-    loop.best.consider(dev.scores, epoch + 1, loop.meters.totals.train_seconds, stage.backend, stage.tokenizer,
-                       stage.out, stage.rt.is_main, step=loop.progress.step)
+    loop.best.consider(dev.scores, epoch + 1, train_seconds, stage.backend, stage.tokenizer, stage.out,
+                       stage.rt.is_main, step=loop.progress.step)
 
 
 def finish(loop: Loop) -> dict[str, float]:

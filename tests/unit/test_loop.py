@@ -422,4 +422,5 @@ def test_early_stopping_counts_evaluations_between_steps_and_stops_at_the_step(t
     assert lp.progress.step == 6  # evaluations at 2, 4 and 6; the last two were not better
     assert sorted(logged(lp, names.eval_metric("main"))) == [2, 4, 6]  # not again at the epoch's end
     assert (lp.best.step, lp.best.bad_evals) == (2, 2)
+    assert 0 < lp.best.time_to_best < lp.meters.totals.train_seconds  # reached inside the epoch
     assert [c.step for c in checkpoint.complete(OutputDir(tmp_path))][-1] == 5  # none at the step it stopped
