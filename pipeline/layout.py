@@ -10,6 +10,8 @@ OUTPUT_DIR/
   best/               the best model, a Hugging Face model directory in fp32 (parts/best_model.py)
   mlflow_model/       best/ as an MLflow transformers-flavor model (tracking.log_model; tracking/served_model.py)
   metrics.json        the final metrics, written last: its presence says the job finished
+  stop.request        written by a search study that prunes the job: it ends at its next evaluation
+                      as an early stop does (tested, metrics.json written)
   export/             best/ exported for serving (`python -m pipeline export`: pipeline/export/stage_export.py);
                       export/check.json, written with it, says it was checked
   report.txt          the task's report on the test split
@@ -61,7 +63,8 @@ class OutputDir:
     DEEPSPEED_CONFIG = "deepspeed_config.json"
     EXPORT = "export"
     EXPORT_CHECK = "check.json"
-    PREVIOUS_JOB = (CHECKPOINTS, BEST, MLFLOW_MODEL, METRICS, REPORT)
+    STOP_REQUEST = "stop.request"
+    PREVIOUS_JOB = (CHECKPOINTS, BEST, MLFLOW_MODEL, METRICS, REPORT, STOP_REQUEST)
     """What a job that starts over removes, so nothing of two jobs mixes (the journal is settled)."""
 
     def __init__(self, root: str | Path):
@@ -143,6 +146,10 @@ class OutputDir:
     @property
     def export_check(self) -> Path:
         return self.export / self.EXPORT_CHECK
+
+    @property
+    def stop_request(self) -> Path:
+        return self.root / self.STOP_REQUEST
 
     @property
     def metrics(self) -> Path:

@@ -64,6 +64,9 @@ class Loop:
     evaluated_at: int = -1
     """The optimizer step of the last dev evaluation: a job that stops right after one between an
     epoch's steps (train.eval_every) is not evaluated again at its end."""
+    pruned: bool = False
+    """A search study pruned this job (OUTPUT_DIR/stop.request, read at each dev evaluation): it
+    stops there as an early stop does."""
     metrics: MetricsProcessor = field(init=False)
     """When a step is logged, and every record the loop's numbers become."""
     checkpointer: Checkpointer = field(init=False)
@@ -85,7 +88,7 @@ class Loop:
     @property
     def stopping_early(self) -> bool:
         patience = self.stage.cfg.train.patience
-        return bool(patience and self.best.bad_evals >= patience)
+        return self.pruned or bool(patience and self.best.bad_evals >= patience)
 
     def parts(self) -> dict[str, Stateful]:
         return {"progress": self.progress, "losses": self.losses, "best": self.best, "meters": self.meters,
@@ -249,18 +252,23 @@ def end_epoch(loop: Loop, epoch: int) -> bool:
     early = loop.stopping_early
     progress.epoch, progress.epoch_steps = epoch + 1, 0
     loop.checkpointer.at_epoch_end(progress.step, training_over=done or early)
-    if early and stage.rt.is_main:
+    if early and loop.pruned and stage.rt.is_main:
+        log.info("stopped: the search pruned this trial (%s)", stage.out.stop_request)
+    elif early and stage.rt.is_main:
         log.info("early stop: no better dev evaluation (%s) for %d evaluations", ", ".join(loop.best.order),
                  loop.best.bad_evals)
     return done or early
 
 
 def evaluate_dev(loop: Loop) -> Evaluation:
-    """Collective: the dev split's scores at this step."""
+    """Collective: the dev split's scores at this step; whether a search pruned the job meanwhile
+    (rank 0 reads its stop request, every rank learns it)."""
     stage = loop.stage
     loop.evaluated_at = loop.progress.step
-    return evaluate(stage.model, loop.loaders.dev, stage.task, stage.policy, stage.rt, stage.examples["dev"],
-                    stage.features["dev"], compile=stage.compile)
+    dev = evaluate(stage.model, loop.loaders.dev, stage.task, stage.policy, stage.rt, stage.examples["dev"],
+                   stage.features["dev"], compile=stage.compile)
+    loop.pruned = loop.pruned or dist.broadcast_object(stage.rt.is_main and stage.out.stop_request.is_file())
+    return dev
 
 
 def keep_best(loop: Loop, dev: Evaluation, epoch: int, train_seconds: float) -> None:

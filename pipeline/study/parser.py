@@ -9,6 +9,8 @@ from pathlib import Path
 
 from pipeline.config.documents import read_document
 from pipeline.study.matrix import plan_cells
+from pipeline.study.search_plan import check_space
+from pipeline.study.search_spec import parse_search
 from pipeline.study.spec import (
     AXES,
     COMMANDS,
@@ -23,20 +25,28 @@ from pipeline.study.spec import (
 )
 
 STUDY_KEYS = ("name", "description", "config", "overrides", "launcher", "procedures", "matrix", "output_root",
-              "report_dir", "slurm")
+              "report_dir", "slurm", "search")
 SLURM_TEXT = ("partition", "time", "account", "qos", "mem", "report_time")
 SLURM_COUNTS = ("cpus_per_task", "gpus_per_node")
 
 
-def load_study(path: str | Path, extra: list[str] = ()) -> tuple[Study, list[Cell]]:
-    """Parse and check a study file; returns the spec and its cells in run order.
+def load_study(path: str | Path, extra: list[str] = (), search: dict | None = None) -> tuple[Study, list[Cell]]:
+    """Parse and check a study file; returns the spec and its cells in run order. `search`: the
+    command line's search options, laid over the file's `search` block.
 
     Every problem is a one-line UserError naming the file and the key.
     """
     path = Path(path)
     raw = read_document(path, f"study: {path}")
     study = _study(path, raw, list(extra))
-    return study, plan_cells(study)
+    if isinstance(raw, dict) and (raw.get("search") or search):
+        file_search = raw.get("search") or {}
+        study.search = parse_search(path, {**file_search, **(search or {})} if isinstance(file_search, dict)
+                                    else file_search)
+    cells = plan_cells(study)
+    if study.search:
+        check_space(study, cells)
+    return study, cells
 
 
 def _study(path: Path, raw: object, extra: list[str]) -> Study:

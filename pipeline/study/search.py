@@ -1,0 +1,526 @@
+"""Running a search study: every trial a cell, asked of Optuna and told its fate.
+
+Per searched group (search_plan.py) one Optuna study in the RDB storage (OUTPUT_ROOT/NAME/optuna.db
+unless search.storage names one), named STUDY.GROUP. The runner asks a trial, starts its cell
+where the study's cells run (this node's slots and GPUs with --jobs N, or a Slurm job each), and
+while it runs reads the dev figures its job writes to its journal at each evaluation: each is
+reported to the trial, and when the pruner says so the runner writes the job's stop request
+(OUTPUT_DIR/stop.request), so the job ends at its next evaluation as an early stop does (tested,
+its run FINISHED). A trial's run carries its fate, parameters, intermediate values and value as
+tags (search/...); the Optuna trial is told the same.
+
+Killed and run again, the runner reopens the same Optuna studies: a trial Optuna holds as running
+is that trial's cell, continued (resume=auto: from its checkpoint; one the dead runner's job
+finished meanwhile is only told), so no trial is lost or counted twice. Trials are asked until
+search.trials exist (of every fate) or search.timeout_s has passed since this invocation started.
+
+Then each group's best trial is re-run with the study's other seeds, and the search report written
+(report/search.py) beside the study's report.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import queue
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.errors import UserError
+from pipeline.layout import OutputDir
+from pipeline.names import TAG_PARENT_RUN
+from pipeline.report.search import write_search_report
+from pipeline.study.cell_process import CellProcess, last_line
+from pipeline.study.devices import cpu_threads, describe
+from pipeline.study.runner import OpenStudy, _logs, _tracking_for_cells, exit_file, publish_plan
+from pipeline.study.schedule import Schedule
+from pipeline.study.search_plan import TRIAL_TAG, Group, best_cells, plan_search, trial_cell
+from pipeline.study.spec import Cell, Study
+
+log = logging.getLogger("pipeline")
+
+POLL_S = 0.5
+"""How often the runner looks at its running cells (their ends, their journals' new evaluations)."""
+
+
+def storage_url(study: Study) -> str:
+    if study.search.storage:
+        return study.search.storage
+    return f"sqlite:///{(study.output_root / study.name).resolve() / 'optuna.db'}"
+
+
+def optuna_study(study: Study, group: Group, create: bool = True):
+    """The group's Optuna study, created or reopened (the same one on every invocation)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    name = f"{study.name}.{group.name}"
+    spec = study.search
+    if not spec.storage:
+        (study.output_root / study.name).mkdir(parents=True, exist_ok=True)
+    if not create:
+        return optuna.load_study(study_name=name, storage=storage_url(study))
+    return optuna.create_study(study_name=name, storage=storage_url(study), load_if_exists=True,
+                               direction=spec.direction, sampler=spec.make_sampler(), pruner=spec.make_pruner())
+
+
+def run_search(study: Study, cells: list[Cell], jobs: int | None = None, executor: str = "local") -> int:
+    """The cells the search needs, each group's trials, the best trials' re-runs, the reports.
+    Returns 0, 1 (a cell or trial failed) or 143 (SIGTERM)."""
+    from pipeline.runtime.dist import on_sigterm
+    from pipeline.study.devices import check_devices, default_jobs, visible_gpus
+    from pipeline.study.runner import Stopped, _stop
+
+    needed, groups = plan_search(study, cells)
+    gpus = visible_gpus() if executor == "local" else []
+    jobs = jobs or (default_jobs(gpus) if executor == "local" else 4)
+    if executor == "local":
+        check_devices(cells, gpus)
+    opened = OpenStudy.open(study, needed)
+    log.info("study %s: a search of %d group(s) x %d trials (%s), up to %d at once; Optuna storage %s; parent MLflow "
+             "run %s", study.name, len(groups), study.search.trials, ", ".join(g.name for g in groups), jobs,
+             storage_url(study), opened.parent)
+    served_ok = executor == "local" and jobs > 1
+    try:
+        with on_sigterm(_stop), (_tracking_for_cells(study, opened.uri, jobs, 2) if served_ok
+                                 else contextlib.nullcontext(opened.uri)) as cell_uri:
+            live = opened if cell_uri == opened.uri else dataclasses.replace(
+                opened, client=_client(cell_uri), uri=cell_uri)
+            pool = Pool(live, jobs, gpus, executor, served=cell_uri if cell_uri != opened.uri else None)
+            failed = pool.run_cells(needed)
+            for group in groups:
+                if any(n in failed for c in group.cells for n in c.needs):
+                    log.warning("study %s: %s not searched: it needs %s, which failed", study.name, group.name,
+                                ", ".join(n for n in group.template.needs if n in failed))
+                    continue
+                Search(live, pool, group).run()
+            reruns = _best_reruns(live, groups)
+            if reruns:  # their plan on the parent run beside the needed cells'
+                publish_plan(live.client, live.parent, needed + reruns)
+                pool.run_cells(reruns)
+    except BaseException as e:
+        opened.client.set_terminated(opened.parent, status="KILLED")
+        if isinstance(e, Stopped):
+            log.warning("study %s: stopped by SIGTERM; run it again to resume the search", study.name)
+            return 143
+        raise
+    out = write_search_report(study.report_dir, search_report(study, groups), opened.client, opened.parent)
+    log.info("study %s: search report in %s", study.name, out)
+    return opened.finish()
+
+
+def search_report(study: Study, groups: list[Group]) -> str:
+    """search.md: each group's trials (from its Optuna study) and its best configuration over seeds."""
+    from pipeline.report.search import SearchSection, render_search
+
+    spec, sections = study.search, []
+    for group in groups:
+        sec = SearchSection(group.name, f"{study.name}.{group.name}", [(d.key, d.describe()) for d in spec.space])
+        try:
+            best = optuna_study(study, group, create=False).best_trial
+        except (ValueError, KeyError):
+            sections.append(sec)
+            continue
+        first = trial_cell(study, group, best.number, best.params)
+        runs = [(group.seed or "-", first)] + [(c.values["seeds"], c) for c in best_cells(study, group, best.params)]
+        for seed, cell in runs:
+            metrics = OutputDir(cell.output_dir).metrics
+            if metrics.is_file():
+                final = json.loads(metrics.read_text())
+                sec.best_by_seed[seed] = {k: final[k] for k in (spec.objective, "test/main") if k in final}
+        sec.rerun = rerun_command(study, group, best.params)
+        sections.append(sec)
+    settings = (f"{spec.direction}; sampler {spec.sampler['type']}, pruner {spec.pruner['type']}, "
+                f"{spec.trials} trials per group" + (f", at most {spec.timeout_s:g} s" if spec.timeout_s else ""))
+    return render_search(study.name, storage_url(study), settings, spec.objective, sections)
+
+
+def _client(uri: str):
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def _best_reruns(opened: OpenStudy, groups: list[Group]) -> list[Cell]:
+    import optuna
+
+    out = []
+    for group in groups:
+        try:
+            best = optuna_study(opened.study, group, create=False).best_trial
+        except (ValueError, KeyError):  # no trial completed (or never searched)
+            log.warning("study %s: %s has no completed trial: nothing to re-run over seeds", opened.study.name,
+                        group.name)
+            continue
+        if best.state == optuna.trial.TrialState.COMPLETE:
+            out += best_cells(opened.study, group, best.params)
+    return out
+
+
+@dataclass
+class Ended:
+    """A cell's job that ended, as OpenStudy.outcome reads it."""
+
+    name: str
+    exit_code: int
+    wall_s: float
+    last_line: str
+
+
+@dataclass
+class Job:
+    cell: Cell
+    gpus: list[str]
+    started: float
+    process: CellProcess | None = None
+    """A local cell's process; None for a Slurm job or a dead runner's job still running (waited for)."""
+    orphan: bool = False
+    """A job the killed runner started that still holds its output_dir: waited for, then settled."""
+    seen: int = 0
+    """Evaluations of its journal already reported."""
+    values: list[float] = field(default_factory=list)
+
+    def ended(self, study: Study) -> Ended | None:
+        if self.process is not None:
+            if self.process.exit_code is None:
+                return None
+            self.process.join()
+            return Ended(self.cell.name, self.process.exit_code, self.process.wall_s, self.process.last_line)
+        wall = time.perf_counter() - self.started
+        if self.orphan:
+            if _busy(self.cell):
+                return None
+            return Ended(self.cell.name, 0 if self.cell.stage_done() else -1, wall, "its job ended unfinished")
+        code_file = exit_file(study, self.cell)
+        if not code_file.is_file():
+            return None
+        text = code_file.read_text().strip()
+        if not text:  # being written
+            return None
+        log_path = _logs(study) / f"{self.cell.name}.log"
+        with log_path.open(encoding="utf-8", errors="replace") as f:
+            last = last_line(f) if log_path.is_file() else ""
+        return Ended(self.cell.name, int(text), wall, last)
+
+    def new_values(self, objective: str) -> list[float]:
+        """The objective's values its job logged at evaluations since the last call (in order)."""
+        values = objective_values(self.cell.output_dir, objective)
+        fresh, self.seen = values[self.seen:], len(values)
+        self.values = values
+        return fresh
+
+
+def objective_values(output_dir: Path, objective: str) -> list[float]:
+    """The objective's value at each evaluation, as the job's journal holds them (one per epoch)."""
+    path = OutputDir(output_dir).journal
+    if not path.is_file():
+        return []
+    out = []
+    with path.open(encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if f'"{objective}"' not in line or not line.endswith("\n"):  # a line still being written
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("type") == "metric" and record.get("key") == objective:
+                out.append(float(record["value"]))
+    return out
+
+
+def _busy(cell: Cell) -> bool:
+    from pipeline.jobs.lock import refuse_if_busy
+
+    try:
+        refuse_if_busy(OutputDir(cell.output_dir))
+    except UserError:
+        return True
+    return False
+
+
+class Pool:
+    """Cells started where the study runs them (this node's slots and GPUs, or Slurm jobs) and
+    polled for their ends."""
+
+    def __init__(self, opened: OpenStudy, jobs: int, gpus: list[str], executor: str, served: str | None):
+        self.opened, self.study, self.executor, self.served = opened, opened.study, executor, served
+        self.slots = Schedule([], {}, jobs, gpus)
+        self.running: dict[str, Job] = {}
+        self.ended_q: queue.Queue = queue.Queue()  # CellProcess puts itself here; the pool polls instead
+
+    @property
+    def free(self) -> bool:
+        return len(self.running) < self.slots.jobs
+
+    def start(self, cell: Cell) -> Job | None:
+        """Start `cell` (resume=auto: a cell begun before continues from its checkpoint); None while
+        no slot or too few GPUs are free."""
+        if not self.free:
+            return None
+        gpus = self.slots.take(cell)
+        if gpus is None:
+            return None
+        self.slots.running[cell.name] = gpus
+        job = Job(cell, gpus, time.perf_counter())
+        if _busy(cell):  # the job a killed runner started is still at it: waited for
+            job.orphan = True
+            log.info("%s: its job from before is still running; waiting for it", cell.name)
+        elif self.executor == "slurm":
+            self._submit(cell)
+        else:
+            job.process = self._process(cell, gpus)
+        self.running[cell.name] = job
+        return job
+
+    def _process(self, cell: Cell, gpus: list[str]) -> CellProcess:
+        args = [*cell.args(), f"tracking.parent_run_id={self.opened.parent}"]
+        if self.served:
+            args.append(f"tracking.uri={self.served}")
+        cmd = cell.launcher.command(cell.command, args, f"{self.study.name}-{cell.name}", gpus)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        elif self.slots.jobs > 1 and "OMP_NUM_THREADS" not in os.environ:
+            env["OMP_NUM_THREADS"] = str(cpu_threads(cell, self.slots.jobs))
+        process = CellProcess(cell.name, cmd, env, _logs(self.study) / f"{cell.name}.log", False, self.ended_q)
+        log.info("%s: started on %s (log: %s)", cell.name, describe(gpus), process.log_path)
+        process.start()
+        return process
+
+    def _submit(self, cell: Cell) -> None:
+        from pipeline.study.slurm import _cell_script, _gpus, _job_name, _queued, _sbatch, _write
+
+        if _job_name(self.study, cell) in _queued([_job_name(self.study, cell)]):
+            log.info("%s: still queued or running as a Slurm job; not submitted again", cell.name)
+            return
+        exit_file(self.study, cell).unlink(missing_ok=True)
+        script = _write(self.study, cell.name, _cell_script(self.study, cell, self.opened.parent,
+                                                             _gpus(self.study, cell)))
+        log.info("%s: Slurm job %s", cell.name, _sbatch(script, []))
+
+    def poll(self) -> list[tuple[Job, Ended]]:
+        """The jobs that ended since the last call (their slots free again)."""
+        out = []
+        for name, job in list(self.running.items()):
+            end = job.ended(self.study)
+            if end is not None and job.orphan and end.exit_code != 0:  # it ended unfinished: continued here
+                job.orphan = False
+                if self.executor == "slurm":
+                    self._submit(job.cell)
+                else:
+                    job.process = self._process(job.cell, job.gpus)
+                continue
+            if end is not None:
+                del self.running[name]
+                self.slots.ended(job.cell, {})
+                out.append((job, end))
+        return out
+
+    def stop_all(self) -> None:
+        for job in self.running.values():
+            if job.process is not None:
+                job.process.stop()
+        for job in self.running.values():
+            if job.process is not None:
+                job.process.join()
+
+    def run_cells(self, cells: list[Cell]) -> set[str]:
+        """Run plain cells (those the search needs, the best trial's re-runs) to their end, each
+        after the cells it needs; returns the names of those that failed."""
+        failed: set[str] = set()
+        pending = []
+        for cell in cells:
+            skip = self.opened.skipped(cell) if cell.stage_done() else None
+            if skip:
+                log.info("%s: finished before; skipped", cell.name)
+                self.opened.record(cell, skip)
+            else:
+                pending.append(cell)
+        done = {c.name for c in cells} - {c.name for c in pending}
+        try:
+            while pending or self.running:
+                for cell in list(pending):
+                    if any(n in failed for n in cell.needs):
+                        pending.remove(cell)
+                        failed.add(cell.name)
+                        self.opened.record(cell, {"status": "failed", "exit_code": None,
+                                                  "reason": f"needs {', '.join(cell.needs)}, which failed"})
+                    elif all(n in done for n in cell.needs) and self.start(cell):
+                        pending.remove(cell)
+                for job, end in self.poll():
+                    outcome = self.opened.outcome(job.cell, end)
+                    self.opened.record(job.cell, outcome)
+                    (done if end.exit_code == 0 else failed).add(job.cell.name)
+                    _log_end(job, end)
+                time.sleep(POLL_S if self.running else 0)
+        except BaseException:
+            self.stop_all()
+            raise
+        return failed
+
+
+def _log_end(job: Job, end: Ended, fate: str = "") -> None:
+    if end.exit_code == 0:
+        log.info("%s: %s in %.1fs", job.cell.name, fate or "finished", end.wall_s)
+    else:
+        log.warning("%s: failed with exit code %s after %.1fs: %s", job.cell.name, end.exit_code, end.wall_s,
+                    end.last_line)
+
+
+class Search:
+    """One group's trials: asked, run, fed to the pruner, told."""
+
+    def __init__(self, opened: OpenStudy, pool: Pool, group: Group):
+        self.opened, self.pool, self.group, self.spec = opened, pool, group, opened.study.search
+        self.optuna = optuna_study(opened.study, group)
+        self.trials: dict[str, object] = {}
+        """Cell name -> its optuna Trial, while it runs."""
+
+    def run(self) -> None:
+        import optuna
+
+        spec, started = self.spec, time.monotonic()
+        resumed = [t for t in self.optuna.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.RUNNING]
+        if resumed:
+            log.info("study %s: %s: %d trial(s) were running when the runner stopped: continued",
+                     self.opened.study.name, self.group.name, len(resumed))
+        waiting = [(optuna.trial.Trial(self.optuna, t._trial_id), t.params) for t in resumed]
+        try:
+            while True:
+                while waiting and self.pool.free:
+                    trial, params = waiting[0]
+                    if not self._start(trial, params):
+                        break
+                    waiting.pop(0)
+                timed_out = spec.timeout_s is not None and time.monotonic() - started > spec.timeout_s
+                while not waiting and self.pool.free and not timed_out and self._count() < spec.trials:
+                    trial = self.optuna.ask()
+                    params = {d.key: d.suggest(trial) for d in spec.space}
+                    if not self._start(trial, params):  # no device free: asked, it waits its turn
+                        waiting.append((trial, params))
+                        break
+                if not self.pool.running and not waiting:
+                    break
+                self._feed_pruner()
+                for job, end in self.pool.poll():
+                    self._settle(job, end)
+                time.sleep(POLL_S)
+        except BaseException:
+            self.pool.stop_all()
+            raise
+        if timed_out:
+            log.info("study %s: %s: search.timeout_s reached after %d trials", self.opened.study.name,
+                     self.group.name, self._count())
+
+    def _count(self) -> int:
+        return len(self.optuna.get_trials(deepcopy=False))
+
+    def _start(self, trial, params: dict) -> bool:
+        cell = trial_cell(self.opened.study, self.group, trial.number, params)
+        if cell.stage_done():  # its job finished while no runner watched it
+            self.trials[cell.name] = trial
+            self._settle(Job(cell, [], time.perf_counter()), Ended(cell.name, 0, 0.0, ""))
+            return True
+        if self.pool.start(cell) is None:
+            return False
+        self.trials[cell.name] = trial
+        return True
+
+    def _feed_pruner(self) -> None:
+        for job in self.pool.running.values():
+            trial = self.trials.get(job.cell.name)
+            if trial is None:
+                continue
+            first = job.seen
+            for i, value in enumerate(job.new_values(self.spec.objective), first + 1):
+                trial.report(value, step=i)
+            if job.seen > first and trial.should_prune() and not OutputDir(job.cell.output_dir).stop_request.exists():
+                OutputDir(job.cell.output_dir).stop_request.write_text(f"pruned at evaluation {job.seen}\n")
+                log.info("%s: pruned after evaluation %d (%s %.4f): it stops at its next evaluation",
+                         job.cell.name, job.seen, self.spec.objective, job.values[-1])
+
+    def _settle(self, job: Job, end: Ended) -> None:
+        """Tell Optuna the trial's fate; tag its run with it."""
+        import optuna
+
+        cell, trial = job.cell, self.trials.pop(job.cell.name)
+        outcome = self.opened.outcome(cell, end)
+        values = objective_values(cell.output_dir, self.spec.objective)
+        for i, value in enumerate(values[job.seen:], job.seen + 1):  # what it logged since the last look
+            trial.report(value, step=i)
+        value = _final_value(cell, self.spec.objective, values, self.spec.direction)
+        if end.exit_code != 0:
+            fate, state = "failed", optuna.trial.TrialState.FAIL
+        elif OutputDir(cell.output_dir).stop_request.exists():
+            fate, state = "pruned", optuna.trial.TrialState.PRUNED
+        elif value is None:
+            fate, state = "failed", optuna.trial.TrialState.FAIL
+            outcome["reason"] = f"{self.spec.objective}: not logged by the job (search.objective)"
+        else:
+            fate, state = "complete", optuna.trial.TrialState.COMPLETE
+        self.optuna.tell(trial, value if state == optuna.trial.TrialState.COMPLETE else None, state=state,
+                         skip_if_finished=True)
+        run_id = outcome.get("run_id")
+        if run_id:
+            tags = {f"{TRIAL_TAG}fate": fate, f"{TRIAL_TAG}params": json.dumps(trial.params),
+                    f"{TRIAL_TAG}intermediate": json.dumps(values), TAG_PARENT_RUN: self.opened.parent}
+            if value is not None:
+                tags[f"{TRIAL_TAG}value"] = repr(value)
+            for k, v in tags.items():
+                self.opened.client.set_tag(run_id, k, v)
+        shown = f"{fate} ({self.spec.objective} {value:.4f})" if value is not None and fate != "failed" else fate
+        _log_end(job, end, shown)
+
+
+def _final_value(cell: Cell, objective: str, values: list[float], direction: str) -> float | None:
+    """The trial's value: the objective in its final metrics (the best evaluation's), else the best
+    of its evaluations."""
+    metrics = OutputDir(cell.output_dir).metrics
+    if metrics.is_file():
+        final = json.loads(metrics.read_text())
+        if isinstance(final.get(objective), (int, float)):
+            return float(final[objective])
+    if not values:
+        return None
+    return max(values) if direction == "maximize" else min(values)
+
+
+def rerun_command(study: Study, group: Group, params: dict) -> str:
+    """The command that runs the group's best configuration as a stage of its own."""
+    from pipeline.study.search_plan import stage_args
+
+    cell = group.template
+    return shlex.join(cell.launcher.command(cell.command, stage_args(cell, params), f"{study.name}-{group.name}"))
+
+
+def report_search(study: Study, cells: list[Cell]) -> int:
+    """`--report-only` of a search study: the search report and the study's, from what is stored; runs nothing."""
+    _, groups = plan_search(study, cells)
+    opened = OpenStudy.open(study, [])
+    out = write_search_report(study.report_dir, search_report(study, groups), opened.client, opened.parent)
+    log.info("study %s: search report in %s", study.name, out)
+    return opened.finish()
+
+
+def dry_run_search(study: Study, cells: list[Cell]) -> int:
+    """The cells the search needs, each group's space and its first trial's command; runs nothing."""
+    needed, groups = plan_search(study, cells)
+    spec = study.search
+    print(f"study {study.name}: a search, {spec.trials} trials per group ({spec.sampler['type']} sampler, "
+          f"{spec.pruner['type']} pruner) of {spec.objective} ({spec.direction}); Optuna storage {storage_url(study)}")
+    for cell in needed:
+        print(f"- needed first: {cell.name}\n    {shlex.join(cell.launcher.command(cell.command, cell.args(), 'P'))}")
+    for group in groups:
+        print(f"- {group.name}: " + "; ".join(f"{d.key} {d.describe()}" for d in spec.space))
+        sample = trial_cell(study, group, 0, {d.key: d.sample() for d in spec.space})
+        print(f"    trial 0 with the space's first values: "
+              f"{shlex.join(sample.launcher.command(sample.command, sample.args(), 'P'))}")
+        seeds = [c.values["seeds"] for c in group.cells[1:]]
+        if seeds:
+            print(f"    then the best trial with seed(s) {', '.join(seeds)}")
+    return 0
