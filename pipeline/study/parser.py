@@ -39,7 +39,7 @@ def load_study(path: str | Path, extra: list[str] = (), search: dict | None = No
     path = Path(path)
     raw = read_document(path, f"study: {path}")
     study = _study(path, raw, list(extra))
-    if isinstance(raw, dict) and (raw.get("search") or search):
+    if isinstance(raw, dict) and (raw.get("search") is not None or search):
         file_search = raw.get("search") or {}
         study.search = parse_search(path, {**file_search, **(search or {})} if isinstance(file_search, dict)
                                     else file_search)

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.errors import UserError
 from pipeline.study.spec import study_error
 
 KINDS = ("log_uniform", "uniform", "int", "log_int", "categorical")
@@ -86,8 +87,6 @@ class Search:
 
 
 def _build(module, names: dict[str, str], spec: dict, key: str):
-    from pipeline.errors import UserError
-
     options = {k: v for k, v in spec.items() if k != "type"}
     try:
         return getattr(module, names[spec["type"]])(**options)
@@ -97,7 +96,7 @@ def _build(module, names: dict[str, str], spec: dict, key: str):
 
 def parse_search(path: Path, raw: object) -> Search | None:
     """The `search` mapping (the study file's, with the command line's options over it), checked."""
-    if raw is None or raw == {}:
+    if raw is None:
         return None
     if not isinstance(raw, dict):
         raise study_error(path, "search", f"expected a mapping with {', '.join(SEARCH_KEYS)}")
@@ -129,9 +128,16 @@ def parse_search(path: Path, raw: object) -> Search | None:
     if procedures is not None and not (isinstance(procedures, list) and procedures
                                        and all(isinstance(p, str) for p in procedures)):
         raise study_error(path, "search.procedures", "expected a list of procedure names")
-    return Search(dims, objective.strip(), direction, _choice(path, raw.get("sampler", "tpe"), SAMPLERS, "sampler"),
-                  _choice(path, raw.get("pruner", "median"), PRUNERS, "pruner"), trials,
-                  float(timeout) if timeout is not None else None, storage, procedures)
+    search = Search(dims, objective.strip(), direction,
+                    _choice(path, raw.get("sampler", "tpe"), SAMPLERS, "sampler"),
+                    _choice(path, raw.get("pruner", "median"), PRUNERS, "pruner"), trials,
+                    float(timeout) if timeout is not None else None, storage, procedures)
+    for key, make in (("sampler", search.make_sampler), ("pruner", search.make_pruner)):
+        try:  # its options are the Optuna class's: checked by building it
+            make()
+        except UserError as e:
+            raise study_error(path, f"search.{key}", str(e).removeprefix(f"search.{key}: ")) from None
+    return search
 
 
 def _choice(path: Path, raw: object, names: dict[str, str], key: str) -> dict:

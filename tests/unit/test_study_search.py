@@ -1,0 +1,153 @@
+"""A study's search block: what it accepts and refuses (one line naming search.KEY), the command
+line's equivalent, the trial cells planned from it, the journal read for the pruner, and the report
+on an Optuna study with known trials. The runs themselves: tests/integration/test_study_search.py."""
+import json
+import re
+
+import optuna
+import pytest
+import yaml
+
+from pipeline.study import load_study
+from pipeline.study.search import objective_values, search_report
+from pipeline.study.search_plan import best_cells, plan_search, trial_cell
+
+
+def _cli(args, capsys):
+    from pipeline.cli import main
+
+    code = main([str(a) for a in args])
+    return code, capsys.readouterr()
+
+
+def _study_file(tmp_path, search, **more):
+    spec = {"name": "s", "output_root": str(tmp_path / "out"), "report_dir": str(tmp_path / "report"),
+            "overrides": [f"tracking.uri=sqlite:///{tmp_path}/m.db"],
+            "matrix": {"tasks": ["sentiment"], "seeds": [1, 2, 3]}, **more}
+    if search is not None:
+        spec["search"] = search
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+SPACE = {"train.lr": {"log_uniform": [1e-5, 1e-3]}}
+BAD = [
+    ({}, "search.space: required"),
+    ({"space": {"train.lr": {"normal": [0, 1]}}}, "search.space.train.lr: 'normal': expected one of"),
+    ({"space": {"train.lr": {"log_uniform": [1e-3, 1e-5]}}}, "search.space.train.lr: log_uniform: expected [LOW"),
+    ({"space": {"train.lr": {"log_uniform": [0, 1e-3]}}}, "search.space.train.lr: log_uniform: the low bound"),
+    ({"space": {"train.lrr": {"uniform": [0.1, 0.2]}}}, "search.space.train.lrr: unknown key 'train.lrr'"),
+    ({"space": {"kd.alpha": {"uniform": [0.1, 1.5]}}}, "search.space.kd.alpha: kd.alpha=1.5: must be in [0, 1]"),
+    ({"space": {"train.epochs": {"int": [1.5, 3]}}}, "search.space.train.epochs: int: the bounds must be integers"),
+    ({"space": SPACE, "pruner": "patience"}, "search.pruner: 'patience': expected one of"),
+    ({"space": SPACE, "pruner": {"type": "median", "n_startup": 2}}, "search.pruner: median: "),
+    ({"space": SPACE, "direction": "up"}, "search.direction: 'up': must be maximize or minimize"),
+    ({"space": SPACE, "trials": 0}, "search.trials: 0: must be an integer >= 1"),
+    ({"space": SPACE, "procedures": ["teacher"]}, "search.procedures: 'teacher': no cell runs it"),
+    ({"space": SPACE, "storage": "optuna.db"}, "search.storage: 'optuna.db': expected a database URL"),
+    ({"space": SPACE, "budget": 3}, "search.budget: unknown key"),
+]
+
+
+@pytest.mark.parametrize("search,message", BAD, ids=[m.split(":")[0] + str(i) for i, (_, m) in enumerate(BAD)])
+def test_a_bad_search_block_is_one_line_naming_its_key(tmp_path, capsys, search, message):
+    path = _study_file(tmp_path, search)
+    code, out = _cli(["study", path, "--dry-run"], capsys)
+    assert code == 2, out
+    lines = out.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}: "), out.err
+    assert message in lines[0]
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_the_command_line_searches_a_study_without_a_search_block(tmp_path, capsys):
+    path = _study_file(tmp_path, None)
+    code, out = _cli(["study", path, "--dry-run", "--space", "train.lr=log_uniform:1e-5:1e-3",
+                      "--space", "train.batch_size=categorical:16,32", "--trials", "5",
+                      "--objective", "eval/loss:min", "--pruner", "hyperband"], capsys)
+    assert code == 0, out.err
+    assert "5 trials per group (tpe sampler, hyperband pruner) of eval/loss (minimize)" in out.out
+    assert "train.lr log_uniform [1e-05, 0.001]; train.batch_size categorical {16, 32}" in out.out
+    trial = re.search(r"trial 0 with the space's first values: (.+)", out.out).group(1)
+    # the trial's values after the study's overrides, before the runner's own
+    assert re.search(r"seed=1 train\.lr=1e-05 train\.batch_size=16 output_dir=\S+/s/sentiment-t000 ", trial)
+    assert "tracking.tags.search/trial=0" in trial and "tracking.tags.report_tables=none" in trial
+    assert "then the best trial with seed(s) 2, 3" in out.out
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_command_line_lays_its_options_over_the_file(tmp_path):
+    path = _study_file(tmp_path, {"space": SPACE, "trials": 9, "pruner": "median"})
+    study, _ = load_study(path, [], {"trials": 4, "sampler": "random"})
+    assert (study.search.trials, study.search.sampler, study.search.pruner) == (4, {"type": "random"},
+                                                                               {"type": "median"})
+    assert [d.key for d in study.search.space] == ["train.lr"]
+
+
+def test_teachers_run_first_and_the_students_are_searched_per_seed_group(tmp_path):
+    path = _study_file(tmp_path, {"space": {"kd.alpha": {"uniform": [0.1, 0.9]}, "kd.temperature": "int:1:8"}},
+                       procedures={"teacher": {"command": "train"},
+                                   "kd": {"command": "distill", "overrides": ["kd.teacher=${teacher.output_dir}"]}},
+                       matrix={"tasks": ["wikiqa"], "procedures": ["teacher", "kd"], "seeds": [1, 2]})
+    study, cells = load_study(path)
+    needed, groups = plan_search(study, cells)
+    assert [c.name for c in needed] == ["wikiqa-teacher-s1", "wikiqa-teacher-s2"]
+    (group,) = groups
+    assert group.name == "wikiqa-kd" and [c.name for c in group.cells] == ["wikiqa-kd-s1", "wikiqa-kd-s2"]
+    trial = trial_cell(study, group, 7, {"kd.alpha": 0.25, "kd.temperature": 4})
+    args = trial.args()
+    assert trial.output_dir == tmp_path / "out" / "s" / "wikiqa-kd-t007"
+    assert f"kd.teacher={tmp_path / 'out' / 's' / 'wikiqa-teacher-s1'}" in args  # the first seed's teacher
+    assert args.index("kd.alpha=0.25") > args.index("seed=1") and "kd.temperature=4" in args
+    assert [a for a in args if a.startswith("output_dir=")] == [f"output_dir={trial.output_dir}"]
+    assert trial.needs == ["wikiqa-teacher-s1"]
+    (rerun,) = best_cells(study, group, {"kd.alpha": 0.25})
+    assert rerun.name == "wikiqa-kd-best-s2" and "seed=2" in rerun.args() and "kd.alpha=0.25" in rerun.args()
+    assert f"kd.teacher={tmp_path / 'out' / 's' / 'wikiqa-teacher-s2'}" in rerun.args()
+
+
+def test_the_pruner_reads_each_evaluation_from_the_journal_once_written(tmp_path):
+    lines = [{"type": "metric", "key": "eval/main", "value": 0.5, "step": 10, "ts": 1},
+             {"type": "metric", "key": "eval/loss", "value": 0.9, "step": 10, "ts": 1},
+             {"type": "metric", "key": "eval/main", "value": 0.625, "step": 20, "ts": 2}]
+    text = "".join(json.dumps(r) + "\n" for r in lines) + '{"type": "metric", "key": "eval/main", "val'
+    (tmp_path / "journal.jsonl").write_text(text)  # its last line still being written
+    assert objective_values(tmp_path, "eval/main") == [0.5, 0.625]
+    assert objective_values(tmp_path, "eval/loss") == [0.9]
+    assert objective_values(tmp_path / "none", "eval/main") == []
+
+
+def test_the_report_gives_trials_importance_best_config_and_its_spread_over_seeds(tmp_path):
+    path = _study_file(tmp_path, {"space": {"train.lr": {"log_uniform": [1e-5, 1e-3]},
+                                            "train.batch_size": {"categorical": [16, 32]}}})
+    study, cells = load_study(path)
+    _, (group,) = plan_search(study, cells)
+    from pipeline.study.search import optuna_study
+
+    opt = optuna_study(study, group)
+    dists = {"train.lr": optuna.distributions.FloatDistribution(1e-5, 1e-3, log=True),
+             "train.batch_size": optuna.distributions.CategoricalDistribution([16, 32])}
+    for lr, bs, curve in [(1e-4, 16, [0.5, 0.7]), (1e-5, 32, [0.2]), (5e-4, 16, [0.6, 0.8]), (2e-5, 32, [0.3, 0.4])]:
+        pruned = len(curve) == 1
+        opt.add_trial(optuna.trial.create_trial(
+            params={"train.lr": lr, "train.batch_size": bs}, distributions=dists,
+            value=None if pruned else curve[-1], intermediate_values=dict(enumerate(curve, 1)),
+            state=optuna.trial.TrialState.PRUNED if pruned else optuna.trial.TrialState.COMPLETE))
+    best = opt.best_trial
+    assert best.number == 2
+    for seed, value in (("1", 0.8), ("2", 0.7), ("3", 0.9)):  # the best's search seed, then its re-runs
+        cell = trial_cell(study, group, 2, best.params) if seed == "1" else next(
+            c for c in best_cells(study, group, best.params) if c.values["seeds"] == seed)
+        cell.output_dir.mkdir(parents=True)
+        (cell.output_dir / "metrics.json").write_text(json.dumps({"eval/main": value, "test/main": value - 0.1}))
+    text = search_report(study, [group])
+    assert "| 1 | pruned | - | 1e-05 | 32 | 0.200 |" in text
+    assert "| 2 | complete | 0.8000 | 0.0005 | 16 | 0.600, 0.800 |" in text
+    assert re.search(r"Parameter importance \(optuna.importance, its default evaluator\): train\.\S+ \d\.\d\d, "
+                     r"train\.\S+ \d\.\d\d", text)
+    assert "Best configuration: trial 2, train.lr=0.0005, train.batch_size=16" in text
+    assert "over 3 seed(s): eval/main 0.8000 ± 0.1000; test/main 0.7000 ± 0.1000." in text
+    rerun = text.split("```")[1]
+    assert "-m pipeline train " in rerun and "seed=1 train.lr=0.0005 train.batch_size=16" in rerun
+    assert "output_dir=" not in rerun and "resume=auto" not in rerun
