@@ -151,3 +151,18 @@ def test_the_report_gives_trials_importance_best_config_and_its_spread_over_seed
     rerun = text.split("```")[1]
     assert "-m pipeline train " in rerun and "seed=1 train.lr=0.0005 train.batch_size=16" in rerun
     assert "output_dir=" not in rerun and "resume=auto" not in rerun
+
+
+def test_shipped_search_studies_plan(capsys):
+    from helpers import ROOT
+
+    expected = {"bangla_search.yaml": (20, ["sentiment", "ner", "error_cls", "qa"], []),
+                "wikiqa_kd_search.yaml": (24, ["wikiqa-kd"], ["wikiqa-teacher-s42", "wikiqa-teacher-s43",
+                                                               "wikiqa-teacher-s44"])}
+    for name, (trials, groups, needed) in expected.items():
+        code, out = _cli(["study", ROOT / "launch" / "studies" / name, "--dry-run"], capsys)
+        assert code == 0, out.err
+        assert out.out.startswith(f"study {name[:-5]}: a search, {trials} trials per group")
+        assert re.findall(r"^- needed first: (\S+)", out.out, re.M) == needed
+        assert re.findall(r"^- (?!needed)(\S+):", out.out, re.M) == groups
+        assert out.out.count("then the best trial with seed(s) 43, 44") == len(groups)
