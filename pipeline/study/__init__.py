@@ -42,6 +42,10 @@ Study file (YAML):
       seeds: [1, 2]
       overrides: [...]               # this block's cells only
 
+A `search:` block makes it a hyperparameter search (study/search_spec.py describes the block;
+study/search.py how it runs): each group of cells that differ only in their seed is searched with
+Optuna, every trial one cell; the best trial is re-run with the other seeds.
+
 A procedure with `export` (true, or {int8: true}) runs `python -m pipeline export OUTPUT_DIR --check`
 (with --int8) in the cell's slot once its stage finished; the cell is done once its export/check.json
 is there (a study run again runs only a missing export). The Slurm executor does not run it.
@@ -59,10 +63,11 @@ runner's own (output_dir, tracking.*).
 Which report table a cell feeds: the AMP table (FP32 vs AMP per task x model) when its block
 has two or more precisions; the KD table (per procedure) when its block has a procedures axis.
 
-May import: config, runtime.dist, tasks, names, tracking, report, ui: a study starts stages as
-processes and never imports the loop (stage, train).
+May import: config, runtime.dist, tasks, names, tracking, report, ui, jobs.lock, optuna: a study
+starts stages as processes and never imports the loop (stage, train).
 
-Inside, lowest first: cell_process spec store_server | devices matrix | parser schedule | runner | slurm
+Inside, lowest first: cell_process spec store_server | search_spec devices matrix | search_plan |
+parser schedule | runner | slurm | search
 """
 from __future__ import annotations
 
