@@ -30,7 +30,7 @@ def main(args: list[str]) -> int:
                              "categorical:16,32 (repeat per key; replaces the file's space)")
     search.add_argument("--trials", type=int, help="trials per searched cell")
     search.add_argument("--objective", help="the metric to optimise, METRIC[:max|min] (default eval/main:max)")
-    search.add_argument("--sampler", help="tpe | random | cmaes | qmc (default tpe)")
+    search.add_argument("--sampler", help="tpe | random | cmaes | qmc (default tpe; grid: in the study file)")
     search.add_argument("--pruner", help="median | percentile | hyperband | successive_halving | none (default median)")
     search.add_argument("--timeout-s", type=float, help="ask no trial after this many seconds")
     search.add_argument("--storage", help="Optuna's database URL (default sqlite in OUTPUT_ROOT/NAME/optuna.db)")

@@ -9,7 +9,8 @@ trial count and time budget of a hyperparameter search, checked, and turned into
         train.epochs: {int: [2, 6]}         # or the text form: "log_uniform:1e-5:1e-3", "categorical:16,32"
       objective: eval/main                  # default: the task's dev main metric; any logged metric
       direction: maximize                   # or minimize (eval/loss ...)
-      sampler: tpe                          # tpe | random | cmaes | qmc, or {type: tpe, seed: 0, ...}
+      sampler: tpe                          # tpe | random | cmaes | qmc | grid, or {type: tpe, seed: 0, ...}
+                                            #   (grid: {type: grid, search_space: {KEY: [values]}})
       pruner: median                        # median | percentile | hyperband | successive_halving | none,
                                             #   or {type: median, n_startup_trials: 3, n_warmup_steps: 1}
       trials: 20                            # per searched cell (task x model x precision x procedure)
@@ -29,7 +30,8 @@ from pipeline.errors import UserError
 from pipeline.study.spec import study_error
 
 KINDS = ("log_uniform", "uniform", "int", "log_int", "categorical")
-SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler", "cmaes": "CmaEsSampler", "qmc": "QMCSampler"}
+SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler", "cmaes": "CmaEsSampler", "qmc": "QMCSampler",
+            "grid": "GridSampler"}
 PRUNERS = {"median": "MedianPruner", "percentile": "PercentilePruner", "hyperband": "HyperbandPruner",
            "successive_halving": "SuccessiveHalvingPruner", "none": "NopPruner"}
 SEARCH_KEYS = ("space", "objective", "direction", "sampler", "pruner", "trials", "timeout_s", "storage", "procedures")
