@@ -93,7 +93,7 @@ def run_search(study: Study, cells: list[Cell], jobs: int | None = None, executo
             pool = Pool(live, jobs, gpus, executor, served=cell_uri if cell_uri != opened.uri else None)
             failed = pool.run_cells(needed)
             for group in groups:
-                if any(n in failed for c in group.cells for n in c.needs):
+                if any(n in failed for n in group.template.needs):
                     log.warning("study %s: %s not searched: it needs %s, which failed", study.name, group.name,
                                 ", ".join(n for n in group.template.needs if n in failed))
                     continue
@@ -252,6 +252,9 @@ class Pool:
         self.slots = Schedule([], {}, jobs, gpus)
         self.running: dict[str, Job] = {}
         self.ended_q: queue.Queue = queue.Queue()  # CellProcess puts itself here; the pool polls instead
+        self.finished: set[str] = set()
+        self.failed: set[str] = set()
+        """Plain cells settled so far (run_cells), which later cells may need."""
 
     @property
     def free(self) -> bool:
@@ -332,20 +335,22 @@ class Pool:
     def run_cells(self, cells: list[Cell]) -> set[str]:
         """Run plain cells (those the search needs, the best trial's re-runs) to their end, each
         after the cells it needs; returns the names of those that failed."""
-        failed: set[str] = set()
+        done, failed = self.finished, self.failed
         pending = []
         for cell in cells:
             skip = self.opened.skipped(cell) if cell.stage_done() else None
             if skip:
                 log.info("%s: finished before; skipped", cell.name)
                 self.opened.record(cell, skip)
+                done.add(cell.name)
             else:
                 pending.append(cell)
-        done = {c.name for c in cells} - {c.name for c in pending}
+        waiting = {c.name for c in pending}
         try:
             while pending or self.running:
                 for cell in list(pending):
-                    if any(n in failed for n in cell.needs):
+                    # a needed cell neither settled nor to run here never ran: as good as failed
+                    if any(n in failed or (n not in done and n not in waiting) for n in cell.needs):
                         pending.remove(cell)
                         failed.add(cell.name)
                         self.opened.record(cell, {"status": "failed", "exit_code": None,
@@ -353,6 +358,7 @@ class Pool:
                     elif all(n in done for n in cell.needs) and self.start(cell):
                         pending.remove(cell)
                 for job, end in self.poll():
+                    waiting.discard(job.cell.name)
                     outcome = self.opened.outcome(job.cell, end)
                     self.opened.record(job.cell, outcome)
                     (done if end.exit_code == 0 else failed).add(job.cell.name)
