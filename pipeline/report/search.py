@@ -24,6 +24,8 @@ class SearchSection:
     """Seed -> the best configuration's final metrics with that seed (the objective, test/main ...)."""
     rerun: str = ""
     """The command that runs the best configuration as a stage of its own."""
+    champion: str = ""
+    """What became of the `champion` alias (study/champion.py), in a sentence; "" without search.champion."""
 
 
 def spread(values: list[float]) -> tuple[float, float]:
@@ -84,6 +86,8 @@ def render_search(name: str, storage: str, settings: str, objective: str, sectio
                      if (vals := [m[k] for m in sec.best_by_seed.values() if m.get(k) is not None])}
             lines += ["", f"Mean ± spread (sample sd) over {len(sec.best_by_seed)} seed(s): "
                       + "; ".join(f"{k} {m:.4f} ± {s:.4f}" for k, (m, s) in means.items()) + "."]
+        if sec.champion:
+            lines += ["", f"Champion: {sec.champion}."]
         lines += ["", "Run it again:", "", "```", sec.rerun, "```", ""]
     return "\n".join(lines)
 

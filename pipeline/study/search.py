@@ -38,7 +38,7 @@ from pipeline.study.cell_process import CellProcess, last_line
 from pipeline.study.devices import cpu_threads, describe
 from pipeline.study.runner import OpenStudy, _logs, _tracking_for_cells, exit_file, publish_plan
 from pipeline.study.schedule import Schedule
-from pipeline.study.search_plan import TRIAL_TAG, Group, best_cells, plan_search, trial_cell
+from pipeline.study.search_plan import TRIAL_TAG, Group, best_cells, champion_name, plan_search, trial_cell
 from pipeline.study.spec import Cell, Study
 
 log = logging.getLogger("pipeline")
@@ -108,14 +108,17 @@ def run_search(study: Study, cells: list[Cell], jobs: int | None = None, executo
             log.warning("study %s: stopped by SIGTERM; run it again to resume the search", study.name)
             return 143
         raise
-    out = write_search_report(study.report_dir, search_report(study, groups), opened.client, opened.parent)
+    out = write_search_report(study.report_dir, search_report(study, groups, opened), opened.client,
+                              opened.parent)
     log.info("study %s: search report in %s", study.name, out)
     return opened.finish()
 
 
-def search_report(study: Study, groups: list[Group]) -> str:
-    """search.md: each group's trials (from its Optuna study) and its best configuration over seeds."""
+def search_report(study: Study, groups: list[Group], opened: OpenStudy | None = None) -> str:
+    """search.md: each group's trials (from its Optuna study) and its best configuration over seeds;
+    with search.champion (and the study open), the alias judged too."""
     from pipeline.report.search import SearchSection, render_search
+    from pipeline.study.champion import crown
 
     spec, sections = study.search, []
     for group in groups:
@@ -133,6 +136,11 @@ def search_report(study: Study, groups: list[Group]) -> str:
                 final = json.loads(metrics.read_text())
                 sec.best_by_seed[seed] = {k: final[k] for k in (spec.objective, "test/main") if k in final}
         sec.rerun = rerun_command(study, group, best.params)
+        if spec.champion and opened is not None:
+            values = [m[spec.objective] for m in sec.best_by_seed.values() if spec.objective in m]
+            run_ids = [opened.finished_run(c) for c in best_cells(study, group, best.params)]
+            sec.champion = crown(opened.client, champion_name(study, group), [r for r in run_ids if r], values,
+                                 spec.objective, spec.direction)
         sections.append(sec)
     settings = (f"{spec.direction}; sampler {spec.sampler['type']}, pruner {spec.pruner['type']}, "
                 f"{spec.trials} trials per group" + (f", at most {spec.timeout_s:g} s" if spec.timeout_s else ""))
@@ -386,6 +394,8 @@ class Search:
         self.optuna = optuna_study(opened.study, group)
         self.trials: dict[str, object] = {}
         """Cell name -> its optuna Trial, while it runs."""
+        self.exhausted = False
+        """The sampler has no point left to try (a grid, every point asked)."""
 
     def run(self) -> None:
         import optuna
@@ -404,7 +414,8 @@ class Search:
                         break
                     waiting.pop(0)
                 timed_out = spec.timeout_s is not None and time.monotonic() - started > spec.timeout_s
-                while not waiting and self.pool.free and not timed_out and self._count() < spec.trials:
+                while (not waiting and self.pool.free and not timed_out and not self.exhausted
+                       and self._count() < spec.trials):
                     trial = self.optuna.ask()
                     params = {d.key: d.suggest(trial) for d in spec.space}
                     if not self._start(trial, params):  # no device free: asked, it waits its turn
@@ -469,8 +480,13 @@ class Search:
             outcome["reason"] = f"{self.spec.objective}: not logged by the job (search.objective)"
         else:
             fate, state = "complete", optuna.trial.TrialState.COMPLETE
-        self.optuna.tell(trial, value if state == optuna.trial.TrialState.COMPLETE else None, state=state,
-                         skip_if_finished=True)
+        try:
+            self.optuna.tell(trial, value if state == optuna.trial.TrialState.COMPLETE else None, state=state,
+                             skip_if_finished=True)
+        except RuntimeError as e:  # told and stored; the sampler has no point left (GridSampler calls stop())
+            if "Study.stop" not in str(e):
+                raise
+            self.exhausted = True
         run_id = outcome.get("run_id")
         if run_id:
             tags = {f"{TRIAL_TAG}fate": fate, f"{TRIAL_TAG}params": json.dumps(trial.params),
@@ -508,7 +524,8 @@ def report_search(study: Study, cells: list[Cell]) -> int:
     """`--report-only` of a search study: the search report and the study's, from what is stored; runs nothing."""
     _, groups = plan_search(study, cells)
     opened = OpenStudy.open(study, [])
-    out = write_search_report(study.report_dir, search_report(study, groups), opened.client, opened.parent)
+    out = write_search_report(study.report_dir, search_report(study, groups, opened), opened.client,
+                              opened.parent)
     log.info("study %s: search report in %s", study.name, out)
     return opened.finish()
 

@@ -69,9 +69,16 @@ def trial_cell(study: Study, group: Group, number: int, params: dict) -> Cell:
 
 def best_cells(study: Study, group: Group, params: dict) -> list[Cell]:
     """The best trial's re-runs: the group's cells of the seeds after the first, with `params`."""
-    return [_derived(study, cell, f"{group.name}-best-s{cell.values['seeds']}", params, {"group": group.name,
-                                                                                        "best": "true"})
+    register = ({"tracking.log_model": True, "tracking.register_as": champion_name(study, group)}
+                if study.search.champion else {})
+    return [_derived(study, cell, f"{group.name}-best-s{cell.values['seeds']}", {**params, **register},
+                     {"group": group.name, "best": "yes"})
             for cell in group.cells[1:]]
+
+
+def champion_name(study: Study, group: Group) -> str:
+    """The registered model a group's best configuration is judged under: one per group (per task ...)."""
+    return f"{study.search.champion}-{group.name}"
 
 
 def stage_args(cell: Cell, params: dict) -> list[str]:

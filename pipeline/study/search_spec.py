@@ -18,6 +18,10 @@ trial count and time budget of a hyperparameter search, checked, and turned into
       storage: sqlite:///optuna.db          # optional: default OUTPUT_ROOT/NAME/optuna.db
       procedures: [kd_fp32]                 # optional: the procedures searched (default: those no
                                             #   other cell needs; the others run first, as cells)
+      champion: bangla                      # optional: the best configuration's re-runs register their
+                                            #   models as NAME-GROUP (bangla-sentiment); the alias
+                                            #   `champion` moves to it only if its mean beats the
+                                            #   champion's beyond the seed spread (study/champion.py)
 
 Sampler and pruner options are the Optuna classes' own keyword arguments.
 """
@@ -34,7 +38,8 @@ SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler", "cmaes": "CmaEsSampl
             "grid": "GridSampler"}
 PRUNERS = {"median": "MedianPruner", "percentile": "PercentilePruner", "hyperband": "HyperbandPruner",
            "successive_halving": "SuccessiveHalvingPruner", "none": "NopPruner"}
-SEARCH_KEYS = ("space", "objective", "direction", "sampler", "pruner", "trials", "timeout_s", "storage", "procedures")
+SEARCH_KEYS = ("space", "objective", "direction", "sampler", "pruner", "trials", "timeout_s", "storage", "procedures",
+               "champion")
 DEFAULT_OBJECTIVE = "eval/main"
 """The task's dev main metric, as every job logs it at each evaluation and in metrics.json."""
 
@@ -76,6 +81,7 @@ class Search:
     timeout_s: float | None = None
     storage: str | None = None
     procedures: list[str] | None = None
+    champion: str | None = None
 
     def make_sampler(self):
         import optuna
@@ -130,10 +136,13 @@ def parse_search(path: Path, raw: object) -> Search | None:
     if procedures is not None and not (isinstance(procedures, list) and procedures
                                        and all(isinstance(p, str) for p in procedures)):
         raise study_error(path, "search.procedures", "expected a list of procedure names")
+    champion = raw.get("champion")
+    if champion is not None and not (isinstance(champion, str) and champion.strip()):
+        raise study_error(path, "search.champion", f"{champion!r}: expected a registered model's name")
     search = Search(dims, objective.strip(), direction,
                     _choice(path, raw.get("sampler", "tpe"), SAMPLERS, "sampler"),
                     _choice(path, raw.get("pruner", "median"), PRUNERS, "pruner"), trials,
-                    float(timeout) if timeout is not None else None, storage, procedures)
+                    float(timeout) if timeout is not None else None, storage, procedures, champion)
     for key, make in (("sampler", search.make_sampler), ("pruner", search.make_pruner)):
         try:  # its options are the Optuna class's: checked by building it
             make()

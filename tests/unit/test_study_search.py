@@ -166,3 +166,33 @@ def test_shipped_search_studies_plan(capsys):
         assert re.findall(r"^- needed first: (\S+)", out.out, re.M) == needed
         assert re.findall(r"^- (?!needed)(\S+):", out.out, re.M) == groups
         assert out.out.count("then the best trial with seed(s) 43, 44") == len(groups)
+
+
+def test_the_champion_alias_moves_only_beyond_the_seed_spread(tmp_path):
+    from mlflow import MlflowClient
+
+    from helpers import tracking_db
+    from pipeline.study.champion import beats, crown
+
+    assert beats(0.80, 0.01, 0.70, 0.02, "maximize") and not beats(0.71, 0.01, 0.70, 0.02, "maximize")
+    assert beats(0.30, 0.01, 0.40, 0.02, "minimize") and not beats(0.45, 0.01, 0.40, 0.02, "minimize")
+    client = MlflowClient(f"sqlite:///{tracking_db(tmp_path)}")
+    experiment = client.create_experiment("e")
+    client.create_registered_model("m")
+
+    def version():
+        run = client.create_run(experiment).info.run_id
+        return run, client.create_model_version("m", source=str(tmp_path), run_id=run).version
+
+    first_run, first = version()
+    said = crown(client, "m", [first_run], [0.70, 0.72, 0.68], "eval/main", "maximize")
+    assert said == f"m v{first} (eval/main 0.7000 ± 0.0200 over 3 seed(s)) is the champion"
+    close_run, close = version()  # better by less than the spread: the champion stays
+    said = crown(client, "m", [close_run], [0.715, 0.705, 0.725], "eval/main", "maximize")
+    assert "not crowned: it does not beat champion v1 (0.7000 ± 0.0200) beyond the seed spread" in said
+    assert client.get_model_version_by_alias("m", "champion").version == first
+    far_run, far = version()
+    said = crown(client, "m", [far_run], [0.80, 0.81, 0.79], "eval/main", "maximize")
+    assert said.endswith(f"is the champion, after v{first}")
+    assert client.get_model_version_by_alias("m", "champion").version == far
+    assert float(client.get_model_version("m", far).tags["search/mean"]) == pytest.approx(0.8)
