@@ -19,7 +19,8 @@ def main(args: list[str]) -> int:
                         help="print the cells and their commands (with --executor slurm: every sbatch script and its "
                              "dependencies, checked as a submission checks them); run nothing")
     parser.add_argument("--jobs", type=int, default=None,
-                        help="cells at once on this node (default: one per visible GPU; 1 without GPUs)")
+                        help="cells at once on this node (default: one per visible GPU; 1 without GPUs); a search "
+                             "under --executor slurm: its trials' jobs at once (default 4)")
     parser.add_argument("--executor", choices=("local", "slurm"), default="local",
                         help="local: run the cells here; slurm: submit each cell as a Slurm job (sbatch)")
     parser.add_argument("--report-only", action="store_true",

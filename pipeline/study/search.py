@@ -209,9 +209,10 @@ class Job:
         text = code_file.read_text().strip()
         if not text:  # being written
             return None
-        log_path = _logs(study) / f"{self.cell.name}.log"
-        with log_path.open(encoding="utf-8", errors="replace") as f:
-            last = last_line(f) if log_path.is_file() else ""
+        log_path, last = _logs(study) / f"{self.cell.name}.log", ""
+        if log_path.is_file():
+            with log_path.open(encoding="utf-8", errors="replace") as f:
+                last = last_line(f)
         return Ended(self.cell.name, int(text), wall, last)
 
     def new_values(self, objective: str) -> list[float]:
