@@ -8,6 +8,7 @@ DiskFull, one line naming the path.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -213,3 +214,19 @@ def write_text(path: Path, text: str) -> None:
 
 def write_json(path: Path, data: object) -> None:
     write_text(path, json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+
+
+def lock_held(path: Path) -> bool:
+    """Whether another process holds a POSIX lock (fcntl.lockf) on path: reads only, creates
+    nothing (no file: nobody holds it). The probe's own shared lock goes with its descriptor."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # fails while another process holds it
+    except OSError as e:
+        return e.errno in (errno.EACCES, errno.EAGAIN)
+    finally:
+        os.close(fd)
+    return False

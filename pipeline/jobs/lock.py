@@ -26,6 +26,7 @@ import socket
 import time
 from pathlib import Path
 
+from pipeline import fsutil
 from pipeline.errors import UserError
 from pipeline.layout import OutputDir
 from pipeline.runtime import dist
@@ -99,17 +100,15 @@ def job_lock(out: OutputDir):
 def refuse_if_busy(out: OutputDir) -> None:
     """Reads only: a UserError if a live job holds out's lock (nothing is created), so a job fails
     at once rather than after minutes of loading its data and model (job_lock takes the lock)."""
+    if not fsutil.lock_held(out.lock):
+        return
     try:
         fd = os.open(out.lock, os.O_RDONLY)
+        holder = _holder(fd)
+        os.close(fd)
     except OSError:
-        return  # no lock file (or no output_dir): nobody holds it
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # fails while another process holds it
-    except OSError as e:
-        if e.errno in (errno.EACCES, errno.EAGAIN):
-            raise UserError(_in_use(out, _holder(fd))) from None
-    finally:
-        os.close(fd)  # drops the probe's shared lock
+        holder = ""
+    raise UserError(_in_use(out, holder))
 
 
 def _in_use(out: OutputDir, holder: str) -> str:

@@ -24,7 +24,7 @@ a metric a run could not measure (energy on a CPU) shows as "n/a".
 May import: everything below the report layer except stage and train (it reads MLflow, never a
 running job); it imports tracking and the task registry.
 
-Inside, lowest first: columns compare confound | amp_step ceiling cells charts side_by_side tables
+Inside, lowest first: columns compare confound search | amp_step ceiling cells charts side_by_side tables
 training_speed verdicts | payoff | markdown
 """
 from __future__ import annotations

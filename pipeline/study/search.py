@@ -30,7 +30,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.errors import UserError
 from pipeline.layout import OutputDir
 from pipeline.names import TAG_PARENT_RUN
 from pipeline.report.search import write_search_report
@@ -243,13 +242,10 @@ def objective_values(output_dir: Path, objective: str) -> list[float]:
 
 
 def _busy(cell: Cell) -> bool:
-    from pipeline.jobs.lock import refuse_if_busy
+    """A live job holds the cell's output_dir (its lock, jobs/lock.py)."""
+    from pipeline.fsutil import lock_held
 
-    try:
-        refuse_if_busy(OutputDir(cell.output_dir))
-    except UserError:
-        return True
-    return False
+    return lock_held(OutputDir(cell.output_dir).lock)
 
 
 class Pool:

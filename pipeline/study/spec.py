@@ -8,13 +8,9 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pipeline.errors import UserError
 from pipeline.layout import OutputDir
-
-if TYPE_CHECKING:
-    from pipeline.study.search_spec import Search
 
 AXES = ("tasks", "models", "precisions", "procedures", "seeds")
 """The matrix axes, in the order a cell's name lists their values."""
@@ -133,8 +129,9 @@ class Study:
     output_root: Path
     report_dir: Path
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
-    search: Search | None = None
-    """The `search` block: each searched cell becomes an Optuna study of trials (study/search.py)."""
+    search: object | None = None
+    """The `search` block, a search_spec.Search (a layer above this one): each searched cell becomes
+    an Optuna study of trials (study/search.py)."""
 
 
 @dataclass

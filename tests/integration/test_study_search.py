@@ -100,7 +100,6 @@ def test_a_search_of_twelve_trials_prunes_side_by_side_and_reports_the_best_over
 
 
 @pytest.mark.slow  # 3 trials, the runner killed with SIGKILL during the second, then run again
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SIGKILL and /proc")
 def test_a_search_killed_mid_trial_resumes_without_losing_or_repeating_a_trial(tmp_path):
     path, db = search_study(tmp_path, "killed", 3, pruner="none")
     out = tmp_path / "outputs" / "killed"
