@@ -232,8 +232,9 @@ class Config:
     (a distill stage's ends -kd-TEACHER; settled when the job starts). A job that starts over there
     is refused while it holds another job's outputs, unless overwrite=true."""
     overwrite: bool = False
-    """Let a job start over in an output_dir that holds another job's finished outputs or
-    checkpoints, removing them (the same job re-run with resume=never starts over without it)."""
+    """Let a job start over in an output_dir that holds finished outputs or another job's
+    checkpoints, removing them. Without it the same finished job asked for again keeps its outputs
+    and says so (exit 0); the same job's checkpoints with resume=never are replaced."""
     data: DataConfig = field(default_factory=DataConfig)
     """The data files: one per split, each a file in the dataset's format or a hub dataset."""
     train: TrainConfig = field(default_factory=TrainConfig)

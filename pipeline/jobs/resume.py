@@ -7,7 +7,8 @@ from the newest usable checkpoint (`checkpoint`) or the one resume=PATH names, o
 output_dir (lock.py), a resume of another job, or of a finished job asked for more, stops here in
 one line (same_job.py says what may differ), as does starting over on another job's work (its
 finished outputs or checkpoints, compared as a resume compares them plus the model and teacher as
-named) unless overwrite=true. `Resume.compare` is the one comparison of the job
+named) unless overwrite=true; the same finished job asked for again is finished (its outputs kept)
+unless overwrite=true. `Resume.compare` is the one comparison of the job
 asked for with the one it continues, at the phase the job's record was made: settled (the
 settings) or built (the model's architecture, the tokenizer, the teacher's weights too). Once the
 stage is built, `confirm` makes that comparison and loads the checkpoint's bundle; a job that
@@ -185,6 +186,9 @@ def decide(plan: Plan) -> Resume:
             named = "no record of its job (job.json)" if found is None else "; ".join(found)
             raise UserError(f"output_dir {out} holds another job's {what} ({named}): another output_dir keeps "
                             "both; overwrite=true removes them and starts this job there")
+        if finished:  # the same job's command again keeps its results: only overwrite=true trains it anew
+            return Resume(out, auto=False, metrics=json.loads(out.metrics.read_text(encoding="utf-8")),
+                          trained=trained)
     return Resume(out, auto=False)
 
 

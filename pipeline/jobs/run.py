@@ -37,8 +37,8 @@ def run(cfg: Config, kind: str = "train") -> dict[str, float]:
         start = resume.decide(plan)
         if start.finished:  # what its journal holds and the store lacks, replayed first
             if rt.is_main:
-                log.info("%s: this job finished before (%s); nothing to train. To train again: resume=never "
-                         "(starts over) or another output_dir", plan.out, plan.out.metrics)
+                log.info("%s: this job finished before (%s); nothing to train, its outputs are kept. To train "
+                         "again: overwrite=true (starts over there) or another output_dir", plan.out, plan.out.metrics)
             catch_up(plan.out, plan.cfg.tracking.uri, active=rt.is_main)
             return start.metrics
         uri = resolve_uri(plan.cfg.tracking.uri)

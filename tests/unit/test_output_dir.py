@@ -1,6 +1,6 @@
 """An output_dir never eats another job's work: default directories name the model (and a distill's
 teacher); a job that would start over on another job's finished outputs or checkpoints is refused in
-one line naming what differs, unless overwrite=true; the same job starts over as before."""
+one line naming what differs, unless overwrite=true; the same finished job asked for again keeps its outputs."""
 from types import SimpleNamespace
 
 import pytest
@@ -70,12 +70,14 @@ def test_another_finished_job_is_refused_in_one_line_naming_each_difference(tmp_
     assert "\n" not in message and (out / "metrics.json").is_file()  # nothing touched
 
 
-def test_the_same_job_and_overwrite_start_over_and_unrecorded_outputs_are_refused(tmp_path):
+def test_the_same_finished_job_is_kept_overwrite_starts_over_and_unrecorded_outputs_are_refused(tmp_path):
     out = tmp_path / "out"
     finished(out, record())
-    decide(plan(out, record(**{"tracking.experiment": "x"})))  # the same job
-    decide(plan(out, record(model="preset:bangla-small"), overwrite=True))
-    decide(plan(tmp_path / "empty", record()))
+    again = decide(plan(out, record(**{"tracking.experiment": "x"})))  # the same job's command again
+    assert again.finished and again.metrics == {"test/main": 0.5}  # run() says so and keeps best/ and metrics
+    assert not decide(plan(out, record(), overwrite=True)).finished  # overwrite=true trains it anew
+    assert not decide(plan(out, record(model="preset:bangla-small"), overwrite=True)).finished
+    assert not decide(plan(tmp_path / "empty", record())).finished
     unrecorded = tmp_path / "old"
     finished(unrecorded, None)
     with pytest.raises(UserError, match=r"holds another job's finished outputs \(no record of its job"):
