@@ -15,6 +15,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -104,14 +106,40 @@ def offline_copy(spec: str) -> Path | None:
     return folder if (folder / "config.json").is_file() else None
 
 
+OUTPUTS = "outputs"
+"""The folder default output_dirs are made in (config/output_dir.py): outputs/NAME is a stage's, not a hub id."""
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+"""The shape of a hub repository id: namespace/name."""
+
+
+def looks_local(spec: str) -> bool:
+    """Whether `spec` names a directory on this machine rather than a hub id: a path that exists,
+    starts at ., / or ~, or holds a separator where a hub id would not (more than one level, other
+    characters, a first part that is a directory here or outputs/, where stages write)."""
+    if spec.startswith((".", "/", "~")) or Path(spec).expanduser().exists():
+        return True
+    if os.sep not in spec and "/" not in spec:
+        return False
+    first = spec.split("/", 1)[0]
+    return not HUB_ID.fullmatch(spec) or first == OUTPUTS or Path(first).is_dir()
+
+
+def refuse_missing(spec: str | None, key: str) -> None:
+    """A local-looking model path that is not a directory, refused at once in one line (no hub call):
+    `key` names the config key (model, kd.teacher)."""
+    if spec and ":" not in spec and offline_copy(spec) is None and looks_local(spec) \
+            and not Path(spec).expanduser().is_dir():
+        raise UserError(f"config: {key}={spec}: no such directory")
+
+
 def _load_pretrained(spec: str, task: Task, overrides: dict, teacher: bool
                      ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     packaged = offline_copy(spec)
     local = packaged or Path(spec).expanduser()
-    looks_local = packaged is not None or spec.startswith((".", "/", "~")) or local.exists()
-    if looks_local and not local.is_dir():
+    is_local = packaged is not None or looks_local(spec)
+    if is_local and not local.is_dir():
         raise UserError(f"config: model={spec}: no such directory")
-    source = str(local) if looks_local else spec
+    source = str(local) if is_local else spec
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
         saved = AutoConfig.from_pretrained(source)  # the checkpoint's own head: its labels
@@ -121,7 +149,7 @@ def _load_pretrained(spec: str, task: Task, overrides: dict, teacher: bool
                                                           ignore_mismatched_sizes=True, output_loading_info=True)
     except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        offline = " (offline and not in the Hugging Face cache?)" if not looks_local else ""
+        offline = " (offline and not in the Hugging Face cache?)" if not is_local else ""
         raise UserError(f"config: model={spec}: cannot load{offline}: {first}") from None
     _check_head(spec, task, saved, model, loading, teacher)
     return tokenizer, model
@@ -257,17 +285,17 @@ class SavedModel:
             path = best
         if path.is_dir() and not (path / "config.json").is_file():
             raise UserError(f"{spec}: neither a model directory (no config.json) nor a stage's output_dir (no best/)")
-        looks_local = path.is_dir() or spec.startswith((".", "/", "~"))
-        if looks_local and not path.is_dir():
+        local = path.is_dir() or looks_local(spec)
+        if local and not path.is_dir():
             raise UserError(f"{spec}: no such directory")
-        self.source = str(path) if looks_local else spec
+        self.source = str(path) if local else spec
         try:
             self.config = AutoConfig.from_pretrained(self.source)
             self.tokenizer = AutoTokenizer.from_pretrained(self.source)
-            folder = path if looks_local else Path(_cached_file(spec, "config.json")).parent
+            folder = path if local else Path(_cached_file(spec, "config.json")).parent
         except (OSError, ValueError) as e:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise UserError(f"{spec}: cannot load{'' if looks_local else ' (offline, not in the cache?)'}: "
+            raise UserError(f"{spec}: cannot load{'' if local else ' (offline, not in the cache?)'}: "
                             f"{first}") from None
         self.size_mb = sum(f.stat().st_size for pattern in self.WEIGHTS for f in folder.glob(pattern)) / 2**20
 

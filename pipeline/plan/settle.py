@@ -22,6 +22,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline import models
 from pipeline.config import Config, flatten
 from pipeline.config.output_dir import default_output_dir
 from pipeline.config.schema import SettledConfig, SettledTrain, TrainConfig
@@ -102,6 +103,9 @@ def settle(cfg: Config, kind: str, rt: Runtime | None = None) -> Plan | None:
         if rt is None:
             return None
     cfg, rt = fit_to_world(cfg, rt)  # fewer processes than planned: same global batch
+    models.refuse_missing(cfg.model, "model")  # a mistyped local path: at once, no hub call
+    if kind == "distill":
+        models.refuse_missing(cfg.kd.teacher, "kd.teacher")
     policy = precision.resolve(cfg.precision, rt.device)
     compile_policy = compiler.resolve(cfg.train.compile, rt.device.type, rt.backend, cfg.deepspeed)
     task = get_task(cfg.task, cfg.task_options)

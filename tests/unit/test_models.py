@@ -83,3 +83,33 @@ def test_prepared_texts_find_their_preset_tokenizer_without_reading_every_text()
 
     found = models.preset_tokenizer(PreparedTexts(), vocab_size=300)
     assert found.get_vocab() == built.get_vocab()
+
+
+@pytest.mark.parametrize("spec, local", [
+    ("./my-modle", True), ("outputs/nope", True), ("/abs/model", True), ("~/m", True), ("a/b/c", True),
+    ("org/name with space", True), ("sentence-transformers/all-MiniLM-L6-v2", False), ("bert-base-uncased", False),
+])
+def test_a_path_looks_local_where_a_hub_id_would_not(spec, local):
+    from pipeline.models import looks_local
+
+    assert looks_local(spec) is local
+
+
+@pytest.mark.parametrize("override, key", [("model=./my-modle", "model"), ("kd.teacher=outputs/nope", "kd.teacher"),
+                                           ("model=outputs/no-such-stage/best", "model")])
+def test_a_mistyped_local_path_is_refused_at_once_without_a_hub_call(tmp_path, monkeypatch, override, key):
+    import huggingface_hub
+
+    from pipeline.config import load_config
+    from pipeline.errors import UserError
+    from pipeline.jobs.run import run
+
+    def no_hub(*args, **kwargs):
+        raise AssertionError("the hub was asked")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", no_hub)
+    cfg = load_config(None, [override, f"output_dir={tmp_path / 'out'}"])
+    value = override.split("=", 1)[1]
+    with pytest.raises(UserError, match=rf"^config: {key}={value}: no such directory$"):
+        run(cfg, "distill" if key == "kd.teacher" else "train")
+    assert not (tmp_path / "out").exists()  # nothing written
