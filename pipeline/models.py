@@ -67,10 +67,26 @@ def build(spec: str, task: Task, train_texts: Iterable[str], overrides: dict, ma
         config = BertConfig(vocab_size=len(tokenizer), max_position_embeddings=max(512, max_length),
                             pad_token_id=tokenizer.pad_token_id, **PRESETS[name], **task.model_kwargs())
         _apply_overrides(config, overrides, spec)
+        tokenizer.model_max_length = config.max_position_embeddings  # saved with it: a server truncates there
         return tokenizer, task.model_class.from_config(config, dtype=torch.float32)
     if spec.startswith("from_teacher:"):
         raise UserError(f"config: model={spec}: only the distill command builds a student from a teacher")
-    return _load_pretrained(spec, task, overrides, teacher)
+    return _load_pretrained(spec, task, overrides, teacher, max_length)
+
+
+UNBOUNDED = 10**6
+"""A tokenizer's model_max_length above this is transformers' 'not set' (about 1e30)."""
+
+
+def max_positions(config: PretrainedConfig, tokenizer: PreTrainedTokenizerBase | None = None) -> int | None:
+    """The longest input a model takes: its position embeddings, or less where its tokenizer says so
+    (RoBERTa's 514 positions hold 512 tokens); None for a model without absolute positions."""
+    positions = getattr(config, "max_position_embeddings", None)
+    told = getattr(tokenizer, "model_max_length", None)
+    told = told if told and told < UNBOUNDED else None
+    if positions is None or told is None:
+        return positions or told
+    return min(positions, told)
 
 
 def checkpoint_activations(model: PreTrainedModel, spec: str) -> None:
@@ -132,7 +148,7 @@ def refuse_missing(spec: str | None, key: str) -> None:
         raise UserError(f"config: {key}={spec}: no such directory")
 
 
-def _load_pretrained(spec: str, task: Task, overrides: dict, teacher: bool
+def _load_pretrained(spec: str, task: Task, overrides: dict, teacher: bool, max_length: int
                      ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     packaged = offline_copy(spec)
     local = packaged or Path(spec).expanduser()
@@ -145,6 +161,12 @@ def _load_pretrained(spec: str, task: Task, overrides: dict, teacher: bool
         saved = AutoConfig.from_pretrained(source)  # the checkpoint's own head: its labels
         config = AutoConfig.from_pretrained(source, **task.model_kwargs())
         _apply_overrides(config, overrides, spec)
+        longest = max_positions(config, tokenizer)
+        if longest is not None and max_length > longest:  # before its weights load: a refusal, not a crash
+            raise UserError(f"config: train.max_length={max_length}: {'kd.teacher' if teacher else 'model'}={spec} "
+                            f"takes at most {longest} tokens (its position embeddings)")
+        if longest is not None:
+            tokenizer.model_max_length = longest  # saved with best/: a server truncates where the model ends
         model, loading = task.model_class.from_pretrained(source, config=config, dtype=torch.float32,
                                                           ignore_mismatched_sizes=True, output_loading_info=True)
     except (OSError, ValueError) as e:

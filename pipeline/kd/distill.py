@@ -67,11 +67,13 @@ def attach_projection(student: PreTrainedModel, teacher: PreTrainedModel) -> boo
     return True
 
 
-def load_teacher(spec: str, task: Task, overrides: dict) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
-    """(tokenizer, model) of the teacher: a train stage's output dir (its best/), hub id or local model."""
+def load_teacher(spec: str, task: Task, overrides: dict, max_length: int = 512
+                 ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+    """(tokenizer, model) of the teacher: a train stage's output dir (its best/), hub id or local model;
+    a UserError where it takes fewer than `max_length` tokens (train.max_length)."""
     try:  # a train stage's output_dir stands for its best model
         return models.build(str(OutputDir(Path(spec).expanduser()).trained_model() or spec), task, [], overrides,
-                            max_length=512, teacher=True)
+                            max_length=max_length, teacher=True)
     except UserError as e:
         raise UserError(str(e).replace("config: model=", "config: kd.teacher=", 1)) from None
 
@@ -105,7 +107,7 @@ def build_distillation(cfg: Config, task: Task, policy: PrecisionPolicy, rt: Run
     be the user's fault happens here, before any run exists."""
     if not cfg.kd.teacher:
         raise UserError("config: kd.teacher: required by distill (a train stage's output_dir, hub id or local model)")
-    teacher_tokenizer, teacher = load_teacher(cfg.kd.teacher, task, cfg.model_config)
+    teacher_tokenizer, teacher = load_teacher(cfg.kd.teacher, task, cfg.model_config, cfg.train.max_length)
     spec = cfg.model or f"from_teacher:{max(1, teacher.config.num_hidden_layers // 2)}"
     if spec.startswith("from_teacher:"):
         try:

@@ -40,7 +40,7 @@ def save_for_logging(out: OutputDir, task: Task, examples: list[dict]) -> bool:
         log.info("tracking.log_model: no transformers pipeline serves task %s; best/ uploaded as files", task.name)
         return False
     try:
-        save_served_model(out.best, task, examples, out.mlflow_model)
+        save_served_model(out.best, task, examples, out.mlflow_model, _max_length(out))
     except Exception as e:  # noqa: BLE001 - a library's failure to build the pipeline must not fail the job
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         log.warning("tracking.log_model: best/ could not be saved as an MLflow model (%s); not logged", reason)
@@ -48,8 +48,20 @@ def save_for_logging(out: OutputDir, task: Task, examples: list[dict]) -> bool:
     return True
 
 
-def save_served_model(best: Path, task: Task, examples: list[dict], target: Path) -> None:
-    """Write the MLflow model of best/ into `target` (replacing one a previous call wrote)."""
+def _max_length(out: OutputDir) -> int | None:
+    """train.max_length of the job that wrote output_dir (its config.yaml), if it says."""
+    import yaml
+
+    settings = yaml.safe_load(out.config.read_text(encoding="utf-8")) if out.config.is_file() else None
+    return ((settings or {}).get("train") or {}).get("max_length")
+
+
+def save_served_model(best: Path, task: Task, examples: list[dict], target: Path, max_length: int | None = None
+                      ) -> None:
+    """Write the MLflow model of best/ into `target` (replacing one a previous call wrote). The served
+    model truncates its inputs as training did: a text-classification pipeline at `max_length`
+    (its inference config); a token-classification one at the saved tokenizer's model_max_length
+    (the model's positions), as that pipeline always does."""
     import huggingface_hub
     import mlflow.transformers
     import transformers
@@ -63,7 +75,9 @@ def save_served_model(best: Path, task: Task, examples: list[dict], target: Path
                                      f"---\nlicense: other\n---\nA {task.name} model trained by the pipeline: "
                                      f"{task.serving_task}; inputs are text normalized as the task normalizes it.")
     requirements = [f"{name}=={importlib.metadata.version(name)}" for name in REQUIREMENTS]
+    longest = min(max_length or pipe.tokenizer.model_max_length, pipe.tokenizer.model_max_length)
+    truncate = {"truncation": True, "max_length": longest} if task.serving_task == "text-classification" else None
     with atomic_dir(target, replace=True) as tmp:
         mlflow.transformers.save_model(pipe, path=str(tmp), task=task.serving_task, model_card=card,
                                        input_example=task.serving_inputs(examples[:EXAMPLE_ROWS]),
-                                       pip_requirements=requirements)
+                                       pip_requirements=requirements, model_config=truncate)

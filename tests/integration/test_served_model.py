@@ -81,6 +81,28 @@ def test_register_as_makes_a_version_that_loads_and_predicts_and_the_run_shows_i
     assert len(tags[names.TAG_GIT_COMMIT]) == 40  # the tests run in a checkout
 
 
+def long_document(tokens: int = 2000) -> str:
+    """A comment far longer than any model's positions: `tokens` words of the sample set's own."""
+    words = " ".join(e["text"] for e in get_task("sentiment").load(None, "train")[:400]).split()
+    return " ".join(words[i % len(words)] for i in range(tokens))
+
+
+def test_a_2000_token_document_is_served_by_best_and_the_registered_model(logged):
+    """best/'s tokenizer carries the model's length and the served model truncates as training did:
+    transformers.pipeline(truncation=True) and the registered model answer a long document."""
+    import transformers
+
+    best = str(logged["out"] / "best")
+    assert transformers.AutoTokenizer.from_pretrained(best).model_max_length == 512
+    doc = long_document()
+    pipe = transformers.pipeline("text-classification", model=best, tokenizer=best, device="cpu")
+    assert len(pipe.tokenizer(doc)["input_ids"]) > 1000  # longer than the model's 512 positions
+    labels = set(get_task("sentiment").labels)
+    assert pipe(doc, truncation=True)[0]["label"] in labels
+    served = mlflow.pyfunc.load_model("models:/demo-student/1")  # as `mlflow models serve` runs it
+    assert set(served.predict([doc, "ভালো লাগলো"])["label"]) <= labels
+
+
 def models_by_experiment(client):
     """(experiment id, source run id) of every logged model in the store, whatever its experiment."""
     experiments = [e.experiment_id for e in client.search_experiments(view_type=ViewType.ALL)]

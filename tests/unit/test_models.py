@@ -113,3 +113,29 @@ def test_a_mistyped_local_path_is_refused_at_once_without_a_hub_call(tmp_path, m
     with pytest.raises(UserError, match=rf"^config: {key}={value}: no such directory$"):
         run(cfg, "distill" if key == "kd.teacher" else "train")
     assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_a_presets_saved_tokenizer_carries_the_models_length(tmp_path):
+    """Not transformers' 'unset' (1e30): a pipeline's truncation=True then cuts at the model's positions."""
+    from transformers import AutoTokenizer
+
+    task = get_task("sentiment")
+    tokenizer, model = models.build("preset:bangla-tiny", task, task.texts(task.load(None, "train")), {}, 48)
+    tokenizer.save_pretrained(tmp_path)
+    assert AutoTokenizer.from_pretrained(tmp_path).model_max_length == model.config.max_position_embeddings == 512
+
+
+def test_max_length_over_the_models_positions_is_refused_before_its_weights_load(tmp_path):
+    """train.max_length=1024 on a 512-position model: one line naming both, not a crash in set-up."""
+    from pipeline.errors import UserError
+
+    task = get_task("sentiment")
+    tokenizer, model = models.build("preset:bangla-tiny", task, task.texts(task.load(None, "train")), {}, 48)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(UserError, match=rf"^config: train.max_length=1024: model={tmp_path} takes at most 512 "
+                                        r"tokens \(its position embeddings\)$"):
+        models.build(str(tmp_path), task, [], {}, 1024)
+    with pytest.raises(UserError, match=r"^config: train.max_length=1024: kd.teacher="):
+        distill.load_teacher(str(tmp_path), task, {}, 1024)
+    assert models.build(str(tmp_path), task, [], {}, 512)[0].model_max_length == 512
