@@ -153,8 +153,9 @@ class KDConfig:
 class TrackingConfig:
     uri: str | None = None
     """MLflow tracking URI; unset = $MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db."""
-    experiment: str = "pipeline"
-    """MLflow experiment name (one per study)."""
+    experiment: str | None = None
+    """MLflow experiment name (one per study); unset = $MLFLOW_EXPERIMENT_NAME, else pipeline. The run's
+    tags tracking.uri_from and tracking.experiment_from say which (config | env:VARIABLE | default)."""
     run_name: str | None = None
     """MLflow run name; unset = task-model-precision."""
     log_model: bool = False

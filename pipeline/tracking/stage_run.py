@@ -16,6 +16,7 @@ from pipeline.layout import OutputDir
 from pipeline.measure import telemetry
 from pipeline.runtime import dist
 from pipeline.runtime.dist import Runtime
+from pipeline.tracking.store import resolve_experiment, source_of
 from pipeline.tracking.tracker import Tracker
 
 if TYPE_CHECKING:
@@ -69,7 +70,8 @@ def start_stage_run(cfg: Config, rt: Runtime, uri: str, run: StageRun) -> Tracke
     run_name = cfg.tracking.run_name or f"{cfg.task}-{run.model_spec.split('/')[-1]}-{run.precision}"
     try:
         params = {**flatten(resolved), **{k: v for k, v in run.ran.get("params", {}).items() if v is not None}}
-        tracker.start(uri, cfg.tracking.experiment, run_name, tags, params, resume_run_id=run.resume_run_id)
+        tracker.start(uri, resolved["tracking"]["experiment"], run_name, tags, params,
+                      resume_run_id=run.resume_run_id)
         tracker.log_artifact(OutputDir(out).config)
         tracker.run_id = dist.broadcast_object(tracker.run_id)
         if cfg.tracking.system_metrics and rt.local_rank == 0:
@@ -85,7 +87,9 @@ def start_stage_run(cfg: Config, rt: Runtime, uri: str, run: StageRun) -> Tracke
 def write_config(cfg: Config, rt: Runtime, uri: str) -> dict[str, Any]:
     """The config as the job resolved it (its tracking URI included), redacted: no secrets in the
     run's params or in output_dir/config.yaml, which rank 0 writes."""
-    resolved = redact_config({**cfg.to_dict(), "tracking": {**cfg.to_dict()["tracking"], "uri": uri}})
+    tracking = cfg.to_dict()["tracking"]
+    resolved = redact_config({**cfg.to_dict(), "tracking": {**tracking, "uri": uri,
+                                                            "experiment": resolve_experiment(cfg.tracking.experiment)}})
     if rt.is_main:
         fsutil.write_text(OutputDir(cfg.output_dir).config,
                           yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True))
@@ -105,6 +109,9 @@ def run_tags(cfg: Config, rt: Runtime, run: StageRun) -> dict[str, object]:
         names.TAG_SEED: cfg.seed, names.TAG_STUDY: "",
         # MLflow's own source tags: its run page and runs table show them
         names.TAG_SOURCE_NAME: f"python -m pipeline {run.kind}", names.TAG_SOURCE_TYPE: "LOCAL",
+        names.TAG_USER: _user(),
+        names.TAG_URI_FROM: source_of(cfg.tracking.uri, "MLFLOW_TRACKING_URI"),
+        names.TAG_EXPERIMENT_FROM: source_of(cfg.tracking.experiment, "MLFLOW_EXPERIMENT_NAME"),
         **telemetry.environment_tags(), **run.ran.get("tags", {}), **cfg.tracking.tags,
     }
     if rt.device.type == "cpu":
@@ -112,3 +119,13 @@ def run_tags(cfg: Config, rt: Runtime, run: StageRun) -> dict[str, object]:
     if cfg.tracking.parent_run_id:
         tags[names.TAG_PARENT_RUN] = cfg.tracking.parent_run_id
     return tags
+
+
+def _user() -> str:
+    """The login running the job, as MLflow's fluent API names it (mlflow.user)."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name for this uid (a container)
+        return "unknown"

@@ -42,6 +42,19 @@ def resolve_uri(configured: str | None) -> str:
     return uri
 
 
+DEFAULT_EXPERIMENT = "pipeline"
+
+
+def source_of(configured: str | None, variable: str) -> str:
+    """Where a tracking setting came from, for the run's tags: config | env:VARIABLE | default."""
+    return "config" if configured else f"env:{variable}" if os.environ.get(variable) else "default"
+
+
+def resolve_experiment(configured: str | None) -> str:
+    """tracking.experiment, else $MLFLOW_EXPERIMENT_NAME (MLflow's own convention), else pipeline."""
+    return configured or os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
+
+
 def safe_params(params: dict[str, object]) -> dict[str, str]:
     """Params or tags for MLflow: secrets masked, over-long values shortened."""
     out = {}

@@ -26,7 +26,7 @@ from pipeline.tracking.journal import (
     Tags,
     append,
 )
-from pipeline.tracking.store import few_retries, open_experiment, safe_params
+from pipeline.tracking.store import few_retries, open_experiment, resolve_experiment, safe_params
 
 if TYPE_CHECKING:
     from pipeline.config import TrackingConfig
@@ -92,8 +92,9 @@ class Tracker:
         if not self.active or not self.run_id:
             return
         ui = "python -m pipeline ui" + (f" --uri {redact(self.uri)}" if config.uri else "")
+        experiment = resolve_experiment(config.experiment)
         log.info("MLflow run %s (experiment '%s') in %s\n    open it: %s --experiment %s",
-                 self.run_id, config.experiment, redact(self.uri), ui, config.experiment)
+                 self.run_id, experiment, redact(self.uri), ui, experiment)
 
     def start_system_metrics(self, run_id: str | None, uri: str, node_id: str, interval: float) -> None:
         """MLflow's CPU/memory/GPU sampler into the job's run; one per node (local rank 0)."""
