@@ -14,6 +14,7 @@ TRAIN_LR = "train/lr"
 TRAIN_GRAD_NORM = "train/grad_norm"
 TRAIN_EPOCH = "train/epoch"
 TRAIN_STEPS = "train/steps"
+TRAIN_EPOCHS = "train/epochs"  # epochs trained (a partial one, stopped by train.max_steps or SIGTERM, counts)
 # at each logged step, over the steps since the previous one (the console line shows the same figures)
 TRAIN_SAMPLES_PER_S = "train/samples_per_s"
 TRAIN_TOKENS_PER_S = "train/tokens_per_s"  # real (non-padding) tokens

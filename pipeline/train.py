@@ -288,7 +288,7 @@ def finish(loop: Loop) -> dict[str, float]:
                     stage.features["test"], keep=True, compile=stage.compile)
     serving = stage.bench_inference() if stage.rt.is_main else {}
     final = loop.metrics.log_final(loop.progress.step, loop.best, test, loop.losses.last_loss,
-                                   loop.losses.amp_metrics(stage.backend.loss_scale), serving)
+                                   loop.losses.amp_metrics(stage.backend.loss_scale), serving, loop.progress.epoch)
     if stage.rt.is_main:
         report = stage.task.report(test.predictions, stage.examples["test"], stage.features["test"])
         loop.metrics.write_outputs(stage.out, final, report, loop.progress.step, stage.task, stage.examples["test"],

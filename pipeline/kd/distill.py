@@ -26,6 +26,7 @@ from pipeline.errors import UserError
 from pipeline.fsutil import cache_root
 from pipeline.kd import teacher_cache
 from pipeline.layout import OutputDir
+from pipeline.parts.model_card import spaced_layers
 from pipeline.runtime import dist
 from pipeline.runtime.compiler import OFF, CompilePolicy
 from pipeline.runtime.dist import Runtime
@@ -84,7 +85,7 @@ def student_from_teacher(n_layers: int, teacher: PreTrainedModel, task: Task) ->
     total = teacher.config.num_hidden_layers
     if not 1 <= n_layers <= total:
         raise UserError(f"config: model=from_teacher:{n_layers}: the teacher has {total} layers")
-    chosen = [i * total // n_layers for i in range(n_layers)]
+    chosen = spaced_layers(n_layers, total)
     config = teacher.config.__class__.from_dict({**teacher.config.to_dict(), "num_hidden_layers": n_layers})
     student = task.model_class.from_config(config, dtype=torch.float32)  # trainable: fp32 whatever the teacher's dtype
     source = teacher.state_dict()

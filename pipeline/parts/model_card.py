@@ -5,6 +5,7 @@ dev scores so far), and again when the job finishes (the test scores and the inf
 What it says is read from output_dir's config.yaml and job.json, written before training starts."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
@@ -29,8 +30,9 @@ def card_text(out: OutputDir, metrics: dict[str, float]) -> str:
     record = job_record.read(out.job)
     task_name = config.get("task", "")
     task = get_task(task_name, config.get("task_options") or {}) if task_name else None
-    model = config.get("model") or (task.default_model if task else None)
+    model = config.get("model") or (task.default_model if task else None)  # config.yaml holds the one that ran
     teacher = (config.get("kd") or {}).get("teacher") if record and record.teacher else None  # a distill stage
+    student = _student(model, teacher) if teacher and model and model.startswith("from_teacher:") else None
     data = config.get("data") or {}
     front = {"library_name": "transformers", "tags": [LIBRARY, *([task_name] if task_name else []),
                                                        *(["knowledge-distillation"] if teacher else [])]}
@@ -44,7 +46,7 @@ def card_text(out: OutputDir, metrics: dict[str, float]) -> str:
         front["datasets"] = hub_data
     train = config.get("train") or {}
     rows = [("task", task_name + (f" ({task.serving_task})" if task and task.serving_task else "")),
-            ("base model", model or "")]
+            ("student of the teacher", student) if student else ("base model", model or "")]
     if teacher:
         rows.append(("teacher (distilled from)", teacher))
     for split in ("train", "dev", "test"):
@@ -53,11 +55,11 @@ def card_text(out: OutputDir, metrics: dict[str, float]) -> str:
     if record:
         rows.append(("launch", f"{record.backend} backend, {record.world_size} process"
                                f"{'es' if record.world_size != 1 else ''}, global batch {record.global_batch}"))
-    rows += [("seed", str(config.get("seed", ""))),
-             ("epochs, learning rate", f"{train.get('epochs')}, {train.get('lr')}")]
+    rows += [("seed", str(config.get("seed", ""))), _trained(train, metrics), ("learning rate", str(train.get("lr")))]
+    origin = f" from {teacher}: {student}" if student else f" from {model}" if model else ""
     lines = ["---", yaml.safe_dump(front, sort_keys=False, allow_unicode=True).rstrip(), "---", "",
              f"# {Path(str(out)).name}", "",
-             f"A {task_name} model trained by {LIBRARY}" + (f" from {model}" if model else "") + ".", "",
+             f"A {task_name} model {'distilled' if teacher else 'trained'} by {LIBRARY}{origin}.", "",
              "## Training", "", *_table(rows), ""]
     scores = [(k, v) for k, v in metrics.items() if k.startswith((names.TEST, names.EVAL))]
     lines += ["## Scores", ""]
@@ -67,6 +69,33 @@ def card_text(out: OutputDir, metrics: dict[str, float]) -> str:
         lines += ["", "## Inference (measured at the end of training, on the training device)", "",
                   *_table(inference)]
     return "\n".join(lines) + "\n"
+
+
+def spaced_layers(n_layers: int, total: int) -> list[int]:
+    """The teacher's layers a from_teacher:N student starts from: N evenly spaced of `total`
+    (DistilBERT took every other layer of BERT-base: 0, 2, ..., 10 for N=6)."""
+    return [i * total // n_layers for i in range(n_layers)]
+
+
+def _student(model: str, teacher: str) -> str:
+    """`from_teacher:N` as a sentence: which of the teacher's layers, where its config.json is here."""
+    n = int(model.split(":", 1)[1])
+    folder = Path(teacher).expanduser()
+    best = OutputDir(folder).trained_model() if folder.is_dir() else None
+    config = (best or folder) / "config.json"
+    total = json.loads(config.read_text(encoding="utf-8")).get("num_hidden_layers") if config.is_file() else None
+    layers = f"its layers {', '.join(map(str, spaced_layers(n, total)))} of {total}" if total else f"{n} of its layers"
+    return f"{model}: the teacher's embeddings, head and {layers}"
+
+
+def _trained(train: dict, metrics: dict[str, float]) -> tuple[str, str]:
+    """How long it trained: the steps and epochs done once the job finished, else the plan."""
+    if names.TRAIN_STEPS not in metrics:
+        return "epochs (planned)", str(train.get("epochs"))
+    steps, epochs = int(metrics[names.TRAIN_STEPS]), metrics.get(names.TRAIN_EPOCHS)
+    done = f"{steps} optimizer steps" + (f" in {int(epochs)} epoch{'s' if epochs != 1 else ''}" if epochs else "")
+    limit = train.get("max_steps")
+    return "trained", done + (f" (stopped by train.max_steps={limit})" if limit and limit > 0 else "")
 
 
 def _hub_id(spec: str) -> bool:

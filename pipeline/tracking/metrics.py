@@ -82,7 +82,7 @@ class MetricsProcessor:
             log.info("step %d  dev %s %.4f", step, main_metric, dev.main)
 
     def log_final(self, step: int, best: BestModel, test: Evaluation, loss: float, amp: dict[str, float],
-                  served_figures: dict[str, float]) -> dict[str, float]:
+                  served_figures: dict[str, float], epochs: int | None = None) -> dict[str, float]:
         """The job's final metrics (the best evaluation's eval/ metrics and epoch, the test scores, the
         last logged loss, the whole job's perf/ and energy/ figures, AMP health, rank 0's serving
         figures): to MLflow, the eval/ ones excepted (logged at their epoch); the collapse tags of the
@@ -91,7 +91,7 @@ class MetricsProcessor:
                                **({names.TAG_BEST_REASON: best.reason} if best.reason else {})})
         final = {**best.metrics, names.BEST_EPOCH: best.epoch,
                  **{names.test_metric(k): v for k, v in test.scores.items()},
-                 names.TRAIN_LOSS: loss, names.TRAIN_STEPS: step,
+                 names.TRAIN_LOSS: loss, names.TRAIN_STEPS: step, names.TRAIN_EPOCHS: epochs,
                  **self.meters.final_metrics(best.time_to_best), **amp, **served_figures}
         final = {k: v for k, v in final.items() if v is not None}
         self.tracker.log_metrics({k: v for k, v in final.items() if not k.startswith(names.EVAL)}, step)

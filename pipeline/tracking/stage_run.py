@@ -63,7 +63,7 @@ def start_stage_run(cfg: Config, rt: Runtime, uri: str, run: StageRun) -> Tracke
     metrics on every node. Params are the config as requested plus `run.ran`'s. Returns the
     tracker, its run_id the same on every rank (None without tracking)."""
     out = Path(cfg.output_dir)
-    resolved = write_config(cfg, rt, uri)
+    resolved = write_config(cfg, rt, uri, run.model_spec)
     tracker = Tracker(out, active=rt.is_main, resume=run.resumed)
     tracker.register_as = cfg.tracking.register_as
     tags = run_tags(cfg, rt, run)
@@ -84,11 +84,11 @@ def start_stage_run(cfg: Config, rt: Runtime, uri: str, run: StageRun) -> Tracke
     return tracker
 
 
-def write_config(cfg: Config, rt: Runtime, uri: str) -> dict[str, Any]:
-    """The config as the job resolved it (its tracking URI included), redacted: no secrets in the
-    run's params or in output_dir/config.yaml, which rank 0 writes."""
+def write_config(cfg: Config, rt: Runtime, uri: str, model_spec: str | None = None) -> dict[str, Any]:
+    """The config as the job resolved it (the model that ran, its tracking URI and experiment included),
+    redacted: no secrets in the run's params or in output_dir/config.yaml, which rank 0 writes."""
     tracking = cfg.to_dict()["tracking"]
-    resolved = redact_config({**cfg.to_dict(), "tracking": {**tracking, "uri": uri,
+    resolved = redact_config({**cfg.to_dict(), "model": model_spec or cfg.model, "tracking": {**tracking, "uri": uri,
                                                             "experiment": resolve_experiment(cfg.tracking.experiment)}})
     if rt.is_main:
         fsutil.write_text(OutputDir(cfg.output_dir).config,

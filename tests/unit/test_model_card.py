@@ -38,3 +38,24 @@ def test_a_distilled_students_card_names_its_teacher_data_launch_and_scores(tmp_
 def test_a_card_before_the_job_record_exists_still_says_what_it_can(tmp_path):
     card = card_text(OutputDir(tmp_path), {})
     assert card.startswith("---\nlibrary_name: transformers\n") and "Not evaluated yet." in card
+
+
+def test_a_from_teacher_students_card_names_its_teachers_layers_and_what_it_trained(tmp_path):
+    """config.yaml holds the model that ran (from_teacher:1, not the task's default preset); the card
+    says which of the teacher's layers the student started from, and the steps and epochs it
+    trained (stopped by train.max_steps after one epoch: not the 3 planned)."""
+    teacher = OutputDir(tmp_path / "teacher")
+    (teacher.root / "best").mkdir(parents=True)
+    write_json(teacher.root / "best" / "config.json", {"num_hidden_layers": 2})
+    out = OutputDir(tmp_path / "student")
+    out.root.mkdir()
+    config = {"task": "sentiment", "model": "from_teacher:1", "kd": {"teacher": str(teacher.root)},
+              "train": {"epochs": 3, "max_steps": 4, "lr": 3e-4}, "data": {}}
+    write_text(out.config, yaml.safe_dump(config))
+    write_json(out.job, JobRecord(config={}, global_batch="16 rows", world_size=1, backend="torch",
+                                  precision="fp32", data={}, teacher="sha256:t").to_json())
+    card = card_text(out, {"test/main": 0.5, "train/steps": 4, "train/epochs": 1})
+    assert f"distilled by bangla-amp-pipeline from {teacher.root}: from_teacher:1" in card
+    assert "| student of the teacher | from_teacher:1: the teacher's embeddings, head and its layers 0 of 2 |" in card
+    assert "| trained | 4 optimizer steps in 1 epoch (stopped by train.max_steps=4) |" in card
+    assert "base model" not in card and "bangla-small" not in card
