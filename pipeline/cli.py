@@ -10,6 +10,7 @@ import argparse
 import importlib
 import logging
 import os
+import re
 import sys
 import warnings
 
@@ -48,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(HubOnce())
     _quiet_libraries()
     if not argv or argv[0] in HELP:
         print(USAGE, end="")
@@ -107,6 +110,26 @@ def _strip_local_rank(argv: list[str]) -> list[str]:
     if known.local_rank is not None:
         os.environ.setdefault("LOCAL_RANK", str(known.local_rank))
     return rest
+
+
+class HubOnce(logging.Filter):
+    """The Hugging Face Hub's libraries' lines once each: a retried request repeats its warning with
+    another count or delay (numbers aside, the same line is dropped)."""
+
+    LIBRARIES = ("huggingface_hub", "transformers", "urllib3")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self.LIBRARIES):
+            return True
+        key = re.sub(r"\d+(\.\d+)?", "N", f"{record.name} {record.getMessage()}")
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
 
 
 def _quiet_libraries() -> None:

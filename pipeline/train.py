@@ -31,7 +31,9 @@ from pipeline.parts.step_losses import StepLosses
 from pipeline.runtime import dist
 from pipeline.runtime.dist import AgreedFlag
 from pipeline.stage import Stage
+from pipeline.tasks.base import SPLITS
 from pipeline.tracking.metrics import MetricsProcessor
+from pipeline.tracking.start_block import precision_line, run_url, start_block
 from pipeline.tracking.tracker import Tracker
 
 log = logging.getLogger("pipeline")
@@ -149,6 +151,15 @@ def begin(loop: Loop) -> None:
     datasets = describe_datasets(stage.cfg.data, stage.task, stage.examples) if stage.rt.is_main else []
     loop.metrics.begin(stage.out, stage.backend.extra_artifacts, tags, datasets)
     loop.checkpointer.write_job()
+    if stage.rt.is_main:
+        tracker = loop.metrics.tracker
+        log.info(start_block(
+            task=stage.task.name, model=stage.model_spec, parameters=sum(p.numel() for p in stage.model.parameters()),
+            precision=precision_line(stage.cfg.precision, stage.policy.name, stage.rt.device.type),
+            backend=stage.rt.backend, world_size=stage.rt.world_size,
+            examples={split: len(stage.examples[split]) for split in SPLITS}, steps=loop.total_steps,
+            epochs=loop.epochs, output_dir=str(stage.out), uri=tracker.uri or "",
+            run=run_url(tracker.uri or "", tracker.experiment_id, tracker.run_id)))
 
 
 def train_epoch(loop: Loop, epoch: int) -> None:

@@ -21,6 +21,7 @@ from pipeline.plan.settle import settle
 from pipeline.runtime import dist, gc_pause
 from pipeline.stage import Stage, build_stage
 from pipeline.tracking import StageRun, catch_up, resolve_uri, start_stage_run, what_ran
+from pipeline.tracking.start_block import precision_line, settled_line
 from pipeline.train import Preempted, fit
 
 log = logging.getLogger("pipeline")
@@ -42,6 +43,11 @@ def run(cfg: Config, kind: str = "train") -> dict[str, float]:
             catch_up(plan.out, plan.cfg.tracking.uri, active=rt.is_main)
             return start.metrics
         uri = resolve_uri(plan.cfg.tracking.uri)
+        if rt.is_main:  # what the job resolved, before data and models load (seconds to minutes)
+            model = plan.cfg.model or (plan.task.default_model if kind == "train" else "from_teacher (kd.teacher's)")
+            log.info(settled_line(kind, plan.cfg.task, model,
+                                  precision_line(plan.cfg.precision, plan.policy.name, rt.device.type),
+                                  rt.backend, rt.world_size, plan.cfg.output_dir))
         stage = build_stage(plan)
         if plan.find_batch:
             stage = batch_finder.fit_batch(stage)

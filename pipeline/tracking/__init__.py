@@ -6,14 +6,15 @@ keeps everything, and `python -m pipeline sync RUN_DIR` uploads it later. A job 
 even because the journal itself cannot be written, ends its run FAILED (or KILLED).
 
 store: the tracking URI and the MLflow client; journal: the record types and their file;
-sink: records into an MLflow run; tracker: live logging; stage_run: a stage's run as a job
-opens it; console: a logged step's line in a batch job's log; replay: `pipeline sync`, replaying a
-journal, and catch_up, which replays a finished job's journal where the store lacks part of it.
+sink: records into an MLflow run; tracker: live logging; start_block: the lines a job starts
+with; stage_run: a stage's run as a job opens it; console: a logged step's line in a batch job's
+log; replay: `pipeline sync`, replaying a journal, and catch_up, which replays a finished job's
+journal where the store lacks part of it.
 
 May import: the layers below it (errors ... tasks, config, runtime, parts, measure, data, models,
 evaluation, kd); never plan, stage, train, jobs, report, study or the CLI.
 
-Inside, lowest first: console journal served_model store | sink | replay tracker | metrics stage_run
+Inside, lowest first: console journal served_model start_block store | sink | replay tracker | metrics stage_run
 """
 from pipeline.tracking.journal import JOURNAL, read_journal
 from pipeline.tracking.replay import CaughtUp, catch_up, settle_abandoned_run, sync

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,8 @@ from pipeline.tracking.journal import Artifact, Datasets, End, Metric, Model, Pa
 if TYPE_CHECKING:
     from mlflow import MlflowClient
     from mlflow.entities import DatasetInput
+
+log = logging.getLogger("pipeline")
 
 PARAMS_PER_BATCH, METRICS_PER_BATCH = 100, 1000  # MLflow's limits for one log_batch
 SOURCE_TAGS = ("mlflow.source.", "mlflow.user")
@@ -150,8 +153,13 @@ def log_saved_model(client: MlflowClient, run_id: str, record: Model) -> None:
               if m.step == record.step and m.model_id is None]
     for i in range(0, len(linked), METRICS_PER_BATCH):
         client.log_batch(run_id, metrics=linked[i : i + METRICS_PER_BATCH])
+    log.info("model logged: %s in run %s (mlflow.pyfunc.load_model(\"models:/%s\"))", record.name, run_id,
+             model.model_id)
     if record.register_as:
-        register(client, record.register_as, model.model_id, model.artifact_location, run_id, record.description)
+        version = register(client, record.register_as, model.model_id, model.artifact_location, run_id,
+                           record.description)
+        log.info("model registered: %s version %d (models:/%s/%d)", record.register_as, version,
+                 record.register_as, version)
 
 
 def register(client: MlflowClient, name: str, model_id: str, location: str, run_id: str,

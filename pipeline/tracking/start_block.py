@@ -1,0 +1,42 @@
+"""The lines rank 0 prints as a job starts: one as soon as the job is settled (what it will run and
+where its outputs go), and a block once it is built and its run is open (the model's size, the
+examples of each split, the steps, where its run is), so a job's log says what it resolved before
+its first step."""
+from __future__ import annotations
+
+from pipeline.config.secrets import redact
+
+
+def precision_line(requested: str, resolved: str, device_type: str) -> str:
+    """The resolved precision and why: as set, or what auto found on this device."""
+    if requested != "auto":
+        return f"{resolved} (as set)"
+    why = {"bf16": f"this {device_type} runs bf16", "fp16": "this GPU has no bf16",
+           "fp32": "this CPU has no bf16 kernels"}.get(resolved, device_type)
+    return f"{resolved} (auto: {why})"
+
+
+def settled_line(kind: str, task: str, model: str, precision: str, backend: str, world_size: int,
+                 output_dir: str) -> str:
+    return (f"{kind}: task {task}, model {model}, precision {precision}, {backend} backend x {world_size} "
+            f"process{'es' if world_size != 1 else ''}, output_dir {output_dir}; preparing data and model")
+
+
+def run_url(uri: str, experiment_id: str | None, run_id: str | None) -> str:
+    """The run's page where the store is a server; else the command that opens it."""
+    if not run_id:
+        return "none (the journal keeps every record: pipeline sync)"
+    if uri.startswith(("http://", "https://")):
+        return f"{redact(uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+    return f"run {run_id}: python -m pipeline ui --uri {redact(uri)}"
+
+
+def start_block(*, task: str, model: str, parameters: int, precision: str, backend: str, world_size: int,
+                examples: dict[str, int], steps: int, epochs: int, output_dir: str, uri: str, run: str) -> str:
+    rows = [("task", task), ("model", f"{model} ({parameters / 1e6:.1f}M parameters)"), ("precision", precision),
+            ("backend", f"{backend} x {world_size} process{'es' if world_size != 1 else ''}"),
+            ("examples", ", ".join(f"{split} {n}" for split, n in examples.items())),
+            ("steps", f"{steps} optimizer steps over {epochs} epoch{'s' if epochs != 1 else ''}"),
+            ("output_dir", output_dir), ("tracking", redact(uri)), ("run", run)]
+    width = max(len(k) for k, _ in rows)
+    return "starting:\n" + "\n".join(f"    {k.ljust(width)}  {v}" for k, v in rows)

@@ -1,0 +1,42 @@
+"""What a job prints as it starts (rank 0): the resolved precision and why, the run's address, the
+block of what it resolved; the Hub's repeated warnings once."""
+import logging
+
+from pipeline.cli import HubOnce
+from pipeline.tracking.start_block import precision_line, run_url, start_block
+
+
+def test_the_precision_says_what_auto_became_and_why():
+    assert precision_line("auto", "bf16", "cpu") == "bf16 (auto: this cpu runs bf16)"
+    assert precision_line("auto", "fp32", "cpu") == "fp32 (auto: this CPU has no bf16 kernels)"
+    assert precision_line("fp16", "fp16", "cuda") == "fp16 (as set)"
+
+
+def test_the_run_is_a_link_on_a_server_and_a_command_on_a_file_store():
+    assert run_url("http://u:secret@host:5000/", "3", "abc") == "http://***@host:5000/#/experiments/3/runs/abc"
+    assert run_url("http://host:5000", "3", "abc") == "http://host:5000/#/experiments/3/runs/abc"
+    assert run_url("sqlite:////x/m.db", "3", "abc") == "run abc: python -m pipeline ui --uri sqlite:////x/m.db"
+    assert "pipeline sync" in run_url("sqlite:////x/m.db", None, None)
+
+
+def test_the_start_block_names_everything_the_job_resolved():
+    block = start_block(task="sentiment", model="preset:bangla-tiny", parameters=1_234_567,
+                        precision="bf16 (auto: this cpu runs bf16)", backend="ddp", world_size=2,
+                        examples={"train": 800, "dev": 100, "test": 100}, steps=75, epochs=3, output_dir="out",
+                        uri="sqlite:////x/m.db", run="run abc: python -m pipeline ui --uri sqlite:////x/m.db")
+    for part in ("task        sentiment", "preset:bangla-tiny (1.2M parameters)", "bf16 (auto: this cpu runs bf16)",
+                 "ddp x 2 processes", "train 800, dev 100, test 100", "75 optimizer steps over 3 epochs",
+                 "output_dir  out", "sqlite:////x/m.db", "run abc"):
+        assert part in block, part
+
+
+def test_a_hub_warning_repeated_with_other_numbers_is_printed_once():
+    once = HubOnce()
+
+    def record(name, message):
+        return logging.LogRecord(name, logging.WARNING, __file__, 1, message, None, None)
+
+    lines = [f"Retrying in {i}s [Retry {i}/5]: HEAD https://huggingface.co/x" for i in range(1, 6)]
+    shown = [once.filter(record("huggingface_hub.utils._http", line)) for line in lines]
+    assert shown == [True, False, False, False, False]
+    assert once.filter(record("pipeline", lines[0])) and once.filter(record("pipeline", lines[0]))  # ours: all
