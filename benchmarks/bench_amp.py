@@ -15,11 +15,12 @@ def main():
     common = [f"train.max_steps={args.steps}", f"train.batch_size={args.batch_size}",
               f"train.max_length={args.max_length}", "train.log_every=1000"]
     comments = f"data.train={long_sentiment_file()}"  # long-tailed lengths, median ~40 tokens
+    samples = ["data.dev=samples", "data.test=samples"]  # evaluated on the built-in sets: only the speed is compared
     models = {  # the default Bangla model and the MiniLM architecture on the same comments, and
         # MiniLM on its WikiQA sample pairs (short: ~22 tokens)
-        "bangla-small, sentiment comments": ["task=sentiment", "model=preset:bangla-small", comments],
+        "bangla-small, sentiment comments": ["task=sentiment", "model=preset:bangla-small", comments, *samples],
         "all-MiniLM-L6-v2, sentiment comments": ["task=sentiment", "model=sentence-transformers/all-MiniLM-L6-v2",
-                                                 comments],
+                                                 comments, *samples],
         "all-MiniLM-L6-v2, WikiQA pairs": ["task=wikiqa", "model=sentence-transformers/all-MiniLM-L6-v2"],
     }
     rows, runs = [], {}

@@ -33,7 +33,8 @@ PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
 def cell_overrides(args, precision: str, checkpointing: bool, max_length: int, data: Path) -> list[str]:
     return [f"model={args.model}", f"train.max_length={max_length}", f"precision={precision}",
-            f"data.train={data}", f"train.gradient_checkpointing={str(checkpointing).lower()}",
+            f"data.train={data}", "data.dev=samples", "data.test=samples",
+            f"train.gradient_checkpointing={str(checkpointing).lower()}",
             "train.lr=1e-4", "train.log_every=1", "tracking.system_metrics=false"]
 
 

@@ -27,6 +27,7 @@ MODEL = "preset:bangla-small"
 def stage(nproc: int, args) -> dict:
     out = Path(tempfile.mkdtemp(dir=WORK))
     overrides = ["task=sentiment", f"model={MODEL}", f"data.train={long_sentiment_file()}",
+                 "data.dev=samples", "data.test=samples",
                  f"train.batch_size={args.batch_size // nproc}",
                  f"train.max_steps={args.steps}", f"train.max_length={args.max_length}", f"precision={args.precision}",
                  "train.log_every=1000", f"output_dir={out}", f"tracking.uri=sqlite:///{out}/m.db",

@@ -80,7 +80,8 @@ def trainer(args, epochs: int | None = None, seed: int = 0) -> dict:
 def pipeline(args, epochs: int | None = None, seed: int = 0) -> dict:
     limit = [f"train.epochs={epochs}"] if epochs else [f"train.max_steps={args.steps}"]
     limit.append(f"seed={seed}")
-    figures = pipeline_run([f"task={TASK}", f"model={MODEL}", f"data.train={long_sentiment_file()}", f"train.lr={LR}",
+    figures = pipeline_run([f"task={TASK}", f"model={MODEL}", f"data.train={long_sentiment_file()}",
+                            "data.dev=samples", "data.test=samples", f"train.lr={LR}",
                             f"precision={args.precision}",
                             f"train.batch_size={args.batch_size}", f"train.max_length={args.max_length}",
                             "train.log_every=1000", *limit])

@@ -42,6 +42,7 @@ BEST = {"batch_size": 32, "lr": 3e-4, "warmup": 0.1, "weight_decay": 0.01, "grou
 def pipeline(args, seed: int, overrides: list[str]) -> dict:
     torch._dynamo.reset()
     figures = pipeline_run([f"task={TASK}", f"model={MODEL}", f"data.train={long_sentiment_file()}",
+                            "data.dev=samples", "data.test=samples",
                             f"precision={args.precision}", f"train.epochs={args.epochs}", f"seed={seed}",
                             f"train.max_length={args.max_length}", "train.log_every=1000", *overrides])
     return {"samples_per_s": figures["perf/train_samples_per_s"], "compile_s": figures.get("perf/compile_s", 0.0),

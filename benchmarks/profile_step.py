@@ -109,7 +109,8 @@ def main():
     quiet()
     if args.threads:
         torch.set_num_threads(args.threads)
-    data = [f"data.train={long_sentiment_file()}"] if args.data == "long" else []
+    data = [f"data.train={long_sentiment_file()}",
+            "data.dev=samples", "data.test=samples"] if args.data == "long" else []
     base = ["task=sentiment", f"train.batch_size={args.batch_size}", *data]
     result = alternate({prec: (lambda prec=prec: one_run([*base, f"precision={prec}"], args.steps))
                         for prec in ("fp32", "bf16")}, args.reps)

@@ -132,8 +132,8 @@ def build_stage(plan: Plan) -> Stage:
     backend = make_backend(rt, policy, plan.compile, cfg.train, cfg.deepspeed)
     # the training split is prepared once per node and memory-mapped: its size, digest and texts
     # here, not its rows; dev/test keep their examples (the metrics read them)
-    examples = {"train": features.prepare_train(task, cfg.data.train, rt),
-                **{split: task.load(getattr(cfg.data, split), split) for split in ("dev", "test")}}
+    examples = {"train": features.prepare_train(task, cfg.data.source("train"), rt),
+                **{split: task.load(cfg.data.source(split), split) for split in ("dev", "test")}}
     transformers.set_seed(cfg.seed)  # identical initial weights on every rank
     train_texts = examples["train"].texts
     distiller = None
@@ -146,7 +146,7 @@ def build_stage(plan: Plan) -> Stage:
         models.checkpoint_activations(model, model_spec)
     identity = {"architecture": models.architecture(model), "tokenizer": features.tokenizer_identity(tokenizer),
                 "teacher": distiller.teacher_fingerprint if distiller is not None else None}
-    prepared = {split: features.prepare_features(task, split, getattr(cfg.data, split), examples[split], tokenizer,
+    prepared = {split: features.prepare_features(task, split, cfg.data.source(split), examples[split], tokenizer,
                                                  cfg.train.max_length, rt) for split in SPLITS}
     examples["train"].release()  # the builder's rows: the features are on disk now
     model.to(rt.device)  # fp32 here; bf16-pure: the backend casts it once it holds the fp32 masters

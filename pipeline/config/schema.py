@@ -43,11 +43,20 @@ MAPPINGS = ("model_config", "task_options", "tracking.tags")
 @dataclass
 class DataConfig:
     train: str | None = None
-    """Training file, or `hub:ID[:CONFIG]`; unset = the task's built-in sample set."""
+    """Training file, `hub:ID[:CONFIG]`, or `samples` (the task's built-in synthetic sample set).
+    Unset: the sample set, when no data key is given at all."""
     dev: str | None = None
-    """Dev file used for evaluation each epoch and early stopping; unset = sample set."""
+    """Dev file (or hub:ID, or `samples`) for evaluation, best-model selection and early stopping.
+    Unset: the sample set when no data key is given; refused when another data key is, so a user's
+    training file is never judged on synthetic rows without a word."""
     test: str | None = None
-    """Test file evaluated once with the best model; unset = sample set."""
+    """Test file (or hub:ID, or `samples`) evaluated once with the best model. Unset: the sample
+    set when no data key is given; refused when another data key is."""
+
+    def source(self, split: str) -> str | None:
+        """The split's file or hub id; None: the task's built-in sample set."""
+        value = getattr(self, split)
+        return None if value in (None, SAMPLES) else value
 
 
 @dataclass
@@ -252,6 +261,7 @@ class Config:
         _one_of("task", self.task)
         _one_of("precision", self.precision)
         _one_of("backend", self.backend)
+        _check_data(self.data)
         t = self.train
         _check("train.epochs", t.epochs, t.epochs is None or t.epochs >= 1, "must be >= 1")
         _check("train.max_steps", t.max_steps, t.max_steps == -1 or t.max_steps >= 1, "must be -1 or >= 1")
@@ -386,6 +396,22 @@ def _acceptable(name: str) -> bool:
     """A key accept_changes can name: a config key (one under a mapping such as model_config too)
     or a part of the job's record that is not a key (same_job.py)."""
     return name in ACCEPTABLE or any(name.startswith(f"{m}.") and len(name) > len(m) + 1 for m in MAPPINGS)
+
+
+SAMPLES = "samples"
+"""The data value that asks for the task's built-in synthetic sample set by name."""
+DATA_USES = {"train": "training", "dev": "dev evaluation, best-model selection and early stopping",
+             "test": "the test figures"}
+
+
+def _check_data(data: DataConfig) -> None:
+    """A split left unset beside a given one would silently be the built-in synthetic set: refused."""
+    given = [split for split in DATA_USES if getattr(data, split) is not None]
+    for split, use in DATA_USES.items():
+        if given and getattr(data, split) is None:
+            raise UserError(f"config: data.{split}: unset while data.{given[0]}={getattr(data, given[0])} is given: "
+                            f"{use} would run on the built-in synthetic sample set; give data.{split}=FILE (or "
+                            f"hub:ID), or data.{split}={SAMPLES} to use that set knowingly")
 
 
 def _check(key: str, value: Any, ok: bool, reason: str) -> None:

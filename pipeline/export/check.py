@@ -33,6 +33,7 @@ def stage_data(out: OutputDir, tokenizer) -> tuple[DataLoader, DataLoader, Calla
     evaluation batched them (train.eval_batch_size, the task's collator), and its test scorer: the
     task's test metrics of a model (PyTorch or exported) through the stage's own scorer
     (evaluation.evaluate)."""
+    from pipeline.config import DataConfig
     from pipeline.data import features
     from pipeline.evaluation import evaluate
     from pipeline.runtime.dist import Runtime
@@ -50,9 +51,9 @@ def stage_data(out: OutputDir, tokenizer) -> tuple[DataLoader, DataLoader, Calla
     collate = task.collator(tokenizer)
     examples, prepared, loaders = {}, {}, {}
     for split in ("dev", "test"):
-        examples[split] = task.load(data.get(split), split)
-        prepared[split] = features.prepare_features(task, split, data.get(split), examples[split], tokenizer,
-                                                    max_length, rt)
+        source = DataConfig(**{split: data.get(split)}).source(split)  # `samples` and unset: the built-in set
+        examples[split] = task.load(source, split)
+        prepared[split] = features.prepare_features(task, split, source, examples[split], tokenizer, max_length, rt)
         loaders[split] = DataLoader(prepared[split], batch_size=batch, collate_fn=collate)
 
     def test_scores(model) -> dict[str, float]:

@@ -104,7 +104,7 @@ def _hub_id(spec: str) -> bool:
 
 
 def _data(split: str, value: str | None, record: job_record.JobRecord | None, task: str) -> str:
-    shown = value or f"the built-in {task} {split} set"
+    shown = value if value and value != "samples" else f"the built-in {task} {split} set (synthetic)"
     fingerprint = ((record.data if record else {}).get(split) or {}).get("fingerprint")
     return f"{shown} ({fingerprint})" if fingerprint else shown
 

@@ -124,8 +124,8 @@ def settle(cfg: Config, kind: str, rt: Runtime | None = None) -> Plan | None:
         backend="deepspeed" if rt.backend == "deepspeed" else "torch",
         precision=policy.name,
         # a file's sha256 (remembered: a warm start does not read it again) or a hub dataset's fingerprint
-        data={split: {"file": getattr(settled.data, split) or f"the built-in {task.name} {split} set",
-                      "fingerprint": features.source_identity(task, getattr(settled.data, split), split)}
+        data={split: {"file": settled.data.source(split) or f"the built-in {task.name} {split} set",
+                      "fingerprint": features.source_identity(task, settled.data.source(split), split)}
               for split in FINGERPRINTED_SPLITS})
     return Plan(settled, rt, kind, task, policy, record, compile_policy, find_batch=cfg.train.batch_size == "auto")
 

@@ -83,7 +83,8 @@ s = build_stage(settle(cfg, "train", rt))
 report = {"rank": rt.rank, "featurize": calls, "rows": len(s.features["train"]),
           "ids": sum(map(sum, s.features["train"]["input_ids"]))}
 try:  # a bad training file: local rank 0 reads it, every rank fails with its line
-    build_stage(settle(load_config(None, [f"data.train={data}/bad.tsv", f"output_dir={out}"]), "train", rt))
+    build_stage(settle(load_config(None, [f"data.train={data}/bad.tsv",
+                                          "data.dev=samples", "data.test=samples", f"output_dir={out}"]), "train", rt))
 except UserError as e:
     report["error"] = str(e)
 with open(f"{out}-rank{rt.rank}.json", "w") as f:

@@ -101,7 +101,8 @@ def preset_job(tmp_path_factory):
     """The preset's tokenizer is trained on the training file (as the demo's is)."""
     root = tmp_path_factory.mktemp("preset")
     with pytest.MonkeyPatch.context() as mp:
-        return make_job(root, mp, [*FAST, f"data.train={train_file(root)}", "train.epochs=2", "train.save_every=4"])
+        return make_job(root, mp, [*FAST, f"data.train={train_file(root)}",
+                                   "data.dev=samples", "data.test=samples", "train.epochs=2", "train.save_every=4"])
 
 
 @pytest.fixture(scope="module")
@@ -110,6 +111,7 @@ def local_job(tmp_path_factory):
     root = tmp_path_factory.mktemp("local")
     with pytest.MonkeyPatch.context() as mp:
         return make_job(root, mp, [*FAST, f"model={local_model(root)}", f"data.train={train_file(root)}",
+                                   "data.dev=samples", "data.test=samples",
                                    "train.epochs=2", "train.save_every=4"])
 
 
@@ -160,7 +162,8 @@ def test_a_model_directory_replaced_by_another_architecture_is_refused(local_job
 def test_a_teacher_that_changed_under_its_student_is_refused(local_job, tmp_path, monkeypatch):
     teacher = local_job.copy(tmp_path).root / "model"
     student = make_job(tmp_path / "student", monkeypatch, [
-        *FAST, f"data.train={local_job.root / 'train.tsv'}", "train.epochs=2", "train.save_every=4",
+        *FAST, f"data.train={local_job.root / 'train.tsv'}", "data.dev=samples", "data.test=samples",
+        "train.epochs=2", "train.save_every=4",
         f"kd.teacher={teacher}", "model=from_teacher:1"], stage="distill")
     model = SENTIMENT.model_class.from_pretrained(teacher)
     with torch.no_grad():

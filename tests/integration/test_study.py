@@ -53,7 +53,8 @@ def study(tmp_path_factory):
         "overrides": [*FAST, "train.max_steps=10", f"tracking.uri=sqlite:///{db}"],
         "procedures": {
             # exits 2 at start (the data file does not exist); the cell after it never runs
-            "broken": {"command": "train", "overrides": [f"data.train={tmp / 'missing.tsv'}"]},
+            "broken": {"command": "train", "overrides": [f"data.train={tmp / 'missing.tsv'}",
+                                                         "data.dev=samples", "data.test=samples"]},
             "needs_broken": {"command": "distill", "launcher": {"type": "torchrun", "nproc": 2},
                              "overrides": ["kd.teacher=${broken.output_dir}"]},
         },

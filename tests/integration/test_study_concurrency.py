@@ -78,7 +78,8 @@ def test_slurm_executor_submits_cells_with_their_resources_dependencies_and_the_
         "slurm": {"partition": "gpu", "time": "01:30:00", "account": "proj", "extra": ["--constraint=h100"]},
         "procedures": {
             # fails at start (no such data file): its student is cancelled, not left pending
-            "teacher": {"command": "train", "overrides": [f"data.train={tmp_path / 'missing.tsv'}"]},
+            "teacher": {"command": "train", "overrides": [f"data.train={tmp_path / 'missing.tsv'}",
+                                                          "data.dev=samples", "data.test=samples"]},
             "student": {"command": "distill", "launcher": {"type": "torchrun", "nproc": 2},
                         "overrides": ["kd.teacher=${teacher.output_dir}"]},
             "done": {"command": "train"}, "queued": {"command": "train"},

@@ -52,7 +52,8 @@ def test_misaligned_labels_collapse_the_score(tmp_path):
         r["labels"] = ["O"] + r["labels"][:-1]
     shifted = write(tmp_path, rows, "shifted.json")
     scores = {}
-    for name, data in (("aligned", []), ("shifted", [f"data.train={shifted}"])):
+    for name, data in (("aligned", []), ("shifted", [f"data.train={shifted}",
+                                                     "data.dev=samples", "data.test=samples"])):
         figures = run(load_config(None, [*NER, *data, f"output_dir={tmp_path / name}",
                                          f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))
         scores[name] = figures[names.test_metric("f1")]

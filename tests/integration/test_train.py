@@ -92,7 +92,8 @@ def test_bad_data_fails_before_any_run(tmp_path):
     bad = tmp_path / "train.tsv"
     bad.write_text("id\ttext\tlabel\n1\tভালো\tPositive\n2\tখারাপ\tVeryBad\n", encoding="utf-8")
     db = tmp_path / "m.db"
-    result = run_cli("train", f"data.train={bad}", f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{db}")
+    result = run_cli("train", f"data.train={bad}",
+                     "data.dev=samples", "data.test=samples", f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{db}")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [f"error: {bad}: line 3: unknown label 'VeryBad' "
                                                   "(expected Positive, Negative, Neutral)"]

@@ -85,3 +85,22 @@ def test_secret_looking_keys_are_masked_and_token_counts_are_not():
                          "train": {"batch_tokens": 4096, "max_tokens": 128}, "uri": "http://u:pw@host:5000"})
     assert got == {"hf_token": "***", "api_key": "***", "tracking": {"password": "***", "client_secrets": "***"},
                    "train": {"batch_tokens": 4096, "max_tokens": 128}, "uri": "http://***@host:5000"}
+
+
+@pytest.mark.parametrize("given,missing", [(["data.train=mine.tsv"], "dev"),
+                                           (["data.train=mine.tsv", "data.dev=dev.tsv"], "test"),
+                                           (["data.dev=dev.tsv", "data.test=test.tsv"], "train")])
+def test_a_users_data_with_a_split_left_to_the_samples_is_refused(given, missing):
+    """A user's file beside an unset split would be judged on (or trained with) the built-in synthetic
+    set without a word: one line naming the split, what it is for, and the two ways on."""
+    with pytest.raises(UserError) as e:
+        load_config(None, given)
+    message = str(e.value)
+    assert message.startswith(f"config: data.{missing}: unset while data.") and "\n" not in message
+    assert f"give data.{missing}=FILE (or hub:ID), or data.{missing}=samples to use that set knowingly" in message
+
+
+def test_the_samples_are_used_when_no_data_key_is_given_or_by_name():
+    assert [load_config(None, []).data.source(s) for s in ("train", "dev", "test")] == [None, None, None]
+    cfg = load_config(None, ["data.train=mine.tsv", "data.dev=samples", "data.test=hub:x/y"])
+    assert [cfg.data.source(s) for s in ("train", "dev", "test")] == ["mine.tsv", None, "hub:x/y"]
