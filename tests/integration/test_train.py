@@ -87,16 +87,24 @@ def test_fp16_overflow_in_the_loop_skips_one_step_and_keeps_the_schedule(tmp_pat
     assert figures[names.LOSS_SCALE] == scale[6]
 
 
+def error_lines(result) -> list[str]:
+    """A refused job's stderr past the start line (the job's one INFO line of what it resolved, printed
+    before its data loads): the one error line, and nothing else."""
+    lines = result.stderr.strip().splitlines()
+    assert all(" INFO train: task " in line for line in lines[:-1]), lines
+    return lines[-1:]
+
+
 @pytest.mark.slow
 def test_bad_data_fails_before_any_run(tmp_path):
     bad = tmp_path / "train.tsv"
     bad.write_text("id\ttext\tlabel\n1\tভালো\tPositive\n2\tখারাপ\tVeryBad\n", encoding="utf-8")
     db = tmp_path / "m.db"
-    result = run_cli("train", f"data.train={bad}",
-                     "data.dev=samples", "data.test=samples", f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{db}")
+    result = run_cli("train", f"data.train={bad}", "data.dev=samples", "data.test=samples",
+                     f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{db}")
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [f"error: {bad}: line 3: unknown label 'VeryBad' "
-                                                  "(expected Positive, Negative, Neutral)"]
+    assert error_lines(result) == [f"error: {bad}: line 3: unknown label 'VeryBad' (expected Positive, Negative, "
+                                   "Neutral)"]
     assert not (tmp_path / "out").exists() and not db.exists()
 
 
@@ -106,7 +114,7 @@ def test_uncached_hub_model_offline_is_one_line(tmp_path):
     result = run_cli("train", "model=csebuetnlp/banglabert", f"output_dir={tmp_path / 'out'}",
                      env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
     assert result.returncode == 2
-    (line,) = result.stderr.strip().splitlines()
+    (line,) = error_lines(result)
     assert line.startswith("error: config: model=csebuetnlp/banglabert: cannot load (offline and not in the")
     assert not (tmp_path / "out").exists()
 
