@@ -8,6 +8,7 @@ import atexit
 import functools
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -181,3 +182,15 @@ def assert_same_result(a, b, tol=1e-6):
     for key in ma:
         if key.startswith((names.EVAL, names.TEST, names.TRAIN)):
             assert mb[key] == pytest.approx(ma[key], abs=tol), key
+
+
+START_LINE = re.compile(r" INFO (train|distill): task .*; preparing data and model$")
+"""The one line a job prints once it is settled, before its data and model load (start_block.py)."""
+
+
+def error_lines(result) -> list[str]:
+    """A refused job's stderr past its start line (printed before the data and model load, where some
+    refusals are found): the error line, and nothing else."""
+    lines = result.stderr.strip().splitlines()
+    assert all(START_LINE.search(line) for line in lines[:-1]), lines
+    return lines[-1:]

@@ -15,6 +15,7 @@ from helpers import (
     ROOT,
     assert_same_result,
     deepspeed,
+    error_lines,
     free_port,
     mlflow_runs,
     run_cli,
@@ -190,7 +191,7 @@ def test_bad_deepspeed_configs_are_one_line_errors(tmp_path, content, message):
     result = run_cli("train", *FAST, "backend=deepspeed", f"deepspeed={path}", f"output_dir={tmp_path / 'out'}",
                      f"tracking.uri=sqlite:///{tmp_path}/m.db")
     assert result.returncode == 2
-    (line,) = result.stderr.strip().splitlines()
+    (line,) = error_lines(result)
     assert message in line and not (tmp_path / "m.db").exists()
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import FAST, ROOT, free_port, mlflow_runs, run_cli, tracking_db
+from helpers import FAST, ROOT, error_lines, free_port, mlflow_runs, run_cli, tracking_db
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
@@ -123,7 +123,7 @@ def test_tokenizer_mismatch_is_refused_at_start(tmp_path, teacher_dir):
 @pytest.mark.slow
 def test_distill_needs_a_teacher(tmp_path):
     result = run_cli("distill", *FAST, f"output_dir={tmp_path / 'out'}")  # the CLI path: exit 2, one line
-    assert result.returncode == 2 and result.stderr.strip().splitlines() == [
+    assert result.returncode == 2 and error_lines(result) == [
         "error: config: kd.teacher: required by distill (a train stage's output_dir, hub id or local model)"]
 
 

@@ -6,7 +6,7 @@ import math
 import pytest
 from safetensors import safe_open
 
-from helpers import FAST, mlflow_runs, run_cli, tracking_db
+from helpers import FAST, error_lines, mlflow_runs, run_cli, tracking_db
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.jobs.run import run
@@ -85,14 +85,6 @@ def test_fp16_overflow_in_the_loop_skips_one_step_and_keeps_the_schedule(tmp_pat
     assert lr[3] == lr[2]  # the skipped step did not advance the schedule
     assert lr[2] > lr[4] > lr[5]  # every real step did (linear decay)
     assert figures[names.LOSS_SCALE] == scale[6]
-
-
-def error_lines(result) -> list[str]:
-    """A refused job's stderr past the start line (the job's one INFO line of what it resolved, printed
-    before its data loads): the one error line, and nothing else."""
-    lines = result.stderr.strip().splitlines()
-    assert all(" INFO train: task " in line for line in lines[:-1]), lines
-    return lines[-1:]
 
 
 @pytest.mark.slow
