@@ -27,6 +27,7 @@ from pipeline.fsutil import cache_root
 from pipeline.kd import teacher_cache
 from pipeline.layout import OutputDir
 from pipeline.parts.model_card import spaced_layers
+from pipeline.parts.step_losses import StepLoss
 from pipeline.runtime import dist
 from pipeline.runtime.compiler import OFF, CompilePolicy
 from pipeline.runtime.dist import Runtime
@@ -251,20 +252,24 @@ class Distiller:
 
     # ------------------------------------------------------------------ loss
     def loss(self, student_outputs: ModelOutput, batch: dict, idx: torch.Tensor,
-             student: torch.nn.Module | None = None) -> torch.Tensor:
-        """The KD loss of a micro-batch; `student` is the unwrapped student (its kd_projection)."""
+             student: torch.nn.Module | None = None) -> StepLoss:
+        """The KD loss of a micro-batch and its named terms, each unweighted (logged as
+        train/loss_<term>); `student` is the unwrapped student (its kd_projection)."""
         if self.cached is not None:
             teacher = {name: self._cached_rows(name, idx, batch["input_ids"].shape[1]) for name in self.task.kd_outputs}
         else:
             teacher = self._teacher_logits({k: v for k, v in batch.items()})
         pairs = self.task.kd_pairs(student_outputs, teacher, batch)
         distill = sum(kd_loss(s, t, self.temperature) for s, t in pairs) / len(pairs)
-        loss = self.alpha * distill + (1 - self.alpha) * self.task.loss(student_outputs, batch).float()
+        task_loss = self.task.loss(student_outputs, batch).float()
+        loss = self.alpha * distill + (1 - self.alpha) * task_loss
+        terms = {"task": task_loss, "kd": distill}
         if self.hidden_weight:
             hidden = student_outputs.hidden_states[-1]
             projection = getattr(student, "kd_projection", None)
             if projection is not None:
                 with self.policy.autocast():
                     hidden = projection(hidden)
-            loss = loss + self.hidden_weight * hidden_mse(hidden, teacher["hidden"], batch["attention_mask"])
-        return loss
+            terms["hidden"] = hidden_mse(hidden, teacher["hidden"], batch["attention_mask"])
+            loss = loss + self.hidden_weight * terms["hidden"]
+        return StepLoss(loss, terms)

@@ -53,14 +53,12 @@ class MetricsProcessor:
     def should_log(self, step: int) -> bool:
         return step % self.log_every == 0 or step == self.total_steps
 
-    def log_step(self, step: int, loss: float, lr: float, grad_norm: float, epoch_progress: float,
-                 amp: dict[str, float]) -> None:
-        """A logged step: the window's mean loss and throughput, the learning rate, the gradient norm,
-        the epoch's progress, AMP health (`amp`: StepLosses.amp_metrics); to MLflow and, without a
-        TTY, the console."""
+    def log_step(self, step: int, figures: dict[str, float]) -> None:
+        """A logged step: the loop's `figures` by name (the window's losses and their terms, the
+        learning rate, the gradient norm, the epoch's progress, AMP health) with the window's
+        throughput; to MLflow and, without a TTY, the console."""
         self.meters.check_compiles()
-        metrics = {names.TRAIN_LOSS: loss, names.TRAIN_LR: lr, names.TRAIN_GRAD_NORM: grad_norm,
-                   names.TRAIN_EPOCH: epoch_progress, **amp, **self.console.step_figures()}
+        metrics = {**figures, **self.console.step_figures()}
         self.tracker.log_metrics(metrics, step)
         self.console.show(step, metrics)
 

@@ -143,7 +143,7 @@ def test_hidden_term_adds_to_the_loss_and_trains_the_projection():
     for weight in (0.0, 1.5):
         d = make_distiller(teacher, ["kd.cache=false", f"kd.hidden_weight={weight}"])
         outputs = student(**batch, **d.forward_kwargs)
-        losses[weight] = d.loss(outputs, batch, torch.arange(4), student)
+        losses[weight] = d.loss(outputs, batch, torch.arange(4), student).total
     with torch.no_grad():
         hidden_t = teacher(**batch, output_hidden_states=True).hidden_states[-1]
         hidden_s = student.kd_projection(outputs.hidden_states[-1])
@@ -171,7 +171,7 @@ def test_the_teacher_is_dropped_once_its_logits_are_cached(train):
     batch = collate([features[i] for i in range(4)])
     idx = batch.pop("idx")
     outputs = teacher(**batch)  # any student of the right shape
-    assert torch.isfinite(d.loss(outputs, batch, idx))
+    assert torch.isfinite(d.loss(outputs, batch, idx).total)
     live = make_distiller(teacher, ["kd.cache=false"])
     live.prepare(features, collate, 48, tokenizer)
     assert live.teacher is teacher and live.cached is None
