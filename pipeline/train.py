@@ -32,6 +32,7 @@ from pipeline.runtime import dist
 from pipeline.runtime.dist import AgreedFlag
 from pipeline.stage import Stage
 from pipeline.tasks.base import SPLITS
+from pipeline.tracking import stage_outputs
 from pipeline.tracking.metrics import MetricsProcessor
 from pipeline.tracking.start_block import precision_line, run_url, start_block
 from pipeline.tracking.tracker import Tracker
@@ -306,7 +307,7 @@ def finish(loop: Loop) -> dict[str, float]:
                                    loop.losses.amp_metrics(stage.backend.loss_scale), serving, loop.progress.epoch)
     if stage.rt.is_main:
         report = stage.task.report(test.predictions, stage.examples["test"], stage.features["test"])
-        loop.metrics.write_outputs(stage.out, final, report, loop.progress.step, stage.task, stage.examples["test"],
-                                   stage.cfg.tracking.log_model)
-        loop.metrics.announce(final, stage.task.main_metric, test.main, stage.out)
+        stage_outputs.write_outputs(loop.metrics.tracker, stage.out, final, report, loop.progress.step, stage.task,
+                                    stage.examples["test"], stage.cfg.tracking.log_model)
+        stage_outputs.announce(loop.meters, final, stage.task.main_metric, test.main, stage.out)
     return final
