@@ -11,6 +11,7 @@ learned projection when the student is narrower than the teacher.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -55,6 +56,30 @@ def hidden_mse(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, mask:
     mask = mask.unsqueeze(-1).float()
     squared = (student_hidden.float() - teacher_hidden.float()).pow(2) * mask
     return squared.sum() / (mask.sum() * student_hidden.shape[-1]).clamp(min=1)
+
+
+def self_relation(states: torch.Tensor, heads: int, mask: torch.Tensor) -> torch.Tensor:
+    """MiniLMv2's self-attention relation of one of Q, K or V [B, L, D]: split into `heads`
+    relation heads of D/heads, log softmax(X X^T / sqrt(D/heads)) over the real (mask == 1) keys,
+    [B, heads, L, L], in fp32. Its shape does not depend on D, so teacher and student may differ in
+    width and attention heads."""
+    b, length, width = states.shape
+    if width % heads:
+        raise UserError(f"config: kd.relation_heads={heads}: must divide the hidden size {width}")
+    x = states.float().view(b, length, heads, width // heads).transpose(1, 2)
+    scores = x @ x.transpose(-1, -2) / math.sqrt(width // heads)
+    scores = scores.masked_fill(~mask.bool()[:, None, None, :], torch.finfo(torch.float32).min)
+    return F.log_softmax(scores, dim=-1)
+
+
+def relation_kl(student: torch.Tensor, teacher: torch.Tensor, heads: int, mask: torch.Tensor) -> torch.Tensor:
+    """KL(teacher relation || student relation) of one of Q, K, V, averaged over the real
+    queries and the relation heads (MiniLMv2), in fp32."""
+    s, t = self_relation(student, heads, mask), self_relation(teacher, heads, mask)
+    keys = mask.bool()[:, None, None, :]
+    per_query = (t.exp() * (t - s)).masked_fill(~keys, 0.0).sum(-1)  # [B, heads, L]
+    queries = mask.float()[:, None, :]
+    return (per_query * queries).sum() / (queries.sum() * heads).clamp(min=1)
 
 
 def attach_projection(student: PreTrainedModel, teacher: PreTrainedModel) -> bool:

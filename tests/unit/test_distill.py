@@ -1,12 +1,15 @@
 """Knowledge distillation: loss properties, the DistilBERT-style student, the teacher-logit
 cache, and a distill stage on two torchrun nodes (ZeRO-2 distillation: test_model_families)."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from pipeline.config import load_config
+from pipeline.errors import UserError
 from pipeline.kd import distill, teacher_cache
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
@@ -175,3 +178,37 @@ def test_the_teacher_is_dropped_once_its_logits_are_cached(train):
     live = make_distiller(teacher, ["kd.cache=false"])
     live.prepare(features, collate, 48, tokenizer)
     assert live.teacher is teacher and live.cached is None
+
+
+def test_relation_kl_matches_a_hand_computed_case_and_ignores_padding():
+    """One row, one relation head, width 1: relations softmax(x_i x_j) over the two real keys."""
+    mask = torch.tensor([[1, 1, 0]])
+    student = torch.tensor([[[1.0], [0.0], [5.0]]])
+    teacher = torch.tensor([[[2.0], [1.0], [-7.0]]])
+    # student rows: [1, 0] -> softmax [e/(e+1), 1/(e+1)]; [0, 0] -> [1/2, 1/2]
+    # teacher rows: [4, 2] -> softmax [e^2/(e^2+1), 1/(e^2+1)]; [2, 1] -> [e/(e+1), 1/(e+1)]
+    e = math.e
+
+    def kl(p, q):
+        return sum(a * math.log(a / b) for a, b in zip(p, q))
+    expected = (kl([e**2 / (e**2 + 1), 1 / (e**2 + 1)], [e / (e + 1), 1 / (e + 1)])
+                + kl([e / (e + 1), 1 / (e + 1)], [0.5, 0.5])) / 2
+    assert distill.relation_kl(student, teacher, 1, mask).item() == pytest.approx(expected, rel=1e-6)
+    assert distill.relation_kl(teacher, teacher, 1, mask).item() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_relation_kl_takes_another_width_and_its_bf16_gradient_follows_fp32():
+    g = torch.Generator().manual_seed(0)
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, 5:] = 0
+    teacher = torch.randn(2, 7, 48, generator=g)  # wider than the student, as a narrow student's teacher
+    student = torch.randn(2, 7, 32, generator=g, requires_grad=True)
+    distill.relation_kl(student, teacher, 4, mask).backward()
+    fp32 = student.grad.clone()
+    low = student.detach().bfloat16().requires_grad_()
+    loss = distill.relation_kl(low, teacher.bfloat16(), 4, mask)
+    assert loss.dtype == torch.float32
+    loss.backward()
+    torch.testing.assert_close(low.grad.float(), fp32, rtol=0.05, atol=2e-3)
+    with pytest.raises(UserError, match="kd.relation_heads=5: must divide the hidden size 32"):
+        distill.relation_kl(student, teacher, 5, mask)
