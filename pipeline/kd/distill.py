@@ -6,7 +6,10 @@ computed in fp32 from log-probabilities (log_target=True), so 16-bit logits neve
 inf or NaN. Per row for sentence tasks, per labelled token for NER, over start and end
 positions for QA (Task.kd_pairs says which logits pair up). With kd.hidden_weight > 0 the loss
 adds hidden_weight * MSE(last hidden states) over real tokens (TinyBERT-style), through a
-learned projection when the student is narrower than the teacher.
+learned projection when the student is narrower than the teacher. With kd.attention_weight > 0
+it adds attention_weight * the MiniLMv2 relation KL of the last layers' Q, K and V, read by
+forward hooks on their projections (the attention kernel, SDPA or flash, is left alone). Each
+term is returned by name (task, kd, hidden, attention) and logged as train/loss_<term>.
 """
 from __future__ import annotations
 
@@ -82,6 +85,38 @@ def relation_kl(student: torch.Tensor, teacher: torch.Tensor, heads: int, mask: 
     return (per_query * queries).sum() / (queries.sum() * heads).clamp(min=1)
 
 
+RELATIONS = ("query", "key", "value")
+
+
+def last_layer_projections(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The query, key and value projections (nn.Linear) of the model's last encoder layer."""
+    found: dict[int, dict[str, torch.nn.Module]] = {}
+    for name, module in model.named_modules():
+        parts = name.split(".")
+        if isinstance(module, torch.nn.Linear) and parts[-1] in RELATIONS and "layer" in parts:
+            index = parts[parts.index("layer") + 1]
+            if index.isdigit():
+                found.setdefault(int(index), {})[parts[-1]] = module
+    if not found or set(found[max(found)]) != set(RELATIONS):
+        raise UserError(f"config: kd.attention_weight: {type(model).__name__} has no query/key/value projections "
+                        "in encoder layers to read attention relations from")
+    return found[max(found)]
+
+
+class Recorder:
+    """The outputs of the projections it hooks, by name, as the model computes them (with their
+    graph, for the student)."""
+
+    def __init__(self, projections: dict[str, torch.nn.Module]) -> None:
+        self.seen: dict[str, torch.Tensor] = {}
+        for name, module in projections.items():
+            module.register_forward_hook(lambda _m, _i, out, name=name: self.seen.__setitem__(name, out))
+
+    def take(self) -> dict[str, torch.Tensor]:
+        seen, self.seen = self.seen, {}
+        return seen
+
+
 def attach_projection(student: PreTrainedModel, teacher: PreTrainedModel) -> bool:
     """A learned student-width -> teacher-width map for the hidden-state term, as a submodule of
     the student: it trains, syncs and checkpoints with it, and save_pretrained leaves it out."""
@@ -149,6 +184,7 @@ def build_distillation(cfg: Config, task: Task, policy: PrecisionPolicy, rt: Run
         raise UserError(f"config: kd.teacher={cfg.kd.teacher}: its tokenizer differs from the student's "
                         f"(model={cfg.model}); per-token distillation needs one tokenizer for both")
     distiller = Distiller(cfg.kd, cfg.train.eval_batch_size, task, policy, rt, teacher, compile_policy)
+    distiller.watch_student(student)
     if cfg.kd.hidden_weight and attach_projection(student, teacher) and rt.is_main:
         log.info("hidden-state term: a learned projection %d -> %d", student.config.hidden_size,
                  teacher.config.hidden_size)
@@ -167,9 +203,14 @@ class Distiller:
         """The stage's compile policy, for the teacher's forward (compiled when it moves to the device)."""
         self.alpha, self.temperature, self.hidden_weight = kd.alpha, kd.temperature, kd.hidden_weight
         self.task, self.policy, self.rt, self.teacher_spec = task, policy, rt, kd.teacher
-        self.use_cache = kd.cache and not self.hidden_weight  # the cache holds logits, not hidden states
-        if kd.cache and self.hidden_weight and rt.is_main:
-            log.info("kd.hidden_weight > 0: the teacher runs live every step (the cache holds logits only)")
+        self.attention_weight, self.relation_heads = kd.attention_weight, kd.relation_heads
+        live = self.hidden_weight or self.attention_weight  # the cache holds logits, not hidden states or Q/K/V
+        self.use_cache = kd.cache and not live
+        if kd.cache and live and rt.is_main:
+            log.info("kd.hidden_weight or kd.attention_weight > 0: the teacher runs live every step "
+                     "(the cache holds logits only)")
+        self.teacher_qkv = Recorder(last_layer_projections(teacher)) if self.attention_weight else None
+        self.student_qkv: Recorder | None = None
         # asked of both forwards (student and teacher): the hidden-state term needs their hidden states
         self.forward_kwargs = {"output_hidden_states": True} if self.hidden_weight else {}
         self.eval_batch_size = eval_batch_size
@@ -275,6 +316,12 @@ class Distiller:
             wanted["hidden"] = outputs.hidden_states[-1]
         return wanted
 
+    def watch_student(self, student: PreTrainedModel) -> None:
+        """Hook the student's last layer's Q/K/V projections for the attention-relation term."""
+        if self.attention_weight:
+            self.student_qkv = Recorder(last_layer_projections(student))
+            self.relation_heads = self.relation_heads or student.config.num_attention_heads
+
     # ------------------------------------------------------------------ loss
     def loss(self, student_outputs: ModelOutput, batch: dict, idx: torch.Tensor,
              student: torch.nn.Module | None = None) -> StepLoss:
@@ -297,4 +344,9 @@ class Distiller:
                     hidden = projection(hidden)
             terms["hidden"] = hidden_mse(hidden, teacher["hidden"], batch["attention_mask"])
             loss = loss + self.hidden_weight * terms["hidden"]
+        if self.attention_weight:
+            student_qkv, teacher_qkv = self.student_qkv.take(), self.teacher_qkv.take()
+            terms["attention"] = sum(relation_kl(student_qkv[n], teacher_qkv[n], self.relation_heads,
+                                                 batch["attention_mask"]) for n in RELATIONS) / len(RELATIONS)
+            loss = loss + self.attention_weight * terms["attention"]
         return StepLoss(loss, terms)

@@ -212,3 +212,34 @@ def test_relation_kl_takes_another_width_and_its_bf16_gradient_follows_fp32():
     torch.testing.assert_close(low.grad.float(), fp32, rtol=0.05, atol=2e-3)
     with pytest.raises(UserError, match="kd.relation_heads=5: must divide the hidden size 32"):
         distill.relation_kl(student, teacher, 5, mask)
+
+
+def test_attention_term_reads_qkv_from_hooks_adds_to_the_loss_by_name_and_trains_the_student():
+    """A narrower student with other head counts: the relation term of the last layers' Q/K/V
+    as the models ran (hooks), weighted into the total, returned as the `attention` term."""
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=50, num_labels=3)
+    teacher = BertForSequenceClassification(BertConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                                       num_attention_heads=4, **sizes))
+    student = BertForSequenceClassification(BertConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                                       num_attention_heads=2, **sizes))
+    student.eval()
+    batch = {"input_ids": torch.randint(5, 50, (4, 7)), "attention_mask": torch.ones(4, 7, dtype=torch.long),
+             "labels": torch.tensor([0, 1, 2, 0])}
+    batch["attention_mask"][0, 5:] = 0
+    d = make_distiller(teacher, ["kd.cache=false", "kd.attention_weight=2.0"])
+    d.watch_student(student)
+    loss = d.loss(student(**batch), batch, torch.arange(4), student)
+    assert sorted(loss.terms) == ["attention", "kd", "task"]
+    with torch.no_grad():
+        s_in = student.bert(**{k: v for k, v in batch.items() if k != "labels"}, output_hidden_states=True)
+        t_in = teacher.bert(**{k: v for k, v in batch.items() if k != "labels"}, output_hidden_states=True)
+        s_att, t_att = student.bert.encoder.layer[0].attention.self, teacher.bert.encoder.layer[1].attention.self
+        s_h, t_h = s_in.hidden_states[0], t_in.hidden_states[1]
+        expected = sum(distill.relation_kl(getattr(s_att, n)(s_h), getattr(t_att, n)(t_h), 2, batch["attention_mask"])
+                       for n in distill.RELATIONS) / 3
+    assert loss.terms["attention"].item() == pytest.approx(expected.item(), rel=1e-5)
+    assert loss.total.item() == pytest.approx(
+        (0.5 * loss.terms["kd"] + 0.5 * loss.terms["task"] + 2.0 * loss.terms["attention"]).item(), rel=1e-5)
+    loss.total.backward()
+    assert student.bert.encoder.layer[0].attention.self.query.weight.grad.abs().sum() > 0
