@@ -46,6 +46,7 @@ def child(overrides: list[str], started: float) -> None:
     from pipeline.jobs import resume, run
     from pipeline.parts.best_model import BestModel
     from pipeline.parts.checkpoint import Checkpointer
+    from pipeline.tracking import stage_outputs
     from pipeline.tracking.metrics import MetricsProcessor
     from pipeline.tracking.tracker import Tracker
 
@@ -84,8 +85,9 @@ def child(overrides: list[str], started: float) -> None:
     timed(BestModel, "consider", "best/ written")
     timed(Checkpointer, "save", "checkpoints")
     timed(stage.Stage, "bench_inference", "inference bench")
-    for method in ("log_final", "write_outputs", "announce"):
-        timed(MetricsProcessor, method, "outputs")
+    timed(MetricsProcessor, "log_final", "outputs")
+    for function in ("write_outputs", "announce"):
+        timed(stage_outputs, function, "outputs")
     timed(Tracker, "end", "outputs")
     seconds["start-up"] = time.time() - started  # the interpreter and the imports above
     code = pipeline.cli.main(["train", *overrides])

@@ -15,6 +15,7 @@ TRAIN_GRAD_NORM = "train/grad_norm"
 TRAIN_EPOCH = "train/epoch"
 TRAIN_STEPS = "train/steps"
 TRAIN_EPOCHS = "train/epochs"  # epochs trained (a partial one, stopped by train.max_steps or SIGTERM, counts)
+TRAIN_LOSS_TERM = "train/loss_"  # + a named term of the loss (task, kd, hidden, attention, ...)
 # at each logged step, over the steps since the previous one (the console line shows the same figures)
 TRAIN_SAMPLES_PER_S = "train/samples_per_s"
 TRAIN_TOKENS_PER_S = "train/tokens_per_s"  # real (non-padding) tokens
@@ -26,6 +27,11 @@ EVAL = "eval/"
 TEST = "test/"
 EVAL_MAIN = "eval/main"
 TEST_MAIN = "test/main"
+
+
+def train_loss_term(term: str) -> str:
+    """A named term of the step loss, over the same window as train/loss."""
+    return TRAIN_LOSS_TERM + term
 
 
 def eval_metric(name: str) -> str:

@@ -23,6 +23,7 @@ from pipeline.kd.distill import Distiller, build_distillation
 from pipeline.measure import inference, memory
 from pipeline.measure.flops import FlopModel, step_flop_model
 from pipeline.measure.load import LoadSampler
+from pipeline.parts.step_losses import StepLoss
 from pipeline.plan.settle import Plan
 from pipeline.runtime.backend import Backend
 from pipeline.runtime.factory import make_backend
@@ -56,16 +57,17 @@ class Stage(Plan):
         return self.distiller.teacher if self.distiller is not None else None
 
     def forward_loss(self, call: torch.nn.Module, inputs: dict, idx: torch.Tensor, unpadded: bool = False
-                     ) -> torch.Tensor:
+                     ) -> StepLoss:
         """Forward of `call` (self.model or its wrapper) under the precision policy, then the task's
-        loss of the batch, or under distillation the KD loss (of self.model's kd_projection).
+        loss of the batch, or under distillation the KD loss and its named terms (of self.model's
+        kd_projection).
         `unpadded`: the batch has no padding (CompilePolicy.drop_mask), so the model gets no attention
         mask (the losses still read it)."""
         forward_kwargs = self.distiller.forward_kwargs if self.distiller is not None else {}
         with self.policy.autocast():
             outputs = call(**self.model_inputs(inputs, unpadded), **forward_kwargs)
         if self.distiller is None:
-            return self.task.loss(outputs, inputs)
+            return StepLoss(self.task.loss(outputs, inputs))
         return self.distiller.loss(outputs, inputs, idx, self.model)  # the backends wrap self.model itself
 
     def model_inputs(self, inputs: dict, unpadded: bool) -> dict:
@@ -118,7 +120,7 @@ class Stage(Plan):
         """Forward, loss and backward of the unwrapped model, as the loop computes them."""
         idx = batch.pop("idx")
         inputs = {k: v.to(self.rt.device) for k, v in batch.items()}
-        self.forward_loss(self.model, inputs, idx).backward()
+        self.forward_loss(self.model, inputs, idx).total.backward()
 
 
 def build_stage(plan: Plan) -> Stage:

@@ -27,11 +27,12 @@ from pipeline.parts.best_model import BestModel
 from pipeline.parts.checkpoint import Checkpoint, Checkpointer, Stateful
 from pipeline.parts.optim import build_optimizer, lr_schedule
 from pipeline.parts.progress import Progress
-from pipeline.parts.step_losses import StepLosses
+from pipeline.parts.step_losses import StepLoss, StepLosses
 from pipeline.runtime import dist
 from pipeline.runtime.dist import AgreedFlag
 from pipeline.stage import Stage
 from pipeline.tasks.base import SPLITS
+from pipeline.tracking import stage_outputs
 from pipeline.tracking.metrics import MetricsProcessor
 from pipeline.tracking.start_block import precision_line, run_url, start_block
 from pipeline.tracking.tracker import Tracker
@@ -172,7 +173,7 @@ def train_epoch(loop: Loop, epoch: int) -> None:
     loop.loaders.start_epoch(epoch, start)
     loop.wrapped.train()
     loop.meters.start_epoch()
-    group_loss = 0.0
+    group_loss: StepLoss | None = None
     micro_steps = len(loop.loaders.train)
     bar = tqdm(loop.loaders.train, desc=f"epoch {epoch + 1}/{loop.epochs}", leave=False, initial=start,
                total=micro_steps, disable=not stage.rt.is_main or not sys.stderr.isatty())
@@ -182,12 +183,13 @@ def train_epoch(loop: Loop, epoch: int) -> None:
         last_micro = i - group_start == group_len - 1
         if i == group_start:  # once per optimizer step (a resumed epoch starts at a group's start)
             stage.compile.begin_step()
-        group_loss = group_loss + forward_backward(loop, batch, group_len, last_micro) / group_len
+        loss = forward_backward(loop, batch, group_len, last_micro) / group_len
+        group_loss = loss if group_loss is None else group_loss + loss
         if not last_micro:
             continue
         stop = optimizer_step(loop, group_loss, epoch + (i + 1) / micro_steps, bar)
         progress.epoch_steps += 1
-        group_loss = 0.0
+        group_loss = None
         epoch_end = i + 1 == micro_steps
         if loop.evaluation_due(progress.step, epoch_end):  # before the step's checkpoint
             evaluate_between_steps(loop, epoch)
@@ -203,8 +205,9 @@ def train_epoch(loop: Loop, epoch: int) -> None:
         raise Preempted(f"SIGTERM: checkpoint {saved} written at step {progress.step}")
 
 
-def forward_backward(loop: Loop, batch: dict, group_len: int, last_micro: bool) -> torch.Tensor:
-    """One micro-batch: forward under the precision policy, the (KD) loss, backward; returns the loss."""
+def forward_backward(loop: Loop, batch: dict, group_len: int, last_micro: bool) -> StepLoss:
+    """One micro-batch: forward under the precision policy, the (KD) loss, backward; returns the
+    loss with its named terms, detached."""
     stage = loop.stage
     idx = batch.pop("idx")
     rows, padded = real_rows(idx), batch["input_ids"].shape[1]  # filler rows (compiled jobs) are not counted
@@ -215,11 +218,11 @@ def forward_backward(loop: Loop, batch: dict, group_len: int, last_micro: bool) 
     # No gradient all-reduce on accumulation micro-steps: only the last one syncs.
     with contextlib.nullcontext() if last_micro else stage.backend.no_sync():
         loss = stage.forward_loss(loop.wrapped, inputs, idx, unpadded)
-        stage.backend.backward(loss / group_len)
+        stage.backend.backward(loss.total / group_len)
     return loss.detach()
 
 
-def optimizer_step(loop: Loop, group_loss: torch.Tensor, epoch_progress: float, bar: tqdm) -> bool:
+def optimizer_step(loop: Loop, group_loss: StepLoss | torch.Tensor, epoch_progress: float, bar: tqdm) -> bool:
     """Step; the loss and whether the update was applied stay on the device (StepLosses) until a
     log step, where the ranks' losses and flags are read in one collective; ranks agree on
     preemption one step after a SIGTERM without waiting for the device. True = stop now."""
@@ -231,8 +234,10 @@ def optimizer_step(loop: Loop, group_loss: torch.Tensor, epoch_progress: float, 
     if loop.metrics.should_log(progress.step):
         losses.read(progress.step)
         loss = losses.close_window()
-        loop.metrics.log_step(progress.step, loss, losses.lr, float(result.grad_norm), epoch_progress,
-                              losses.amp_metrics(backend.loss_scale))
+        loop.metrics.log_step(progress.step, {**losses.figures(), names.TRAIN_LR: losses.lr,
+                                              names.TRAIN_GRAD_NORM: float(result.grad_norm),
+                                              names.TRAIN_EPOCH: epoch_progress,
+                                              **losses.amp_metrics(backend.loss_scale)})
         bar.set_postfix(loss=f"{loss:.4f}")
     return stop
 
@@ -302,7 +307,7 @@ def finish(loop: Loop) -> dict[str, float]:
                                    loop.losses.amp_metrics(stage.backend.loss_scale), serving, loop.progress.epoch)
     if stage.rt.is_main:
         report = stage.task.report(test.predictions, stage.examples["test"], stage.features["test"])
-        loop.metrics.write_outputs(stage.out, final, report, loop.progress.step, stage.task, stage.examples["test"],
-                                   stage.cfg.tracking.log_model)
-        loop.metrics.announce(final, stage.task.main_metric, test.main, stage.out)
+        stage_outputs.write_outputs(loop.metrics.tracker, stage.out, final, report, loop.progress.step, stage.task,
+                                    stage.examples["test"], stage.cfg.tracking.log_model)
+        stage_outputs.announce(loop.meters, final, stage.task.main_metric, test.main, stage.out)
     return final

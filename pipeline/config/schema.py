@@ -156,6 +156,15 @@ class KDConfig:
     """Weight of the hidden-state term (0 = off): MSE between the student's and the teacher's last
     hidden states over real tokens, through a learned linear projection when the widths differ.
     It needs the teacher's hidden states, so the teacher runs live (the cache holds logits only)."""
+    attention_weight: float = 0.0
+    """Weight of the attention-relation term (0 = off; MiniLMv2): KL between the teacher's and the
+    student's query-query, key-key and value-value self-attention relations of their last layers,
+    split into kd.relation_heads relation heads, so widths and head counts may differ. Q, K and V
+    are read from the query/key/value projections as the model runs (SDPA or flash attention stay
+    on). The teacher runs live (the cache holds logits only)."""
+    relation_heads: int = 0
+    """Relation heads of the attention-relation term (0 = the student's attention heads); must
+    divide both the student's and the teacher's hidden size."""
 
 
 @dataclass
@@ -305,6 +314,10 @@ class Config:
         _check("kd.alpha", self.kd.alpha, 0 <= self.kd.alpha <= 1, "must be in [0, 1]")
         _check("kd.temperature", self.kd.temperature, self.kd.temperature > 0, "must be > 0")
         _check("kd.hidden_weight", self.kd.hidden_weight, self.kd.hidden_weight >= 0, "must be >= 0 (0 = off)")
+        _check("kd.attention_weight", self.kd.attention_weight, self.kd.attention_weight >= 0,
+               "must be >= 0 (0 = off)")
+        _check("kd.relation_heads", self.kd.relation_heads, self.kd.relation_heads >= 0,
+               "must be >= 0 (0 = the student's attention heads)")
         if self.deepspeed is not None and ds_config_file(self.deepspeed) is None:
             raise UserError(f"config: deepspeed={self.deepspeed}: no such file, nor a shipped config "
                             f"({', '.join(shipped())})")

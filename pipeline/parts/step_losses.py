@@ -9,11 +9,17 @@ the backend's decision, also a device tensor) stay on the device until they are 
 step, an epoch end, a checkpoint), where one host read and one all-reduce bring in all of them. The
 schedule steps on every optimizer step and is given the skipped ones back at that read (it is
 closed-form, so the LR is exact again after it; until then it runs ahead by at most log_every).
+
+A step's loss is a `StepLoss`: the total the backward runs on and its named terms (under
+distillation: task, kd, hidden, attention, ...), which travel by name with the total, through the
+same read, into the window and out as `train/loss_<term>`: a new term is a new name where the loss
+is made, and nothing here changes.
 """
 from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass, field
 
 import torch
 
@@ -26,7 +32,28 @@ from pipeline.runtime import dist
 # first step is skipped (fp16's first loss scale), torch would call that a misordered call.
 warnings.filterwarnings("ignore", "Detected call of `lr_scheduler", UserWarning)
 
-STEP_LOSSES_STATE = ("window_sum", "window_count", "last_loss", "skipped", "nonfinite", "nonfinite_streak")
+STEP_LOSSES_STATE = ("window_sum", "window_count", "last_loss", "skipped", "nonfinite", "nonfinite_streak",
+                     "term_sums", "last_terms")
+# what a checkpoint written before the terms existed restores them as
+TERMS_ABSENT = {"term_sums": {}, "last_terms": {}}
+
+
+@dataclass
+class StepLoss:
+    """A loss as the loop carries it: the total the backward runs on and its named terms (each
+    already weighted or not, as its producer logs it; the same names on every step and rank)."""
+
+    total: torch.Tensor
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def detach(self) -> StepLoss:
+        return StepLoss(self.total.detach(), {k: v.detach() for k, v in self.terms.items()})
+
+    def __add__(self, other: StepLoss) -> StepLoss:
+        return StepLoss(self.total + other.total, {k: v + other.terms[k] for k, v in self.terms.items()})
+
+    def __truediv__(self, n: float) -> StepLoss:
+        return StepLoss(self.total / n, {k: v / n for k, v in self.terms.items()})
 
 
 class Diverged(RuntimeError):
@@ -37,15 +64,19 @@ class StepLosses:
     """The steps' losses and the schedule they move. Read: the window since train/loss was last
     logged (sum and count of the finite step losses, summed over ranks: the same on every rank), the
     last logged mean, and AMP health (updates skipped, non-finite losses, the current streak of
-    them). Pending, not state: the steps since the last read, on the device (a checkpoint reads them
-    first). The LR schedule (`scheduler`) saves itself as its own entry of a checkpoint."""
+    them), and per named term its window sum and last logged mean. Pending, not state: the steps
+    since the last read, on the device (a checkpoint reads them first). The LR schedule
+    (`scheduler`) saves itself as its own entry of a checkpoint."""
 
     def __init__(self, scheduler: torch.optim.lr_scheduler.LRScheduler, out: OutputDir, world_size: int,
                  max_nonfinite: int):
         self.scheduler, self.out, self.world_size, self.max_nonfinite = scheduler, out, world_size, max_nonfinite
         self.window_sum, self.window_count, self.last_loss = 0.0, 0, math.nan
         self.skipped, self.nonfinite, self.nonfinite_streak = 0, 0, 0
+        self.term_sums: dict[str, float] = {}
+        self.last_terms: dict[str, float] = {}
         self._losses: list[torch.Tensor] = []
+        self._terms: list[dict[str, torch.Tensor]] = []
         self._stepped: list[torch.Tensor] = []
         self._skip_flags: list[float] = []
 
@@ -53,36 +84,49 @@ class StepLosses:
     def lr(self) -> float:
         return self.scheduler.get_last_lr()[0]
 
-    def add(self, loss: torch.Tensor, stepped: torch.Tensor | bool) -> None:
-        """An optimizer step: its loss and whether its update was applied, both left on the device;
-        the schedule steps provisionally (a skipped step is taken back when its flag is read)."""
+    def add(self, loss: StepLoss | torch.Tensor, stepped: torch.Tensor | bool) -> None:
+        """An optimizer step: its loss (a tensor: a total without terms) and whether its update was
+        applied, both left on the device; the schedule steps provisionally (a skipped step is taken
+        back when its flag is read)."""
+        if isinstance(loss, torch.Tensor):
+            loss = StepLoss(loss)
         # a copy: under CUDA graphs the loss lives in a buffer that the next replay overwrites
-        self._losses.append(loss.detach().float().reshape(()).clone())
-        self._stepped.append(torch.as_tensor(stepped, device=loss.device).reshape(()))
+        self._losses.append(loss.total.detach().float().reshape(()).clone())
+        self._terms.append({k: v.detach().float().reshape(()).clone() for k, v in loss.terms.items()})
+        self._stepped.append(torch.as_tensor(stepped, device=loss.total.device).reshape(()))
         self.scheduler.step()
 
     def local(self) -> dist.Local:
         """This rank's share of a read (one host read of every pending step): per step its finite
         loss (0 where non-finite) and a non-finite flag, summed over ranks; the skip flags stay
-        local (every rank makes the same skip decision: its gradients are the all-reduced ones)."""
+        local (every rank makes the same skip decision: its gradients are the all-reduced ones);
+        then each named term per step (0 where the total is non-finite), summed over ranks."""
         if not self._losses:  # ranks step in lockstep: all of them have none
             return dist.Local()
         losses = torch.stack(self._losses)
         finite = torch.isfinite(losses)
         skipped = ~torch.stack(self._stepped).to(losses.device)
-        values = torch.cat([torch.where(finite, losses, 0.0).double(), (~finite).double(), skipped.double()]).tolist()
+        terms = [torch.where(finite, torch.stack([step[name] for step in self._terms]), 0.0).double()
+                 for name in self._term_names()]
+        values = torch.cat([torch.where(finite, losses, 0.0).double(), (~finite).double(), skipped.double(),
+                            *terms]).tolist()
         n = len(self._losses)
-        self._skip_flags = values[2 * n:]
-        return dist.Local(sums=values[:2 * n])
+        self._skip_flags = values[2 * n:3 * n]
+        return dist.Local(sums=values[:2 * n] + values[3 * n:])
+
+    def _term_names(self) -> list[str]:
+        return sorted(self._terms[0]) if self._terms else []
 
     def read(self, step: int) -> None:
         """Collective, one all-gather: the steps pending since the last read (`step` is the last of
         them) into the window; the skipped ones taken back from the schedule; a streak of
         max_nonfinite non-finite losses on any rank raises Diverged, naming the last good checkpoint."""
         reduced = dist.reduce_local(self.local())
-        n = len(self._losses)
+        n, term_names = len(self._losses), self._term_names()
         first, sums, flags = step - n + 1, reduced.sums, self._skip_flags
-        self._losses, self._stepped, self._skip_flags = [], [], []
+        self._losses, self._stepped, self._skip_flags, self._terms = [], [], [], []
+        for j, name in enumerate(term_names):  # a non-finite step's terms are 0: the window leaves it out
+            self.term_sums[name] = self.term_sums.get(name, 0.0) + sum(sums[(2 + j) * n:(3 + j) * n])
         skipped = int(sum(flag > 0 for flag in flags))
         self.skipped += skipped
         rewind(self.scheduler, skipped)
@@ -103,8 +147,15 @@ class StepLosses:
         """The window's mean loss (NaN when every step in it was non-finite), kept as last_loss;
         the next window starts empty."""
         self.last_loss = self.window_sum / self.window_count if self.window_count else math.nan
-        self.window_sum, self.window_count = 0.0, 0
+        self.last_terms = {k: v / self.window_count if self.window_count else math.nan
+                           for k, v in self.term_sums.items()}
+        self.window_sum, self.window_count, self.term_sums = 0.0, 0, {}
         return self.last_loss
+
+    def figures(self) -> dict[str, float]:
+        """The last closed window by name: train/loss and each term's train/loss_<term>."""
+        return {names.TRAIN_LOSS: self.last_loss,
+                **{names.train_loss_term(k): v for k, v in sorted(self.last_terms.items())}}
 
     def amp_metrics(self, loss_scale: float | None) -> dict[str, float]:
         """AMP health: skipped steps, non-finite losses and (fp16) the current loss scale."""
@@ -118,7 +169,7 @@ class StepLosses:
 
     def load_state_dict(self, state: dict) -> None:
         for k in STEP_LOSSES_STATE:
-            setattr(self, k, state[k])
+            setattr(self, k, state[k] if k in state else dict(TERMS_ABSENT[k]))
 
 
 def rewind(scheduler: torch.optim.lr_scheduler.LRScheduler, steps: int) -> None:

@@ -7,14 +7,16 @@ even because the journal itself cannot be written, ends its run FAILED (or KILLE
 
 store: the tracking URI and the MLflow client; journal: the record types and their file;
 sink: records into an MLflow run; tracker: live logging; start_block: the lines a job starts
-with; stage_run: a stage's run as a job opens it; console: a logged step's line in a batch job's
+with; stage_run: a stage's run as a job opens it; stage_outputs:
+what a finished stage leaves in output_dir; console: a logged step's line in a batch job's
 log; replay: `pipeline sync`, replaying a journal, and catch_up, which replays a finished job's
 journal where the store lacks part of it.
 
 May import: the layers below it (errors ... tasks, config, runtime, parts, measure, data, models,
 evaluation, kd); never plan, stage, train, jobs, report, study or the CLI.
 
-Inside, lowest first: console journal served_model start_block store | sink | replay tracker | metrics stage_run
+Inside, lowest first: console journal served_model start_block store | sink | replay tracker | metrics
+stage_outputs stage_run
 """
 from pipeline.tracking.journal import JOURNAL, read_journal
 from pipeline.tracking.replay import CaughtUp, catch_up, settle_abandoned_run, sync

@@ -1,10 +1,10 @@
 """When the loop's numbers are logged, and every record they become (torchtitan's MetricsProcessor).
 
-The loop hands it numbers: after each optimizer step, at each epoch's end, at the job's end. It
-decides when a step is logged (every train.log_every steps and the last one) and makes each
-record: the MLflow metrics through the Tracker (which journals them first), the console lines (a
-logged step's: console.py), and output_dir's metrics.json and report.txt with the logged model and
-best/'s completed card. pipeline/names.py spells every name.
+The loop hands it figures by name: after each optimizer step, at each epoch's end, at the job's
+end. It decides when a step is logged (every train.log_every steps and the last one) and logs:
+the MLflow metrics through the Tracker (which journals them first) and the console lines (a
+logged step's: console.py). What a finished stage leaves in output_dir is stage_outputs.py's.
+pipeline/names.py spells every name.
 """
 from __future__ import annotations
 
@@ -12,19 +12,16 @@ import logging
 from typing import TYPE_CHECKING
 
 from pipeline import names
-from pipeline.fsutil import write_json, write_text
+from pipeline.fsutil import write_json
 from pipeline.layout import OutputDir
 from pipeline.measure import collapse
 from pipeline.measure.telemetry import StageMeters
-from pipeline.parts.model_card import write_card
 from pipeline.tracking.console import StepLines
-from pipeline.tracking.served_model import MODEL_NAME, save_for_logging
 from pipeline.tracking.tracker import Tracker
 
 if TYPE_CHECKING:
     from pipeline.evaluation import Evaluation
     from pipeline.parts.best_model import BestModel
-    from pipeline.tasks.base import Task
 
 log = logging.getLogger("pipeline")
 
@@ -53,14 +50,12 @@ class MetricsProcessor:
     def should_log(self, step: int) -> bool:
         return step % self.log_every == 0 or step == self.total_steps
 
-    def log_step(self, step: int, loss: float, lr: float, grad_norm: float, epoch_progress: float,
-                 amp: dict[str, float]) -> None:
-        """A logged step: the window's mean loss and throughput, the learning rate, the gradient norm,
-        the epoch's progress, AMP health (`amp`: StepLosses.amp_metrics); to MLflow and, without a
-        TTY, the console."""
+    def log_step(self, step: int, figures: dict[str, float]) -> None:
+        """A logged step: the loop's `figures` by name (the window's losses and their terms, the
+        learning rate, the gradient norm, the epoch's progress, AMP health) with the window's
+        throughput; to MLflow and, without a TTY, the console."""
         self.meters.check_compiles()
-        metrics = {names.TRAIN_LOSS: loss, names.TRAIN_LR: lr, names.TRAIN_GRAD_NORM: grad_norm,
-                   names.TRAIN_EPOCH: epoch_progress, **amp, **self.console.step_figures()}
+        metrics = {**figures, **self.console.step_figures()}
         self.tracker.log_metrics(metrics, step)
         self.console.show(step, metrics)
 
@@ -96,26 +91,3 @@ class MetricsProcessor:
         final = {k: v for k, v in final.items() if v is not None}
         self.tracker.log_metrics({k: v for k, v in final.items() if not k.startswith(names.EVAL)}, step)
         return final
-
-    def announce(self, final: dict[str, float], main_metric: str, test_main: float, out: OutputDir) -> None:
-        """Rank 0: the job's closing console line."""
-        log.info("test %s %.4f  |  %.1f samples/s over %.1fs of training  |  outputs in %s", main_metric, test_main,
-                 final[names.SAMPLES_PER_S], self.meters.totals.train_seconds, out)
-
-    def write_outputs(self, out: OutputDir, final: dict[str, float], report: str, step: int, task: Task,
-                      examples: list[dict], log_model: bool) -> None:
-        """Rank 0: the final metrics and the task's report into output_dir and the run (with best/
-        as an MLflow model if `log_model`: the task's serving pipeline, `examples` its input
-        example); metrics.json last of all, so its presence says the job finished."""
-        write_text(out.report, report)
-        if out.trained_model() is not None:  # its card completed: the test scores, the inference figures
-            write_card(out.best, out, final)
-        saved = log_model and save_for_logging(out, task, examples)
-        write_json(out.metrics, final)
-        for path in (out.metrics, out.report):
-            self.tracker.log_artifact(path)
-        if saved:
-            self.tracker.log_model(out.mlflow_model, MODEL_NAME, step,  # after the metrics: it links them
-                                   f"test {task.main_metric} {final[names.TEST_MAIN]:.4f}")
-        elif log_model:
-            self.tracker.log_artifact(out.best, OutputDir.BEST)

@@ -128,11 +128,16 @@ def test_distill_needs_a_teacher(tmp_path):
 
 
 @pytest.mark.slow
-def test_distill_with_the_hidden_term_saves_a_plain_student(tmp_path, teacher_dir):
+def test_distill_with_every_term_logs_each_by_name_and_saves_a_plain_student(tmp_path, teacher_dir):
     figures = run(load_config(None, [*FAST, "model=preset:bangla-tiny", f"kd.teacher={teacher_dir}",
-                                     "kd.hidden_weight=1.0", "train.max_steps=6", f"output_dir={tmp_path / 'out'}",
+                                     "kd.hidden_weight=1.0", "kd.attention_weight=1.0", "train.max_steps=6",
+                                     f"output_dir={tmp_path / 'out'}",
                                      f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]), kind="distill")
     assert np.isfinite(figures[names.TRAIN_LOSS])
+    from pipeline.tracking.journal import Metric, read_journal
+
+    logged = {r.key for r in read_journal(tmp_path / "out" / "journal.jsonl") if isinstance(r, Metric)}
+    assert {names.train_loss_term(t) for t in ("task", "kd", "hidden", "attention")} <= logged
     from safetensors.torch import load_file
 
     saved = load_file(tmp_path / "out" / "best" / "model.safetensors")

@@ -1,12 +1,15 @@
 """Knowledge distillation: loss properties, the DistilBERT-style student, the teacher-logit
 cache, and a distill stage on two torchrun nodes (ZeRO-2 distillation: test_model_families)."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from pipeline.config import load_config
+from pipeline.errors import UserError
 from pipeline.kd import distill, teacher_cache
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
@@ -143,7 +146,7 @@ def test_hidden_term_adds_to_the_loss_and_trains_the_projection():
     for weight in (0.0, 1.5):
         d = make_distiller(teacher, ["kd.cache=false", f"kd.hidden_weight={weight}"])
         outputs = student(**batch, **d.forward_kwargs)
-        losses[weight] = d.loss(outputs, batch, torch.arange(4), student)
+        losses[weight] = d.loss(outputs, batch, torch.arange(4), student).total
     with torch.no_grad():
         hidden_t = teacher(**batch, output_hidden_states=True).hidden_states[-1]
         hidden_s = student.kd_projection(outputs.hidden_states[-1])
@@ -171,7 +174,72 @@ def test_the_teacher_is_dropped_once_its_logits_are_cached(train):
     batch = collate([features[i] for i in range(4)])
     idx = batch.pop("idx")
     outputs = teacher(**batch)  # any student of the right shape
-    assert torch.isfinite(d.loss(outputs, batch, idx))
+    assert torch.isfinite(d.loss(outputs, batch, idx).total)
     live = make_distiller(teacher, ["kd.cache=false"])
     live.prepare(features, collate, 48, tokenizer)
     assert live.teacher is teacher and live.cached is None
+
+
+def test_relation_kl_matches_a_hand_computed_case_and_ignores_padding():
+    """One row, one relation head, width 1: relations softmax(x_i x_j) over the two real keys."""
+    mask = torch.tensor([[1, 1, 0]])
+    student = torch.tensor([[[1.0], [0.0], [5.0]]])
+    teacher = torch.tensor([[[2.0], [1.0], [-7.0]]])
+    # student rows: [1, 0] -> softmax [e/(e+1), 1/(e+1)]; [0, 0] -> [1/2, 1/2]
+    # teacher rows: [4, 2] -> softmax [e^2/(e^2+1), 1/(e^2+1)]; [2, 1] -> [e/(e+1), 1/(e+1)]
+    e = math.e
+
+    def kl(p, q):
+        return sum(a * math.log(a / b) for a, b in zip(p, q))
+    expected = (kl([e**2 / (e**2 + 1), 1 / (e**2 + 1)], [e / (e + 1), 1 / (e + 1)])
+                + kl([e / (e + 1), 1 / (e + 1)], [0.5, 0.5])) / 2
+    assert distill.relation_kl(student, teacher, 1, mask).item() == pytest.approx(expected, rel=1e-6)
+    assert distill.relation_kl(teacher, teacher, 1, mask).item() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_relation_kl_takes_another_width_and_its_bf16_gradient_follows_fp32():
+    g = torch.Generator().manual_seed(0)
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, 5:] = 0
+    teacher = torch.randn(2, 7, 48, generator=g)  # wider than the student, as a narrow student's teacher
+    student = torch.randn(2, 7, 32, generator=g, requires_grad=True)
+    distill.relation_kl(student, teacher, 4, mask).backward()
+    fp32 = student.grad.clone()
+    low = student.detach().bfloat16().requires_grad_()
+    loss = distill.relation_kl(low, teacher.bfloat16(), 4, mask)
+    assert loss.dtype == torch.float32
+    loss.backward()
+    torch.testing.assert_close(low.grad.float(), fp32, rtol=0.05, atol=2e-3)
+    with pytest.raises(UserError, match="kd.relation_heads=5: must divide the hidden size 32"):
+        distill.relation_kl(student, teacher, 5, mask)
+
+
+def test_attention_term_reads_qkv_from_hooks_adds_to_the_loss_by_name_and_trains_the_student():
+    """A narrower student with other head counts: the relation term of the last layers' Q/K/V
+    as the models ran (hooks), weighted into the total, returned as the `attention` term."""
+    torch.manual_seed(0)
+    sizes = dict(vocab_size=50, num_labels=3)
+    teacher = BertForSequenceClassification(BertConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                                       num_attention_heads=4, **sizes))
+    student = BertForSequenceClassification(BertConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                                       num_attention_heads=2, **sizes))
+    student.eval()
+    batch = {"input_ids": torch.randint(5, 50, (4, 7)), "attention_mask": torch.ones(4, 7, dtype=torch.long),
+             "labels": torch.tensor([0, 1, 2, 0])}
+    batch["attention_mask"][0, 5:] = 0
+    d = make_distiller(teacher, ["kd.cache=false", "kd.attention_weight=2.0"])
+    d.watch_student(student)
+    loss = d.loss(student(**batch), batch, torch.arange(4), student)
+    assert sorted(loss.terms) == ["attention", "kd", "task"]
+    with torch.no_grad():
+        s_in = student.bert(**{k: v for k, v in batch.items() if k != "labels"}, output_hidden_states=True)
+        t_in = teacher.bert(**{k: v for k, v in batch.items() if k != "labels"}, output_hidden_states=True)
+        s_att, t_att = student.bert.encoder.layer[0].attention.self, teacher.bert.encoder.layer[1].attention.self
+        s_h, t_h = s_in.hidden_states[0], t_in.hidden_states[1]
+        expected = sum(distill.relation_kl(getattr(s_att, n)(s_h), getattr(t_att, n)(t_h), 2, batch["attention_mask"])
+                       for n in distill.RELATIONS) / 3
+    assert loss.terms["attention"].item() == pytest.approx(expected.item(), rel=1e-5)
+    assert loss.total.item() == pytest.approx(
+        (0.5 * loss.terms["kd"] + 0.5 * loss.terms["task"] + 2.0 * loss.terms["attention"]).item(), rel=1e-5)
+    loss.total.backward()
+    assert student.bert.encoder.layer[0].attention.self.query.weight.grad.abs().sum() > 0

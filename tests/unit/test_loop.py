@@ -24,7 +24,7 @@ from pipeline.measure.telemetry import StageMeters
 from pipeline.parts import checkpoint
 from pipeline.parts.best_model import BestModel
 from pipeline.parts.optim import build_optimizer
-from pipeline.parts.step_losses import Diverged, StepLosses
+from pipeline.parts.step_losses import Diverged, StepLoss, StepLosses
 from pipeline.plan.settle import Plan
 from pipeline.runtime import compiler, precision
 from pipeline.runtime.backend import StepResult
@@ -277,7 +277,10 @@ def test_a_job_preempted_and_resumed_ends_exactly_where_the_uninterrupted_one_do
 
     assert second.progress.step == whole.progress.step == 8
     assert second.losses.scheduler.state_dict() == whole.losses.scheduler.state_dict()
-    assert second.losses.state_dict() == pytest.approx(whole.losses.state_dict(), nan_ok=True)
+    resumed_losses, whole_losses = second.losses.state_dict(), whole.losses.state_dict()
+    for terms in ("term_sums", "last_terms"):
+        assert resumed_losses.pop(terms) == pytest.approx(whole_losses.pop(terms), nan_ok=True)
+    assert resumed_losses == pytest.approx(whole_losses, nan_ok=True)
     for (k, a), b in zip(whole.stage.model.state_dict().items(), second.stage.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
 
@@ -424,3 +427,27 @@ def test_early_stopping_counts_evaluations_between_steps_and_stops_at_the_step(t
     assert (lp.best.step, lp.best.bad_evals) == (2, 2)
     assert 0 < lp.best.time_to_best < lp.meters.totals.train_seconds  # reached inside the epoch
     assert [c.step for c in checkpoint.complete(OutputDir(tmp_path))][-1] == 5  # none at the step it stopped
+
+
+def test_named_loss_terms_reach_mlflow_by_name_over_the_window_of_train_loss_and_survive_a_resume(tmp_path):
+    """A loss's named terms (StepLoss.terms) travel with the total through the one read of a log step:
+    train/loss_<term> is the mean over the same finite steps as train/loss, and a checkpoint taken
+    mid-window restores the window's term sums."""
+    lp = make_loop(tmp_path, ["train.log_every=3"], total_steps=6)
+    bar = SimpleNamespace(set_postfix=lambda **_: None)
+    steps = [(1.0, 0.5), (math.nan, math.nan), (3.0, 1.5), (2.0, 1.0), (4.0, 2.0), (6.0, 3.0)]
+    for total, kd in steps[:4]:
+        train.optimizer_step(lp, StepLoss(torch.tensor(total), {"kd": torch.tensor(kd)}), 0.5, bar)
+    lp.losses.read(4)  # what a save does before collecting the state
+    saved = lp.losses.state_dict()
+    resumed = make_loop(tmp_path / "resumed", ["train.log_every=3"], total_steps=6)
+    resumed.losses.load_state_dict(saved)
+    resumed.progress.step = 4
+    for total, kd in steps[4:]:
+        train.optimizer_step(resumed, StepLoss(torch.tensor(total), {"kd": torch.tensor(kd)}), 0.5, bar)
+    assert logged(lp, names.train_loss_term("kd")) == {3: pytest.approx(1.0)}  # (0.5 + 1.5) / 2 finite steps
+    assert logged(lp, names.TRAIN_LOSS) == {3: pytest.approx(2.0)}
+    assert logged(resumed, names.train_loss_term("kd")) == {6: pytest.approx(2.0)}  # (1 + 2 + 3) / 3
+    old = {k: v for k, v in saved.items() if k not in ("term_sums", "last_terms")}  # a checkpoint before terms
+    resumed.losses.load_state_dict(old)
+    assert resumed.losses.term_sums == {}

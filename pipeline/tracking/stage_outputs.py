@@ -1,0 +1,46 @@
+"""What a finished stage leaves behind: output_dir's report.txt, best/'s completed model card,
+metrics.json (last: its presence says the job finished), each logged to the run with the model
+(MLflow's transformers flavor) where tracking.log_model asks; and the closing console line.
+"""
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from pipeline import names
+from pipeline.fsutil import write_json, write_text
+from pipeline.layout import OutputDir
+from pipeline.measure.telemetry import StageMeters
+from pipeline.parts.model_card import write_card
+from pipeline.tracking.served_model import MODEL_NAME, save_for_logging
+from pipeline.tracking.tracker import Tracker
+
+if TYPE_CHECKING:
+    from pipeline.tasks.base import Task
+
+log = logging.getLogger("pipeline")
+
+
+def announce(meters: StageMeters, final: dict[str, float], main_metric: str, test_main: float, out: OutputDir) -> None:
+    """Rank 0: the job's closing console line."""
+    log.info("test %s %.4f  |  %.1f samples/s over %.1fs of training  |  outputs in %s", main_metric, test_main,
+             final[names.SAMPLES_PER_S], meters.totals.train_seconds, out)
+
+
+def write_outputs(tracker: Tracker, out: OutputDir, final: dict[str, float], report: str, step: int, task: Task,
+                  examples: list[dict], log_model: bool) -> None:
+    """Rank 0: the final metrics and the task's report into output_dir and the run (with best/
+    as an MLflow model if `log_model`: the task's serving pipeline, `examples` its input
+    example); metrics.json last of all, so its presence says the job finished."""
+    write_text(out.report, report)
+    if out.trained_model() is not None:  # its card completed: the test scores, the inference figures
+        write_card(out.best, out, final)
+    saved = log_model and save_for_logging(out, task, examples)
+    write_json(out.metrics, final)
+    for path in (out.metrics, out.report):
+        tracker.log_artifact(path)
+    if saved:
+        tracker.log_model(out.mlflow_model, MODEL_NAME, step,  # after the metrics: it links them
+                      f"test {task.main_metric} {final[names.TEST_MAIN]:.4f}")
+    elif log_model:
+        tracker.log_artifact(out.best, OutputDir.BEST)
