@@ -20,6 +20,7 @@ and Lightning's BatchSizeFinder, which refuses DDP because the ranks would have 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -45,7 +46,7 @@ def fit_batch(stage: Stage) -> Stage:
     The trials run at the longest rows: a whole training step (train), or a forward pass beside the
     optimizer's state (evaluate), at a number of rows; each gives its peak bytes, or None when it
     ran out of memory (_trial)."""
-    cfg, device, model, rows = stage.cfg, stage.rt.device, stage.model, stage.features
+    cfg, rows = stage.cfg, stage.features
 
     def trial(n: int, limit: int, evaluate: bool = False) -> int | None:
         """One training step at n of the longest training rows (forward, loss, backward, a
@@ -56,25 +57,16 @@ def fit_batch(stage: Stage) -> Stage:
         picked, one_row = ([eval_row] * n, collate([train_row])) if evaluate else ([train_row] * n, None)
         return _trial(stage, collate(picked), one_row, limit)
 
-    lengths = {split: features.sequence_lengths(rows[split]) for split in SPLITS}
-    longest = {split: max(range(len(n)), key=n.__getitem__) for split, n in lengths.items()}  # its row
-    eval_split = max(("dev", "test"), key=lambda split: lengths[split][longest[split]])
-    train_row, eval_row = rows["train"][longest["train"]], rows[eval_split][longest[eval_split]]
-    what = f"{max(n[longest[split]] for split, n in lengths.items())} tokens"
+    longest = {split: _longest(rows[split]) for split in SPLITS}  # (its row, its tokens)
+    eval_split = max(("dev", "test"), key=lambda split: longest[split][1])
+    (train_row, _), (eval_row, _) = longest["train"], longest[eval_split]
+    what = f"{max(tokens for _, tokens in longest.values())} tokens"
     # the largest evaluation split's rows per rank: no evaluation batch is larger
     eval_rows = math.ceil(max(len(rows["dev"]), len(rows["test"])) / stage.rt.world_size)
-    collate = shaped_collate(stage.task.collator(stage.tokenizer), cfg.train, stage.tokenizer.pad_token_id)
-    capacity = memory.capacity(device, cfg.train.memory_limit_mb) - stage.backend.standing_bytes(model)
-    saved = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-    was_training = model.training
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        try:
-            found = batch_fit.find(cfg.train.batch_size * cfg.train.grad_accum, eval_rows, trial,
-                                   functools.partial(trial, evaluate=True), capacity, what)
-        finally:
-            model.load_state_dict(saved)
-            model.train(was_training)
-            memory.release(device)
+    collate = _collate(stage)
+    with _model_kept(stage):
+        found = batch_fit.find(cfg.train.batch_size * cfg.train.grad_accum, eval_rows, trial,
+                               functools.partial(trial, evaluate=True), _capacity(stage), what)
     if stage.rt.is_main:
         log.info("train.batch_size=auto: %s", found.describe())
     return stage.resplit(found.batch_size, found.grad_accum, found.eval_batch_size, found.describe())
@@ -87,19 +79,12 @@ def check_batch(stage: Stage) -> Stage:
     (measure/memory.py). Past it, torch.OutOfMemoryError, as a capped GPU raises in its first
     step (the CLI's one line, exit 1); else the stage with the step's peak in its batch_fit tag.
     The memory-ceiling study's batch ladder runs its rungs on a CPU so."""
-    cfg, device = stage.cfg, stage.rt.device
-    rows = stage.features["train"]
-    lengths = features.sequence_lengths(rows)
-    longest = rows[max(range(len(lengths)), key=lengths.__getitem__)]
-    collate = shaped_collate(stage.task.collator(stage.tokenizer), cfg.train, stage.tokenizer.pad_token_id)
-    capacity = memory.capacity(device, cfg.train.memory_limit_mb) - stage.backend.standing_bytes(stage.model)
-    saved = {k: v.detach().to("cpu", copy=True) for k, v in stage.model.state_dict().items()}
-    with torch.random.fork_rng(devices=[]):
-        try:
-            peak = _trial(stage, collate([longest] * cfg.train.batch_size), None, capacity)
-        finally:
-            stage.model.load_state_dict(saved)
-    what = f"train.batch_size={cfg.train.batch_size} at {max(lengths)} tokens under train.memory_limit_mb=" \
+    cfg = stage.cfg
+    row, tokens = _longest(stage.features["train"])
+    capacity = _capacity(stage)
+    with _model_kept(stage):
+        peak = _trial(stage, _collate(stage)([row] * cfg.train.batch_size), None, capacity)
+    what = f"train.batch_size={cfg.train.batch_size} at {tokens} tokens under train.memory_limit_mb=" \
            f"{cfg.train.memory_limit_mb}"
     if peak is None:
         raise torch.OutOfMemoryError(f"{what}: one training step needs more (the cap emulated on a CPU: "
@@ -109,6 +94,38 @@ def check_batch(stage: Stage) -> Stage:
     if stage.rt.is_main:
         log.info("%s: fits (one step peaks at %.0f MiB, emulated on a CPU)", what, peak / memory.MIB)
     return stage.resplit(cfg.train.batch_size, cfg.train.grad_accum, cfg.train.eval_batch_size, found)
+
+
+def _longest(rows) -> tuple[dict, int]:
+    """A split's longest row (the first of the longest) and its tokens: every trial runs at it."""
+    lengths = features.sequence_lengths(rows)
+    index = max(range(len(lengths)), key=lengths.__getitem__)
+    return rows[index], lengths[index]
+
+
+def _collate(stage: Stage):
+    return shaped_collate(stage.task.collator(stage.tokenizer), stage.cfg.train, stage.tokenizer.pad_token_id)
+
+
+def _capacity(stage: Stage) -> int:
+    """Bytes the trials may use: the device's (or the cap) less what the backend keeps beside the model."""
+    return memory.capacity(stage.rt.device, stage.cfg.train.memory_limit_mb) - stage.backend.standing_bytes(stage.model)
+
+
+@contextlib.contextmanager
+def _model_kept(stage: Stage):
+    """The trials leave nothing behind: the model's weights and mode and the RNG as they were, the
+    device's cached memory given back."""
+    model, device = stage.model, stage.rt.device
+    saved = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    was_training = model.training
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        try:
+            yield
+        finally:
+            model.load_state_dict(saved)
+            model.train(was_training)
+            memory.release(device)
 
 
 def _trial(stage: Stage, batch: dict, one_row: dict | None, limit: int) -> int | None:

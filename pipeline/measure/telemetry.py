@@ -102,13 +102,7 @@ def peak_memory(device: torch.device) -> dict[str, float]:
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
+    return _cpuinfo("model name") or platform.processor() or "cpu"
 
 
 CPU_BF16_FLAGS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"))
@@ -117,12 +111,17 @@ CPU_BF16_FLAGS = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"))
 
 def cpu_bf16() -> str:
     """This CPU's bf16 matmul hardware: AMX, AVX512-BF16, or none (bf16 is then emulated, slower than fp32)."""
-    try:
-        flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("flags")), [])
-    except OSError:
-        flags = []
+    flags = _cpuinfo("flags").split()
     return next((name for flag, name in CPU_BF16_FLAGS if flag in flags), "none")
+
+
+def _cpuinfo(field: str) -> str:
+    """The first value of a /proc/cpuinfo field ("" where there is none: not Linux, or no such field)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return ""
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith(field)), "")
 
 
 def environment_tags() -> dict[str, str]:

@@ -134,7 +134,7 @@ def _row(client: MlflowClient, name: str, plan: dict | None, run: Run | None) ->
         "main_source": None, "memory": None, "test_scores": "",
         "stalled": (tags.get(TAG_STALL_REASON) or "stalled") if tags.get(TAG_STALLED) == "true" else "",
         "best_epoch": math.nan, "best_reason": tags.get(TAG_BEST_REASON, ""),
-        "output_dir": (getattr(run.data, "params", {}).get("output_dir") if run else None) or plan.get("output_dir"),
+        "output_dir": _param(run, "output_dir") or plan.get("output_dir"),
         "shared_with": ",".join(plan.get("shared_device_with") or []),
         **{key: plan.get(key, _param(run, f"train.{key}")) for key in ("batch_size", "grad_accum", "memory_limit_mb")},
         "batch_fit": tags.get(TAG_BATCH_FIT, ""),

@@ -26,7 +26,7 @@ from pipeline.names import (
     test_metric,
 )
 from pipeline.report import amp_step
-from pipeline.report.columns import AMP_DELTAS, TEST_COLUMNS
+from pipeline.report.columns import TEST_COLUMNS
 from pipeline.report.compare import SPREAD_FACTOR, comparisons, identical_counts
 from pipeline.report.confound import BUSY_CPU, BUSY_GPU_PCT
 from pipeline.report.payoff import NOTE, PAYOFF_CHART, payoff_display, sentences
@@ -51,7 +51,7 @@ TEST_LABELS = ("P", "R", "F1", "MAP", "MRR")
 
 
 PAPER = {"source": "the paper (arXiv 2512.00829): RTX 4070, fp16 AMP with dynamic loss scaling, 4 tasks x 4 models",
-         "speedup_pct": 44.5, "mem_reduction_pct": 17.6, "retention_pct": 99.7}
+         "cells": 16, "speedup_pct": 44.5, "mem_reduction_pct": 17.6, "retention_pct": 99.7, "where": "RTX 4070 12 GB"}
 """The Bangla AMP paper's headline, averaged over its task x model cells as the headline here is;
 shown beside this study's averages, labelled as the paper's (GPU figures: a CPU study is no reproduction)."""
 CPU_BF16_WORDS = {"AMX": "a CPU with AMX (bf16 matrix tiles) and AVX512-BF16",
@@ -74,19 +74,32 @@ def averages(amp: pd.DataFrame) -> pd.DataFrame:
     precision requested (pairs whose sides resolved to one precision left out of speed and memory),
     and the paper's row beside them."""
     rows = []
-    ok = amp.dropna(subset=["retention_pct"]) if not amp.empty else amp
-    for requested, g in ok.groupby("amp_requested", sort=False) if not ok.empty else ():
-        compared = g[~g.same_precision.astype(bool)]
+    for requested, g in _per_precision(amp):
+        _, compared = _same_and_compared(g)
         rows.append({"": f"this study: {requested} vs fp32", "cells": len(g),
                      "speed-up": _pct(compared.speedup_pct.mean()) if len(compared) else SAME,
                      "memory reduction": _pct(compared.mem_reduction_pct.mean()) if len(compared) else SAME,
                      "F1 retention": f"{g.retention_pct.mean():.1f}%",
                      "memory": "/".join(sorted(set(g.memory) - {""})) or "peak memory",
-                     "where": ("GPU" if not _where(g) else _where(g).removeprefix(" on "))})
-    rows.append({"": PAPER["source"], "cells": 16, "speed-up": f"{PAPER['speedup_pct']:+.1f}%",
+                     "where": _where(g).removeprefix(" on ") or "GPU"})
+    rows.append({"": PAPER["source"], "cells": PAPER["cells"], "speed-up": f"{PAPER['speedup_pct']:+.1f}%",
                  "memory reduction": f"{PAPER['mem_reduction_pct']:+.1f}%",
-                 "F1 retention": f"{PAPER['retention_pct']:.1f}%", "memory": "GPU memory", "where": "RTX 4070 12 GB"})
+                 "F1 retention": f"{PAPER['retention_pct']:.1f}%", "memory": "GPU memory", "where": PAPER["where"]})
     return pd.DataFrame(rows)
+
+
+def _per_precision(amp: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """The pairs whose both sides finished (they have a retention), per AMP precision requested."""
+    ok = amp.dropna(subset=["retention_pct"]) if not amp.empty else amp
+    if ok.empty:
+        return []
+    return list(ok.groupby("amp_requested", sort=False)) if "amp_requested" in ok else [("amp", ok)]
+
+
+def _same_and_compared(pairs: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(pairs whose sides resolved to one precision: no speed or memory to compare, the others)."""
+    same = pairs[pairs.same_precision.astype(bool)] if "same_precision" in pairs else pairs.iloc[:0]
+    return same, pairs.drop(same.index)
 
 
 SAME = "same precision: nothing to compare"
@@ -100,17 +113,16 @@ def headline(amp: pd.DataFrame) -> str:
     confounded in the sentence itself; a CPU run names its bf16 hardware and what its memory measures."""
     if amp.empty:
         return "No FP32/AMP pairs in this study."
-    ok = amp.dropna(subset=list(AMP_DELTAS), how="all").dropna(subset=["retention_pct"])
-    if ok.empty:
+    groups = _per_precision(amp)
+    finished = sum(len(g) for _, g in groups)
+    if not finished:
         return f"No task x model cell has both an FP32 and an AMP run that finished ({len(amp)} planned)."
-    left_out = f" ({len(amp) - len(ok)} more failed or are missing)" if len(ok) < len(amp) else ""
-    groups = ok.groupby("amp_requested", sort=False) if "amp_requested" in ok else [("", ok)]
+    left_out = f" ({len(amp) - finished} more failed or are missing)" if finished < len(amp) else ""
     return " ".join(_headline(g, left_out) for _, g in groups)
 
 
 def _headline(ok: pd.DataFrame, left_out: str) -> str:
-    same = ok[ok.same_precision.astype(bool)] if "same_precision" in ok else ok.iloc[:0]
-    compared = ok.drop(same.index)
+    same, compared = _same_and_compared(ok)
     where = _where(ok)
     if compared.empty:  # precision=auto on a device with neither bf16 nor fp16: no AMP ran
         ran = "/".join(sorted(set(same.amp_precision)))

@@ -67,7 +67,7 @@ May import: config, runtime.dist, tasks, names, tracking, report, ui, optuna: a 
 starts stages as processes and never imports the loop (stage, train).
 
 Inside, lowest first: cell_process champion spec store_server | search_spec devices matrix | search_plan |
-parser schedule | runner | slurm | search
+parser schedule | runner | slurm | trial_pool | search
 """
 from __future__ import annotations
 

@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from pipeline.study import load_study
-from pipeline.study.search import objective_values, search_report
+from pipeline.study.search import search_report
 from pipeline.study.search_plan import best_cells, plan_search, trial_cell
+from pipeline.study.trial_pool import objective_values
 
 
 def _cli(args, capsys):
