@@ -1,4 +1,5 @@
-"""The configuration: dataclasses whose fields carry their meaning (schema.py), the text of a YAML
+"""The configuration: dataclasses whose fields carry their meaning (the top level in schema.py, the
+sections with their own checks in sections.py), the text of a YAML
 value or override read as its field's type (coerce.py), dotted keys and the near-miss hint
 (keys.py), the Hugging Face Trainer's names and this project's keys for them
 (trainer_names.py), the one reader of the files a user names (documents.py), the secrets masked wherever a
@@ -10,7 +11,8 @@ May import: pipeline.errors, and the task registry's names (pipeline.tasks, whos
 only errors when loaded): no torch, no transformers. What a job derives from its config (the
 settled plan) is pipeline.plan.settle's.
 
-Inside, lowest first: coerce deepspeed_files documents trainer_names secrets | keys | schema | output_dir reference
+Inside, lowest first: coerce deepspeed_files documents trainer_names secrets | keys | sections | schema |
+output_dir reference
 """
 from pipeline.config.schema import (
     CHOICES,

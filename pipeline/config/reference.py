@@ -1,6 +1,6 @@
 """The configuration's reference, read from the config dataclasses themselves: every dotted key
 with its type, default and meaning, the meaning being the attribute docstring under the field in
-pipeline/config/schema.py, so that text is written once. It is what `train --help` and `distill --help`
+pipeline/config/schema.py and sections.py, so that text is written once. It is what `train --help` and `distill --help`
 print, and what docs/configuration.md holds, with the Hugging Face Trainer's names for these keys
 (trainer_names.py, the table the unknown-key hint reads too).
 
@@ -85,7 +85,7 @@ def help_text(command: str) -> str:
 
 def markdown() -> str:
     """docs/configuration.md: the same keys, a table per section."""
-    lines = [f"<!-- Generated from the docstrings in pipeline/config/schema.py by `{REGENERATE}`;",
+    lines = [f"<!-- Generated from the docstrings in pipeline/config/schema.py and sections.py by `{REGENERATE}`;",
              "     edit those and regenerate (tests/unit/test_cli_help.py fails while this page is stale). -->",
              "", "# Configuration", "", f"Regenerate this page with `{REGENERATE}`.",
              "Every key is also listed by `python -m pipeline train --help`.", "", INTRO]

@@ -1,4 +1,4 @@
-"""Typed configuration: dataclasses whose fields carry their meaning, loaded from YAML plus
+"""Typed configuration: the top-level keys (the sections are sections.py's), loaded from YAML plus
 dotted `key=value` overrides, validated before anything else runs.
 
 Every problem is a `UserError` naming the key and the reason (exit code 2).
@@ -10,7 +10,7 @@ import functools
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
@@ -18,15 +18,22 @@ from pipeline.config.coerce import coerce
 from pipeline.config.deepspeed_files import ds_config_file, shipped
 from pipeline.config.documents import read_document
 from pipeline.config.keys import did_you_mean, dotted_keys, unknown_key_hint
+from pipeline.config.sections import (
+    COMPILE_MODES,
+    CompileMode,
+    DataConfig,
+    InferConfig,
+    KDConfig,
+    TrackingConfig,
+    TrainConfig,
+)
+from pipeline.config.sections import check as _check
 from pipeline.errors import UserError
 from pipeline.tasks import REGISTRY
 
 TASKS = tuple(REGISTRY)  # the task registry is the one list of task names
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "bf16-pure", "auto")
 BACKENDS = ("auto", "single", "ddp", "deepspeed")
-COMPILE_MODES = ("auto", "off", "default", "reduce-overhead", "max-autotune")
-CompileMode = Literal["off", "default", "reduce-overhead", "max-autotune"]
-"""train.compile once settled: never auto."""
 CHOICES = {"task": TASKS, "precision": PRECISIONS, "backend": BACKENDS, "train.compile": COMPILE_MODES}
 """The keys with a fixed set of values: validate() and the reference."""
 RESUME_WORDS = ("never", "auto")
@@ -38,173 +45,6 @@ KINDS = {"resume": f"{' | '.join(RESUME_WORDS)} | PATH"}
 RECORD_PARTS = ("global_batch", "tokenizer")
 """Parts of a job's record (job_record.py) that are not config keys, as accept_changes names them."""
 MAPPINGS = ("model_config", "task_options", "tracking.tags")
-
-
-@dataclass
-class DataConfig:
-    train: str | None = None
-    """Training file, `hub:ID[:CONFIG]`, or `samples` (the task's built-in synthetic sample set).
-    Unset: the sample set, when no data key is given at all."""
-    dev: str | None = None
-    """Dev file (or hub:ID, or `samples`) for evaluation, best-model selection and early stopping.
-    Unset: the sample set when no data key is given; refused when another data key is, so a user's
-    training file is never judged on synthetic rows without a word."""
-    test: str | None = None
-    """Test file (or hub:ID, or `samples`) evaluated once with the best model. Unset: the sample
-    set when no data key is given; refused when another data key is."""
-
-    def source(self, split: str) -> str | None:
-        """The split's file or hub id; None: the task's built-in sample set."""
-        value = getattr(self, split)
-        return None if value in (None, SAMPLES) else value
-
-
-@dataclass
-class TrainConfig:
-    epochs: int | None = None
-    """Passes over the training set; unset: the task's (3; error_cls 5, qa 8), settled when the job starts."""
-    max_steps: int = -1
-    """Stop after this many optimizer steps; -1 runs all epochs."""
-    batch_size: int | Literal["auto"] = 16
-    """Micro-batch per device (the global batch is batch_size * grad_accum * world_size). auto:
-    the global batch of the default (16 * grad_accum * world_size) split into the largest
-    micro-batch that fits this device at the job's longest rows (forward, backward and optimizer
-    step, 10% margin), grad_accum raised to keep it, every rank agreeing; eval_batch_size found too
-    (docs/small-gpus.md)."""
-    eval_batch_size: int = 64
-    """Batch per device for evaluation (found on its own under batch_size=auto)."""
-    memory_limit_mb: int | None = None
-    """Treat the device as having this many MiB: on a GPU the allocator refuses more for the whole
-    job (torch.cuda.set_per_process_memory_fraction), so a large card behaves as a small one; on a
-    CPU the limit batch_size=auto's trials count tensors against, and with a fixed batch_size one
-    training step at the longest rows is counted before the job starts (out of memory past it, as
-    a capped GPU). Unset: the device's own."""
-    grad_accum: int = 1
-    """Micro-batches per optimizer step; gradients are all-reduced only on the last one."""
-    lr: float | None = None
-    """Peak learning rate of AdamW; unset: 3e-4 for presets (trained from scratch), else the task's
-    (5e-5; WikiQA 1e-4) (settled when the job starts)."""
-    warmup_ratio: float = 0.1
-    """Fraction of optimizer steps with linear warm-up; then linear decay to zero."""
-    weight_decay: float = 0.01
-    """AdamW weight decay (not applied to biases and LayerNorm weights)."""
-    max_grad_norm: float = 1.0
-    """Clip the global gradient norm to this; 0 disables clipping (the norm is still logged)."""
-    max_length: int = 128
-    """Truncate inputs to this many tokens; batches are padded to their longest sequence, rounded
-    up to a multiple of train.pad_to_multiple_of."""
-    pad_to_multiple_of: int | None = None
-    """Pad each batch's length up to a multiple of this (capped at max_length), so a job meets a
-    few shapes: what compiled graphs and CUDA graphs need, and tensor-core friendly sizes. Unset:
-    max_length / 8 (at least 8) when compiling, else 1 (no extra padding)."""
-    compile: str = "auto"
-    """torch.compile the trained module, the frozen teacher and evaluation: off | default |
-    reduce-overhead (CUDA graphs) | max-autotune | auto (reduce-overhead on a GPU in one process, off on
-    a CPU, under DeepSpeed and under DDP until its CUDA graphs pass the GPU check, as measured in
-    benchmarks/README.md; the run's resolved.compile_reason says why). Compile time and the energy drawn
-    meanwhile are logged apart (perf/compile_s) and left out of the rates; checkpoints are the same
-    compiled or not."""
-    gradient_checkpointing: bool = False
-    """Recompute each encoder layer's activations in the backward pass instead of keeping them
-    (non-reentrant activation checkpointing through transformers' own switch): far
-    less activation memory for about one more forward pass of compute; the same losses (the RNG is
-    restored for the recompute, so dropout draws the same masks). docs/small-gpus.md has the numbers."""
-    group_by_length: bool | None = None
-    """Batch sequences of similar length together (each mega-batch of 50 global batches sorted by
-    length, cut into batches, the batches shuffled, the longest first): less padding computed,
-    same epoch contents; 2-2.5x the samples/s on long-tailed comments. Unset: the task's default
-    (Task.group_by_length), on where grouping kept the dev score within the seed spread and off
-    where it did not (WikiQA's question-answer pairs: test MAP 0.79 vs 0.86) or was not measured
-    - benchmarks/studies/README.md."""
-    batch_tokens: int = 0
-    """Batches by tokens instead of rows (fairseq's max_tokens): similar lengths together, each
-    batch's padded size (longest x rows) within this budget; 0 = train.batch_size rows per batch.
-    The global batch then varies; the LR schedule counts the epoch's actual batches."""
-    eval_every: int = 0
-    """Also evaluate on dev every this many optimizer steps (the Trainer's eval_steps), for the best
-    model and early stopping as an epoch's end does: for a training set whose epoch is long. 0 = at
-    each epoch's end only."""
-    patience: int = 0
-    """Stop after this many evaluations without a better one (the main metric, then the task's
-    tie-breakers: docs/outputs.md); 0 = never stop early."""
-    log_every: int = 10
-    """Log train/loss, train/lr, train/grad_norm and the throughput since the last logged step
-    every this many optimizer steps; without a terminal (a batch job's log), rank 0 also prints
-    them in a line with the ETA."""
-    num_workers: int | None = None
-    """DataLoader worker processes per rank (persistent, pinned memory on a GPU). Unset: 2 on a
-    GPU, where collating beside the device's work keeps it fed; 0 on a CPU, whose cores compute."""
-    save_every: int = 0
-    """Also checkpoint every this many optimizer steps (0 = only at each epoch end)."""
-    keep_checkpoints: int = 2
-    """Keep the newest K checkpoints."""
-    max_nonfinite: int = 5
-    """Stop with an error after this many consecutive non-finite losses."""
-
-
-@dataclass
-class KDConfig:
-    teacher: str | None = None
-    """Teacher model: a train stage's output directory (its best/), a hub id or a local model."""
-    alpha: float = 0.5
-    """Weight of the distillation term; (1 - alpha) weighs the task loss."""
-    temperature: float = 2.0
-    """Softmax temperature of the KD term (the term is scaled by T^2)."""
-    cache: bool = True
-    """Cache the teacher's logits on disk, keyed by teacher, data, tokenizer and max_length."""
-    hidden_weight: float = 0.0
-    """Weight of the hidden-state term (0 = off): MSE between the student's and the teacher's last
-    hidden states over real tokens, through a learned linear projection when the widths differ.
-    It needs the teacher's hidden states, so the teacher runs live (the cache holds logits only)."""
-    attention_weight: float = 0.0
-    """Weight of the attention-relation term (0 = off; MiniLMv2): KL between the teacher's and the
-    student's query-query, key-key and value-value self-attention relations of their last layers,
-    split into kd.relation_heads relation heads, so widths and head counts may differ. Q, K and V
-    are read from the query/key/value projections as the model runs (SDPA or flash attention stay
-    on). The teacher runs live (the cache holds logits only)."""
-    relation_heads: int = 0
-    """Relation heads of the attention-relation term (0 = the student's attention heads); must
-    divide both the student's and the teacher's hidden size."""
-
-
-@dataclass
-class TrackingConfig:
-    uri: str | None = None
-    """MLflow tracking URI; unset = $MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db."""
-    experiment: str | None = None
-    """MLflow experiment name (one per study); unset = $MLFLOW_EXPERIMENT_NAME, else pipeline. The run's
-    tags tracking.uri_from and tracking.experiment_from say which (config | env:VARIABLE | default)."""
-    run_name: str | None = None
-    """MLflow run name; unset = task-model-precision."""
-    log_model: bool = False
-    """Also log the best model as an MLflow model of the run (transformers flavor: a pipeline with its
-    tokenizer, task and an input example, for mlflow.transformers.load_model and the registry)."""
-    register_as: str | None = None
-    """Register the logged model (tracking.log_model=true) in MLflow's Model Registry under this
-    name: a new version per run, its description the run's main test score; load it with
-    mlflow.pyfunc.load_model("models:/NAME/VERSION")."""
-    tags: dict = field(default_factory=dict)
-    """Extra run tags, e.g. tracking.tags.study=NAME (the study runner sets study and procedure)."""
-    parent_run_id: str | None = None
-    """Nest this stage's run under a parent run (the study runner's), as MLflow's UI shows it."""
-    system_metrics: bool = True
-    """MLflow system metrics (CPU, memory, GPU) on every node, tagged with a node id."""
-    system_metrics_interval: float = 10.0
-    """Seconds between system-metric samples."""
-
-
-@dataclass
-class InferConfig:
-    bench: bool = True
-    """At the end of a stage, measure what the best model costs to serve (rank 0, on the stage's
-    device, a few seconds): parameters, size, latency, throughput, memory; the infer/* metrics."""
-    batch_size: int = 32
-    """The serving batch of the inference throughput figure (latency is at batch 1)."""
-    budget_s: float = 5.0
-    """Seconds of timed forward passes the inference benchmark may spend, over every precision and
-    length (each still runs at least 10 batch-1 and 3 serving-batch passes). 5 gave the figures of
-    20 within their run-to-run spread at half the stage's seconds (benchmarks/README.md, "Where a
-    WikiQA job's time goes")."""
 
 
 @dataclass
@@ -270,34 +110,8 @@ class Config:
         _one_of("task", self.task)
         _one_of("precision", self.precision)
         _one_of("backend", self.backend)
-        _check_data(self.data)
-        t = self.train
-        _check("train.epochs", t.epochs, t.epochs is None or t.epochs >= 1, "must be >= 1")
-        _check("train.max_steps", t.max_steps, t.max_steps == -1 or t.max_steps >= 1, "must be -1 or >= 1")
-        _check("train.batch_size", t.batch_size, t.batch_size == "auto" or t.batch_size >= 1, "must be >= 1 or auto")
-        _check("train.batch_size", t.batch_size, t.batch_size != "auto" or not t.batch_tokens,
-               f"auto finds a number of rows; train.batch_tokens={t.batch_tokens} batches by tokens")
-        _check("train.memory_limit_mb", t.memory_limit_mb, t.memory_limit_mb is None or t.memory_limit_mb >= 1,
-               "must be >= 1 (MiB)")
-        _check("train.eval_batch_size", t.eval_batch_size, t.eval_batch_size >= 1, "must be >= 1")
-        _check("train.grad_accum", t.grad_accum, t.grad_accum >= 1, "must be >= 1")
-        _check("train.lr", t.lr, t.lr is None or t.lr > 0, "must be > 0")
-        _check("train.warmup_ratio", t.warmup_ratio, 0 <= t.warmup_ratio < 1, "must be in [0, 1)")
-        _check("train.weight_decay", t.weight_decay, t.weight_decay >= 0, "must be >= 0")
-        _check("train.max_grad_norm", t.max_grad_norm, t.max_grad_norm >= 0, "must be >= 0 (0 = no clipping)")
-        _check("train.max_length", t.max_length, t.max_length >= 8, "must be >= 8")
-        _check("train.batch_tokens", t.batch_tokens, t.batch_tokens == 0 or t.batch_tokens >= t.max_length,
-               f"must be 0 (off) or >= train.max_length ({t.max_length}), so that the longest sequence fits")
-        _check("train.patience", t.patience, t.patience >= 0, "must be >= 0 (0 = off)")
-        _check("train.eval_every", t.eval_every, t.eval_every >= 0, "must be >= 0 (0 = epoch ends only)")
-        _check("train.log_every", t.log_every, t.log_every >= 1, "must be >= 1")
-        _check("train.num_workers", t.num_workers, t.num_workers is None or t.num_workers >= 0, "must be >= 0")
-        _check("train.pad_to_multiple_of", t.pad_to_multiple_of, t.pad_to_multiple_of is None
-               or t.pad_to_multiple_of >= 1, "must be >= 1 (1 = no extra padding)")
-        _one_of("train.compile", t.compile)
-        _check("train.save_every", t.save_every, t.save_every >= 0, "must be >= 0 (0 = epoch ends only)")
-        _check("train.keep_checkpoints", t.keep_checkpoints, t.keep_checkpoints >= 1, "must be >= 1")
-        _check("train.max_nonfinite", t.max_nonfinite, t.max_nonfinite >= 1, "must be >= 1")
+        for section in (self.data, self.train, self.kd, self.tracking, self.infer):
+            section.validate()
         _check("resume", self.resume, self.resume in RESUME_WORDS or _path_like(self.resume),
                f"must be never | auto | a checkpoint's directory{did_you_mean(self.resume, RESUME_WORDS)}")
         for name in self.accepted_changes:
@@ -305,19 +119,6 @@ class Config:
         _check("requested_world_size", self.requested_world_size, self.requested_world_size >= 0,
                "must be >= 0 (0 = as many processes as run)")
         _check("dist_timeout", self.dist_timeout, self.dist_timeout >= 1, "must be >= 1 (seconds)")
-        _check("tracking.system_metrics_interval", self.tracking.system_metrics_interval,
-               self.tracking.system_metrics_interval > 0, "must be > 0")
-        _check("tracking.register_as", self.tracking.register_as, not self.tracking.register_as
-               or self.tracking.log_model, "registers the logged model: set tracking.log_model=true too")
-        _check("infer.batch_size", self.infer.batch_size, self.infer.batch_size >= 1, "must be >= 1")
-        _check("infer.budget_s", self.infer.budget_s, self.infer.budget_s > 0, "must be > 0 (infer.bench=false: off)")
-        _check("kd.alpha", self.kd.alpha, 0 <= self.kd.alpha <= 1, "must be in [0, 1]")
-        _check("kd.temperature", self.kd.temperature, self.kd.temperature > 0, "must be > 0")
-        _check("kd.hidden_weight", self.kd.hidden_weight, self.kd.hidden_weight >= 0, "must be >= 0 (0 = off)")
-        _check("kd.attention_weight", self.kd.attention_weight, self.kd.attention_weight >= 0,
-               "must be >= 0 (0 = off)")
-        _check("kd.relation_heads", self.kd.relation_heads, self.kd.relation_heads >= 0,
-               "must be >= 0 (0 = the student's attention heads)")
         if self.deepspeed is not None and ds_config_file(self.deepspeed) is None:
             raise UserError(f"config: deepspeed={self.deepspeed}: no such file, nor a shipped config "
                             f"({', '.join(shipped())})")
@@ -409,27 +210,6 @@ def _acceptable(name: str) -> bool:
     """A key accept_changes can name: a config key (one under a mapping such as model_config too)
     or a part of the job's record that is not a key (same_job.py)."""
     return name in ACCEPTABLE or any(name.startswith(f"{m}.") and len(name) > len(m) + 1 for m in MAPPINGS)
-
-
-SAMPLES = "samples"
-"""The data value that asks for the task's built-in synthetic sample set by name."""
-DATA_USES = {"train": "training", "dev": "dev evaluation, best-model selection and early stopping",
-             "test": "the test figures"}
-
-
-def _check_data(data: DataConfig) -> None:
-    """A split left unset beside a given one would silently be the built-in synthetic set: refused."""
-    given = [split for split in DATA_USES if getattr(data, split) is not None]
-    for split, use in DATA_USES.items():
-        if given and getattr(data, split) is None:
-            raise UserError(f"config: data.{split}: unset while data.{given[0]}={getattr(data, given[0])} is given: "
-                            f"{use} would run on the built-in synthetic sample set; give data.{split}=FILE (or "
-                            f"hub:ID), or data.{split}={SAMPLES} to use that set knowingly")
-
-
-def _check(key: str, value: Any, ok: bool, reason: str) -> None:
-    if not ok:
-        raise UserError(f"config: {key}={value}: {reason}")
 
 
 def _build(cls, raw: dict, prefix: str):
