@@ -25,8 +25,10 @@ from pipeline.tracking import Tracker, sync
 
 SINGLE = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
 # dropout stays on: a resume must restore every rank's RNG to continue bit-exactly. train/loss is
-# logged only at the end, so its window spans every kill below: it must survive in the checkpoint
-JOB = [*FAST, "train.epochs=2", "train.save_every=10", "train.log_every=1000"]
+# logged only at the end, so its window spans every kill below: it must survive in the checkpoint.
+# Dev is evaluated between steps too, so a resume also crosses evaluations made mid-epoch
+JOB = [*FAST, "train.epochs=2", "train.save_every=10", "train.eval_every=15", "train.keep_checkpoints=10",
+       "train.log_every=1000"]
 STEPS_PER_EPOCH = 75  # 2400 samples, batch 32, one process
 STEPS_PER_EPOCH_DDP = 38  # 1200 samples a rank under 2-process DDP
 
@@ -55,11 +57,13 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_preempted_then_killed_then_resumed_gives_identical_results(tmp_path, uninterrupted):
+def test_preempted_then_killed_then_resumed_from_a_named_checkpoint_gives_identical_results(tmp_path,
+                                                                                          uninterrupted):
     """A preemptible job's life: SIGTERM saves at the next step boundary and marks the run KILLED;
-    the resumed job is SIGKILLed after a checkpoint in the second epoch (no save, its lock left
-    behind); the next resume takes the lock over and finishes the same MLflow run with the
-    uninterrupted job's figures, bit for bit."""
+    the resumed job is SIGKILLed in the second epoch after an evaluation between steps (no save,
+    its lock left behind); the next job resumes from an earlier checkpoint by name (resume=PATH),
+    undoes what followed it, best/ included, takes the lock over and finishes the same MLflow run
+    with the uninterrupted job's figures, bit for bit."""
     out, db = tmp_path / "out", tracking_db(tmp_path)
     job = [*JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}"]
     proc = start_cli("train", *job, log=tmp_path / "log")
@@ -73,16 +77,18 @@ def test_preempted_then_killed_then_resumed_gives_identical_results(tmp_path, un
     assert mlrun.info.status == "KILLED"
 
     proc = start_cli("train", *job, "resume=auto", log=tmp_path / "log2")
-    wait_for(lambda: newest_step(out) > STEPS_PER_EPOCH or proc.poll() is not None,
-             what="a checkpoint in the second epoch")
+    wait_for(lambda: newest_step(out) >= STEPS_PER_EPOCH + 25 or proc.poll() is not None,
+             what="a checkpoint after an evaluation in the second epoch")
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
-    assert "resumed from" in (tmp_path / "log2").read_text()
+    log2 = (tmp_path / "log2").read_text()
+    assert "resumed from" in log2 and "step 90  dev " in log2
     assert not (out / "metrics.json").exists()  # it really died mid-run
 
-    result = run_cli("train", *job, "resume=auto")
+    named = max(c.step for c in checkpoint.complete(OutputDir(out)) if c.step <= STEPS_PER_EPOCH + 10)
+    result = run_cli("train", *job, f"resume={OutputDir(out).checkpoint(named)}")
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "resumed from" in result.stderr
+    assert "resumed from" in result.stderr and "undoing what the job did after it" in result.stderr
     assert "taking over the lock of a job that ended without releasing it" in result.stderr
     assert_same_result(uninterrupted, out)
     (mlrun,) = mlflow_runs(db, "pipeline")  # every resume continued the job's own run
@@ -319,32 +325,3 @@ def test_a_disk_that_fills_mid_run_is_one_line_and_the_run_ends_failed(tmp_path,
     assert "Traceback" not in err
     (mlrun,) = mlflow_runs(db, "pipeline")
     assert mlrun.info.status == "FAILED"  # not left RUNNING although the journal could not say so
-
-
-@pytest.mark.slow  # three short CLI jobs of 75 steps
-def test_a_job_killed_after_an_evaluation_between_steps_resumes_from_a_named_checkpoint_identically(tmp_path):
-    """train.eval_every evaluates between steps; a job SIGKILLed after a later checkpoint and
-    resumed from an earlier one (resume=PATH) undoes what followed it, best/ included, and ends
-    with the uninterrupted job's weights and figures, in the same MLflow run."""
-    job = [*FAST, "train.epochs=1", "train.eval_every=15", "train.save_every=10", "train.keep_checkpoints=10",
-           "train.log_every=1000"]
-    whole = tmp_path / "whole"
-    done = run_cli("train", *job, f"output_dir={whole}", f"tracking.uri=sqlite:///{tracking_db(tmp_path, 'w.db')}")
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "step 15  dev " in done.stderr and "step 30  dev " in done.stderr
-
-    out, db = tmp_path / "out", tracking_db(tmp_path)
-    job += [f"output_dir={out}", f"tracking.uri=sqlite:///{db}"]
-    proc = start_cli("train", *job, log=tmp_path / "log")
-    wait_for(lambda: newest_step(out) >= 40 or proc.poll() is not None, what="a checkpoint after two evaluations")
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-    assert not (out / "metrics.json").exists()  # it really died mid-run
-
-    result = run_cli("train", *job, f"resume={OutputDir(out).checkpoint(20)}")
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert "undoing what the job did after it: step-00000030 removed" in result.stderr
-    assert [c.step for c in checkpoint.complete(OutputDir(out))][:2] == [10, 20]
-    assert_same_result(whole, out)
-    (mlrun,) = mlflow_runs(db, "pipeline")
-    assert mlrun.info.status == "FINISHED"
