@@ -57,12 +57,14 @@ def fit_batch(stage: Stage) -> Stage:
         picked, one_row = ([eval_row] * n, collate([train_row])) if evaluate else ([train_row] * n, None)
         return _trial(stage, collate(picked), one_row, limit)
 
-    longest = {split: _longest(rows[split]) for split in SPLITS}  # (its row, its tokens)
-    eval_split = max(("dev", "test"), key=lambda split: longest[split][1])
+    longest = {split: _longest(rows[split]) for split in SPLITS if split in rows}  # (its row, its tokens)
+    # a job without dev and test evaluates nothing: its training rows stand in (the finder's shape)
+    evaluated = [split for split in ("dev", "test") if split in rows] or ["train"]
+    eval_split = max(evaluated, key=lambda split: longest[split][1])
     (train_row, _), (eval_row, _) = longest["train"], longest[eval_split]
     what = f"{max(tokens for _, tokens in longest.values())} tokens"
     # the largest evaluation split's rows per rank: no evaluation batch is larger
-    eval_rows = math.ceil(max(len(rows["dev"]), len(rows["test"])) / stage.rt.world_size)
+    eval_rows = math.ceil(max(len(rows[split]) for split in evaluated) / stage.rt.world_size)
     collate = _collate(stage)
     with _model_kept(stage):
         found = batch_fit.find(cfg.train.batch_size * cfg.train.grad_accum, eval_rows, trial,

@@ -17,7 +17,7 @@ import transformers
 from transformers import PreTrainedTokenizerBase
 
 from pipeline import models, names
-from pipeline.data import features
+from pipeline.data import features, holdout
 from pipeline.data.loaders import shaped_collate
 from pipeline.kd.distill import Distiller, build_distillation
 from pipeline.measure import inference, memory
@@ -95,15 +95,17 @@ class Stage(Plan):
 
     def bench_inference(self) -> dict[str, float]:
         """What best/ costs to serve on this device (measure/inference.py), at the test split's median
-        and longest lengths, in the stage's precision and the others the device runs: the infer/*
-        metrics, or none with infer.bench=false. Rank 0's, after the test evaluation."""
+        and longest lengths (dev's, or train's, in a job without one), in the stage's precision and
+        the others the device runs: the infer/* metrics, or none with infer.bench=false. Rank 0's,
+        after the test evaluation."""
         infer, best = self.cfg.infer, self.out.trained_model()
         if not infer.bench or best is None:
             log.info("inference benchmark skipped: %s", "no best model" if infer.bench else "infer.bench=false")
             return {}
         t0 = time.perf_counter()
         saved = models.SavedModel(str(best))
-        lengths = inference.typical_lengths(features.sequence_lengths(self.features["test"]),
+        served = next(split for split in ("test", "dev", "train") if split in self.features)
+        lengths = inference.typical_lengths(features.sequence_lengths(self.features[served]),
                                             self.cfg.train.pad_to_multiple_of, self.cfg.train.max_length)
         # the other ranks wait in a collective meanwhile: rank 0 takes every core, as a server would
         with inference.serving_threads(self.rt.device), LoadSampler(self.rt.device) as load:
@@ -134,8 +136,12 @@ def build_stage(plan: Plan) -> Stage:
     backend = make_backend(rt, policy, plan.compile, cfg.train, cfg.deepspeed)
     # the training split is prepared once per node and memory-mapped: its size, digest and texts
     # here, not its rows; dev/test keep their examples (the metrics read them)
-    examples = {"train": features.prepare_train(task, cfg.data.source("train"), rt),
-                **{split: task.load(cfg.data.source(split), split) for split in ("dev", "test")}}
+    rows = {"train": features.prepare_train(task, cfg.data.source("train"), rt)}
+    if cfg.data.holdout() is not None:  # dev: rows of the training file, trained on no more
+        rows["train"], rows["dev"] = holdout.hold_out(task, rows["train"], *cfg.data.holdout(), rt)
+    examples = {"train": rows["train"], **{split: task.load(cfg.data.source(split), split)
+                                            for split in ("dev", "test") if cfg.data.reads(split)},
+                **({"dev": rows["dev"].examples()} if "dev" in rows else {})}
     transformers.set_seed(cfg.seed)  # identical initial weights on every rank
     train_texts = examples["train"].texts
     distiller = None
@@ -148,8 +154,10 @@ def build_stage(plan: Plan) -> Stage:
         models.checkpoint_activations(model, model_spec)
     identity = {"architecture": models.architecture(model), "tokenizer": features.tokenizer_identity(tokenizer),
                 "teacher": distiller.teacher_fingerprint if distiller is not None else None}
-    prepared = {split: features.prepare_features(task, split, cfg.data.source(split), examples[split], tokenizer,
-                                                 cfg.train.max_length, rt) for split in SPLITS}
+    # a split the job does not have (data.dev=skip, no data.test) has no entry here
+    prepared = {split: features.prepare_features(task, split, cfg.data.source(split) if cfg.data.reads(split) else None,
+                                                 rows.get(split, examples[split]), tokenizer, cfg.train.max_length, rt)
+                for split in SPLITS if split in examples}
     examples["train"].release()  # the builder's rows: the features are on disk now
     model.to(rt.device)  # fp32 here; bf16-pure: the backend casts it once it holds the fp32 masters
     if distiller is not None:  # the teacher's logits for the whole training set, once (cached on disk)

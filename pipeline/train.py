@@ -147,7 +147,7 @@ def begin(loop: Loop) -> None:
     stage = loop.stage
     tags = {names.TAG_DATA_CACHE: features.cache_outcome(stage.examples["train"], stage.features),
             **({names.TAG_KD_CACHE: stage.distiller.cache_outcome} if stage.distiller else {}),
-            **({names.TAG_BATCH_FIT: stage.batch_found} if stage.batch_found else {})}
+            **({names.TAG_BATCH_FIT: stage.batch_found} if stage.batch_found else {}), **evaluation_data(stage)}
     # rank 0 logs the datasets: the others' would digest every dev and test example for nothing
     datasets = describe_datasets(stage.cfg.data, stage.task, stage.examples) if stage.rt.is_main else []
     loop.metrics.begin(stage.out, stage.backend.extra_artifacts, tags, datasets)
@@ -158,9 +158,31 @@ def begin(loop: Loop) -> None:
             task=stage.task.name, model=stage.model_spec, parameters=sum(p.numel() for p in stage.model.parameters()),
             precision=precision_line(stage.cfg.precision, stage.policy.name, stage.rt.device.type),
             backend=stage.rt.backend, world_size=stage.rt.world_size,
-            examples={split: len(stage.examples[split]) for split in SPLITS}, steps=loop.total_steps,
+            examples={split: len(stage.examples[split]) for split in SPLITS if split in stage.examples},
+            steps=loop.total_steps,
             epochs=loop.epochs, output_dir=str(stage.out), uri=tracker.uri or "",
             run=run_url(tracker.uri or "", tracker.experiment_id, tracker.run_id)))
+
+
+def evaluation_data(stage: Stage) -> dict[str, str]:
+    """Rank 0 says once what the job evaluates on where it is not a file of its own (a held-out
+    fraction of the training file, no dev, no test); the run's tags say the same."""
+    data, tags = stage.cfg.data, {}
+    if data.holdout() is not None:
+        tags[names.TAG_DEV] = data.holdout_name()
+        note = (f"dev: {len(stage.examples['dev'])} rows held out of the training file ({tags[names.TAG_DEV]}), "
+                f"{len(stage.examples['train'])} trained on")
+    elif not data.evaluates("dev"):
+        tags[names.TAG_DEV] = data.dev
+        note = "no dev evaluation (data.dev=skip): the model kept is the last one"
+    else:
+        note = ""
+    if not data.evaluates("test"):
+        tags[names.TAG_NO_TEST] = "true"
+        note += ("; " if note else "") + "no test split (data.test unset): no test figures"
+    if note and stage.rt.is_main:
+        log.info(note)
+    return tags
 
 
 def train_epoch(loop: Loop, epoch: int) -> None:
@@ -259,11 +281,14 @@ def end_epoch(loop: Loop, epoch: int) -> bool:
     meters = loop.meters.end_epoch()  # the epoch's clocks stop; its figures over every rank
     loop.losses.read(progress.step)  # the steps still pending: the epoch's non-finite count is complete
     epoch_metrics = {**meters, **loop.losses.amp_metrics(None)}
-    dev = evaluate_dev(loop) if loop.evaluated_at != progress.step else None
+    has_dev = stage.cfg.data.evaluates("dev")
+    dev = evaluate_dev(loop) if has_dev and loop.evaluated_at != progress.step else None
     loop.metrics.log_epoch(epoch_metrics, loop.losses.last_loss, dev, progress.step, epoch, loop.epochs,
                            stage.task.main_metric)
     if dev is not None:
         keep_best(loop, dev, epoch, loop.meters.totals.train_seconds)
+    elif not has_dev:  # data.dev=skip: the model kept is the last one
+        keep_best(loop, None, epoch, loop.meters.totals.train_seconds)
     done = progress.step >= loop.total_steps or epoch + 1 == loop.epochs
     early = loop.stopping_early
     progress.epoch, progress.epoch_steps = epoch + 1, 0
@@ -287,27 +312,40 @@ def evaluate_dev(loop: Loop) -> Evaluation:
     return dev
 
 
-def keep_best(loop: Loop, dev: Evaluation, epoch: int, train_seconds: float) -> None:
+def keep_best(loop: Loop, dev: Evaluation | None, epoch: int, train_seconds: float) -> None:
     """Keep the best model (the main metric, then the task's tie-breakers) with the training seconds
-    that reached it; an evaluation that is not better counts towards early stopping."""
+    that reached it; an evaluation that is not better counts towards early stopping. No dev
+    evaluation (None): the model as it is now."""
     stage = loop.stage
-    loop.best.consider(dev.scores, epoch + 1, train_seconds, stage.backend, stage.tokenizer, stage.out,
-                       stage.rt.is_main, step=loop.progress.step)
+    loop.best.consider(None if dev is None else dev.scores, epoch + 1, train_seconds, stage.backend,
+                       stage.tokenizer, stage.out, stage.rt.is_main, step=loop.progress.step)
 
 
 def finish(loop: Loop) -> dict[str, float]:
-    """Test with the best weights; the final metrics to MLflow, metrics.json and report.txt."""
+    """Test with the best weights (a job without a test split: no test figures); the final metrics
+    to MLflow, metrics.json and report.txt."""
     stage = loop.stage
     if loop.best.weights is not None:  # None only if every evaluation scored NaN
         stage.backend.load_full_state_dict(loop.best.weights)
-    test = evaluate(stage.model, loop.loaders.test, stage.task, stage.policy, stage.rt, stage.examples["test"],
-                    stage.features["test"], keep=True, compile=stage.compile)
+    test = None if not stage.cfg.data.evaluates("test") else evaluate(
+        stage.model, loop.loaders.test, stage.task, stage.policy, stage.rt, stage.examples["test"],
+        stage.features["test"], keep=True, compile=stage.compile)
     serving = stage.bench_inference() if stage.rt.is_main else {}
     final = loop.metrics.log_final(loop.progress.step, loop.best, test, loop.losses.last_loss,
                                    loop.losses.amp_metrics(stage.backend.loss_scale), serving, loop.progress.epoch)
     if stage.rt.is_main:
-        report = stage.task.report(test.predictions, stage.examples["test"], stage.features["test"])
+        report = stage_outputs.NO_TEST if test is None else stage.task.report(
+            test.predictions, stage.examples["test"], stage.features["test"])
         stage_outputs.write_outputs(loop.metrics.tracker, stage.out, final, report, loop.progress.step, stage.task,
-                                    stage.examples["test"], stage.cfg.tracking.log_model)
-        stage_outputs.announce(loop.meters, final, stage.task.main_metric, test.main, stage.out)
+                                    example_rows(stage), stage.cfg.tracking.log_model)
+        stage_outputs.announce(loop.meters, final, stage.task.main_metric, test and test.main, stage.out)
     return final
+
+
+def example_rows(stage: Stage) -> list[dict]:
+    """A few rows the logged model shows as its input example: the test split's, else dev's, else
+    the training split's."""
+    for split in ("test", "dev"):
+        if split in stage.examples:
+            return stage.examples[split][:5]
+    return stage.examples["train"].dataset().select(range(min(5, len(stage.examples["train"])))).to_list()

@@ -112,6 +112,10 @@ class Config:
         _one_of("backend", self.backend)
         for section in (self.data, self.train, self.kd, self.tracking, self.infer):
             section.validate()
+        if not self.data.evaluates("dev"):
+            for key in ("patience", "eval_every"):
+                _check(f"train.{key}", getattr(self.train, key), not getattr(self.train, key),
+                       f"evaluates dev, and data.dev={self.data.dev}: set data.dev or train.{key}=0")
         _check("resume", self.resume, self.resume in RESUME_WORDS or _path_like(self.resume),
                f"must be never | auto | a checkpoint's directory{did_you_mean(self.resume, RESUME_WORDS)}")
         for name in self.accepted_changes:

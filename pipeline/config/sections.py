@@ -15,6 +15,10 @@ from pipeline.errors import UserError
 
 SAMPLES = "samples"
 """The data value that asks for the task's built-in synthetic sample set by name."""
+HOLDOUT = "holdout:"
+"""data.dev's prefix for a fraction of the training rows held out."""
+DEV_SKIP = "skip"
+"""data.dev's value for no dev evaluation (`none` would read as unset)."""
 DATA_USES = {"train": "training", "dev": "dev evaluation, best-model selection and early stopping",
              "test": "the test figures"}
 COMPILE_MODES = ("auto", "off", "default", "reduce-overhead", "max-autotune")
@@ -41,26 +45,70 @@ class DataConfig:
     """Training file, `hub:ID[:CONFIG]`, or `samples` (the task's built-in synthetic sample set).
     Unset: the sample set, when no data key is given at all."""
     dev: str | None = None
-    """Dev file (or hub:ID, or `samples`) for evaluation, best-model selection and early stopping.
+    """Dev file (or hub:ID, or `samples`) for evaluation, best-model selection and early stopping;
+    `holdout:F[:SEED]`: a fraction F of the training rows held out (the same rows on every rank,
+    every resume and every job seed; SEED picks another draw, default 0), trained on no more;
+    `skip`: no dev evaluation (the last model is the one kept; no early stopping, no eval_every).
     Unset: the sample set when no data key is given; refused when another data key is, so a user's
     training file is never judged on synthetic rows without a word."""
     test: str | None = None
     """Test file (or hub:ID, or `samples`) evaluated once with the best model. Unset: the sample
-    set when no data key is given; refused when another data key is."""
+    set when no data key is given; when another data key is, no test evaluation (no test/ figures,
+    said once on screen and by the run's tag no_test)."""
 
     def source(self, split: str) -> str | None:
-        """The split's file or hub id; None: the task's built-in sample set."""
+        """The split's file or hub id; None: the task's built-in sample set. Only for a split read
+        from a source (reads)."""
+        assert self.reads(split), f"data.{split}={getattr(self, split)} is not read from a file"
         value = getattr(self, split)
         return None if value in (None, SAMPLES) else value
 
+    def reads(self, split: str) -> bool:
+        """Whether the split's rows are read from a file, the hub or the sample set (not held out of
+        the training split, not absent)."""
+        return self.evaluates(split) and not (split == "dev" and self.holdout() is not None)
+
+    def evaluates(self, split: str) -> bool:
+        """Whether the job has this split: dev unless `skip`; test unless unset beside a given key."""
+        if split == "dev":
+            return self.dev != DEV_SKIP
+        if split == "test":
+            return self.test is not None or not self.given()
+        return True
+
+    def given(self) -> list[str]:
+        return [split for split in DATA_USES if getattr(self, split) is not None]
+
+    def holdout(self) -> tuple[float, int] | None:
+        """data.dev=holdout:F[:SEED] as (F, SEED); None for any other dev."""
+        if not (self.dev or "").startswith(HOLDOUT):
+            return None
+        fraction, _, seed = self.dev[len(HOLDOUT):].partition(":")
+        return float(fraction), int(seed or 0)
+
+    def holdout_name(self) -> str:
+        """The held-out draw as holdout:F:SEED, its seed written out (tags, dataset names)."""
+        return "{}{}:{}".format(HOLDOUT, *self.holdout())
+
     def validate(self) -> None:
-        """A split left unset beside a given one would silently be the built-in synthetic set: refused."""
-        given = [split for split in DATA_USES if getattr(self, split) is not None]
+        """A train or dev split left unset beside a given one would silently be the built-in
+        synthetic set: refused. A test split left unset means no test figures."""
+        given = self.given()
+        if (self.dev or "").startswith(HOLDOUT):
+            try:
+                fraction, seed = self.holdout()
+            except ValueError:
+                fraction = seed = None
+            check("data.dev", self.dev, fraction is not None and 0 < fraction < 1 and seed >= 0,
+                  "holdout:F[:SEED] holds out a fraction 0 < F < 1 of the training rows (e.g. holdout:0.1)")
         for split, use in DATA_USES.items():
-            if given and getattr(self, split) is None:
-                raise UserError(f"config: data.{split}: unset while data.{given[0]}={getattr(self, given[0])} is "
-                                f"given: {use} would run on the built-in synthetic sample set; give data.{split}=FILE "
-                                f"(or hub:ID), or data.{split}={SAMPLES} to use that set knowingly")
+            if split == "test" or not given or getattr(self, split) is not None:
+                continue
+            instead = f", data.dev={HOLDOUT}F (a fraction of the training rows) or data.dev={DEV_SKIP}" \
+                if split == "dev" else ""
+            raise UserError(f"config: data.{split}: unset while data.{given[0]}={getattr(self, given[0])} is "
+                            f"given: {use} would run on the built-in synthetic sample set; give data.{split}=FILE "
+                            f"(or hub:ID){instead}, or data.{split}={SAMPLES} to use that set knowingly")
 
 
 @dataclass

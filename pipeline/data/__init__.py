@@ -1,7 +1,8 @@
 """The data path: a task's examples and features prepared once per node as memory-mapped Arrow
-(features, prepared), then sampled, batched and collated into the loaders (loaders).
+(features, prepared), a fraction of the training split held out as the dev split where asked
+(holdout), then sampled, batched and collated into the loaders (loaders).
 
 May import: errors, names, fsutil, layout, tasks, config, runtime, parts, measure.
 
-Inside, lowest first: prepared | features | loaders
+Inside, lowest first: prepared | features | holdout loaders
 """

@@ -218,7 +218,7 @@ def prepare_train(task: Task, spec: str | None, rt: Runtime) -> TrainRows:
         if not task.featurize_reads_datasets:
             built["rows"] = kept
 
-    meta, outcome = _shared_entry(final, build, rt, f"train examples ({spec or 'sample set'})", ("examples", "texts"))
+    meta, outcome = shared_entry(final, build, rt, f"train examples ({spec or 'sample set'})", ("examples", "texts"))
     task.restore_state(meta["state"])
     return TrainRows(final, meta, outcome, built.get("rows"))
 
@@ -258,7 +258,7 @@ def prepare_features(task: Task, split: str, spec: str | None, examples: list[di
         write_json(tmp / "meta.json", {"format": FORMAT_VERSION, "key": key, "state": task.state(),
                                        "datasets": {"data": len(features)}})
 
-    meta, outcome = _shared_entry(final, build, rt, f"{split} features (max_length {max_length})", ("data",))
+    meta, outcome = shared_entry(final, build, rt, f"{split} features (max_length {max_length})", ("data",))
     task.restore_state(meta["state"])
     return PreparedFeatures(datasets.load_from_disk(str(final / "data")), key, outcome)
 
@@ -281,7 +281,7 @@ def sequence_lengths(features: datasets.Dataset | PreparedFeatures) -> list[int]
 # ---------------------------------------------------------------------- one builder per node
 
 
-def _shared_entry(final: Path, build: Callable[[Path], None], rt: Runtime, what: str,
+def shared_entry(final: Path, build: Callable[[Path], None], rt: Runtime, what: str,
                   datasets_in: tuple[str, ...]) -> tuple[dict, str]:
     """Local rank 0 makes sure `final` is complete (builds it on a miss, rebuilds it if it is
     unreadable); every rank waits in one collective that also brings a builder's error to all

@@ -205,8 +205,10 @@ class Loaders:
     train: DataLoader
     sampler: ResumableSampler | TokenBatchSampler
     """The training loader's (batch) sampler: start_epoch() sets its epoch and what to skip."""
-    dev: DataLoader
-    test: DataLoader
+    dev: DataLoader | None
+    """None: the job has no dev split (data.dev=skip)."""
+    test: DataLoader | None
+    """None: the job has no test split (data.test unset beside a given data key)."""
 
     def start_epoch(self, epoch: int, micro_batches_done: int) -> None:
         """Position the training loader at `epoch`, after this rank's micro-batches a resumed job did."""
@@ -246,7 +248,7 @@ def build_loaders(features: dict[str, PreparedFeatures], collate: Collate, train
     dev, test = (DataLoader(Subset(features[split], eval_shard(len(features[split]), rt)),
                             batch_size=train.eval_batch_size, collate_fn=shape(train.eval_batch_size),
                             pin_memory=pin,
-                            generator=torch.Generator().manual_seed(seed))
+                            generator=torch.Generator().manual_seed(seed)) if split in features else None
                  for split in ("dev", "test"))
     return Loaders(train_loader, sampler, dev, test)
 
@@ -260,18 +262,21 @@ def describe_datasets(data: DataConfig, task: Task, examples: dict[str, TrainRow
     from pipeline.tasks.base import SPLITS
 
     records = []
-    for split in SPLITS:
-        spec = getattr(data, split)
+    for split in (split for split in SPLITS if split in examples):  # a split the job does not have: no record
+        read_from = split if data.reads(split) else "train"  # a held-out dev split: rows of the training file
+        spec = data.source(read_from)
         rows = examples[split]  # the prepared training split carries its digest (the same formula)
         digest = rows.digest if isinstance(rows, TrainRows) else examples_digest(rows)
         if spec and spec.startswith("hub:"):
             ident, _, config = spec[len("hub:"):].partition(":")
             name, source_type = spec[len("hub:"):], "hugging_face"
-            source = {"path": ident, "config_name": config or None, "split": HUB_SPLIT[split]}
+            source = {"path": ident, "config_name": config or None, "split": HUB_SPLIT[read_from]}
         else:
-            path = Path(spec) if spec else samples.ensure_samples(task.name, task.write_samples)[split]
+            path = Path(spec) if spec else samples.ensure_samples(task.name, task.write_samples)[read_from]
             name = path.name if spec else f"{task.name}-samples-v{samples.SAMPLE_VERSION}/{path.name}"
             source_type, source = "local", {"uri": str(path.resolve())}
+        if read_from != split:
+            name = f"{name} ({data.holdout_name()})"
         records.append({"split": split, "name": name, "source_type": source_type, "source": json.dumps(source),
                         "digest": digest, "rows": len(rows)})
     return records

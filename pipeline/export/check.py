@@ -28,13 +28,15 @@ FP32_AGREEMENT = 0.99
 flip one of a hundred by rounding)."""
 
 
-def stage_data(out: OutputDir, tokenizer) -> tuple[DataLoader, DataLoader, Callable[..., dict[str, float]]]:
-    """The dev and test batches of the stage whose output_dir is `out`, from its config.yaml, as its
-    evaluation batched them (train.eval_batch_size, the task's collator), and its test scorer: the
-    task's test metrics of a model (PyTorch or exported) through the stage's own scorer
-    (evaluation.evaluate)."""
+def stage_data(out: OutputDir, tokenizer) -> tuple[DataLoader, DataLoader | None, Callable[..., dict[str, float]]]:
+    """The batches an export is checked on, of the stage whose output_dir is `out`, from its
+    config.yaml, as its evaluation batched them (train.eval_batch_size, the task's collator): the
+    split predictions are compared on (dev; test, or the training rows, in a stage without dev),
+    the test split (None in a stage without one), and its test scorer: the task's test metrics of
+    a model (PyTorch or exported) through the stage's own scorer (evaluation.evaluate; no figures
+    without a test split)."""
     from pipeline.config import DataConfig
-    from pipeline.data import features
+    from pipeline.data import features, holdout
     from pipeline.evaluation import evaluate
     from pipeline.runtime.dist import Runtime
     from pipeline.runtime.precision import resolve
@@ -45,23 +47,34 @@ def stage_data(out: OutputDir, tokenizer) -> tuple[DataLoader, DataLoader, Calla
                         "its task and data)")
     settings = yaml.safe_load(out.config.read_text(encoding="utf-8"))  # as written: secrets masked, task keys whole
     task = get_task(settings["task"], settings.get("task_options") or {})
-    train, data = settings.get("train", {}), settings.get("data", {})
+    train, data = settings.get("train", {}), DataConfig(**(settings.get("data") or {}))
     max_length, batch = int(train.get("max_length", 128)), int(train.get("eval_batch_size", 64))
     rt = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
     collate = task.collator(tokenizer)
-    examples, prepared, loaders = {}, {}, {}
+    examples, rows = {}, {}
     for split in ("dev", "test"):
-        source = DataConfig(**{split: data.get(split)}).source(split)  # `samples` and unset: the built-in set
-        examples[split] = task.load(source, split)
-        prepared[split] = features.prepare_features(task, split, source, examples[split], tokenizer, max_length, rt)
+        if data.reads(split):
+            examples[split] = rows[split] = task.load(data.source(split), split)
+    if data.holdout() is not None or not examples:  # rows of the training file (prepared by the stage)
+        train_rows = features.prepare_train(task, data.source("train"), rt)
+        # no dev and no test: a draw of at most 512 training rows to compare predictions on
+        draw = data.holdout() or (min(0.5, 512 / len(train_rows)), 0)
+        rows["dev"] = holdout.hold_out(task, train_rows, *draw, rt)[1]
+        examples["dev"] = rows["dev"].examples()
+    loaders, prepared = {}, {}
+    for split in examples:
+        source = data.source(split) if data.reads(split) else None
+        prepared[split] = features.prepare_features(task, split, source, rows[split], tokenizer, max_length, rt)
         loaders[split] = DataLoader(prepared[split], batch_size=batch, collate_fn=collate)
 
     def test_scores(model) -> dict[str, float]:
+        if "test" not in loaders:
+            return {}
         scores = evaluate(model, loaders["test"], task, resolve("fp32", rt.device), rt, examples["test"],
                           prepared["test"]).scores
         return {k: float(v) for k, v in scores.items() if k != "loss" and np.isfinite(v)}
 
-    return loaders["dev"], loaders["test"], test_scores
+    return loaders.get("dev", loaders.get("test")), loaders.get("test"), test_scores
 
 
 @torch.inference_mode()

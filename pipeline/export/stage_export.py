@@ -106,7 +106,7 @@ def _check(out: OutputDir, model: torch.nn.Module, tmp: Path, written: dict[str,
                         names.export_metric(variant, names.EXPORT_SIZE_MB): sizes[variant],
                         **{names.export_test_metric(variant, k): v for k, v in scores.items()}})
     served = "int8" if "int8" in written else "fp32"
-    example = example_rows(test, OnnxModel(tmp / written[served]).input_names)
+    example = example_rows(test or dev, OnnxModel(tmp / written[served]).input_names)
     save_mlflow_onnx(tmp / written[served], tmp / MLFLOW_MODEL, example, served)
     report["metrics"] = metrics
     report["check_s"] = round(time.perf_counter() - t0, 1)
@@ -116,5 +116,6 @@ def _check(out: OutputDir, model: torch.nn.Module, tmp: Path, written: dict[str,
 
 def _summary(variant: str, entry: dict) -> str:
     dev, main = entry["dev"], entry["test"].get("main")
+    tested = "no test split" if main is None else f"test main {main:.4f}"
     return (f"{variant}: {100 * dev['agreement']:.1f}% of dev predictions agree with PyTorch, largest logit difference "
-            f"{dev['max_abs_diff']:.2g}, test main {main:.4f}, {entry['size_mb']:.1f} MB")
+            f"{dev['max_abs_diff']:.2g}, {tested}, {entry['size_mb']:.1f} MB")

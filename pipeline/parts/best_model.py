@@ -72,6 +72,10 @@ def _nan(value: float | None) -> bool:
     return value is not None and math.isnan(value)
 
 
+LAST = "the last model: no dev evaluation (data.dev=skip)"
+"""The reason a job without dev evaluation keeps its model."""
+
+
 @dataclass
 class BestModel:
     """The best dev evaluation so far and the evaluations since (early stopping's patience)."""
@@ -95,18 +99,20 @@ class BestModel:
     weights: dict[str, torch.Tensor] | None = field(default=None, repr=False, compare=False)
     """Its weights (CPU, fp32) for the final test; on disk in best/, so not in the checkpoint."""
 
-    def consider(self, scores: dict[str, float], epoch: int, train_seconds: float, backend: Backend,
+    def consider(self, scores: dict[str, float] | None, epoch: int, train_seconds: float, backend: Backend,
                  tokenizer: PreTrainedTokenizerBase, out: OutputDir, is_main: bool, step: int | None = None) -> bool:
         """Collective under ZeRO-3: keep these weights (and write best/) if `scores` (epoch
-        `epoch`, from 1) beat the best (`beats`); else count a bad evaluation. True when they did."""
+        `epoch`, from 1) beat the best (`beats`); else count a bad evaluation. True when they did.
+        No scores (a job without dev evaluation): these weights, the last ones, are kept."""
         best = {k.removeprefix(names.EVAL): v for k, v in self.metrics.items()} if self.metrics else None
-        reason = beats(scores, best, self.order)
+        reason = LAST if scores is None else beats(scores, best, self.order)
         if reason is None:
             self.bad_evals += 1
             return False
-        if is_main:
+        if is_main and scores is not None:
             log.info("best model: epoch %d%s (%s)", epoch, "" if step is None else f", step {step}", reason)
-        self.score, self.bad_evals, self.time_to_best = scores[self.order[0]], 0, train_seconds
+        scores = scores or {}
+        self.score, self.bad_evals, self.time_to_best = scores.get(self.order[0], math.nan), 0, train_seconds
         self.epoch, self.step, self.reason = epoch, step, reason
         self.metrics = {names.eval_metric(k): v for k, v in scores.items()}
         self.weights = backend.full_state_dict()  # collective under ZeRO-3 (gathers the shards)

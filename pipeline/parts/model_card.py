@@ -50,7 +50,7 @@ def card_text(out: OutputDir, metrics: dict[str, float]) -> str:
     if teacher:
         rows.append(("teacher (distilled from)", teacher))
     for split in ("train", "dev", "test"):
-        rows.append((f"data: {split}", _data(split, data.get(split), record, task_name)))
+        rows.append((f"data: {split}", _data(split, data, record, task_name)))
     rows.append(("precision", record.precision if record else config.get("precision", "")))
     if record:
         rows.append(("launch", f"{record.backend} backend, {record.world_size} process"
@@ -103,8 +103,15 @@ def _hub_id(spec: str) -> bool:
     return "/" in spec and ":" not in spec and not spec.startswith((".", "/", "~")) and not Path(spec).exists()
 
 
-def _data(split: str, value: str | None, record: job_record.JobRecord | None, task: str) -> str:
+def _data(split: str, data: dict, record: job_record.JobRecord | None, task: str) -> str:
+    value = data.get(split)
+    if value is None and any(data.values()):
+        return "none (unset beside a given data key: no test figures)"
+    if value == "skip":
+        return "none (data.dev=skip: no dev evaluation, the last model kept)"
     shown = value if value and value != "samples" else f"the built-in {task} {split} set (synthetic)"
+    if shown.startswith("holdout:"):
+        shown = f"{shown}: rows held out of the training file, trained on no more"
     fingerprint = ((record.data if record else {}).get(split) or {}).get("fingerprint")
     return f"{shown} ({fingerprint})" if fingerprint else shown
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline import models
-from pipeline.config import Config, flatten
+from pipeline.config import Config, DataConfig, flatten
 from pipeline.config.output_dir import default_output_dir
 from pipeline.config.schema import SettledConfig, SettledTrain, TrainConfig
 from pipeline.config.secrets import redact_config
@@ -124,10 +124,23 @@ def settle(cfg: Config, kind: str, rt: Runtime | None = None) -> Plan | None:
         backend="deepspeed" if rt.backend == "deepspeed" else "torch",
         precision=policy.name,
         # a file's sha256 (remembered: a warm start does not read it again) or a hub dataset's fingerprint
-        data={split: {"file": settled.data.source(split) or f"the built-in {task.name} {split} set",
-                      "fingerprint": features.source_identity(task, settled.data.source(split), split)}
-              for split in FINGERPRINTED_SPLITS})
+        data={split: data_identity(settled.data, task, split) for split in FINGERPRINTED_SPLITS})
     return Plan(settled, rt, kind, task, policy, record, compile_policy, find_batch=cfg.train.batch_size == "auto")
+
+
+def data_identity(data: DataConfig, task: Task, split: str) -> dict[str, str]:
+    """What a split of the job's record is: its file (or hub id, or the sample set) and the
+    fingerprint of its rows; a held-out dev split is the training file's with its draw, an absent
+    one `skip`."""
+    if not data.evaluates(split):
+        return {"file": data.dev, "fingerprint": data.dev}
+    read_from = split if data.reads(split) else "train"
+    source = data.source(read_from)
+    identity = {"file": source or f"the built-in {task.name} {read_from} set",
+                "fingerprint": features.source_identity(task, source, read_from)}
+    if read_from != split:
+        identity = {key: f"{value} | {data.holdout_name()}" for key, value in identity.items()}
+    return identity
 
 
 def settle_config(cfg: Config, model_spec: str, task: Task, device_type: str,

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 
 from pipeline.errors import UserError
+from pipeline.names import EVAL
 from pipeline.study.matrix import RUNNER, _runner_overrides
 from pipeline.study.spec import AXES, Cell, Study, study_error
 
@@ -124,6 +125,10 @@ def check_space(study: Study, cells: list[Cell]) -> None:
     _, groups = plan_search(study, cells)
     for group in groups:
         args = stage_args(group.template, {})
+        if study.search.objective.startswith(EVAL) and not load_config(study.config, args).data.evaluates("dev"):
+            raise study_error(study.path, "search.objective", f"{study.search.objective} is a dev figure, and cell "
+                              f"{group.name} has data.dev=skip (no dev evaluation): give it dev data, or a test/ "
+                              "objective")
         for dim in study.search.space:
             for value in dim.values:
                 try:

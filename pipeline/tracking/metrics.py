@@ -76,16 +76,16 @@ class MetricsProcessor:
         if self.is_main:
             log.info("step %d  dev %s %.4f", step, main_metric, dev.main)
 
-    def log_final(self, step: int, best: BestModel, test: Evaluation, loss: float, amp: dict[str, float],
+    def log_final(self, step: int, best: BestModel, test: Evaluation | None, loss: float, amp: dict[str, float],
                   served_figures: dict[str, float], epochs: int | None = None) -> dict[str, float]:
         """The job's final metrics (the best evaluation's eval/ metrics and epoch, the test scores, the
         last logged loss, the whole job's perf/ and energy/ figures, AMP health, rank 0's serving
         figures): to MLflow, the eval/ ones excepted (logged at their epoch); the collapse tags of the
-        test split and why the best epoch was chosen."""
-        self.tracker.set_tags({**collapse.flag(test.stall, "test", self.is_main),
+        test split (none without one) and why the best epoch was chosen."""
+        self.tracker.set_tags({**(collapse.flag(test.stall, "test", self.is_main) if test else {}),
                                **({names.TAG_BEST_REASON: best.reason} if best.reason else {})})
         final = {**best.metrics, names.BEST_EPOCH: best.epoch,
-                 **{names.test_metric(k): v for k, v in test.scores.items()},
+                 **({names.test_metric(k): v for k, v in test.scores.items()} if test else {}),
                  names.TRAIN_LOSS: loss, names.TRAIN_STEPS: step, names.TRAIN_EPOCHS: epochs,
                  **self.meters.final_metrics(best.time_to_best), **amp, **served_figures}
         final = {k: v for k, v in final.items() if v is not None}

@@ -21,9 +21,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("pipeline")
 
 
-def announce(meters: StageMeters, final: dict[str, float], main_metric: str, test_main: float, out: OutputDir) -> None:
-    """Rank 0: the job's closing console line."""
-    log.info("test %s %.4f  |  %.1f samples/s over %.1fs of training  |  outputs in %s", main_metric, test_main,
+NO_TEST = "No test split (data.test unset beside a given data key): no test figures.\n"
+"""report.txt of a job without a test split."""
+
+
+def announce(meters: StageMeters, final: dict[str, float], main_metric: str, test_main: float | None,
+             out: OutputDir) -> None:
+    """Rank 0: the job's closing console line (no test score in a job without a test split)."""
+    tested = "no test split" if test_main is None else f"test {main_metric} {test_main:.4f}"
+    log.info("%s  |  %.1f samples/s over %.1fs of training  |  outputs in %s", tested,
              final[names.SAMPLES_PER_S], meters.totals.train_seconds, out)
 
 
@@ -41,6 +47,7 @@ def write_outputs(tracker: Tracker, out: OutputDir, final: dict[str, float], rep
         tracker.log_artifact(path)
     if saved:
         tracker.log_model(out.mlflow_model, MODEL_NAME, step,  # after the metrics: it links them
-                      f"test {task.main_metric} {final[names.TEST_MAIN]:.4f}")
+                          f"test {task.main_metric} {final[names.TEST_MAIN]:.4f}" if names.TEST_MAIN in final
+                          else f"dev {task.main_metric} {final.get(names.EVAL_MAIN, float('nan')):.4f} (no test split)")
     elif log_model:
         tracker.log_artifact(out.best, OutputDir.BEST)

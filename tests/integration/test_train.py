@@ -4,6 +4,7 @@ import json
 import math
 
 import pytest
+import torch
 from safetensors import safe_open
 
 from helpers import FAST, error_lines, mlflow_runs, run_cli, tracking_db
@@ -149,3 +150,56 @@ def test_step_losses_are_read_and_reduced_only_at_log_boundaries(tmp_path, monke
     records = [json.loads(line) for line in (out / "journal.jsonl").read_text().splitlines()]
     logged = {r["step"]: r["value"] for r in records if r.get("key") == names.TRAIN_LOSS and r["step"] % 5 == 0}
     assert logged == pytest.approx({step: sum(losses[step - 5:step]) / 5 for step in (5, 10, 15, 20)}, rel=1e-6)
+
+
+def own_sentiment_file(tmp_path, rows=300):
+    """The first `rows` rows of the built-in sentiment training set, as a user's file."""
+    from pipeline.tasks import get_task
+
+    (tmp_path / "samples").mkdir()
+    lines = get_task("sentiment", {}).write_samples(tmp_path / "samples")["train"].read_text().splitlines(True)
+    (tmp_path / "mine.tsv").write_text("".join(lines[: rows + 1]), encoding="utf-8")
+    return tmp_path / "mine.tsv"
+
+
+@pytest.mark.slow
+def test_a_users_file_with_a_held_out_dev_split_and_no_test_reports_no_test_figures(tmp_path):
+    """data.dev=holdout:0.2 and no data.test: a fifth of the user's rows held out (the same draw
+    when derived again: every rank, every resume), trained on no more; dev figures, no test ones;
+    the run says where dev came from and that it has no test split."""
+    from pipeline.data import features, holdout
+    from pipeline.runtime.dist import Runtime
+    from pipeline.tasks import get_task
+
+    mine, db = own_sentiment_file(tmp_path), tracking_db(tmp_path)
+    figures = run(load_config(None, [*FAST, "train.epochs=1", f"data.train={mine}", "data.dev=holdout:0.2",
+                                     f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{db}"]))
+    assert names.EVAL_MAIN in figures and not [k for k in figures if k.startswith(names.TEST)]
+    (mlrun,) = mlflow_runs(db, "pipeline")
+    assert mlrun.data.tags[names.TAG_DEV] == "holdout:0.2:0" and mlrun.data.tags[names.TAG_NO_TEST] == "true"
+    logged = {i.tags[0].value: i.dataset for i in mlrun.inputs.dataset_inputs}  # context tag: the split
+    assert set(logged) == {"train", "dev"} and logged["dev"].name == "mine.tsv (holdout:0.2:0)"
+
+    task, rt = get_task("sentiment", {}), Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
+    kept, held = holdout.hold_out(task, features.prepare_train(task, str(mine), rt), 0.2, 0, rt)
+    assert (len(kept), len(held)) == (240, 60)
+    assert (logged["train"].digest, logged["dev"].digest) == (kept.digest, held.digest)  # the rows the job used
+    held_ids, kept_ids = set(held.dataset()["id"]), set(kept.dataset()["id"])
+    assert held_ids.isdisjoint(kept_ids) and len(held_ids | kept_ids) == 300  # nothing held out is trained on
+    assert "No test split" in (tmp_path / "out" / "report.txt").read_text()
+    assert "| data: test | none (unset" in (tmp_path / "out" / "best" / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_no_dev_evaluation_keeps_the_last_model(tmp_path):
+    mine, db = own_sentiment_file(tmp_path), tracking_db(tmp_path)
+    test_file = tmp_path / "samples" / "test.tsv"
+    figures = run(load_config(None, [*FAST, "train.epochs=2", f"data.train={mine}", "data.dev=skip",
+                                     f"data.test={test_file}", f"output_dir={tmp_path / 'out'}",
+                                     f"tracking.uri=sqlite:///{db}"]))
+    assert names.TEST_MAIN in figures and not [k for k in figures if k.startswith(names.EVAL)]
+    assert figures[names.BEST_EPOCH] == 2  # the last epoch's model is the one kept and tested
+    (mlrun,) = mlflow_runs(db, "pipeline")
+    assert mlrun.data.tags[names.TAG_DEV] == "skip" and names.TAG_NO_TEST not in mlrun.data.tags
+    assert mlrun.data.tags[names.TAG_BEST_REASON] == "the last model: no dev evaluation (data.dev=skip)"
+    assert (tmp_path / "out" / "best" / "model.safetensors").is_file()

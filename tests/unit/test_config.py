@@ -88,16 +88,51 @@ def test_secret_looking_keys_are_masked_and_token_counts_are_not():
 
 
 @pytest.mark.parametrize("given,missing", [(["data.train=mine.tsv"], "dev"),
-                                           (["data.train=mine.tsv", "data.dev=dev.tsv"], "test"),
+                                           (["data.train=mine.tsv", "data.test=test.tsv"], "dev"),
                                            (["data.dev=dev.tsv", "data.test=test.tsv"], "train")])
 def test_a_users_data_with_a_split_left_to_the_samples_is_refused(given, missing):
-    """A user's file beside an unset split would be judged on (or trained with) the built-in synthetic
-    set without a word: one line naming the split, what it is for, and the two ways on."""
+    """A user's file beside an unset train or dev split would be trained with (or judged on) the
+    built-in synthetic set without a word: one line naming the split, what it is for, and the ways on."""
     with pytest.raises(UserError) as e:
         load_config(None, given)
     message = str(e.value)
     assert message.startswith(f"config: data.{missing}: unset while data.") and "\n" not in message
-    assert f"give data.{missing}=FILE (or hub:ID), or data.{missing}=samples to use that set knowingly" in message
+    assert f"give data.{missing}=FILE (or hub:ID)" in message
+    assert f"or data.{missing}=samples to use that set knowingly" in message
+    assert ("data.dev=holdout:F (a fraction of the training rows) or data.dev=skip" in message) == (missing == "dev")
+
+
+def test_a_held_out_dev_split_no_dev_and_no_test_are_what_the_config_says():
+    held = load_config(None, ["data.train=mine.tsv", "data.dev=holdout:0.2"]).data
+    assert held.holdout() == (0.2, 0) and not held.reads("dev") and held.evaluates("dev")
+    assert not held.evaluates("test")  # test unset beside a given key: no test figures, not the samples
+    assert load_config(None, ["data.train=mine.tsv", "data.dev=holdout:0.1:7"]).data.holdout() == (0.1, 7)
+    skipped = load_config(None, ["data.train=mine.tsv", "data.dev=skip", "data.test=t.tsv"]).data
+    assert not skipped.evaluates("dev") and skipped.evaluates("test") and skipped.source("test") == "t.tsv"
+    assert load_config(None, []).data.evaluates("test")  # no data key: every split is the sample set's
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["data.dev=holdout:1.5"], "config: data.dev=holdout:1.5: holdout:F[:SEED] holds out a fraction 0 < F < 1"),
+    (["data.dev=holdout:x"], "config: data.dev=holdout:x: holdout:F[:SEED]"),
+    (["data.dev=holdout:0.1:-1"], "config: data.dev=holdout:0.1:-1: holdout:F[:SEED]"),
+    (["data.dev=skip", "train.patience=2"], "config: train.patience=2: evaluates dev, and data.dev=skip"),
+    (["data.dev=skip", "train.eval_every=50"], "config: train.eval_every=50: evaluates dev, and data.dev=skip"),
+])
+def test_a_bad_held_out_split_or_an_evaluation_without_dev_is_one_line(overrides, message):
+    with pytest.raises(UserError) as e:
+        load_config(None, ["data.train=mine.tsv", *overrides])
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_the_held_out_rows_are_a_seeded_draw_the_same_for_every_job_seed():
+    from pipeline.data.holdout import held_out_rows
+
+    rows = held_out_rows(1000, 0.1, 0)
+    assert len(rows) == 100 and list(rows) == sorted(set(rows)) and rows.max() < 1000
+    assert list(rows) == list(held_out_rows(1000, 0.1, 0))  # every rank, every resume
+    assert list(rows) != list(held_out_rows(1000, 0.1, 1))  # another SEED, another draw
+    assert len(held_out_rows(3, 0.01, 0)) == 1 and len(held_out_rows(3, 0.99, 0)) == 2  # at least 1, never all
 
 
 def test_the_samples_are_used_when_no_data_key_is_given_or_by_name():

@@ -62,6 +62,15 @@ def test_a_bad_search_block_is_one_line_naming_its_key(tmp_path, capsys, search,
     assert not (tmp_path / "out").exists()  # nothing written
 
 
+def test_a_dev_objective_for_cells_without_dev_evaluation_is_one_line(tmp_path, capsys):
+    path = _study_file(tmp_path, {"space": SPACE}, overrides=[
+        f"tracking.uri=sqlite:///{tmp_path}/m.db", "data.train=mine.tsv", "data.dev=skip"])
+    code, out = _cli(["study", path, "--dry-run"], capsys)
+    assert code == 2 and out.err.strip() == (
+        f"error: {path}: search.objective: eval/main is a dev figure, and cell sentiment has data.dev=skip (no dev "
+        "evaluation): give it dev data, or a test/ objective")
+
+
 def test_the_command_line_searches_a_study_without_a_search_block(tmp_path, capsys):
     path = _study_file(tmp_path, None)
     code, out = _cli(["study", path, "--dry-run", "--space", "train.lr=log_uniform:1e-5:1e-3",

@@ -1,0 +1,68 @@
+"""data.dev=holdout:F[:SEED]: a fraction of the prepared training split held out as the dev split.
+
+The held-out rows are a seeded draw over the training split's row numbers (numpy's PCG64 from
+SEED, not the job's seed: every seed of a study is judged on the same rows), so every rank, every
+resume and every job that names the same file and fraction draws the same rows. Both parts are
+prepared-data entries of their own (features.shared_entry: built once per node, memory-mapped),
+keyed by the training entry's key, F and SEED, so their features are cached apart from the whole
+file's and from another draw's.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from pipeline.data.features import FORMAT_VERSION, ExamplesDigest, features_dir, shared_entry, update_texts_hash
+from pipeline.data.prepared import TrainRows
+from pipeline.errors import UserError
+from pipeline.fsutil import write_json
+from pipeline.runtime.dist import Runtime
+
+if TYPE_CHECKING:
+    from pipeline.tasks.base import Task
+
+
+def held_out_rows(rows: int, fraction: float, seed: int) -> np.ndarray:
+    """The sorted row numbers held out of `rows`: round(fraction * rows), at least 1, fewer than all."""
+    count = min(max(1, round(fraction * rows)), rows - 1)
+    return np.sort(np.random.default_rng(seed).permutation(rows)[:count])
+
+
+def hold_out(task: Task, train: TrainRows, fraction: float, seed: int, rt: Runtime) -> tuple[TrainRows, TrainRows]:
+    """The training split without the held-out rows, and the held-out rows: two prepared entries."""
+    if len(train) < 2:
+        raise UserError(f"config: data.dev=holdout:{fraction}: the training split has {len(train)} row(s); "
+                        "holding out needs 2 or more")
+    held = held_out_rows(len(train), fraction, seed)
+    kept = np.setdiff1d(np.arange(len(train)), held)
+    return _part(task, train, "kept", kept, fraction, seed, rt), _part(task, train, "held", held, fraction, seed, rt)
+
+
+def _part(task: Task, train: TrainRows, part: str, rows: np.ndarray, fraction: float, seed: int,
+          rt: Runtime) -> TrainRows:
+    """One part of the training entry (`rows` of it) as an entry of its own."""
+    key = hashlib.sha256(json.dumps({"of": train.key, "holdout": [fraction, seed], "part": part}
+                                    ).encode()).hexdigest()[:32]
+    final = features_dir() / f"examples-{key}"
+
+    def build(tmp: Path) -> None:
+        examples = train.dataset().select(rows)
+        texts = train.texts.dataset.select(rows)
+        examples.save_to_disk(str(tmp / "examples"))
+        texts.save_to_disk(str(tmp / "texts"))
+        digest, text_hash = ExamplesDigest(), hashlib.sha256()
+        for batch in examples.iter(batch_size=10_000):
+            digest.update(dict(zip(batch, values)) for values in zip(*batch.values()))
+        update_texts_hash(text_hash, iter(texts["text"]))
+        write_json(tmp / "meta.json", {"format": FORMAT_VERSION, "key": key, "rows": len(rows),
+                                       "digest": digest.hexdigest(), "texts_sha256": text_hash.hexdigest(),
+                                       "state": train.meta["state"], "holdout": [fraction, seed, part],
+                                       "datasets": {"examples": len(rows), "texts": len(rows)}})
+
+    meta, outcome = shared_entry(final, build, rt, f"train examples, {part} of holdout:{fraction}:{seed}",
+                                 ("examples", "texts"))
+    return TrainRows(final, meta, outcome)
