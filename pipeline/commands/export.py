@@ -1,4 +1,4 @@
-"""`python -m pipeline export DIR [--format onnx] [--int8] [--check] [--uri URI]`: a stage's best model
+"""`python -m pipeline export DIR [--format onnx] [--int8] [--check] [--trim-vocab] [--uri URI]`: a stage's best model
 exported for serving into DIR/export/ (pipeline/export/stage_export.py)."""
 from __future__ import annotations
 
@@ -17,10 +17,13 @@ def main(args: list[str]) -> int:
     parser.add_argument("--format", default="onnx", choices=["onnx"], help="the export format (onnx)")
     parser.add_argument("--int8", action="store_true", help="also the dynamically quantized int8 graph")
     parser.add_argument("--check", action="store_true", help="check against PyTorch, score on test, log on the run")
+    parser.add_argument("--trim-vocab", action="store_true",
+                        help="cut the vocabulary to the training data's tokens (plus what spells any input), export "
+                             "that model (DIR/export/trimmed/), prove it on the dev split; implies --check")
     parser.add_argument("--uri", help="the MLflow store of the stage's run (default: $MLFLOW_TRACKING_URI, else "
                                       "the one its journal names)")
     opts = parser.parse_args(args)
     from pipeline.export.stage_export import export
 
-    export(opts.dir, int8=opts.int8, check=opts.check, uri=opts.uri)
+    export(opts.dir, int8=opts.int8, check=opts.check, uri=opts.uri, trim_vocab=opts.trim_vocab)
     return 0

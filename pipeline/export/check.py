@@ -77,6 +77,20 @@ def stage_data(out: OutputDir, tokenizer) -> tuple[DataLoader, DataLoader | None
     return loaders.get("dev", loaders.get("test")), loaders.get("test"), test_scores
 
 
+def training_texts(out: OutputDir):
+    """The training texts of the stage whose output_dir is `out` (its prepared entry: a cache hit)."""
+    from pipeline.config import DataConfig
+    from pipeline.data import features
+    from pipeline.runtime.dist import Runtime
+    from pipeline.tasks import get_task
+
+    settings = yaml.safe_load(out.config.read_text(encoding="utf-8"))
+    task = get_task(settings["task"], settings.get("task_options") or {})
+    data = DataConfig(**(settings.get("data") or {}))
+    return features.prepare_train(task, data.source("train"), Runtime("none", "single", 0, 0, 1, 1,
+                                                                      torch.device("cpu"))).texts
+
+
 @torch.inference_mode()
 def compare(reference: torch.nn.Module, exported, loader) -> dict[str, float]:
     """`exported` against `reference` on every batch of `loader`, every output both give, as

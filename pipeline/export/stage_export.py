@@ -7,8 +7,12 @@ DIR/export/ (atomic: a failed export or check leaves the previous export, or non
   tokenizer files, config.json   the tokenizer and config of best/ (labels), to serve with
   check.json          with check: each graph against the PyTorch model (dev split) and its test metrics
   mlflow_model/       with check: the served graph (int8 where written, else fp32) as an MLflow onnx model
+  trimmed/            with trim_vocab: the model and tokenizer with the vocabulary cut to the training
+                      data's tokens (trim_vocab.py), loadable with the Auto classes; the graphs above are
+                      then of this model, trim.json what the cut kept and what the dev split proved
 
-With check the export/* metrics and that model go onto the stage's MLflow run (logged.py).
+With check the export/* metrics and that model go onto the stage's MLflow run (logged.py);
+trim_vocab implies check.
 """
 from __future__ import annotations
 
@@ -29,10 +33,16 @@ EXPORT, CHECK_JSON = OutputDir.EXPORT, OutputDir.EXPORT_CHECK
 FP32, INT8 = "model.onnx", "model.int8.onnx"
 MLFLOW_MODEL = "mlflow_model"
 VARIANTS = {"fp32": FP32, "int8": INT8}
+TRIM, TRIMMED, TRIM_JSON = "trim", "trimmed", "trim.json"
+"""The export/trim/* metrics' group, the trimmed model's folder in export/, its record."""
 
 
-def export(spec: str, int8: bool = False, check: bool = False, uri: str | None = None) -> None:
-    """Export the model of `spec` (a stage's output_dir: its best/, or a model directory) into SPEC/export/."""
+def export(spec: str, int8: bool = False, check: bool = False, uri: str | None = None,
+           trim_vocab: bool = False) -> None:
+    """Export the model of `spec` (a stage's output_dir: its best/, or a model directory) into
+    SPEC/export/; `trim_vocab`: of its model with the vocabulary cut to the training data's (a
+    stage's output_dir only: its data)."""
+    check = check or trim_vocab
     from pipeline.export.onnx_model import EXPORT_JSON, write_onnx
     from pipeline.measure.inference import count_params
     from pipeline.models import SavedModel
@@ -43,29 +53,40 @@ def export(spec: str, int8: bool = False, check: bool = False, uri: str | None =
     saved = SavedModel(str(root))  # best/ of an output_dir, or the model directory itself
     out = OutputDir(root)
     if check and not out.config.is_file():
-        raise UserError(f"export --check: {spec}: not a stage's output_dir (no {OutputDir.CONFIG}): the check "
-                        "needs the stage's task and data")
+        raise UserError(f"export --{'trim-vocab' if trim_vocab else 'check'}: {spec}: not a stage's output_dir (no "
+                        f"{OutputDir.CONFIG}): it needs the stage's task and data")
     t0 = time.perf_counter()
     model = saved.load(torch.float32, torch.device("cpu")).eval()
-    params = count_params(model)
-    input_names = list(saved.tokenizer.model_input_names)
+    tokenizer, size_mb, trim_figures = saved.tokenizer, saved.size_mb, {}
+    if trim_vocab:
+        from pipeline.export.trim_vocab import tokenizer_model
+
+        tokenizer_model(tokenizer)  # a tokenizer the cut cannot keep exact: refused before anything is written
     with atomic_dir(root / EXPORT, replace=True) as tmp:
+        if trim_vocab:
+            model, tokenizer, trim_figures = _trim(out, model, tokenizer, saved.size_mb, tmp / TRIMMED)
+            size_mb = trim_figures[names.export_metric(TRIM, "size_mb")]
+        params = count_params(model)
+        input_names = list(tokenizer.model_input_names)
         outputs = write_onnx(model, tmp / FP32, input_names)
         if int8:
             from pipeline.export.onnx_model import quantize_int8
 
             quantize_int8(tmp / FP32, tmp / INT8)
-        saved.tokenizer.save_pretrained(str(tmp))
-        saved.config.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        model.config.save_pretrained(str(tmp))
         written = {v: f for v, f in VARIANTS.items() if (tmp / f).is_file()}
         sizes = {v: (tmp / f).stat().st_size / 2**20 for v, f in written.items()}
         write_json(tmp / EXPORT_JSON, {"source": str(Path(saved.source).resolve()), "params": params[0],
-                                       "params_no_embed": params[1], "vocab_size": saved.config.vocab_size,
+                                       "params_no_embed": params[1], "vocab_size": model.config.vocab_size,
                                        "input_names": input_names, "output_names": outputs,
-                                       "size_mb": sizes, "pytorch_size_mb": saved.size_mb})
+                                       "size_mb": sizes, "pytorch_size_mb": size_mb,
+                                       **({"trimmed": TRIMMED} if trim_vocab else {})})
         log.info("export: %s written in %.1fs (%s)", ", ".join(written.values()), time.perf_counter() - t0,
                  ", ".join(f"{v} {s:.1f} MB" for v, s in sizes.items()))
-        report = _check(out, model, tmp, written, params, sizes, saved.size_mb) if check else None
+        report = _check(out, model, tmp, written, params, sizes, size_mb) if check else None
+        if report is not None:
+            report["metrics"].update(trim_figures)
     if report is not None:
         shown = "int8" if "int8" in written else "fp32"
         from pipeline.export.logged import log_to_run, model_name
@@ -76,6 +97,34 @@ def export(spec: str, int8: bool = False, check: bool = False, uri: str | None =
         if run_id:
             log.info("export: export/* metrics and the %s graph (MLflow model %r) logged on run %s", shown, name,
                      run_id)
+
+
+def _trim(out: OutputDir, model: torch.nn.Module, tokenizer, size_mb: float, folder: Path) -> tuple:
+    """The model and tokenizer cut to the stage's training tokens, saved in `folder` and proved on
+    the dev split (trim_vocab.prove); the export/trim/* figures, before and after."""
+    from pipeline.export import check, trim_vocab
+    from pipeline.measure.inference import count_params
+    from pipeline.parts.best_model import save_pretrained_fp32
+
+    t0 = time.perf_counter()
+    texts = check.training_texts(out)
+    trimmed = trim_vocab.trim(model, tokenizer, trim_vocab.used_ids(tokenizer, texts))
+    folder.mkdir()
+    save_pretrained_fp32(trimmed.model, trimmed.model.state_dict(), trimmed.tokenizer, folder)
+    proof = trim_vocab.prove(model, trimmed, check.stage_data(out, tokenizer)[0],
+                             check.stage_data(out, trimmed.tokenizer)[0])
+    before, after = count_params(model), count_params(trimmed.model)
+    on_disk = sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 2**20
+    figures = {"vocab_size_before": model.config.vocab_size, "vocab_size": trimmed.model.config.vocab_size,
+               "params_before": before[0], "params": after[0], "params_no_embed": after[1],
+               "size_mb_before": size_mb, "size_mb": on_disk, **proof.metrics()}
+    write_json(folder.parent / TRIM_JSON, figures)
+    log.info("export: vocabulary trimmed to the training data's tokens in %.1fs: %d -> %d tokens, %.1fM -> %.1fM "
+             "parameters, %.1f -> %.1f MB; dev: %d rows, %d without a trimmed token, all predicted alike; %d with "
+             "one (%d still alike)", time.perf_counter() - t0, figures["vocab_size_before"], figures["vocab_size"],
+             before[0] / 1e6, after[0] / 1e6, size_mb, figures["size_mb"], proof.rows, proof.rows_equal,
+             proof.rows_with_trimmed, proof.trimmed_rows_agree)
+    return trimmed.model, trimmed.tokenizer, {names.export_metric(TRIM, k): float(v) for k, v in figures.items()}
 
 
 def _check(out: OutputDir, model: torch.nn.Module, tmp: Path, written: dict[str, str], params: tuple[int, int],

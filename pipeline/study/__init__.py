@@ -46,9 +46,10 @@ A `search:` block makes it a hyperparameter search (study/search_spec.py describ
 study/search.py how it runs): each group of cells that differ only in their seed is searched with
 Optuna, every trial one cell; the best trial is re-run with the other seeds.
 
-A procedure with `export` (true, or {int8: true}) runs `python -m pipeline export OUTPUT_DIR --check`
-(with --int8) in the cell's slot once its stage finished; the cell is done once its export/check.json
-is there (a study run again runs only a missing export). The Slurm executor does not run it.
+A procedure with `export` (true, or {int8: true, trim_vocab: true}) runs `python -m pipeline export
+OUTPUT_DIR --check` (with --int8, --trim-vocab) in the cell's slot once its stage finished; the cell
+is done once its export/check.json is there (a study run again runs only a missing export). The
+Slurm executor does not run it.
 
 `${PROC.output_dir}` in a cell's overrides is the output directory of the cell of procedure
 PROC in the same block with the same task, model, precision and seed; that cell runs first,

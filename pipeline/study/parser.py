@@ -152,20 +152,25 @@ def _procedure(path: Path, name: str, spec: object) -> Procedure:
     return Procedure(name, command, _overrides(path, spec.get("overrides"), f"{key}.overrides"), launcher, export)
 
 
+EXPORT_FLAGS = {"int8": "--int8", "trim_vocab": "--trim-vocab"}
+"""A procedure's export options -> the export command's flags."""
+
+
 def _export(path: Path, raw: object, key: str) -> list[str] | None:
-    """`export: true`, `export: {int8: true}` -> the export command's options; false -> None."""
+    """`export: true`, `export: {int8: true, trim_vocab: true}` -> the export command's options;
+    false -> None."""
     if raw is True or raw == {}:
         return []
     if raw is False or raw is None:
         return None
     if not isinstance(raw, dict):
-        raise study_error(path, key, "expected true, false or a mapping {int8: true}")
+        raise study_error(path, key, "expected true, false or a mapping {int8: true, trim_vocab: true}")
     for k, v in raw.items():
-        if k != "int8":
-            raise study_error(path, f"{key}.{k}", "unknown key (expected int8)")
+        if k not in EXPORT_FLAGS:
+            raise study_error(path, f"{key}.{k}", f"unknown key (expected {' or '.join(EXPORT_FLAGS)})")
         if not isinstance(v, bool):
             raise study_error(path, f"{key}.{k}", f"{v!r}: expected true or false")
-    return ["--int8"] if raw.get("int8") else []
+    return [flag for k, flag in EXPORT_FLAGS.items() if raw.get(k)]
 
 
 def _block(path: Path, index: int, raw: object, procedures: dict[str, Procedure], key: str) -> Block:
