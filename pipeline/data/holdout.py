@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from pipeline.data.features import FORMAT_VERSION, ExamplesDigest, features_dir, shared_entry, update_texts_hash
-from pipeline.data.prepared import TrainRows
+from pipeline.data.prepared import TEXT_BATCH, TrainRows
 from pipeline.errors import UserError
 from pipeline.fsutil import write_json
 from pipeline.runtime.dist import Runtime
@@ -59,18 +59,25 @@ def _part(task: Task, train: TrainRows, part: str, rows: np.ndarray, fraction: f
     final = features_dir() / f"examples-{key}"
 
     def build(tmp: Path) -> None:
+        import datasets
+
         examples = train.dataset().select(rows)
-        texts = train.texts.dataset.select(rows)
         examples.save_to_disk(str(tmp / "examples"))
+        # the part's texts as the task gives them for its rows: not one per row (QA's contexts,
+        # WikiQA's questions), so not a selection of the whole split's texts
+        digest, text_hash, pieces = ExamplesDigest(), hashlib.sha256(), []
+        for batch in examples.iter(batch_size=TEXT_BATCH):
+            chunk = [dict(zip(batch, values)) for values in zip(*batch.values())]
+            digest.update(chunk)
+            texts = task.texts(chunk)
+            update_texts_hash(text_hash, texts)
+            pieces.append(datasets.Dataset.from_dict({"text": texts}))
+        texts = datasets.concatenate_datasets(pieces) if pieces else datasets.Dataset.from_dict({"text": []})
         texts.save_to_disk(str(tmp / "texts"))
-        digest, text_hash = ExamplesDigest(), hashlib.sha256()
-        for batch in examples.iter(batch_size=10_000):
-            digest.update(dict(zip(batch, values)) for values in zip(*batch.values()))
-        update_texts_hash(text_hash, iter(texts["text"]))
         write_json(tmp / "meta.json", {"format": FORMAT_VERSION, "key": key, "rows": len(rows),
                                        "digest": digest.hexdigest(), "texts_sha256": text_hash.hexdigest(),
                                        "state": train.meta["state"], "holdout": [fraction, seed, part],
-                                       "datasets": {"examples": len(rows), "texts": len(rows)}})
+                                       "datasets": {"examples": len(rows), "texts": len(texts)}})
 
     meta, outcome = shared_entry(final, build, rt, f"train examples, {part} of holdout:{fraction}:{seed}",
                                  ("examples", "texts"))
