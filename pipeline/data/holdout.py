@@ -29,6 +29,11 @@ if TYPE_CHECKING:
     from pipeline.tasks.base import Task
 
 
+PART_FORMAT = 2
+"""Bump when what a part's entry holds changes (2: the task's texts of its own rows), so an entry
+built otherwise is never matched again."""
+
+
 def held_out_rows(groups: Sequence, fraction: float, seed: int) -> np.ndarray:
     """The sorted row numbers held out: a seeded draw of round(fraction * G) of the rows' G groups
     (at least 1, fewer than all), every row of a drawn group. `groups`: each row's group."""
@@ -55,7 +60,7 @@ def _part(task: Task, train: TrainRows, part: str, rows: np.ndarray, fraction: f
           rt: Runtime) -> TrainRows:
     """One part of the training entry (`rows` of it) as an entry of its own."""
     key = hashlib.sha256(json.dumps({"of": train.key, "holdout": [fraction, seed], "by": task.holdout_group,
-                                     "part": part}).encode()).hexdigest()[:32]
+                                     "part": part, "format": PART_FORMAT}).encode()).hexdigest()[:32]
     final = features_dir() / f"examples-{key}"
 
     def build(tmp: Path) -> None:
