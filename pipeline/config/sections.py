@@ -47,7 +47,8 @@ class DataConfig:
     dev: str | None = None
     """Dev file (or hub:ID, or `samples`) for evaluation, best-model selection and early stopping;
     `holdout:F[:SEED]`: a fraction F of the training rows held out (the same rows on every rank,
-    every resume and every job seed; SEED picks another draw, default 0), trained on no more;
+    every resume and every job seed; SEED picks another draw, default 0; WikiQA holds out whole
+    questions), trained on no more;
     `skip`: no dev evaluation (the last model is the one kept; no early stopping, no eval_every).
     Unset: the sample set when no data key is given; refused when another data key is, so a user's
     training file is never judged on synthetic rows without a word."""

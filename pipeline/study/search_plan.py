@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from pipeline.errors import UserError
-from pipeline.names import EVAL
+from pipeline.names import EVAL, TEST
 from pipeline.study.matrix import RUNNER, _runner_overrides
 from pipeline.study.spec import AXES, Cell, Study, study_error
 
@@ -125,9 +125,14 @@ def check_space(study: Study, cells: list[Cell]) -> None:
     _, groups = plan_search(study, cells)
     for group in groups:
         args = stage_args(group.template, {})
-        if study.search.objective.startswith(EVAL) and not load_config(study.config, args).data.evaluates("dev"):
-            raise study_error(study.path, "search.objective", f"{study.search.objective} is a dev figure, and cell "
+        data, objective = load_config(study.config, args).data, study.search.objective
+        if objective.startswith(EVAL) and not data.evaluates("dev"):
+            raise study_error(study.path, "search.objective", f"{objective} is a dev figure, and cell "
                               f"{group.name} has data.dev=skip (no dev evaluation): give it dev data, or a test/ "
+                              "objective")
+        if objective.startswith(TEST) and not data.evaluates("test"):
+            raise study_error(study.path, "search.objective", f"{objective} is a test figure, and cell "
+                              f"{group.name} has no test split (data.test unset): give it data.test, or an eval/ "
                               "objective")
         for dim in study.search.space:
             for value in dim.values:

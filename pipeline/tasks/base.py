@@ -49,6 +49,9 @@ class Task(ABC):
     featurize_reads_datasets: ClassVar[bool] = False
     """featurize() also takes the prepared training examples as the memory-mapped datasets.Dataset
     they are saved as (and maps over it on disk), so the builder drops their Python rows first."""
+    holdout_group: ClassVar[str | None] = None
+    """The example field whose rows data.dev=holdout:F keeps on one side (data/holdout.py); None:
+    each row on its own."""
     group_by_length: ClassVar[bool] = False
     """train.group_by_length when the config leaves it unset: True only where grouped batches kept
     the dev score within the seed spread (benchmarks/results/train-bucketing-TASK-*.json)."""

@@ -128,11 +128,24 @@ def test_a_bad_held_out_split_or_an_evaluation_without_dev_is_one_line(overrides
 def test_the_held_out_rows_are_a_seeded_draw_the_same_for_every_job_seed():
     from pipeline.data.holdout import held_out_rows
 
-    rows = held_out_rows(1000, 0.1, 0)
+    rows = held_out_rows(range(1000), 0.1, 0)
     assert len(rows) == 100 and list(rows) == sorted(set(rows)) and rows.max() < 1000
-    assert list(rows) == list(held_out_rows(1000, 0.1, 0))  # every rank, every resume
-    assert list(rows) != list(held_out_rows(1000, 0.1, 1))  # another SEED, another draw
-    assert len(held_out_rows(3, 0.01, 0)) == 1 and len(held_out_rows(3, 0.99, 0)) == 2  # at least 1, never all
+    assert list(rows) == list(held_out_rows(range(1000), 0.1, 0))  # every rank, every resume
+    assert list(rows) != list(held_out_rows(range(1000), 0.1, 1))  # another SEED, another draw
+    assert len(held_out_rows(range(3), 0.01, 0)) == 1 and len(held_out_rows(range(3), 0.99, 0)) == 2  # 1 to all-1
+
+
+def test_a_group_of_rows_is_held_out_whole():
+    """WikiQA's candidates of one question: all in dev or all in training, never split."""
+    from pipeline.data.holdout import held_out_rows
+    from pipeline.tasks import get_task
+
+    assert get_task("wikiqa", {}).holdout_group == "qid" and get_task("sentiment", {}).holdout_group is None
+    groups = [f"q{i // 3}" for i in range(60)]  # 20 questions of 3 candidates
+    held = set(held_out_rows(groups, 0.25, 1).tolist())
+    held_groups = {groups[i] for i in held}
+    assert len(held_groups) == 5 and len(held) == 15
+    assert not held_groups & {group for i, group in enumerate(groups) if i not in held}
 
 
 def test_the_samples_are_used_when_no_data_key_is_given_or_by_name():

@@ -54,6 +54,16 @@ def test_what_counts_as_a_change():
         "precision: bf16 -> fp32", "data.train: a.tsv changed (fingerprint sha256:aaaaaaaaaaaa -> sha256:bbbbbbbbbbbb)"]
 
 
+def test_another_held_out_draw_is_a_change_that_names_both_draws():
+    def held(draw):
+        return {"train": {"file": "a.tsv", "fingerprint": "sha256:" + "a" * 64},
+                "dev": {"file": f"a.tsv | {draw}", "fingerprint": f"sha256:{'a' * 64} | {draw}"}}
+
+    assert [str(c) for c in same_job.changes(record(data=held("holdout:0.1:0")), record(data=held("holdout:0.2:0")))] \
+        == ["data.dev: a.tsv | holdout:0.2:0 changed (fingerprint sha256:aaaaaaaaaaaa | holdout:0.1:0 -> "
+            "sha256:aaaaaaaaaaaa | holdout:0.2:0)"]
+
+
 def test_accept_changes_names_keys_that_exist():
     assert load_config(None, ["accept_changes=train.lr, data.train,tokenizer"]).accepted_changes == [
         "train.lr", "data.train", "tokenizer"]

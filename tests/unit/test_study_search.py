@@ -71,6 +71,16 @@ def test_a_dev_objective_for_cells_without_dev_evaluation_is_one_line(tmp_path, 
         "evaluation): give it dev data, or a test/ objective")
 
 
+def test_a_test_objective_for_cells_without_a_test_split_is_one_line(tmp_path, capsys):
+    path = _study_file(tmp_path, {"space": SPACE, "objective": "test/main"}, overrides=[
+        f"tracking.uri=sqlite:///{tmp_path}/m.db", "data.train=mine.tsv", "data.dev=holdout:0.1"])
+    code, out = _cli(["study", path, "--dry-run"], capsys)
+    assert code == 2 and out.err.strip() == (
+        f"error: {path}: search.objective: test/main is a test figure, and cell sentiment has no test split "
+        "(data.test unset): give it data.test, or an eval/ objective")
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
 def test_the_command_line_searches_a_study_without_a_search_block(tmp_path, capsys):
     path = _study_file(tmp_path, None)
     code, out = _cli(["study", path, "--dry-run", "--space", "train.lr=log_uniform:1e-5:1e-3",
