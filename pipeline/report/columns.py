@@ -61,6 +61,8 @@ METRICS = {
     "infer_batch": INFER_BATCH,
     **{f"export_{variant}_{short}": metric for variant in EXPORT_VARIANTS for short, metric in (
         ("main", export_test_metric(variant, "main")), ("size_mb", export_metric(variant, EXPORT_SIZE_MB)))},
+    **{f"export_trim_{short}": export_metric("trim", short) for short in (
+        "params", "params_no_embed", "size_mb", "vocab_size", "vocab_size_before")},
     "others_cpu": load_metric(LOAD_OTHERS_CPU),
     "others_gpu": load_metric(LOAD_OTHERS_GPU_UTIL),
 }

@@ -83,7 +83,23 @@ def _exported_rows(side: dict | None, task: str, c: Comparison) -> list[dict]:
         row.update({f"vs_student_{k}": vs_student[k] for k in ("throughput_x", "throughput_x_min",
                                                                 "throughput_x_max")})
         rows.append(row)
+    if "export_trim_size_mb" in c.cmp and not c.cmp.export_trim_size_mb.dropna().empty:
+        rows.append(_trimmed_row(task, c))
     return rows
+
+
+def _trimmed_row(task: str, c: Comparison) -> dict:
+    """The student with its vocabulary cut to the training data's tokens (`pipeline export
+    --trim-vocab`): its parameters and size on disk after the cut, its test score (its fp32 graph's,
+    the same function); its speed is its fp32 graph's row above."""
+    trimmed = c.cmp.assign(main=c.cmp["export_fp32_main"], infer_size_mb=c.cmp.export_trim_size_mb,
+                           infer_params=c.cmp.export_trim_params,
+                           infer_params_no_embed=c.cmp.export_trim_params_no_embed,
+                           cell=c.cmp.cell + "@trimmed")
+    vocab = stats(c.cmp, "export_trim_vocab_size")[1], stats(c.cmp, "export_trim_vocab_size_before")[1]
+    label = f"{c.compared}, vocabulary trimmed ({vocab[1]:.0f} -> {vocab[0]:.0f} tokens)"
+    return {**_row(Comparison(task, f"{c.label} trimmed", c.kind, c.reference, label, c.ref, trimmed), "trimmed"),
+            **dict.fromkeys(SPEED_COLUMNS, math.nan), "speed_note": "its fp32 graph's row", "speed_reps": 0}
 
 
 SPEED_COLUMNS = ("infer_latency_ms", "infer_samples_per_s", "latency_x", "latency_x_min", "latency_x_max",
@@ -157,7 +173,8 @@ def sentences(payoff: pd.DataFrame) -> list[str]:
     out = []
     for r in payoff[payoff.role != "teacher"].itertuples() if not payoff.empty else []:
         within = " (within the seed spread)" if r.retained_beyond == "no" else ""
-        kind = {"baseline": " (no distillation)", "exported": " (exported, ONNX Runtime)"}.get(r.role, "")
+        kind = {"baseline": " (no distillation)", "exported": " (exported, ONNX Runtime)",
+                "trimmed": " (its test score: its fp32 graph's)"}.get(r.role, "")
         size = (f"{r.params_pct:.0f}% of its parameters ({r.params_no_embed_pct:.0f}% of those outside the "
                 f"embeddings) and {r.size_pct:.0f}% of its size on disk")
         kept = (f"{r.task}: {r.procedure}{kind} keeps {_pm(r.retained_pct, r.retained_spread_pct, '.0f', '%')} of the "

@@ -125,3 +125,22 @@ def test_an_exported_student_against_the_teacher_and_its_pytorch_self():
     assert "(exported, ONNX Runtime) keeps 100% ± " in sentence and "at 6.0x (5.5-6.0x over 3 repetitions)" in sentence
     assert "2.0x (2.0-2.0x over 3 repetitions) the throughput of the PyTorch student" in sentence
     assert "17% of its size on disk" in sentence
+
+
+def test_a_student_with_its_vocabulary_trimmed_shows_its_parameters_and_size_after_the_cut():
+    """`pipeline export --trim-vocab`'s export/trim/* figures: a row after the student with the
+    parameters and size on disk of the trimmed model, the score of its (trimmed) fp32 graph."""
+    rows = cells()
+    kd = rows.procedure == "kd"
+    rows.loc[kd, "export_fp32_main"], rows.loc[kd, "export_fp32_size_mb"] = [0.84, 0.86], 29.0
+    rows.loc[kd, ["export_trim_params", "export_trim_params_no_embed", "export_trim_size_mb"]] = [5.6e6, 3.7e6, 21.5]
+    rows.loc[kd, ["export_trim_vocab_size", "export_trim_vocab_size_before"]] = [4000, 30522]
+    payoff = payoff_table(rows, side_by_side()).set_index("procedure")
+    trimmed = payoff.loc["kd, vocabulary trimmed (30522 -> 4000 tokens)"]
+    assert trimmed.role == "trimmed" and trimmed.infer_params == pytest.approx(5.6e6)
+    assert trimmed.infer_size_mb == pytest.approx(21.5) and trimmed.size_pct == pytest.approx(100 * 21.5 / 86.7)
+    assert trimmed.params_no_embed_pct == pytest.approx(100 * 3.7 / 10.8)  # the layers are not cut
+    assert trimmed.retained_pct == pytest.approx(100) and math.isnan(trimmed.throughput_x)
+    assert payoff.loc["kd"].infer_size_mb == pytest.approx(59.6)  # the student before the cut, beside it
+    sentence = next(s for s in sentences(payoff.reset_index()) if "vocabulary trimmed" in s)
+    assert "with 25% of its parameters (34% of those outside the embeddings) and 25% of its size on disk" in sentence
