@@ -5,5 +5,5 @@ ranks (teacher_cache).
 
 May import: the layers below it (errors ... tasks, config, runtime, parts, measure, data) and models.
 
-Inside, lowest first: teacher_cache, terms | distill
+Inside, lowest first: teacher_cache terms | distill
 """
