@@ -348,3 +348,21 @@ def test_relation_heads_that_do_not_divide_a_width_are_refused_at_set_up():
     d = make_distiller(bert(2, 16, 4), ["kd.cache=false", "kd.attention_weight=1"])  # the student's 3 heads
     with pytest.raises(UserError, match="kd.relation_heads=3: must divide the teacher's attention width 16"):
         d.watch_student(bert(2, 12, 3))
+
+
+def test_projections_are_the_students_parameters_and_round_trip_through_its_state_dict():
+    """What the optimizer steps (named_parameters) and what a checkpoint saves and resume loads
+    (state_dict) hold each projection; a student given the same set-up takes them back exactly."""
+    teacher = bert(4, 16, 4)
+    d = make_distiller(teacher, ["kd.cache=false", "kd.hidden_weight=1", "kd.layer_map=2:4"])
+    student = bert(2, 8, 2, seed=1)
+    d.watch_student(student)
+    assert len(student.kd_projections) == 2  # the embeddings' 0:0 and 2:4
+    names = {n for n, _ in student.named_parameters()}
+    assert {f"kd_projections.{k}.{p}" for k in range(2) for p in ("weight", "bias")} <= names
+    saved = student.state_dict()
+    resumed = bert(2, 8, 2, seed=2)
+    make_distiller(teacher, ["kd.cache=false", "kd.hidden_weight=1", "kd.layer_map=2:4"]).watch_student(resumed)
+    assert not torch.equal(resumed.kd_projections[1].weight, student.kd_projections[1].weight)
+    resumed.load_state_dict(saved)
+    assert all(torch.equal(a.weight, b.weight) for a, b in zip(resumed.kd_projections, student.kd_projections))
