@@ -23,6 +23,7 @@ from safetensors.torch import load_file
 
 from pipeline import models
 from pipeline.config import Config, KDConfig
+from pipeline.config.deepspeed_files import zero_stage_of
 from pipeline.errors import UserError
 from pipeline.fsutil import cache_root
 from pipeline.kd import teacher_cache
@@ -101,6 +102,15 @@ def build_distillation(cfg: Config, task: Task, policy: PrecisionPolicy, rt: Run
                         f"(model={cfg.model}); per-token distillation needs one tokenizer for both")
     distiller = Distiller(cfg.kd, cfg.train.eval_batch_size, task, policy, rt, teacher, compile_policy)
     distiller.watch_student(student)
+    zero3 = rt.backend == "deepspeed" and zero_stage_of(cfg.deepspeed) == 3
+    if zero3 and distiller.layers and distiller.layers.projected:
+        # ZeRO-3 prefetches parameters by the modules' order in the last forward: projections run
+        # after the student's forward in training but not in evaluation, so the gather of the best
+        # model finds their prefetched parameters still in flight
+        raise UserError(f"config: kd.hidden_weight={cfg.kd.hidden_weight}: a student of another width than its "
+                        f"teacher ({student.config.hidden_size} vs {teacher.config.hidden_size}) needs learned "
+                        "projections, which DeepSpeed ZeRO-3 cannot gather outside the model's forward; use "
+                        "ZeRO-2, DDP, or a student of the teacher's width")
     return spec, tokenizer, student, distiller
 
 

@@ -366,3 +366,28 @@ def test_projections_are_the_students_parameters_and_round_trip_through_its_stat
     assert not torch.equal(resumed.kd_projections[1].weight, student.kd_projections[1].weight)
     resumed.load_state_dict(saved)
     assert all(torch.equal(a.weight, b.weight) for a, b in zip(resumed.kd_projections, student.kd_projections))
+
+
+def test_a_bad_layer_map_or_projections_under_zero3_are_refused_before_training(train, tmp_path):
+    """kd.layer_map is checked against both models as the stage is set up; a student of another
+    width under ZeRO-3 is refused there too (its projections run outside the engine's forward)."""
+    import dataclasses
+
+    from pipeline import models
+
+    task = get_task("sentiment")
+    texts = task.texts(train)
+    tokenizer, teacher = models.build("preset:bangla-small", task, texts, {}, 48)  # 4 layers, width 256
+    teacher.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    job = ["model=preset:bangla-tiny", f"kd.teacher={tmp_path}", "train.max_length=48", "kd.hidden_weight=1"]
+    fp32 = PrecisionPolicy("fp32", "cpu")
+    with pytest.raises(UserError, match=r"^config: kd.layer_map=1:2,3:4: student layer 3 is out of range"):
+        distill.build_distillation(load_config(None, [*job, "kd.layer_map=1:2,3:4"]), task, fp32, CPU, texts)
+    zero3 = dataclasses.replace(CPU, backend="deepspeed")
+    with pytest.raises(UserError, match=r"kd.hidden_weight=1.0: a student of another width than its teacher "
+                                        r"\(128 vs 256\) needs learned projections, which DeepSpeed ZeRO-3"):
+        distill.build_distillation(load_config(None, [*job, "deepspeed=zero3.json"]), task, fp32, zero3, texts)
+    _, _, student, d = distill.build_distillation(load_config(None, [*job, "deepspeed=zero2.json"]), task, fp32,
+                                                  zero3, texts)
+    assert d.layers.pairs == [(1, 2), (2, 4)] and len(student.kd_projections) == 3
