@@ -60,7 +60,7 @@ class Stage(Plan):
                      ) -> StepLoss:
         """Forward of `call` (self.model or its wrapper) under the precision policy, then the task's
         loss of the batch, or under distillation the KD loss and its named terms (of self.model's
-        kd_projection).
+        kd_projections).
         `unpadded`: the batch has no padding (CompilePolicy.drop_mask), so the model gets no attention
         mask (the losses still read it)."""
         forward_kwargs = self.distiller.forward_kwargs if self.distiller is not None else {}

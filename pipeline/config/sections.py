@@ -234,18 +234,26 @@ class KDConfig:
     cache: bool = True
     """Cache the teacher's logits on disk, keyed by teacher, data, tokenizer and max_length."""
     hidden_weight: float = 0.0
-    """Weight of the hidden-state term (0 = off): MSE between the student's and the teacher's last
-    hidden states over real tokens, through a learned linear projection when the widths differ.
-    It needs the teacher's hidden states, so the teacher runs live (the cache holds logits only)."""
+    """Weight of the hidden-state term (0 = off; TinyBERT): MSE between the student's and the
+    teacher's hidden states of the kd.layer_map pairs and of the embedding layer (0 -> 0), over
+    real tokens, averaged over those layers; through a learned linear projection per pair when the
+    widths differ (trained with the student, left out of best/). It needs the teacher's hidden
+    states, so the teacher runs live (the cache holds logits only)."""
     attention_weight: float = 0.0
     """Weight of the attention-relation term (0 = off; MiniLMv2): KL between the teacher's and the
-    student's query-query, key-key and value-value self-attention relations of their last layers,
-    split into kd.relation_heads relation heads, so widths and head counts may differ. Q, K and V
-    are read from the query/key/value projections as the model runs (SDPA or flash attention stay
-    on). The teacher runs live (the cache holds logits only)."""
+    student's query-query, key-key and value-value self-attention relations of the kd.layer_map
+    pairs, split into kd.relation_heads relation heads (so widths and head counts may differ),
+    averaged over the layers. Q, K and V are read from each mapped layer's query/key/value
+    projections as the model runs (SDPA or flash attention stay on). The teacher runs live (the
+    cache holds logits only)."""
     relation_heads: int = 0
     """Relation heads of the attention-relation term (0 = the student's attention heads); must
     divide both the student's and the teacher's hidden size."""
+    layer_map: str | None = None
+    """Student layer -> teacher layer pairs of the layer-wise terms (kd.hidden_weight,
+    kd.attention_weight), numbered from 1 and increasing on both sides, e.g. 1:4,2:8,3:12 (quote
+    it in YAML); unset = uniform (TinyBERT): student layer i -> teacher layer i*T/S of a T-layer
+    teacher and an S-layer student, the last to the last. Checked against both models at set-up."""
 
     def validate(self) -> None:
         check("kd.alpha", self.alpha, 0 <= self.alpha <= 1, "must be in [0, 1]")

@@ -1,7 +1,9 @@
-"""Knowledge distillation: the KD loss, the teacher and the student built from it (distill), and
-the teacher-logit cache computed once per key and dealt out across ranks (teacher_cache).
+"""Knowledge distillation: the loss terms (terms: KD, and the layer-wise hidden-state and
+attention-relation terms over kd.layer_map), the teacher, the student built from it and the loss
+made of the terms (distill), and the teacher-logit cache computed once per key and dealt out across
+ranks (teacher_cache).
 
 May import: the layers below it (errors ... tasks, config, runtime, parts, measure, data) and models.
 
-Inside, lowest first: teacher_cache | distill
+Inside, lowest first: teacher_cache terms | distill
 """

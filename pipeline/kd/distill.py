@@ -1,20 +1,17 @@
-"""Knowledge distillation: the frozen teacher, the KD loss, the teacher-logit cache, and the
-DistilBERT-style student initialisation (`model=from_teacher:N`).
+"""Knowledge distillation: the frozen teacher, the loss made of the terms (kd/terms), the
+teacher-logit cache, and the DistilBERT-style student initialisation (`model=from_teacher:N`).
 
-loss = alpha * T^2 * KL(teacher || student at temperature T) + (1 - alpha) * task loss,
-computed in fp32 from log-probabilities (log_target=True), so 16-bit logits never produce
-inf or NaN. Per row for sentence tasks, per labelled token for NER, over start and end
-positions for QA (Task.kd_pairs says which logits pair up). With kd.hidden_weight > 0 the loss
-adds hidden_weight * MSE(last hidden states) over real tokens (TinyBERT-style), through a
-learned projection when the student is narrower than the teacher. With kd.attention_weight > 0
-it adds attention_weight * the MiniLMv2 relation KL of the last layers' Q, K and V, read by
-forward hooks on their projections (the attention kernel, SDPA or flash, is left alone). Each
-term is returned by name (task, kd, hidden, attention) and logged as train/loss_<term>.
+loss = alpha * T^2 * KL(teacher || student at temperature T) + (1 - alpha) * task loss
+       + hidden_weight * hidden + attention_weight * attention,
+each term in fp32 (the KD term from log-probabilities, log_target=True, so 16-bit logits never
+produce inf or NaN). The KD term is per row for sentence tasks, per labelled token for NER, over
+start and end positions for QA (Task.kd_pairs says which logits pair up); the layer-wise terms
+(hidden, attention) are over kd.layer_map's layer pairs and need the teacher live. Each term is
+returned by name (task, kd, hidden, attention) and logged as train/loss_<term>.
 """
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -26,9 +23,11 @@ from safetensors.torch import load_file
 
 from pipeline import models
 from pipeline.config import Config, KDConfig
+from pipeline.config.deepspeed_files import zero_stage_of
 from pipeline.errors import UserError
 from pipeline.fsutil import cache_root
 from pipeline.kd import teacher_cache
+from pipeline.kd.terms import LayerTerms, kd_loss
 from pipeline.layout import OutputDir
 from pipeline.parts.model_card import spaced_layers
 from pipeline.parts.step_losses import StepLoss
@@ -45,88 +44,6 @@ if TYPE_CHECKING:
     from transformers.utils import ModelOutput
 
 log = logging.getLogger("pipeline")
-
-
-def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """T^2 * KL(teacher || student) at temperature T, averaged over rows, in fp32."""
-    s = F.log_softmax(student_logits.float() / temperature, dim=-1)
-    t = F.log_softmax(teacher_logits.float() / temperature, dim=-1)
-    return F.kl_div(s, t, reduction="batchmean", log_target=True) * temperature**2
-
-
-def hidden_mse(student_hidden: torch.Tensor, teacher_hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Mean squared error over the real (mask == 1) tokens and the hidden dimension, in fp32."""
-    mask = mask.unsqueeze(-1).float()
-    squared = (student_hidden.float() - teacher_hidden.float()).pow(2) * mask
-    return squared.sum() / (mask.sum() * student_hidden.shape[-1]).clamp(min=1)
-
-
-def self_relation(states: torch.Tensor, heads: int, mask: torch.Tensor) -> torch.Tensor:
-    """MiniLMv2's self-attention relation of one of Q, K or V [B, L, D]: split into `heads`
-    relation heads of D/heads, log softmax(X X^T / sqrt(D/heads)) over the real (mask == 1) keys,
-    [B, heads, L, L], in fp32. Its shape does not depend on D, so teacher and student may differ in
-    width and attention heads."""
-    b, length, width = states.shape
-    if width % heads:
-        raise UserError(f"config: kd.relation_heads={heads}: must divide the hidden size {width}")
-    x = states.float().view(b, length, heads, width // heads).transpose(1, 2)
-    scores = x @ x.transpose(-1, -2) / math.sqrt(width // heads)
-    scores = scores.masked_fill(~mask.bool()[:, None, None, :], torch.finfo(torch.float32).min)
-    return F.log_softmax(scores, dim=-1)
-
-
-def relation_kl(student: torch.Tensor, teacher: torch.Tensor, heads: int, mask: torch.Tensor) -> torch.Tensor:
-    """KL(teacher relation || student relation) of one of Q, K, V, averaged over the real
-    queries and the relation heads (MiniLMv2), in fp32."""
-    s, t = self_relation(student, heads, mask), self_relation(teacher, heads, mask)
-    keys = mask.bool()[:, None, None, :]
-    per_query = (t.exp() * (t - s)).masked_fill(~keys, 0.0).sum(-1)  # [B, heads, L]
-    queries = mask.float()[:, None, :]
-    return (per_query * queries).sum() / (queries.sum() * heads).clamp(min=1)
-
-
-RELATIONS = ("query", "key", "value")
-
-
-def last_layer_projections(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
-    """The query, key and value projections (nn.Linear) of the model's last encoder layer."""
-    found: dict[int, dict[str, torch.nn.Module]] = {}
-    for name, module in model.named_modules():
-        parts = name.split(".")
-        if isinstance(module, torch.nn.Linear) and parts[-1] in RELATIONS and "layer" in parts:
-            index = parts[parts.index("layer") + 1]
-            if index.isdigit():
-                found.setdefault(int(index), {})[parts[-1]] = module
-    if not found or set(found[max(found)]) != set(RELATIONS):
-        raise UserError(f"config: kd.attention_weight: {type(model).__name__} has no query/key/value projections "
-                        "in encoder layers to read attention relations from")
-    return found[max(found)]
-
-
-class Recorder:
-    """The outputs of the projections it hooks, by name, as the model computes them (with their
-    graph, for the student)."""
-
-    def __init__(self, projections: dict[str, torch.nn.Module]) -> None:
-        self.seen: dict[str, torch.Tensor] = {}
-        for name, module in projections.items():
-            module.register_forward_hook(lambda _m, _i, out, name=name: self.seen.__setitem__(name, out))
-
-    def take(self) -> dict[str, torch.Tensor]:
-        seen, self.seen = self.seen, {}
-        return seen
-
-
-def attach_projection(student: PreTrainedModel, teacher: PreTrainedModel) -> bool:
-    """A learned student-width -> teacher-width map for the hidden-state term, as a submodule of
-    the student: it trains, syncs and checkpoints with it, and save_pretrained leaves it out."""
-    width, teacher_width = student.config.hidden_size, teacher.config.hidden_size
-    if width == teacher_width:
-        return False
-    student.kd_projection = torch.nn.Linear(width, teacher_width)
-    student._keys_to_ignore_on_save = set(student._keys_to_ignore_on_save or ()) | {
-        "kd_projection.weight", "kd_projection.bias"}
-    return True
 
 
 def load_teacher(spec: str, task: Task, overrides: dict, max_length: int = 512
@@ -185,9 +102,15 @@ def build_distillation(cfg: Config, task: Task, policy: PrecisionPolicy, rt: Run
                         f"(model={cfg.model}); per-token distillation needs one tokenizer for both")
     distiller = Distiller(cfg.kd, cfg.train.eval_batch_size, task, policy, rt, teacher, compile_policy)
     distiller.watch_student(student)
-    if cfg.kd.hidden_weight and attach_projection(student, teacher) and rt.is_main:
-        log.info("hidden-state term: a learned projection %d -> %d", student.config.hidden_size,
-                 teacher.config.hidden_size)
+    zero3 = rt.backend == "deepspeed" and zero_stage_of(cfg.deepspeed) == 3
+    if zero3 and distiller.layers and distiller.layers.projected:
+        # ZeRO-3 prefetches parameters by the modules' order in the last forward: projections run
+        # after the student's forward in training but not in evaluation, so the gather of the best
+        # model finds their prefetched parameters still in flight
+        raise UserError(f"config: kd.hidden_weight={cfg.kd.hidden_weight}: a student of another width than its "
+                        f"teacher ({student.config.hidden_size} vs {teacher.config.hidden_size}) needs learned "
+                        "projections, which DeepSpeed ZeRO-3 cannot gather outside the model's forward; use "
+                        "ZeRO-2, DDP, or a student of the teacher's width")
     return spec, tokenizer, student, distiller
 
 
@@ -203,14 +126,14 @@ class Distiller:
         """The stage's compile policy, for the teacher's forward (compiled when it moves to the device)."""
         self.alpha, self.temperature, self.hidden_weight = kd.alpha, kd.temperature, kd.hidden_weight
         self.task, self.policy, self.rt, self.teacher_spec = task, policy, rt, kd.teacher
-        self.attention_weight, self.relation_heads = kd.attention_weight, kd.relation_heads
-        live = self.hidden_weight or self.attention_weight  # the cache holds logits, not hidden states or Q/K/V
+        self.kd = kd
+        live = kd.hidden_weight or kd.attention_weight  # the cache holds logits, not hidden states or Q/K/V
         self.use_cache = kd.cache and not live
         if kd.cache and live and rt.is_main:
             log.info("kd.hidden_weight or kd.attention_weight > 0: the teacher runs live every step "
                      "(the cache holds logits only)")
-        self.teacher_qkv = Recorder(last_layer_projections(teacher)) if self.attention_weight else None
-        self.student_qkv: Recorder | None = None
+        self.layers: LayerTerms | None = None
+        """The layer-wise terms (hidden, attention) of the student watch_student was given, if any is on."""
         # asked of both forwards (student and teacher): the hidden-state term needs their hidden states
         self.forward_kwargs = {"output_hidden_states": True} if self.hidden_weight else {}
         self.eval_batch_size = eval_batch_size
@@ -313,20 +236,28 @@ class Distiller:
             outputs = self.teacher(**inputs, **self.forward_kwargs)
         wanted = {name: outputs[name] for name in self.task.kd_outputs}
         if self.hidden_weight:
-            wanted["hidden"] = outputs.hidden_states[-1]
+            wanted["hidden"] = self.layers.teacher_hidden(outputs)
         return wanted
 
     def watch_student(self, student: PreTrainedModel) -> None:
-        """Hook the student's last layer's Q/K/V projections for the attention-relation term."""
-        if self.attention_weight:
-            self.student_qkv = Recorder(last_layer_projections(student))
-            self.relation_heads = self.relation_heads or student.config.num_attention_heads
+        """Set up the layer-wise terms for `student` (before its optimizer exists: their
+        projections are its parameters): kd.layer_map checked against both models, Q/K/V hooks on
+        the mapped layers of both, the projections attached to it."""
+        if not (self.kd.hidden_weight or self.kd.attention_weight):
+            return
+        teacher = getattr(self.teacher, "_orig_mod", self.teacher)  # the module itself, compiled or not
+        self.layers = LayerTerms(self.kd, student, teacher, self.policy)
+        if self.rt.is_main:
+            log.info("layer-wise terms over student:teacher layers %s%s",
+                     ",".join(f"{s}:{t}" for s, t in self.layers.pairs),
+                     f"; hidden states through learned projections {student.config.hidden_size} -> "
+                     f"{teacher.config.hidden_size}" if self.layers.projected else "")
 
     # ------------------------------------------------------------------ loss
     def loss(self, student_outputs: ModelOutput, batch: dict, idx: torch.Tensor,
              student: torch.nn.Module | None = None) -> StepLoss:
         """The KD loss of a micro-batch and its named terms, each unweighted (logged as
-        train/loss_<term>); `student` is the unwrapped student (its kd_projection)."""
+        train/loss_<term>); `student` is the unwrapped student (its kd_projections)."""
         if self.cached is not None:
             teacher = {name: self._cached_rows(name, idx, batch["input_ids"].shape[1]) for name in self.task.kd_outputs}
         else:
@@ -336,17 +267,8 @@ class Distiller:
         task_loss = self.task.loss(student_outputs, batch).float()
         loss = self.alpha * distill + (1 - self.alpha) * task_loss
         terms = {"task": task_loss, "kd": distill}
-        if self.hidden_weight:
-            hidden = student_outputs.hidden_states[-1]
-            projection = getattr(student, "kd_projection", None)
-            if projection is not None:
-                with self.policy.autocast():
-                    hidden = projection(hidden)
-            terms["hidden"] = hidden_mse(hidden, teacher["hidden"], batch["attention_mask"])
-            loss = loss + self.hidden_weight * terms["hidden"]
-        if self.attention_weight:
-            student_qkv, teacher_qkv = self.student_qkv.take(), self.teacher_qkv.take()
-            terms["attention"] = sum(relation_kl(student_qkv[n], teacher_qkv[n], self.relation_heads,
-                                                 batch["attention_mask"]) for n in RELATIONS) / len(RELATIONS)
-            loss = loss + self.attention_weight * terms["attention"]
+        if self.layers is not None:
+            layer_terms = self.layers.terms(student_outputs, teacher.get("hidden"), batch["attention_mask"], student)
+            loss = loss + self.layers.weighted(layer_terms)
+            terms.update(layer_terms)
         return StepLoss(loss, terms)

@@ -124,7 +124,7 @@ class BestModel:
 
     def restore_weights(self, saved: Path, backend: Backend) -> None:
         """Collective, on resume: the best model's weights from `saved` (Checkpoint.best_weights:
-        saved without the kd_projection, if any: the model's current one fills in), if the checkpoint
+        saved without the kd_projections, if any: the model's current one fills in), if the checkpoint
         knows a best model; a file gone (removed by hand) starts the choice afresh, with a warning."""
         if not self.metrics:
             return

@@ -5,11 +5,10 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 
-from helpers import FAST, ROOT, error_lines, free_port, mlflow_runs, run_cli, tracking_db
+from helpers import FAST, ROOT, deepspeed, error_lines, free_port, mlflow_runs, run_cli, torchrun, tracking_db
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
@@ -128,17 +127,24 @@ def test_distill_needs_a_teacher(tmp_path):
 
 
 @pytest.mark.slow
-def test_distill_with_every_term_logs_each_by_name_and_saves_a_plain_student(tmp_path, teacher_dir):
-    figures = run(load_config(None, [*FAST, "model=preset:bangla-tiny", f"kd.teacher={teacher_dir}",
-                                     "kd.hidden_weight=1.0", "kd.attention_weight=1.0", "train.max_steps=6",
-                                     f"output_dir={tmp_path / 'out'}",
-                                     f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]), kind="distill")
-    assert np.isfinite(figures[names.TRAIN_LOSS])
-    from pipeline.tracking.journal import Metric, read_journal
-
-    logged = {r.key for r in read_journal(tmp_path / "out" / "journal.jsonl") if isinstance(r, Metric)}
-    assert {names.train_loss_term(t) for t in ("task", "kd", "hidden", "attention")} <= logged
+def test_distill_with_every_term_under_torchrun_and_deepspeed_logs_each_by_name(tmp_path, teacher_dir):
+    """A 2-layer student half the width of its 4-layer teacher, every term on (uniform layer map
+    1:2,2:4, a projection per mapped layer), under torchrun with 2 processes (DDP) and under the
+    deepspeed launcher with ZeRO-2: each term is logged by name, and best/ is a plain student."""
+    job = ["distill", *FAST, "model=preset:bangla-tiny", f"kd.teacher={teacher_dir}", "kd.hidden_weight=1.0",
+           "kd.attention_weight=1.0", "train.max_steps=2", "train.batch_size=16", "train.eval_batch_size=128"]
     from safetensors.torch import load_file
 
-    saved = load_file(tmp_path / "out" / "best" / "model.safetensors")
-    assert not any(k.startswith("kd_projection") for k in saved) and "classifier.weight" in saved
+    from pipeline.tracking.journal import Metric, read_journal
+
+    ddp = torchrun(2, *job, f"output_dir={tmp_path / 'ddp'}", f"tracking.uri=sqlite:///{tracking_db(tmp_path)}")
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    code, log = deepspeed(*job, "deepspeed=ds_configs/zero2.json", f"output_dir={tmp_path / 'ds'}",
+                          f"tracking.uri=sqlite:///{tracking_db(tmp_path, 'ds.db')}")
+    assert code == 0, log[-3000:]
+    assert "student:teacher layers 1:2,2:4; hidden states through learned projections 128 -> 256" in ddp.stderr
+    for out in ("ddp", "ds"):
+        logged = {r.key for r in read_journal(tmp_path / out / "journal.jsonl") if isinstance(r, Metric)}
+        assert {names.train_loss_term(t) for t in ("task", "kd", "hidden", "attention")} <= logged, out
+        saved = load_file(tmp_path / out / "best" / "model.safetensors")
+        assert not any(k.startswith("kd_projections") for k in saved) and "classifier.weight" in saved, out

@@ -147,7 +147,7 @@ def test_hidden_state_term_from_a_narrower_student(hub, trained, caplog):
     out, figures = stage(hub, "distill", "kd-hidden", f"model={narrow}", f"kd.teacher={teacher}",
                          "kd.hidden_weight=1.0")
     narrow_width, width = NARROW["hidden_size"], SIZES["hidden_size"]
-    assert f"hidden-state term: a learned projection {narrow_width} -> {width}" in caplog.text
+    assert f"hidden states through learned projections {narrow_width} -> {width}" in caplog.text
     assert math.isfinite(figures[names.TRAIN_LOSS])
     saved = load_file(out / "best" / "model.safetensors")
     assert not any(k.startswith("kd_projection") for k in saved)
