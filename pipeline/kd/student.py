@@ -3,7 +3,9 @@ model_config.hidden_size, num_attention_heads and intermediate_size for a narrow
 from the teacher's weights, and what it costs against the teacher.
 
 Depth: N of the teacher's layers, evenly spaced (DistilBERT took every other layer of BERT-base:
-0, 2, ..., 10 for N=6). Width: unset keys are the teacher's. At the teacher's width the chosen layers
+0, 2, ..., 10 for N=6). Width: hidden_size unset is the teacher's; heads unset keep the teacher's
+head size (hidden_size / its head size), the feed-forward size unset its ratio to the hidden size
+(parts/model_card.student_width, which the model card reads too). At the teacher's width the chosen layers
 are copied whole (init `teacher-layers`); narrower, every tensor takes the teacher's matching slice
 (init `weight-selection`, Xu et al. 2023, "Initializing Models with Larger Ones"): the same evenly
 spaced indices of the hidden dimension in every tensor (embeddings, LayerNorms, pooler, head
@@ -22,7 +24,7 @@ import torch
 from pipeline import names
 from pipeline.errors import UserError
 from pipeline.measure.flops import ModelSize
-from pipeline.parts.model_card import spaced_layers
+from pipeline.parts.model_card import WIDTHS, spaced_layers, student_width
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -30,7 +32,7 @@ if TYPE_CHECKING:
     from pipeline.tasks.base import Task
 
 PREFIX = "from_teacher:"
-WIDTH_KEYS = ("hidden_size", "num_attention_heads", "intermediate_size")
+WIDTH_KEYS = tuple(WIDTHS)
 """model_config keys that shape a from_teacher student and not its teacher."""
 TEACHER_LAYERS, WEIGHT_SELECTION, SCRATCH, PRETRAINED = "teacher-layers", "weight-selection", "scratch", "pretrained"
 
@@ -61,9 +63,10 @@ def from_teacher(spec: str, teacher: PreTrainedModel, task: Task, model_config: 
     total = teacher.config.num_hidden_layers
     if not 1 <= n_layers <= total:
         raise UserError(f"config: model={spec}: the teacher has {total} layers")
-    width = {k: model_config[k] for k in WIDTH_KEYS if k in model_config}
-    config = teacher.config.__class__.from_dict({**teacher.config.to_dict(), **width, "num_hidden_layers": n_layers})
-    selection = Selection.of(config, teacher.config, spec)
+    theirs = teacher.config.to_dict()
+    width = _width(spec, model_config, theirs)
+    config = teacher.config.__class__.from_dict({**theirs, **width, "num_hidden_layers": n_layers})
+    selection = Selection.of(config, teacher.config, spec) if width else None
     student = task.model_class.from_config(config, dtype=torch.float32)
     source = teacher.state_dict()
     chosen = spaced_layers(n_layers, total)
@@ -73,9 +76,26 @@ def from_teacher(spec: str, teacher: PreTrainedModel, task: Task, model_config: 
         if teacher_key not in source:
             raise UserError(f"config: model={spec}: the student's {key} has no counterpart in the teacher to "
                             "initialise it from")
-        mapped[key] = selection.slice(key, source[teacher_key], tuple(tensor.shape), spec)
+        mapped[key] = selection.slice(key, source[teacher_key], tuple(tensor.shape), spec) if selection else \
+            source[teacher_key]
     student.load_state_dict(mapped)
     return student
+
+
+def _width(spec: str, model_config: dict, teacher: dict) -> dict:
+    """The student's width keys; none where the teacher's config has no such keys and none are
+    given (the layers are copied whole). ELECTRA embeddings as wide as the teacher's hidden size
+    narrow with it; narrower ones keep their size and their projection to the hidden size is sliced."""
+    if not all(k in teacher for k in WIDTH_KEYS):
+        if given := [k for k in WIDTH_KEYS if k in model_config]:
+            raise UserError(f"config: model_config.{given[0]}: model={spec} narrows BERT-style teachers only "
+                            f"(hidden_size, num_attention_heads, intermediate_size in config.json); "
+                            f"this one is {teacher.get('model_type')}")
+        return {}
+    width = student_width(model_config, teacher)
+    if teacher.get("embedding_size") == teacher["hidden_size"]:
+        width["embedding_size"] = width["hidden_size"]
+    return width
 
 
 def _teacher_key(key: str, chosen: list[int]) -> str:
@@ -145,7 +165,7 @@ def init_of(spec: str, student: PretrainedConfig, teacher: PretrainedConfig) -> 
     """How a distill stage's student started: the teacher's layers copied, sliced from the
     teacher (weight selection), a preset's random init, or a pretrained checkpoint."""
     if is_from_teacher(spec):
-        narrower = any(getattr(student, k) != getattr(teacher, k) for k in WIDTH_KEYS)
+        narrower = any(getattr(student, k, None) != getattr(teacher, k, None) for k in WIDTH_KEYS)
         return WEIGHT_SELECTION if narrower else TEACHER_LAYERS
     return SCRATCH if spec.startswith("preset:") else PRETRAINED
 

@@ -82,6 +82,18 @@ WIDTHS = {"hidden_size": "hidden size", "num_attention_heads": "attention heads"
 """The model_config keys that narrow a from_teacher student (kd/student.py), as the card names them."""
 
 
+def student_width(overrides: dict, teacher: dict) -> dict[str, int]:
+    """A from_teacher student's hidden size, heads and feed-forward size from model_config
+    `overrides` and the teacher's config: unset heads keep the teacher's head size (hidden size /
+    the teacher's head size, at least 1), an unset feed-forward size the teacher's ratio to width."""
+    hidden = overrides.get("hidden_size", teacher["hidden_size"])
+    head_size = teacher["hidden_size"] // teacher["num_attention_heads"]
+    return {"hidden_size": hidden,
+            "num_attention_heads": overrides.get("num_attention_heads", max(1, hidden // head_size)),
+            "intermediate_size": overrides.get("intermediate_size",
+                                               teacher["intermediate_size"] * hidden // teacher["hidden_size"])}
+
+
 def _student(model: str, teacher: str, model_config: dict) -> str:
     """`from_teacher:N` as a sentence: which of the teacher's layers (where its config.json is
     here), at which width, and how the student was initialised from them."""
@@ -92,7 +104,8 @@ def _student(model: str, teacher: str, model_config: dict) -> str:
     theirs = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
     total = theirs.get("num_hidden_layers")
     layers = f"its layers {', '.join(map(str, spaced_layers(n, total)))} of {total}" if total else f"{n} of its layers"
-    narrowed = {k: v for k, v in model_config.items() if k in WIDTHS and v != theirs.get(k)}
+    width = student_width(model_config, theirs) if all(k in theirs for k in WIDTHS) else model_config
+    narrowed = {k: v for k, v in width.items() if k in WIDTHS and v != theirs.get(k)}
     if not narrowed:
         return f"{model}: the teacher's embeddings, head and {layers}, copied (init teacher-layers)"
     width = ", ".join(f"{WIDTHS[k]} {v}" + (f" (the teacher's {theirs[k]})" if k in theirs else "")

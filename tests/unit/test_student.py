@@ -79,6 +79,24 @@ def test_narrower_heads_keep_each_heads_first_dimensions(teacher):
                        t[LAYER.format(0) + "attention.self.key.weight"][heads][:, [0, 2, 4, 6, 8, 10, 12, 14]])
 
 
+def test_unset_heads_keep_the_teachers_head_size_and_the_feed_forward_its_ratio(teacher):
+    made = student.from_teacher("from_teacher:1", teacher, TASK, {"hidden_size": 8})
+    assert (made.config.num_attention_heads, made.config.intermediate_size) == (2, 16)  # heads of 4, ratio 2
+    made = student.from_teacher("from_teacher:1", teacher, TASK, {"hidden_size": 12, "intermediate_size": 20})
+    assert (made.config.num_attention_heads, made.config.intermediate_size) == (3, 20)
+
+
+def test_electra_embeddings_at_the_teachers_width_narrow_with_it():
+    from transformers import ElectraConfig, ElectraForSequenceClassification
+
+    config = ElectraConfig(vocab_size=50, embedding_size=16, hidden_size=16, num_hidden_layers=2,
+                           num_attention_heads=4, intermediate_size=32, num_labels=3)
+    teacher = ElectraForSequenceClassification(config)
+    made = student.from_teacher("from_teacher:1", teacher, TASK, {"hidden_size": 8})
+    assert made.config.embedding_size == 8 and not hasattr(made.electra, "embeddings_project")
+    made(input_ids=torch.tensor([[2, 7, 9, 3]])).logits.sum().backward()
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"hidden_size": 32}, "model_config.hidden_size=32: model=from_teacher:2 takes at least 1 and at most the "
                           "teacher's 16"),
