@@ -171,7 +171,9 @@ def init_of(spec: str, student: PretrainedConfig, teacher: PretrainedConfig) -> 
 
 
 def ratios(student: ModelSize, teacher: ModelSize) -> dict[str, float]:
-    """The student's parameters (all, outside the embeddings) and forward FLOPs over the teacher's."""
+    """The student's parameters (all, outside the embeddings) and forward FLOPs (where both were
+    counted) over the teacher's."""
+    counted = student.forward_flops is not None and teacher.forward_flops is not None
     return {names.KD_PARAM_RATIO: student.params / teacher.params,
             names.KD_PARAM_RATIO_NON_EMBEDDING: student.params_non_embedding / teacher.params_non_embedding,
-            names.KD_FLOPS_RATIO: student.forward_flops / teacher.forward_flops}
+            **({names.KD_FLOPS_RATIO: student.forward_flops / teacher.forward_flops} if counted else {})}

@@ -94,26 +94,32 @@ def step_flop_model(model: torch.nn.Module, lengths: list[int], row_batch: Calla
 class ModelSize:
     """What a model costs whatever it runs on: its parameters, all and outside the embedding tables
     (transformers' num_parameters, which leaves out every nn.Embedding: word, position, token type),
-    and the FLOPs of one forward of one sequence of `length` tokens."""
+    and the FLOPs of one forward of one sequence of `length` tokens (None: not countable, see
+    model_size)."""
 
     params: int
     params_non_embedding: int
-    forward_flops: float
+    forward_flops: float | None
     length: int
 
     def metrics(self) -> dict[str, float]:
+        flops = {names.MODEL_FORWARD_FLOPS: self.forward_flops} if self.forward_flops is not None else {}
         return {names.MODEL_PARAMS: float(self.params),
-                names.MODEL_PARAMS_NON_EMBEDDING: float(self.params_non_embedding),
-                names.MODEL_FORWARD_FLOPS: self.forward_flops}
+                names.MODEL_PARAMS_NON_EMBEDDING: float(self.params_non_embedding), **flops}
 
 
 def model_size(model_class: type, config: object, length: int) -> ModelSize:
     """The size of a `model_class` of `config`, built on the meta device (shapes, no weights, no
     arithmetic: instant whatever the model), its forward counted by FlopCounterMode at `length`
-    tokens with the math attention kernel; no attention mask: a full row has no padding."""
+    tokens with the math attention kernel; no attention mask: a full row has no padding. A model
+    whose forward reads a tensor's values (DeBERTa's relative positions) cannot run there: its
+    FLOPs are None, never estimated."""
     with torch.device("meta"):
         model = model_class.from_config(copy.deepcopy(config)).eval()  # from_config may set fields
     ids = torch.zeros(1, length, dtype=torch.long, device="meta")
-    with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
-        flops = count_flops(functools.partial(model, input_ids=ids))
+    try:
+        with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
+            flops = count_flops(functools.partial(model, input_ids=ids))
+    except (RuntimeError, NotImplementedError):  # "Tensor.item() cannot be called on meta tensors"
+        flops = None
     return ModelSize(model.num_parameters(), model.num_parameters(exclude_embeddings=True), flops, length)

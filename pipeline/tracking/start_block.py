@@ -39,13 +39,17 @@ def run_url(uri: str, experiment_id: str | None, run_id: str | None) -> str:
 def model_line(spec: str, size: ModelSize, teacher: ModelSize | None = None, init: str | None = None) -> str:
     """The model, its parameters (all, outside the embeddings) and forward GFLOPs per sequence; a
     student's as % of its teacher's, and how it started."""
+    flops = (f"{size.forward_flops / 1e9:.3g} GFLOPs per {size.length}-token sequence"
+             if size.forward_flops is not None else "forward FLOPs not countable on the meta device")
     line = (f"{spec} ({size.params / 1e6:.1f}M parameters, {size.params_non_embedding / 1e6:.1f}M outside the "
-            f"embeddings; {size.forward_flops / 1e9:.3g} GFLOPs per {size.length}-token sequence")
+            f"embeddings; {flops}")
     if teacher is None:
         return line + ")"
+    share = (f", {100 * size.forward_flops / teacher.forward_flops:.0f}% of its FLOPs"
+             if size.forward_flops is not None and teacher.forward_flops is not None else "")
     return (line + f"; {100 * size.params / teacher.params:.0f}% of the teacher's parameters, "
-            f"{100 * size.params_non_embedding / teacher.params_non_embedding:.0f}% outside the embeddings, "
-            f"{100 * size.forward_flops / teacher.forward_flops:.0f}% of its FLOPs; init {init})")
+            f"{100 * size.params_non_embedding / teacher.params_non_embedding:.0f}% outside the embeddings"
+            f"{share}; init {init})")
 
 
 def start_block(*, task: str, model: str, precision: str, backend: str, world_size: int,

@@ -51,3 +51,9 @@ def test_a_hub_warning_repeated_with_other_numbers_is_printed_once():
     shown = [once.filter(record("huggingface_hub.utils._http", line)) for line in lines]
     assert shown == [True, False, False, False, False]
     assert once.filter(record("pipeline", lines[0])) and once.filter(record("pipeline", lines[0]))  # ours: all
+
+
+def test_a_model_line_without_counted_flops_says_so():
+    line = model_line("microsoft/deberta-v3-small", ModelSize(2_000_000, 1_000_000, None, 128),
+                      ModelSize(4_000_000, 2_000_000, None, 128), "pretrained")
+    assert "forward FLOPs not countable on the meta device" in line and "of its FLOPs" not in line

@@ -153,3 +153,14 @@ def test_the_ratios_are_the_students_over_the_teachers(teacher):
     assert ratios[names.KD_PARAM_RATIO_NON_EMBEDDING] == pytest.approx(
         made.num_parameters(exclude_embeddings=True) / teacher.num_parameters(exclude_embeddings=True))
     assert ratios[names.KD_PARAM_RATIO_NON_EMBEDDING] < 0.25 and 0 < ratios[names.KD_FLOPS_RATIO] < 1
+
+
+def test_a_model_that_cannot_run_on_the_meta_device_has_its_parameters_counted_and_no_flops():
+    from transformers import DebertaV2Config
+
+    config = DebertaV2Config(vocab_size=100, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                             intermediate_size=16, num_labels=2)
+    size = model_size(TASK.model_class, config, 10)
+    assert size.forward_flops is None and size.params > size.params_non_embedding > 0
+    assert names.MODEL_FORWARD_FLOPS not in size.metrics()
+    assert names.KD_FLOPS_RATIO not in student.ratios(size, size)
