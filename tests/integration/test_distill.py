@@ -181,3 +181,9 @@ def test_a_quarter_width_student_by_weight_selection_distils_and_states_its_size
     card = (out / "best" / "README.md").read_text()
     assert ("narrowed to hidden size 128 (the teacher's 256), attention heads 2 (the teacher's 4), feed-forward 512 "
             "(the teacher's 1024)") in card and "init weight-selection" in card
+    refused = tmp_path / "refused"
+    with pytest.raises(UserError, match="num_attention_heads=3: must divide the hidden size 128"):
+        run(load_config(None, [*FAST, "model=from_teacher:2", "model_config.hidden_size=128",
+                               "model_config.num_attention_heads=3", f"kd.teacher={teacher_dir}",
+                               f"output_dir={refused}", f"tracking.uri=sqlite:///{refused}.db"]), kind="distill")
+    assert not refused.exists() and not (tmp_path / "refused.db").exists()
