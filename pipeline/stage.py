@@ -52,7 +52,7 @@ class Stage(Plan):
     distiller: Distiller | None
     """Under distillation: the KD loss, with the teacher's logits cached or the teacher live."""
     size: ModelSize
-    """The trained model's parameters and forward FLOPs at train.max_length (kd_projection left out)."""
+    """The trained model's parameters and forward FLOPs at train.max_length (kd_projections left out)."""
     teacher_size: ModelSize | None = None
     """Under distillation: the teacher's, measured alike."""
     student_init: str | None = None
