@@ -100,6 +100,15 @@ def export_test_metric(variant: str, name: str) -> str:
     return f"{EXPORT}{variant}/{TEST}{name}"
 
 
+# ---------------------------------------------------------------- model size (measure/flops.ModelSize; once a run)
+MODEL_PARAMS = "model/params"
+MODEL_PARAMS_NON_EMBEDDING = "model/params_non_embedding"  # outside the embedding tables
+MODEL_FORWARD_FLOPS = "model/forward_flops_per_seq"  # one forward of one sequence of train.max_length tokens
+# a distilled student's over its teacher's (kd/student.py ratios)
+KD_PARAM_RATIO = "kd/student_teacher_param_ratio"
+KD_PARAM_RATIO_NON_EMBEDDING = "kd/student_teacher_param_ratio_non_embedding"
+KD_FLOPS_RATIO = "kd/student_teacher_flops_ratio"
+
 # ---------------------------------------------------------------- energy (NVML; absent where not measured)
 ENERGY_JOULES = "energy/joules"
 AVG_POWER = "energy/avg_power_w"
@@ -163,6 +172,7 @@ TAG_USER = "mlflow.user"  # MLflow's own: the runs table's User, the login that 
 TAG_URI_FROM = "tracking.uri_from"  # config | env:MLFLOW_TRACKING_URI | default
 TAG_EXPERIMENT_FROM = "tracking.experiment_from"  # config | env:MLFLOW_EXPERIMENT_NAME | default
 TAG_KD_CACHE = "kd_cache"  # hit | miss | off
+TAG_STUDENT_INIT = "student.init"  # teacher-layers | weight-selection | scratch | pretrained (kd/student.py)
 TAG_DATA_CACHE = "data_cache"  # hit | miss | partial: the prepared-features cache (features.py)
 TAG_DEV = "dev"  # where dev came from when not from a file of its own: holdout:F:SEED | skip (no dev evaluation)
 TAG_NO_TEST = "no_test"  # true: data.test unset beside a given data key, so the run has no test figures

@@ -19,9 +19,10 @@ from transformers import PreTrainedTokenizerBase
 from pipeline import models, names
 from pipeline.data import features, holdout
 from pipeline.data.loaders import shaped_collate
+from pipeline.kd import student
 from pipeline.kd.distill import Distiller, build_distillation
 from pipeline.measure import inference, memory
-from pipeline.measure.flops import FlopModel, step_flop_model
+from pipeline.measure.flops import FlopModel, ModelSize, model_size, step_flop_model
 from pipeline.measure.load import LoadSampler
 from pipeline.parts.step_losses import StepLoss
 from pipeline.plan.settle import Plan
@@ -50,6 +51,17 @@ class Stage(Plan):
     backend: Backend
     distiller: Distiller | None
     """Under distillation: the KD loss, with the teacher's logits cached or the teacher live."""
+    size: ModelSize
+    """The trained model's parameters and forward FLOPs at train.max_length (kd_projections left out)."""
+    teacher_size: ModelSize | None = None
+    """Under distillation: the teacher's, measured alike."""
+    student_init: str | None = None
+    """Under distillation: how the student started (kd/student.py init_of)."""
+
+    def size_metrics(self) -> dict[str, float]:
+        """The run's model/* metrics, and under distillation the student's ratios to its teacher."""
+        against = student.ratios(self.size, self.teacher_size) if self.teacher_size else {}
+        return {**self.size.metrics(), **against}
 
     @property
     def teacher(self) -> torch.nn.Module | None:
@@ -159,10 +171,16 @@ def build_stage(plan: Plan) -> Stage:
                                                  rows.get(split, examples[split]), tokenizer, cfg.train.max_length, rt)
                 for split in SPLITS if split in examples}
     examples["train"].release()  # the builder's rows: the features are on disk now
+    size = model_size(task.model_class, model.config, cfg.train.max_length)
+    lineage = {}
+    if distiller is not None:  # before prepare(), which may free the teacher
+        lineage = {"teacher_size": model_size(task.model_class, distiller.teacher.config, cfg.train.max_length),
+                   "student_init": student.init_of(model_spec, model.config, distiller.teacher.config)}
     model.to(rt.device)  # fp32 here; bf16-pure: the backend casts it once it holds the fp32 masters
     if distiller is not None:  # the teacher's logits for the whole training set, once (cached on disk)
         distiller.prepare(prepared["train"], shaped_collate(task.collator(tokenizer), cfg.train,
                                                             tokenizer.pad_token_id), cfg.train.max_length, tokenizer)
     planned = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)}
     return Stage(**{**planned, "record": plan.record.built(**identity)}, examples=examples, features=prepared,
-                 tokenizer=tokenizer, model=model, model_spec=model_spec, backend=backend, distiller=distiller)
+                 tokenizer=tokenizer, model=model, model_spec=model_spec, backend=backend, distiller=distiller,
+                 size=size, **lineage)

@@ -34,7 +34,7 @@ from pipeline.stage import Stage
 from pipeline.tasks.base import SPLITS
 from pipeline.tracking import stage_outputs
 from pipeline.tracking.metrics import MetricsProcessor
-from pipeline.tracking.start_block import precision_line, run_url, start_block
+from pipeline.tracking.start_block import model_line, precision_line, run_url, start_block
 from pipeline.tracking.tracker import Tracker
 
 log = logging.getLogger("pipeline")
@@ -147,15 +147,18 @@ def begin(loop: Loop) -> None:
     stage = loop.stage
     tags = {names.TAG_DATA_CACHE: features.cache_outcome(stage.examples["train"], stage.features),
             **({names.TAG_KD_CACHE: stage.distiller.cache_outcome} if stage.distiller else {}),
-            **({names.TAG_BATCH_FIT: stage.batch_found} if stage.batch_found else {}), **evaluation_data(stage)}
+            **({names.TAG_BATCH_FIT: stage.batch_found} if stage.batch_found else {}),
+            **({names.TAG_STUDENT_INIT: stage.student_init} if stage.student_init else {}), **evaluation_data(stage)}
     # rank 0 logs the datasets: the others' would digest every dev and test example for nothing
     datasets = describe_datasets(stage.cfg.data, stage.task, stage.examples) if stage.rt.is_main else []
     loop.metrics.begin(stage.out, stage.backend.extra_artifacts, tags, datasets)
+    loop.metrics.tracker.log_metrics(stage.size_metrics(), 0)  # rank 0's tracker is the active one
     loop.checkpointer.write_job()
     if stage.rt.is_main:
         tracker = loop.metrics.tracker
         log.info(start_block(
-            task=stage.task.name, model=stage.model_spec, parameters=sum(p.numel() for p in stage.model.parameters()),
+            task=stage.task.name,
+            model=model_line(stage.model_spec, stage.size, stage.teacher_size, stage.student_init),
             precision=precision_line(stage.cfg.precision, stage.policy.name, stage.rt.device.type),
             backend=stage.rt.backend, world_size=stage.rt.world_size,
             examples={split: len(stage.examples[split]) for split in SPLITS if split in stage.examples},

@@ -52,9 +52,17 @@ class Config:
     task: str = "sentiment"
     """One of sentiment, ner, error_cls, qa, wikiqa."""
     model: str | None = None
-    """Hub id, local directory, `preset:NAME` or `from_teacher:N`; unset = the task's default."""
+    """Hub id, local directory, `preset:NAME` or `from_teacher:N`; unset = the task's default
+    (distill: from_teacher: half the teacher's layers). `from_teacher:N` (distill) is N of the
+    teacher's layers, evenly spaced, with its embeddings and head; model_config.hidden_size,
+    num_attention_heads and intermediate_size make it narrower (unset: the teacher's width; heads
+    unset keep the teacher's head size, the feed-forward its ratio to the width), each weight then
+    the teacher's evenly spaced slice with attention heads whole (weight selection; the run's
+    student.init tag says which init ran). A width the teacher cannot be sliced to (wider than
+    the teacher's, heads not dividing it or wider than the teacher's heads) is refused."""
     model_config: dict = field(default_factory=dict)
-    """Overrides applied to the model's config, e.g. model_config.hidden_dropout_prob=0."""
+    """Overrides applied to the model's config, e.g. model_config.hidden_dropout_prob=0 (with
+    model=from_teacher:N the width keys shape the student only, the others both models)."""
     task_options: dict = field(default_factory=dict)
     """Task-specific switches, e.g. task_options.binary=true for error_cls."""
     precision: str = "fp32"

@@ -1,9 +1,10 @@
 """Knowledge distillation: the loss terms (terms: KD, and the layer-wise hidden-state and
-attention-relation terms over kd.layer_map), the teacher, the student built from it and the loss
-made of the terms (distill), and the teacher-logit cache computed once per key and dealt out across
-ranks (teacher_cache).
+attention-relation terms over kd.layer_map), the teacher and the loss made of the terms (distill),
+the student built from the teacher, at its width or narrower, and its size against the teacher's
+(student), and the teacher-logit cache computed once per key and dealt out across ranks
+(teacher_cache).
 
 May import: the layers below it (errors ... tasks, config, runtime, parts, measure, data) and models.
 
-Inside, lowest first: teacher_cache terms | distill
+Inside, lowest first: student teacher_cache terms | distill
 """

@@ -1,5 +1,5 @@
-"""Knowledge distillation: the frozen teacher, the loss made of the terms (kd/terms), the
-teacher-logit cache, and the DistilBERT-style student initialisation (`model=from_teacher:N`).
+"""Knowledge distillation: the frozen teacher, the loss made of the terms (kd/terms) and the
+teacher-logit cache; the student built from the teacher (`model=from_teacher:N`) is student.py's.
 
 loss = alpha * T^2 * KL(teacher || student at temperature T) + (1 - alpha) * task loss
        + hidden_weight * hidden + attention_weight * attention,
@@ -27,9 +27,9 @@ from pipeline.config.deepspeed_files import zero_stage_of
 from pipeline.errors import UserError
 from pipeline.fsutil import cache_root
 from pipeline.kd import teacher_cache
+from pipeline.kd.student import from_teacher, is_from_teacher, teacher_overrides
 from pipeline.kd.terms import LayerTerms, kd_loss
 from pipeline.layout import OutputDir
-from pipeline.parts.model_card import spaced_layers
 from pipeline.parts.step_losses import StepLoss
 from pipeline.runtime import dist
 from pipeline.runtime.compiler import OFF, CompilePolicy
@@ -57,28 +57,6 @@ def load_teacher(spec: str, task: Task, overrides: dict, max_length: int = 512
         raise UserError(str(e).replace("config: model=", "config: kd.teacher=", 1)) from None
 
 
-def student_from_teacher(n_layers: int, teacher: PreTrainedModel, task: Task) -> tuple[PreTrainedModel, list[int]]:
-    """The teacher's embeddings, head and N of its layers, evenly spaced (DistilBERT took
-    every other layer of BERT-base: 0, 2, ..., 10 for N=6)."""
-    total = teacher.config.num_hidden_layers
-    if not 1 <= n_layers <= total:
-        raise UserError(f"config: model=from_teacher:{n_layers}: the teacher has {total} layers")
-    chosen = spaced_layers(n_layers, total)
-    config = teacher.config.__class__.from_dict({**teacher.config.to_dict(), "num_hidden_layers": n_layers})
-    student = task.model_class.from_config(config, dtype=torch.float32)  # trainable: fp32 whatever the teacher's dtype
-    source = teacher.state_dict()
-    mapped = {}
-    for key in student.state_dict():  # load_state_dict copies into the fp32 parameters
-        teacher_key = key
-        if ".layer." in key:
-            head, _, rest = key.partition(".layer.")
-            index, _, tail = rest.partition(".")
-            teacher_key = f"{head}.layer.{chosen[int(index)]}.{tail}"
-        mapped[key] = source[teacher_key]
-    student.load_state_dict(mapped)
-    return student, chosen
-
-
 def build_distillation(cfg: Config, task: Task, policy: PrecisionPolicy, rt: Runtime, train_texts: Iterable[str],
                        compile_policy: CompilePolicy = OFF
                        ) -> tuple[str, PreTrainedTokenizerBase, PreTrainedModel, Distiller]:
@@ -86,14 +64,11 @@ def build_distillation(cfg: Config, task: Task, policy: PrecisionPolicy, rt: Run
     be the user's fault happens here, before any run exists."""
     if not cfg.kd.teacher:
         raise UserError("config: kd.teacher: required by distill (a train stage's output_dir, hub id or local model)")
-    teacher_tokenizer, teacher = load_teacher(cfg.kd.teacher, task, cfg.model_config, cfg.train.max_length)
+    teacher_tokenizer, teacher = load_teacher(cfg.kd.teacher, task, teacher_overrides(cfg.model, cfg.model_config),
+                                              cfg.train.max_length)
     spec = cfg.model or f"from_teacher:{max(1, teacher.config.num_hidden_layers // 2)}"
-    if spec.startswith("from_teacher:"):
-        try:
-            n_layers = int(spec.split(":", 1)[1])
-        except ValueError:
-            raise UserError(f"config: model={spec}: expected from_teacher:N with N a number of layers") from None
-        student, _ = student_from_teacher(n_layers, teacher, task)
+    if is_from_teacher(spec):
+        student = from_teacher(spec, teacher, task, cfg.model_config)
         tokenizer = teacher_tokenizer
     else:
         tokenizer, student = models.build(spec, task, train_texts, cfg.model_config, cfg.train.max_length)

@@ -1,14 +1,19 @@
 """FLOPs of the micro-batches a job trains: counted once, outside the timed steps, on real
-single-row steps of the model, and turned into a per-batch model that is exact for every shape."""
+single-row steps of the model, and turned into a per-batch model that is exact for every shape; and
+a model's size (ModelSize: parameters, forward FLOPs of one sequence) from its config alone."""
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
+
+from pipeline import names
 
 
 class FlopModel:
@@ -83,3 +88,38 @@ def step_flop_model(model: torch.nn.Module, lengths: list[int], row_batch: Calla
     model.zero_grad(set_to_none=True)
     model.train(training)
     return FlopModel(per_row)
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    """What a model costs whatever it runs on: its parameters, all and outside the embedding tables
+    (transformers' num_parameters, which leaves out every nn.Embedding: word, position, token type),
+    and the FLOPs of one forward of one sequence of `length` tokens (None: not countable, see
+    model_size)."""
+
+    params: int
+    params_non_embedding: int
+    forward_flops: float | None
+    length: int
+
+    def metrics(self) -> dict[str, float]:
+        flops = {names.MODEL_FORWARD_FLOPS: self.forward_flops} if self.forward_flops is not None else {}
+        return {names.MODEL_PARAMS: float(self.params),
+                names.MODEL_PARAMS_NON_EMBEDDING: float(self.params_non_embedding), **flops}
+
+
+def model_size(model_class: type, config: object, length: int) -> ModelSize:
+    """The size of a `model_class` of `config`, built on the meta device (shapes, no weights, no
+    arithmetic: instant whatever the model), its forward counted by FlopCounterMode at `length`
+    tokens with the math attention kernel; no attention mask: a full row has no padding. A model
+    whose forward reads a tensor's values (DeBERTa's relative positions) cannot run there: its
+    FLOPs are None, never estimated."""
+    with torch.device("meta"):
+        model = model_class.from_config(copy.deepcopy(config)).eval()  # from_config may set fields
+    ids = torch.zeros(1, length, dtype=torch.long, device="meta")
+    try:
+        with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
+            flops = count_flops(functools.partial(model, input_ids=ids))
+    except (RuntimeError, NotImplementedError):  # "Tensor.item() cannot be called on meta tensors"
+        flops = None
+    return ModelSize(model.num_parameters(), model.num_parameters(exclude_embeddings=True), flops, length)

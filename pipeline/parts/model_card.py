@@ -32,7 +32,8 @@ def card_text(out: OutputDir, metrics: dict[str, float]) -> str:
     task = get_task(task_name, config.get("task_options") or {}) if task_name else None
     model = config.get("model") or (task.default_model if task else None)  # config.yaml holds the one that ran
     teacher = (config.get("kd") or {}).get("teacher") if record and record.teacher else None  # a distill stage
-    student = _student(model, teacher) if teacher and model and model.startswith("from_teacher:") else None
+    student = (_student(model, teacher, config.get("model_config") or {})
+               if teacher and model and model.startswith("from_teacher:") else None)
     data = config.get("data") or {}
     front = {"library_name": "transformers", "tags": [LIBRARY, *([task_name] if task_name else []),
                                                        *(["knowledge-distillation"] if teacher else [])]}
@@ -77,15 +78,40 @@ def spaced_layers(n_layers: int, total: int) -> list[int]:
     return [i * total // n_layers for i in range(n_layers)]
 
 
-def _student(model: str, teacher: str) -> str:
-    """`from_teacher:N` as a sentence: which of the teacher's layers, where its config.json is here."""
+WIDTHS = {"hidden_size": "hidden size", "num_attention_heads": "attention heads", "intermediate_size": "feed-forward"}
+"""The model_config keys that narrow a from_teacher student (kd/student.py), as the card names them."""
+
+
+def student_width(overrides: dict, teacher: dict) -> dict[str, int]:
+    """A from_teacher student's hidden size, heads and feed-forward size from model_config
+    `overrides` and the teacher's config: unset heads keep the teacher's head size (hidden size /
+    the teacher's head size, at least 1), an unset feed-forward size the teacher's ratio to width."""
+    hidden = overrides.get("hidden_size", teacher["hidden_size"])
+    head_size = teacher["hidden_size"] // teacher["num_attention_heads"]
+    return {"hidden_size": hidden,
+            "num_attention_heads": overrides.get("num_attention_heads", max(1, hidden // head_size)),
+            "intermediate_size": overrides.get("intermediate_size",
+                                               teacher["intermediate_size"] * hidden // teacher["hidden_size"])}
+
+
+def _student(model: str, teacher: str, model_config: dict) -> str:
+    """`from_teacher:N` as a sentence: which of the teacher's layers (where its config.json is
+    here), at which width, and how the student was initialised from them."""
     n = int(model.split(":", 1)[1])
     folder = Path(teacher).expanduser()
     best = OutputDir(folder).trained_model() if folder.is_dir() else None
     config = (best or folder) / "config.json"
-    total = json.loads(config.read_text(encoding="utf-8")).get("num_hidden_layers") if config.is_file() else None
+    theirs = json.loads(config.read_text(encoding="utf-8")) if config.is_file() else {}
+    total = theirs.get("num_hidden_layers")
     layers = f"its layers {', '.join(map(str, spaced_layers(n, total)))} of {total}" if total else f"{n} of its layers"
-    return f"{model}: the teacher's embeddings, head and {layers}"
+    width = student_width(model_config, theirs) if all(k in theirs for k in WIDTHS) else model_config
+    narrowed = {k: v for k, v in width.items() if k in WIDTHS and v != theirs.get(k)}
+    if not narrowed:
+        return f"{model}: the teacher's embeddings, head and {layers}, copied (init teacher-layers)"
+    width = ", ".join(f"{WIDTHS[k]} {v}" + (f" (the teacher's {theirs[k]})" if k in theirs else "")
+                      for k, v in narrowed.items())
+    return (f"{model}: the teacher's embeddings, head and {layers}, narrowed to {width}, each weight the "
+            "teacher's evenly spaced slice, attention heads whole (init weight-selection)")
 
 
 def _trained(train: dict, metrics: dict[str, float]) -> tuple[str, str]:

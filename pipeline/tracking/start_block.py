@@ -4,7 +4,12 @@ examples of each split, the steps, where its run is), so a job's log says what i
 its first step."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from pipeline.config.secrets import redact
+
+if TYPE_CHECKING:
+    from pipeline.measure.flops import ModelSize
 
 
 def precision_line(requested: str, resolved: str, device_type: str) -> str:
@@ -31,9 +36,25 @@ def run_url(uri: str, experiment_id: str | None, run_id: str | None) -> str:
     return f"run {run_id}: python -m pipeline ui --uri {redact(uri)}"
 
 
-def start_block(*, task: str, model: str, parameters: int, precision: str, backend: str, world_size: int,
+def model_line(spec: str, size: ModelSize, teacher: ModelSize | None = None, init: str | None = None) -> str:
+    """The model, its parameters (all, outside the embeddings) and forward GFLOPs per sequence; a
+    student's as % of its teacher's, and how it started."""
+    flops = (f"{size.forward_flops / 1e9:.3g} GFLOPs per {size.length}-token sequence"
+             if size.forward_flops is not None else "forward FLOPs not countable on the meta device")
+    line = (f"{spec} ({size.params / 1e6:.1f}M parameters, {size.params_non_embedding / 1e6:.1f}M outside the "
+            f"embeddings; {flops}")
+    if teacher is None:
+        return line + ")"
+    share = (f", {100 * size.forward_flops / teacher.forward_flops:.0f}% of its FLOPs"
+             if size.forward_flops is not None and teacher.forward_flops is not None else "")
+    return (line + f"; {100 * size.params / teacher.params:.0f}% of the teacher's parameters, "
+            f"{100 * size.params_non_embedding / teacher.params_non_embedding:.0f}% outside the embeddings"
+            f"{share}; init {init})")
+
+
+def start_block(*, task: str, model: str, precision: str, backend: str, world_size: int,
                 examples: dict[str, int], steps: int, epochs: int, output_dir: str, uri: str, run: str) -> str:
-    rows = [("task", task), ("model", f"{model} ({parameters / 1e6:.1f}M parameters)"), ("precision", precision),
+    rows = [("task", task), ("model", model), ("precision", precision),
             ("backend", f"{backend} x {world_size} process{'es' if world_size != 1 else ''}"),
             ("examples", ", ".join(f"{split} {n}" for split, n in examples.items())),
             ("steps", f"{steps} optimizer steps over {epochs} epoch{'s' if epochs != 1 else ''}"),

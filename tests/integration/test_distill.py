@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -148,3 +149,41 @@ def test_distill_with_every_term_under_torchrun_and_deepspeed_logs_each_by_name(
         assert {names.train_loss_term(t) for t in ("task", "kd", "hidden", "attention")} <= logged, out
         saved = load_file(tmp_path / out / "best" / "model.safetensors")
         assert not any(k.startswith("kd_projections") for k in saved) and "classifier.weight" in saved, out
+
+
+@pytest.mark.slow  # its teacher_dir trains a teacher
+def test_a_quarter_width_student_by_weight_selection_distils_and_states_its_size(tmp_path, teacher_dir):
+    """bangla-small (width 256, 4 heads of 64, feed-forward 1024) -> 2 layers of width 128: heads
+    keep their size (2), the feed-forward its ratio (512); a quarter of the teacher's non-embedding
+    parameters at most, sliced from it, every term on."""
+    out = tmp_path / "out"
+    figures = run(load_config(None, [*FAST, "model=from_teacher:2", "model_config.hidden_size=128",
+                                     f"kd.teacher={teacher_dir}",
+                                     "kd.hidden_weight=1.0", "kd.attention_weight=1.0", "train.max_steps=3",
+                                     f"output_dir={out}", f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]),
+                  kind="distill")
+    assert np.isfinite(figures[names.TRAIN_LOSS])
+    from pipeline.tracking.journal import Metric, Tags, read_journal
+
+    records = read_journal(out / "journal.jsonl")
+    logged = {r.key: r.value for r in records if isinstance(r, Metric)}
+    tags = {k: v for r in records if isinstance(r, Tags) for k, v in r.tags.items()}
+    assert tags[names.TAG_STUDENT_INIT] == "weight-selection"
+    assert 0 < logged[names.KD_PARAM_RATIO_NON_EMBEDDING] <= 0.25
+    assert logged[names.MODEL_PARAMS] > logged[names.MODEL_PARAMS_NON_EMBEDDING] > 0
+    assert 0 < logged[names.KD_FLOPS_RATIO] < logged[names.KD_PARAM_RATIO] < 1
+    saved = json.loads((out / "best" / "config.json").read_text())
+    assert (saved["hidden_size"], saved["num_attention_heads"], saved["intermediate_size"]) == (128, 2, 512)
+    from safetensors.torch import load_file
+
+    weights = load_file(out / "best" / "model.safetensors")
+    assert sum(t.numel() for t in weights.values()) == logged[names.MODEL_PARAMS]
+    card = (out / "best" / "README.md").read_text()
+    assert ("narrowed to hidden size 128 (the teacher's 256), attention heads 2 (the teacher's 4), feed-forward 512 "
+            "(the teacher's 1024)") in card and "init weight-selection" in card
+    refused = tmp_path / "refused"
+    with pytest.raises(UserError, match="num_attention_heads=3: must divide the hidden size 128"):
+        run(load_config(None, [*FAST, "model=from_teacher:2", "model_config.hidden_size=128",
+                               "model_config.num_attention_heads=3", f"kd.teacher={teacher_dir}",
+                               f"output_dir={refused}", f"tracking.uri=sqlite:///{refused}.db"]), kind="distill")
+    assert not refused.exists() and not (tmp_path / "refused.db").exists()

@@ -56,6 +56,25 @@ def test_a_from_teacher_students_card_names_its_teachers_layers_and_what_it_trai
                                   precision="fp32", data={}, teacher="sha256:t").to_json())
     card = card_text(out, {"test/main": 0.5, "train/steps": 4, "train/epochs": 1})
     assert f"distilled by bangla-amp-pipeline from {teacher.root}: from_teacher:1" in card
-    assert "| student of the teacher | from_teacher:1: the teacher's embeddings, head and its layers 0 of 2 |" in card
+    assert ("| student of the teacher | from_teacher:1: the teacher's embeddings, head and its layers 0 of 2, copied "
+            "(init teacher-layers) |") in card
     assert "| trained | 4 optimizer steps in 1 epoch (stopped by train.max_steps=4) |" in card
     assert "base model" not in card and "bangla-small" not in card
+
+
+def test_a_narrower_students_card_names_its_width_against_the_teachers_and_its_init(tmp_path):
+    teacher = OutputDir(tmp_path / "teacher")
+    (teacher.root / "best").mkdir(parents=True)
+    write_json(teacher.root / "best" / "config.json", {"num_hidden_layers": 4, "hidden_size": 256,
+                                                       "num_attention_heads": 4, "intermediate_size": 1024})
+    out = OutputDir(tmp_path / "student")
+    out.root.mkdir()
+    widths = {"hidden_size": 128, "num_attention_heads": 2, "intermediate_size": 1024, "hidden_dropout_prob": 0.0}
+    write_text(out.config, yaml.safe_dump({"task": "sentiment", "model": "from_teacher:2", "model_config": widths,
+                                           "kd": {"teacher": str(teacher.root)}, "train": {}, "data": {}}))
+    write_json(out.job, JobRecord(config={}, global_batch="16 rows", world_size=1, backend="torch",
+                                  precision="fp32", data={}, teacher="sha256:t").to_json())
+    card = card_text(out, {})
+    assert ("| student of the teacher | from_teacher:2: the teacher's embeddings, head and its layers 0, 2 of 4, "
+            "narrowed to hidden size 128 (the teacher's 256), attention heads 2 (the teacher's 4), each weight the "
+            "teacher's evenly spaced slice, attention heads whole (init weight-selection) |") in card

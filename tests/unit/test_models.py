@@ -14,6 +14,7 @@ from transformers import BertConfig
 from pipeline import models
 from pipeline.config import load_config
 from pipeline.kd import distill
+from pipeline.kd.student import from_teacher
 from pipeline.parts import best_model
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
@@ -58,7 +59,7 @@ def test_a_16bit_trained_model_reloads_as_fp32_everywhere(tmp_path, fp32_save):
     _, teacher = distill.load_teacher(str(tmp_path), task, {})  # kd.teacher=OUTPUT_DIR (its best/)
     assert {p.dtype for p in teacher.parameters()} == {torch.float32}
 
-    student, _ = distill.student_from_teacher(1, teacher, task)  # model=from_teacher:1
+    student = from_teacher("from_teacher:1", teacher, task, {})
     assert {p.dtype for p in student.parameters()} == {torch.float32}
 
     cfg = load_config(None, [f"kd.teacher={tmp_path}", "model=from_teacher:1"])

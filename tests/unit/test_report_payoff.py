@@ -10,7 +10,7 @@ import pytest
 
 from pipeline.report.cells import ROW_COLUMNS
 from pipeline.report.markdown import render
-from pipeline.report.payoff import payoff_table, plot_payoff, sentences
+from pipeline.report.payoff import payoff_display, payoff_table, plot_payoff, sentences
 
 
 def row(cell, procedure, stage, seed, main, params, no_embed, size, latency, sps, needs=""):
@@ -83,6 +83,13 @@ def test_one_sentence_per_procedure_with_its_spread():
     assert ("its inference speed was not measured side by side (best/ of outputs/demo/wikiqa-kd-s1 is not on this "
             "machine)") in unmeasured
     assert "its throughput" not in unmeasured and "x " not in unmeasured.split("keeps", 1)[1]
+
+
+def test_the_table_shows_each_models_non_embedding_parameters_and_their_share_of_the_teachers():
+    shown = payoff_display(payoff_table(cells(), side_by_side())).set_index("procedure")
+    assert list(shown.loc["kd", ["params (M)", "non-embedding params (M)", "% of teacher's non-embedding"]]) == [
+        "15.6", "3.7", "34"]
+    assert shown.loc["teacher", "non-embedding params (M)"] == "10.8"
 
 
 def test_the_chart_and_the_kd_section_opening_with_the_payoff(tmp_path):

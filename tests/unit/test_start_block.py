@@ -3,7 +3,8 @@ block of what it resolved; the Hub's repeated warnings once."""
 import logging
 
 from pipeline.cli import HubOnce
-from pipeline.tracking.start_block import precision_line, run_url, start_block
+from pipeline.measure.flops import ModelSize
+from pipeline.tracking.start_block import model_line, precision_line, run_url, start_block
 
 
 def test_the_precision_says_what_auto_became_and_why():
@@ -20,14 +21,24 @@ def test_the_run_is_a_link_on_a_server_and_a_command_on_a_file_store():
 
 
 def test_the_start_block_names_everything_the_job_resolved():
-    block = start_block(task="sentiment", model="preset:bangla-tiny", parameters=1_234_567,
+    model = model_line("preset:bangla-tiny", ModelSize(1_234_567, 234_567, 3.2e8, 128))
+    block = start_block(task="sentiment", model=model,
                         precision="bf16 (auto: this cpu runs bf16)", backend="ddp", world_size=2,
                         examples={"train": 800, "dev": 100, "test": 100}, steps=75, epochs=3, output_dir="out",
                         uri="sqlite:////x/m.db", run="run abc: python -m pipeline ui --uri sqlite:////x/m.db")
-    for part in ("task        sentiment", "preset:bangla-tiny (1.2M parameters)", "bf16 (auto: this cpu runs bf16)",
+    for part in ("task        sentiment",
+                 "preset:bangla-tiny (1.2M parameters, 0.2M outside the embeddings; 0.32 GFLOPs per 128-token",
+                 "bf16 (auto: this cpu runs bf16)",
                  "ddp x 2 processes", "train 800, dev 100, test 100", "75 optimizer steps over 3 epochs",
                  "output_dir  out", "sqlite:////x/m.db", "run abc"):
         assert part in block, part
+
+
+def test_a_students_model_line_says_its_share_of_the_teacher_and_its_init():
+    teacher = ModelSize(4_000_000, 2_000_000, 1.0e9, 128)
+    line = model_line("from_teacher:2", ModelSize(1_000_000, 400_000, 2.5e8, 128), teacher, "weight-selection")
+    assert line.endswith("25% of the teacher's parameters, 20% outside the embeddings, 25% of its FLOPs; "
+                         "init weight-selection)")
 
 
 def test_a_hub_warning_repeated_with_other_numbers_is_printed_once():
@@ -40,3 +51,9 @@ def test_a_hub_warning_repeated_with_other_numbers_is_printed_once():
     shown = [once.filter(record("huggingface_hub.utils._http", line)) for line in lines]
     assert shown == [True, False, False, False, False]
     assert once.filter(record("pipeline", lines[0])) and once.filter(record("pipeline", lines[0]))  # ours: all
+
+
+def test_a_model_line_without_counted_flops_says_so():
+    line = model_line("microsoft/deberta-v3-small", ModelSize(2_000_000, 1_000_000, None, 128),
+                      ModelSize(4_000_000, 2_000_000, None, 128), "pretrained")
+    assert "forward FLOPs not countable on the meta device" in line and "of its FLOPs" not in line
