@@ -20,6 +20,7 @@ from pipeline.config import load_config
 from pipeline.errors import MachineError, UserError
 from pipeline.job_record import JobRecord
 from pipeline.layout import OutputDir
+from pipeline.measure.flops import ModelSize
 from pipeline.measure.telemetry import StageMeters
 from pipeline.parts import checkpoint
 from pipeline.parts.best_model import BestModel
@@ -155,8 +156,9 @@ def make_loop(tmp_path, overrides=(), applied=(), micro_batches=6, epochs=1, tot
     model = TinyClassifier()
     backend = InProcessBackend(applied)
     plan = Plan(settled, rt, "train", task, policy, record, compiler.resolve(settled.train.compile, "cpu", "single"))
+    size = ModelSize(sum(p.numel() for p in model.parameters()), sum(p.numel() for p in model.parameters()), None, 8)
     s = Stage(**vars(plan), examples={}, features={}, tokenizer=None, model=model, model_spec="tiny", backend=backend,
-              distiller=None)
+              distiller=None, size=size)
     loaders = Batches(micro_batches)
     steps = total_steps or math.ceil(micro_batches / cfg.train.grad_accum) * epochs
     optimizer, scheduler = build_optimizer(model, settled.train, steps, fused=False)
