@@ -105,8 +105,8 @@ class DataConfig:
         for split, use in DATA_USES.items():
             if split == "test" or not given or getattr(self, split) is not None:
                 continue
-            instead = f", data.dev={HOLDOUT}F (a fraction of the training rows) or data.dev={DEV_SKIP}" \
-                if split == "dev" else ""
+            instead = (f", data.dev={HOLDOUT}F (a fraction of the training rows) or data.dev={DEV_SKIP} "
+                       "(`none` reads as unset)") if split == "dev" else ""
             raise UserError(f"config: data.{split}: unset while data.{given[0]}={getattr(self, given[0])} is "
                             f"given: {use} would run on the built-in synthetic sample set; give data.{split}=FILE "
                             f"(or hub:ID){instead}, or data.{split}={SAMPLES} to use that set knowingly")
