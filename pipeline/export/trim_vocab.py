@@ -133,8 +133,7 @@ def _cut_tokenizer(tokenizer: PreTrainedTokenizerFast, kept: torch.Tensor,
             model["unk_id"] = int(old_to_new[model["unk_id"]])
     for added in state.get("added_tokens") or []:
         added["id"] = int(old_to_new[added["id"]])
-    for special in ((state.get("post_processor") or {}).get("special_tokens") or {}).values():
-        special["ids"] = [int(old_to_new[i]) for i in special["ids"]]
+    _renumber_post_processor(state.get("post_processor"), old_to_new)
     if state.get("padding"):
         state["padding"]["pad_id"] = int(old_to_new[state["padding"]["pad_id"]])
     fast = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(state)),
@@ -142,6 +141,20 @@ def _cut_tokenizer(tokenizer: PreTrainedTokenizerFast, kept: torch.Tensor,
                                    model_max_length=tokenizer.model_max_length,
                                    model_input_names=list(tokenizer.model_input_names))
     return fast
+
+
+def _renumber_post_processor(node: dict | None, old_to_new: torch.Tensor) -> None:
+    """The special-token ids a post-processor holds: TemplateProcessing's special_tokens,
+    BertProcessing's and RobertaProcessing's cls and sep ([token, id]), a Sequence's processors."""
+    if not node:
+        return
+    for special in (node.get("special_tokens") or {}).values():
+        special["ids"] = [int(old_to_new[i]) for i in special["ids"]]
+    for key in ("cls", "sep"):
+        if isinstance(node.get(key), list):
+            node[key][1] = int(old_to_new[node[key][1]])
+    for child in node.get("processors") or []:
+        _renumber_post_processor(child, old_to_new)
 
 
 @dataclass

@@ -94,3 +94,23 @@ def test_a_unigram_tokenizer_is_cut_with_its_scores_and_unknown_id():
     assert "\u2581dog" not in cut.tokenizer.get_vocab() and "\u2581cat" in cut.tokenizer.get_vocab()
     assert cut.tokenizer.tokenize("the cat") == tok.tokenize("the cat")
     assert cut.tokenizer.tokenize("dog") == ["\u2581d", "o", "g"]
+
+
+def test_a_roberta_post_processors_special_ids_are_renumbered():
+    """RobertaProcessing (as XLM-R's Unigram tokenizer has) names its specials as [token, id]: with
+    the specials last in the vocabulary, their ids move with the cut."""
+    pieces = [("<unk>", 0.0), ("<pad>", 0.0), ("\u2581ab", -1.0), ("\u2581ca", -1.0),
+              *((f"\u2581{c}", -5.0) for c in "abc"), *((c, -6.0) for c in "abc"), ("<s>", 0.0), ("</s>", 0.0)]
+    uni = Tokenizer(models.Unigram(pieces, unk_id=0))
+    uni.pre_tokenizer = pre_tokenizers.Metaspace()
+    uni.post_processor = processors.Sequence([processors.RobertaProcessing(("</s>", len(pieces) - 1),
+                                                                           ("<s>", len(pieces) - 2))])
+    tok = PreTrainedTokenizerFast(tokenizer_object=uni, unk_token="<unk>", pad_token="<pad>", bos_token="<s>",
+                                  eos_token="</s>", cls_token="<s>", sep_token="</s>")
+    model = tiny_bert(len(tok))
+    cut = trim_vocab.trim(model, tok, trim_vocab.used_ids(tok, ["ab"]))
+    assert "\u2581ca" not in cut.tokenizer.get_vocab()
+    full, short = tok("ab", return_tensors="pt"), cut.tokenizer("ab", return_tensors="pt")
+    assert cut.tokenizer.convert_ids_to_tokens(short["input_ids"][0]) == ["<s>", "\u2581ab", "</s>"]
+    assert torch.equal(cut.old_to_new[full["input_ids"]], short["input_ids"])
+    assert torch.allclose(model(**full).logits, cut.model(**short).logits, atol=1e-6)
