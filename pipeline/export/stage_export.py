@@ -119,12 +119,29 @@ def _trim(out: OutputDir, model: torch.nn.Module, tokenizer, size_mb: float, fol
                "params_before": before[0], "params": after[0], "params_no_embed": after[1],
                "size_mb_before": size_mb, "size_mb": on_disk, **proof.metrics()}
     write_json(folder.parent / TRIM_JSON, figures)
+    _trimmed_card(out.best, folder, figures)
     log.info("export: vocabulary trimmed to the training data's tokens in %.1fs: %d -> %d tokens, %.1fM -> %.1fM "
              "parameters, %.1f -> %.1f MB; dev: %d rows, %d without a trimmed token, all predicted alike; %d with "
              "one (%d still alike)", time.perf_counter() - t0, figures["vocab_size_before"], figures["vocab_size"],
              before[0] / 1e6, after[0] / 1e6, size_mb, figures["size_mb"], proof.rows, proof.rows_equal,
              proof.rows_with_trimmed, proof.trimmed_rows_agree)
     return trimmed.model, trimmed.tokenizer, {names.export_metric(TRIM, k): float(v) for k, v in figures.items()}
+
+
+def _trimmed_card(best: Path, folder: Path, figures: dict) -> None:
+    """best/'s model card in the trimmed folder, with what the cut changed and what the dev split proved."""
+    from pipeline.parts.model_card import CARD
+
+    card = (best / CARD).read_text(encoding="utf-8") if (best / CARD).is_file() else ""
+    f = figures
+    card += (f"\n\n## Vocabulary trimmed\n\nCut to the tokens the training data uses plus every special token, "
+             "single character and continuation piece, so any input is still spelled: "
+             f"{f['vocab_size_before']} -> {f['vocab_size']} tokens, {f['params_before'] / 1e6:.1f}M -> "
+             f"{f['params'] / 1e6:.1f}M parameters, {f['size_mb_before']:.1f} -> {f['size_mb']:.1f} MB on disk. "
+             f"On the dev split ({f['dev_rows']} rows) the predictions equal the untrimmed model's on all "
+             f"{f['dev_rows_equal']} rows without a trimmed token; {f['dev_rows_with_trimmed']} rows hold one, "
+             f"{f['dev_rows_with_trimmed_agree']} of them predicted alike.\n")
+    (folder / CARD).write_text(card, encoding="utf-8")
 
 
 def _check(out: OutputDir, model: torch.nn.Module, tmp: Path, written: dict[str, str], params: tuple[int, int],

@@ -2,7 +2,7 @@
 the tokenizer in DIR/export/, the fp32 graph scoring what the PyTorch model scored, the export/*
 metrics and the served graph (an MLflow onnx model) on the stage's run, loadable through
 mlflow.pyfunc; and an export whose graph disagrees with PyTorch refused in one line, the export
-before it left as it was."""
+before it left as it was; and --trim-vocab's trimmed model (export/trimmed/)."""
 import copy
 import json
 
@@ -89,3 +89,35 @@ def test_an_export_that_disagrees_is_refused_in_one_line(exported, monkeypatch, 
     assert len(err) == 1 and "model.onnx disagrees with the PyTorch model on the dev split" in err[0], err
     assert (exported["out"] / "export" / "check.json").read_bytes() == before  # the checked export stays
     assert not list(exported["out"].glob(".export.tmp-*"))
+
+
+def test_a_trimmed_vocabulary_is_proven_on_dev_loads_serves_and_lands_on_the_run(exported, tmp_path):
+    """--trim-vocab on a preset student's own WordPiece (trained on these training texts, so it cuts
+    little): every dev row without a cut token proven alike; export/trimmed/ loads with the Auto
+    classes, predicts as best/ does, carries its card and serves as an MLflow transformers model.
+    Last in this file: it rewrites export/."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from pipeline.tasks import get_task
+    from pipeline.tracking.served_model import save_served_model
+
+    out = exported["out"]
+    assert main(["export", str(out), "--trim-vocab"]) == 0
+    folder = out / "export" / "trimmed"
+    trim = json.loads((out / "export" / "trim.json").read_text())
+    assert trim["vocab_size"] <= trim["vocab_size_before"] and trim["params"] <= trim["params_before"]
+    assert trim["dev_rows"] == trim["dev_rows_equal"] + trim["dev_rows_with_trimmed"] > 0
+    assert "## Vocabulary trimmed" in (folder / "README.md").read_text()
+    texts = ["ভালো লাগলো", "খুব খারাপ সেবা, আর কখনো না"]
+    predicted = []
+    for path in (out / "best", folder):
+        tokenizer, model = AutoTokenizer.from_pretrained(path), AutoModelForSequenceClassification.from_pretrained(path)
+        with torch.no_grad():
+            predicted.append(model(**tokenizer(texts, padding=True, return_tensors="pt")).logits.argmax(-1))
+    assert torch.equal(*predicted)
+    task = get_task("sentiment")
+    save_served_model(folder, task, task.load(None, "test"), tmp_path / "served")
+    served = mlflow.pyfunc.load_model(str(tmp_path / "served")).predict(texts)
+    assert len(served) == 2
+    (stage_run,) = mlflow_runs(exported["db"], "e")
+    assert stage_run.data.metrics[names.export_metric("trim", "vocab_size")] == trim["vocab_size"]
