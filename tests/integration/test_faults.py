@@ -25,10 +25,11 @@ from pipeline.tracking import Tracker, sync
 
 SINGLE = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
 # dropout stays on: a resume must restore every rank's RNG to continue bit-exactly. train/loss is
-# logged only at the end, so its window spans every kill below: it must survive in the checkpoint.
-# Dev is evaluated between steps too, so a resume also crosses evaluations made mid-epoch
-JOB = [*FAST, "train.epochs=2", "train.save_every=10", "train.eval_every=15", "train.keep_checkpoints=10",
-       "train.log_every=1000"]
+# logged only at the end, so its window spans every kill below: it must survive in the checkpoint
+JOB = [*FAST, "train.epochs=2", "train.save_every=10", "train.log_every=1000"]
+EVALUATING_JOB = [*JOB, "train.eval_every=15", "train.keep_checkpoints=10"]
+"""JOB with dev evaluated between steps too (a resume crosses evaluations made mid-epoch), and
+checkpoints kept to resume from by name."""
 STEPS_PER_EPOCH = 75  # 2400 samples, batch 32, one process
 STEPS_PER_EPOCH_DDP = 38  # 1200 samples a rank under 2-process DDP
 
@@ -43,9 +44,9 @@ def newest_step(out):
     return (checkpoint.latest(OutputDir(out)) or checkpoint.Checkpoint(None, 0)).step
 
 
-def finished_without_a_fault(tmp: Path, start) -> Path:
-    """JOB launched by `start` (start_cli, start_torchrun) and left to finish: its output_dir."""
-    proc = start("train", *JOB, f"output_dir={tmp / 'out'}", f"tracking.uri=sqlite:///{tracking_db(tmp)}",
+def finished_without_a_fault(tmp: Path, start, job: list[str] = JOB) -> Path:
+    """`job` launched by `start` (start_cli, start_torchrun) and left to finish: its output_dir."""
+    proc = start("train", *job, f"output_dir={tmp / 'out'}", f"tracking.uri=sqlite:///{tracking_db(tmp)}",
                  log=tmp / "log")
     assert proc.wait(timeout=600) == 0, (tmp / "log").read_text()[-3000:]
     return tmp / "out"
@@ -53,7 +54,7 @@ def finished_without_a_fault(tmp: Path, start) -> Path:
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    return finished_without_a_fault(tmp_path_factory.mktemp("uninterrupted"), start_cli)
+    return finished_without_a_fault(tmp_path_factory.mktemp("uninterrupted"), start_cli, EVALUATING_JOB)
 
 
 @pytest.mark.slow
@@ -65,7 +66,7 @@ def test_preempted_then_killed_then_resumed_from_a_named_checkpoint_gives_identi
     undoes what followed it, best/ included, takes the lock over and finishes the same MLflow run
     with the uninterrupted job's figures, bit for bit."""
     out, db = tmp_path / "out", tracking_db(tmp_path)
-    job = [*JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}"]
+    job = [*EVALUATING_JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}"]
     proc = start_cli("train", *job, log=tmp_path / "log")
     wait_for(lambda: newest_step(out) >= 10 or proc.poll() is not None, what="a first checkpoint")
     before = newest_step(out)
