@@ -226,7 +226,6 @@ class StageMeters:
         """FLOPs of this epoch's timed micro-batches as computed on this rank."""
         self.throughput = ThroughputMeter(device, compiled)
         self.totals = MeterTotals()
-        self._memory_names: list[str] = []
         self.load = LoadSampler(device)
         """The machine's load from other work over the same segments (this process's figures)."""
 
@@ -277,12 +276,13 @@ class StageMeters:
         joules = self.energy.stop()
         self._load = self.load.stop()
         meter, energy, mem = self.throughput, self.energy, peak_memory(self.device)
-        self._memory_names = list(mem)
         return dist.Local(
-            sums=[meter.samples, meter.tokens, meter.padded_tokens, self.flops, self.padded_flops],
-            maxes=[elapsed, meter.compile_seconds, *mem.values()],
-            per_rank=[float(energy.available), _uuid_key(energy.uuid), joules,
-                      math.nan if energy.mean_utilization is None else energy.mean_utilization, self.gpu_key])
+            sums={"samples": meter.samples, "tokens": meter.tokens, "padded_tokens": meter.padded_tokens,
+                  "flops": self.flops, "padded_flops": self.padded_flops},
+            maxes={"elapsed": elapsed, "compiling": meter.compile_seconds, **mem},
+            per_rank={"energy_available": float(energy.available), "uuid": _uuid_key(energy.uuid), "joules": joules,
+                      "utilization": math.nan if energy.mean_utilization is None else energy.mean_utilization,
+                      "gpu": self.gpu_key})
 
     def end_epoch(self) -> dict:
         """Collective: the epoch's clocks stopped, its perf/ and energy/ metrics over every rank."""
@@ -293,9 +293,11 @@ class StageMeters:
         """The epoch's perf/ and energy/ metrics from epoch_local()'s numbers over every rank; adds
         the epoch to the totals."""
         totals = self.totals
-        samples, tokens, padded_tokens, flops, padded_flops = reduced.sums
-        elapsed, compiling, *peaks = reduced.maxes
-        self.gpus = len({rank[4] for rank in reduced.per_rank}) or self.world_size
+        samples, tokens, padded_tokens, flops, padded_flops = (
+            reduced.sums[k] for k in ("samples", "tokens", "padded_tokens", "flops", "padded_flops"))
+        mem = dict(reduced.maxes)
+        elapsed, compiling = mem.pop("elapsed"), mem.pop("compiling")
+        self.gpus = len({rank["gpu"] for rank in reduced.per_rank}) or self.world_size
         totals.compile_seconds += compiling
         totals.samples += samples
         totals.tokens += tokens
@@ -304,7 +306,6 @@ class StageMeters:
         totals.padded_flops += padded_flops
         totals.train_seconds += elapsed
         totals.epoch_times.append(elapsed)
-        mem = dict(zip(self._memory_names, peaks))
         totals.peak = {k: max(v, totals.peak.get(k, 0.0)) for k, v in mem.items()}
         metrics = {names.EPOCH_TIME: elapsed, names.SAMPLES_PER_S: samples / elapsed,
                    names.TOKENS_PER_S: tokens / elapsed, names.PADDED_TOKENS_PER_S: padded_tokens / elapsed, **mem}
@@ -370,10 +371,10 @@ def _uuid_key(uuid: str | None) -> float:
     return float(int.from_bytes(hashlib.sha256(uuid.encode()).digest()[:6], "big"))
 
 
-def _energy_metrics(readings: list[list[float]], samples: float, seconds: float) -> dict:
+def _energy_metrics(readings: list[dict[str, float]], samples: float, seconds: float) -> dict:
     """Energy of the epoch summed over the job's GPUs (each counted once, by UUID): `readings`
-    holds each rank's (available, UUID key, joules, mean utilization or NaN, GPU key)."""
-    per_gpu = {key: (joules, util) for available, key, joules, util, _ in readings if available}
+    holds each rank's figures by name (energy_available, uuid, joules, utilization: NaN when unknown)."""
+    per_gpu = {r["uuid"]: (r["joules"], r["utilization"]) for r in readings if r["energy_available"]}
     if not per_gpu:
         return {}
     joules = sum(j for j, _ in per_gpu.values())

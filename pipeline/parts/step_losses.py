@@ -97,22 +97,22 @@ class StepLosses:
         self.scheduler.step()
 
     def local(self) -> dist.Local:
-        """This rank's share of a read (one host read of every pending step): per step its finite
-        loss (0 where non-finite) and a non-finite flag, summed over ranks; the skip flags stay
-        local (every rank makes the same skip decision: its gradients are the all-reduced ones);
-        then each named term per step (0 where the total is non-finite), summed over ranks."""
+        """This rank's share of a read (one host read of every pending step), summed over ranks and
+        named by step (k: the step's place among the pending ones): `loss/k` its finite loss (0
+        where non-finite), `nonfinite/k` its non-finite flag, `<term>/k` each named term (0 where
+        the total is non-finite). The skip flags stay local (every rank makes the same skip
+        decision: its gradients are the all-reduced ones)."""
         if not self._losses:  # ranks step in lockstep: all of them have none
             return dist.Local()
         losses = torch.stack(self._losses)
         finite = torch.isfinite(losses)
         skipped = ~torch.stack(self._stepped).to(losses.device)
-        terms = [torch.where(finite, torch.stack([step[name] for step in self._terms]), 0.0).double()
-                 for name in self._term_names()]
-        values = torch.cat([torch.where(finite, losses, 0.0).double(), (~finite).double(), skipped.double(),
-                            *terms]).tolist()
-        n = len(self._losses)
-        self._skip_flags = values[2 * n:3 * n]
-        return dist.Local(sums=values[:2 * n] + values[3 * n:])
+        series = {"loss": torch.where(finite, losses, 0.0), "nonfinite": ~finite,
+                  **{f"term:{name}": torch.where(finite, torch.stack([step[name] for step in self._terms]), 0.0)
+                     for name in self._term_names()}}
+        values = torch.stack([skipped, *series.values()]).double().tolist()  # one host read
+        self._skip_flags = values[0]
+        return dist.Local(sums={_at(name, k): v for name, row in zip(series, values[1:]) for k, v in enumerate(row)})
 
     def _term_names(self) -> list[str]:
         return sorted(self._terms[0]) if self._terms else []
@@ -121,18 +121,18 @@ class StepLosses:
         """Collective, one all-gather: the steps pending since the last read (`step` is the last of
         them) into the window; the skipped ones taken back from the schedule; a streak of
         max_nonfinite non-finite losses on any rank raises Diverged, naming the last good checkpoint."""
-        reduced = dist.reduce_local(self.local())
+        sums = dist.reduce_local(self.local()).sums
         n, term_names = len(self._losses), self._term_names()
-        first, sums, flags = step - n + 1, reduced.sums, self._skip_flags
+        first, flags = step - n + 1, self._skip_flags
         self._losses, self._stepped, self._skip_flags, self._terms = [], [], [], []
-        for j, name in enumerate(term_names):  # a non-finite step's terms are 0: the window leaves it out
-            self.term_sums[name] = self.term_sums.get(name, 0.0) + sum(sums[(2 + j) * n:(3 + j) * n])
+        for name in term_names:  # a non-finite step's terms are 0: the window leaves it out
+            self.term_sums[name] = self.term_sums.get(name, 0.0) + sum(sums[_at(f"term:{name}", k)] for k in range(n))
         skipped = int(sum(flag > 0 for flag in flags))
         self.skipped += skipped
         rewind(self.scheduler, skipped)
-        for k, (total, nonfinite) in enumerate(zip(sums[:n], sums[n:])):
-            if not nonfinite > 0:
-                self.window_sum += total
+        for k in range(n):
+            if not sums[_at("nonfinite", k)] > 0:
+                self.window_sum += sums[_at("loss", k)]
                 self.window_count += self.world_size
                 self.nonfinite_streak = 0
                 continue
@@ -178,3 +178,8 @@ def rewind(scheduler: torch.optim.lr_scheduler.LRScheduler, steps: int) -> None:
     if steps:
         scheduler.last_epoch -= steps + 1
         scheduler.step()
+
+
+def _at(series: str, k: int) -> str:
+    """The name of a pending step's figure: its series and its place among the pending steps."""
+    return f"{series}/{k:06d}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import hashlib
 import logging
 import os
 import pickle
@@ -220,32 +221,52 @@ def all_reduce(values: list[float], op: str = "sum") -> list[float]:
 
 @dataclass(frozen=True)
 class Local:
-    """A part's host numbers for one collective: summed over ranks, the largest over ranks, or kept
-    per rank. Every rank gives the same counts."""
+    """A part's host figures for one collective, by name: summed over ranks, the largest or the
+    smallest over ranks, or kept per rank. Every rank gives the same names (reduce_local checks)."""
 
-    sums: list[float] = field(default_factory=list)
-    maxes: list[float] = field(default_factory=list)
-    per_rank: list[float] = field(default_factory=list)
+    sums: dict[str, float] = field(default_factory=dict)
+    maxes: dict[str, float] = field(default_factory=dict)
+    mins: dict[str, float] = field(default_factory=dict)
+    per_rank: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Reduced:
-    """A Local's numbers over every rank."""
+    """A Local's figures over every rank, by the same names."""
 
-    sums: list[float]
-    maxes: list[float]
-    per_rank: list[list[float]]
-    """Each rank's per_rank numbers, in rank order."""
+    sums: dict[str, float]
+    maxes: dict[str, float]
+    mins: dict[str, float]
+    per_rank: list[dict[str, float]]
+    """Each rank's per_rank figures, in rank order."""
+
+
+_OPS = ("sums", "maxes", "mins", "per_rank")
 
 
 def reduce_local(local: Local) -> Reduced:
-    """One collective: every rank's numbers all-gathered as one tensor, then summed, maxed or kept
-    per rank here."""
-    flat = [float(v) for v in (*local.sums, *local.maxes, *local.per_rank)]
-    rows = _all_gather_rows(flat) if flat else [[]]
-    n, m = len(local.sums), len(local.sums) + len(local.maxes)
-    return Reduced([sum(row[j] for row in rows) for j in range(n)], [max(row[j] for row in rows) for j in range(n, m)],
-                   [row[m:] for row in rows])
+    """One collective: every rank's figures, each kind's names in sorted order, all-gathered as one
+    tensor with a key of the names (ranks that name different figures fail here, not with wrong
+    numbers), then summed, maxed, mined or kept per rank here. A Local without figures is no
+    collective (ranks reach a log point in lockstep: all of them have none)."""
+    layout = [(op, name) for op in _OPS for name in sorted(getattr(local, op))]
+    if not layout:
+        return Reduced({}, {}, {}, [{}])
+    key = _names_key(layout)
+    rows = _all_gather_rows([float(getattr(local, op)[name]) for op, name in layout] + [key])
+    if any(row[-1] != key for row in rows):
+        raise RuntimeError(f"ranks name different figures at one log point; this rank's: {layout}")
+    columns = {(op, name): [row[j] for row in rows] for j, (op, name) in enumerate(layout)}
+
+    def of(op: str, reduce: Callable[[list[float]], float]) -> dict[str, float]:
+        return {name: reduce(column) for (kind, name), column in columns.items() if kind == op}
+    return Reduced(of("sums", sum), of("maxes", max), of("mins", min),
+                   [{name: row[j] for j, (op, name) in enumerate(layout) if op == "per_rank"} for row in rows])
+
+
+def _names_key(layout: list[tuple[str, str]]) -> float:
+    """The figures' kinds and names as a number a float64 holds exactly (48 bits of a digest)."""
+    return float(int.from_bytes(hashlib.sha256(repr(layout).encode()).digest()[:6], "big"))
 
 
 def _all_gather_rows(values: list[float]) -> list[list[float]]:

@@ -132,9 +132,9 @@ def test_step_flops_match_the_analytic_bert_count_for_every_batch_shape():
 
 def two_ranks(local: dist.Local, same_gpu: bool) -> dist.Reduced:
     """What the epoch's collective gives two ranks of which the second did no work (sums are this
-    rank's), on this rank's GPU or another one (the last per-rank number: the GPU's key)."""
-    other = [*local.per_rank[:-1], local.per_rank[-1] if same_gpu else local.per_rank[-1] + 1]
-    return dist.Reduced(local.sums, local.maxes, [local.per_rank, other])
+    rank's), on this rank's GPU or another one (the per-rank figure `gpu`: the GPU's key)."""
+    other = {**local.per_rank, "gpu": local.per_rank["gpu"] if same_gpu else local.per_rank["gpu"] + 1}
+    return dist.Reduced(local.sums, local.maxes, local.mins, [local.per_rank, other])
 
 
 def test_mfu_counts_a_gpu_two_ranks_share_once():
