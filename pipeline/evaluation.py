@@ -2,6 +2,7 @@
 the task turns them into its metrics (plus `main`, the task's main metric)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,6 +38,10 @@ class Evaluation:
     @property
     def main(self) -> float:
         return self.scores["main"]
+
+    def figures(self, name: Callable[[str], str]) -> dict[str, float]:
+        """The scores as figures, each named by `name` (names.eval_metric, names.test_metric)."""
+        return {name(k): v for k, v in self.scores.items()}
 
 
 @torch.no_grad()

@@ -22,6 +22,7 @@ from pipeline import names
 from pipeline.data import features
 from pipeline.data.loaders import Loaders, build_loaders, describe_datasets, real_rows
 from pipeline.evaluation import Evaluation, evaluate
+from pipeline.measure import collapse
 from pipeline.measure.telemetry import StageMeters
 from pipeline.parts.best_model import BestModel
 from pipeline.parts.checkpoint import Checkpoint, Checkpointer, Stateful
@@ -283,11 +284,10 @@ def end_epoch(loop: Loop, epoch: int) -> bool:
     stage, progress = loop.stage, loop.progress
     meters = loop.meters.end_epoch()  # the epoch's clocks stop; its figures over every rank
     loop.losses.read(progress.step)  # the steps still pending: the epoch's non-finite count is complete
-    epoch_metrics = {**meters, **loop.losses.amp_metrics(None)}
     has_dev = stage.cfg.data.evaluates("dev")
     dev = evaluate_dev(loop) if has_dev and loop.evaluated_at != progress.step else None
-    loop.metrics.log_epoch(epoch_metrics, loop.losses.last_loss, dev, progress.step, epoch, loop.epochs,
-                           stage.task.main_metric)
+    figures = {**meters, **loop.losses.amp_metrics(None), **(dev.figures(names.eval_metric) if dev else {})}
+    loop.metrics.log_epoch(progress.step, figures, epoch, loop.epochs, stage.task.main_metric, loop.losses.last_loss)
     if dev is not None:
         keep_best(loop, dev, epoch, loop.meters.totals.train_seconds)
     elif not has_dev:  # data.dev=skip: the model kept is the last one
@@ -334,8 +334,7 @@ def finish(loop: Loop) -> dict[str, float]:
         stage.model, loop.loaders.test, stage.task, stage.policy, stage.rt, stage.examples["test"],
         stage.features["test"], keep=True, compile=stage.compile)
     serving = stage.bench_inference() if stage.rt.is_main else {}
-    final = loop.metrics.log_final(loop.progress.step, loop.best, test, loop.losses.last_loss,
-                                   loop.losses.amp_metrics(stage.backend.loss_scale), serving, loop.progress.epoch)
+    final = loop.metrics.log_final(loop.progress.step, *final_figures(loop, test, serving))
     if stage.rt.is_main:
         report = stage_outputs.NO_TEST if test is None else stage.task.report(
             test.predictions, stage.examples["test"], stage.features["test"])
@@ -343,6 +342,20 @@ def finish(loop: Loop) -> dict[str, float]:
                                     example_rows(stage), stage.cfg.tracking.log_model)
         stage_outputs.announce(loop.meters, final, stage.task.main_metric, test and test.main, stage.out)
     return final
+
+
+def final_figures(loop: Loop, test: Evaluation | None, serving: dict[str, float]) -> tuple[dict, dict[str, str]]:
+    """The job's final figures by name (the best evaluation's eval/ ones and its epoch, the test
+    scores, the last logged loss, the whole job's perf/ and energy/ figures, AMP health, rank 0's
+    `serving` figures) and the run's tags about them (the test split's collapse, why the best epoch)."""
+    best, losses = loop.best, loop.losses
+    figures = {**best.metrics, names.BEST_EPOCH: best.epoch, **(test.figures(names.test_metric) if test else {}),
+               names.TRAIN_LOSS: losses.last_loss, names.TRAIN_STEPS: loop.progress.step,
+               names.TRAIN_EPOCHS: loop.progress.epoch, **loop.meters.final_metrics(best.time_to_best),
+               **losses.amp_metrics(loop.stage.backend.loss_scale), **serving}
+    tags = {**(collapse.flag(test.stall, "test", loop.stage.rt.is_main) if test else {}),
+            **({names.TAG_BEST_REASON: best.reason} if best.reason else {})}
+    return figures, tags
 
 
 def example_rows(stage: Stage) -> list[dict]:

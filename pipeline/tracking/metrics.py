@@ -14,14 +14,12 @@ from typing import TYPE_CHECKING
 from pipeline import names
 from pipeline.fsutil import write_json
 from pipeline.layout import OutputDir
-from pipeline.measure import collapse
 from pipeline.measure.telemetry import StageMeters
 from pipeline.tracking.console import StepLines
 from pipeline.tracking.tracker import Tracker
 
 if TYPE_CHECKING:
     from pipeline.evaluation import Evaluation
-    from pipeline.parts.best_model import BestModel
 
 log = logging.getLogger("pipeline")
 
@@ -59,35 +57,27 @@ class MetricsProcessor:
         self.tracker.log_metrics(metrics, step)
         self.console.show(step, metrics)
 
-    def log_epoch(self, epoch_metrics: dict, loss: float, dev: Evaluation | None, step: int, epoch: int,
-                  epochs: int, main_metric: str) -> None:
-        """The epoch's metrics (the meters' and AMP health) with its dev scores (None: logged by
-        log_dev at this step already), and its console line (`loss`: the last logged mean)."""
-        metrics = {**epoch_metrics, **({names.eval_metric(k): v for k, v in dev.scores.items()} if dev else {})}
-        self.tracker.log_metrics(metrics, step)
+    def log_epoch(self, step: int, figures: dict[str, float], epoch: int, epochs: int, main_metric: str,
+                  loss: float) -> None:
+        """The epoch's `figures` by name (the meters', AMP health, its dev scores unless log_dev logged
+        them at this step) and its console line (`loss`: the last logged mean)."""
+        self.tracker.log_metrics(figures, step)
         if self.is_main:
-            shown = f"  dev {main_metric} {dev.main:.4f}" if dev else ""
+            dev = figures.get(names.eval_metric("main"))
+            shown = f"  dev {main_metric} {dev:.4f}" if dev is not None else ""
             log.info("epoch %d/%d  step %d  loss %.4f%s  %.1f samples/s  %.1fs", epoch + 1, epochs, step,
-                     loss, shown, metrics[names.SAMPLES_PER_S], metrics[names.EPOCH_TIME])
+                     loss, shown, figures[names.SAMPLES_PER_S], figures[names.EPOCH_TIME])
 
     def log_dev(self, dev: Evaluation, step: int, main_metric: str) -> None:
         """A dev evaluation between an epoch's steps (train.eval_every): its scores and console line."""
-        self.tracker.log_metrics({names.eval_metric(k): v for k, v in dev.scores.items()}, step)
+        self.tracker.log_metrics(dev.figures(names.eval_metric), step)
         if self.is_main:
             log.info("step %d  dev %s %.4f", step, main_metric, dev.main)
 
-    def log_final(self, step: int, best: BestModel, test: Evaluation | None, loss: float, amp: dict[str, float],
-                  served_figures: dict[str, float], epochs: int | None = None) -> dict[str, float]:
-        """The job's final metrics (the best evaluation's eval/ metrics and epoch, the test scores, the
-        last logged loss, the whole job's perf/ and energy/ figures, AMP health, rank 0's serving
-        figures): to MLflow, the eval/ ones excepted (logged at their epoch); the collapse tags of the
-        test split (none without one) and why the best epoch was chosen."""
-        self.tracker.set_tags({**(collapse.flag(test.stall, "test", self.is_main) if test else {}),
-                               **({names.TAG_BEST_REASON: best.reason} if best.reason else {})})
-        final = {**best.metrics, names.BEST_EPOCH: best.epoch,
-                 **({names.test_metric(k): v for k, v in test.scores.items()} if test else {}),
-                 names.TRAIN_LOSS: loss, names.TRAIN_STEPS: step, names.TRAIN_EPOCHS: epochs,
-                 **self.meters.final_metrics(best.time_to_best), **amp, **served_figures}
-        final = {k: v for k, v in final.items() if v is not None}
+    def log_final(self, step: int, figures: dict[str, float | None], tags: dict[str, str]) -> dict[str, float]:
+        """The job's final `figures` by name (None: not measured, left out) to MLflow, the eval/ ones
+        excepted (logged at their epoch), and the run's `tags` about them; gives the figures back."""
+        self.tracker.set_tags(tags)
+        final = {k: v for k, v in figures.items() if v is not None}
         self.tracker.log_metrics({k: v for k, v in final.items() if not k.startswith(names.EVAL)}, step)
         return final

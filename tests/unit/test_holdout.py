@@ -61,15 +61,19 @@ def test_wikiqa_holds_out_whole_questions(cache, tmp_path):
 
 
 def test_final_metrics_without_a_test_split_have_no_test_figures():
+    from pipeline import train
     from pipeline.parts.best_model import LAST, BestModel
     from pipeline.tracking.metrics import MetricsProcessor
 
     logged, tags = {}, {}
     processor = MetricsProcessor.__new__(MetricsProcessor)
     processor.tracker = SimpleNamespace(set_tags=tags.update, log_metrics=lambda m, step=None: logged.update(m))
-    processor.meters = SimpleNamespace(final_metrics=lambda _: {names.SAMPLES_PER_S: 1.0})
-    processor.is_main = True
-    final = processor.log_final(8, BestModel(epoch=2, reason=LAST), None, 0.5, {}, {}, 2)
+    loop = SimpleNamespace(
+        best=BestModel(epoch=2, reason=LAST), progress=SimpleNamespace(step=8, epoch=2),
+        losses=SimpleNamespace(last_loss=0.5, amp_metrics=lambda scale: {}),
+        meters=SimpleNamespace(final_metrics=lambda _: {names.SAMPLES_PER_S: 1.0}),
+        stage=SimpleNamespace(backend=SimpleNamespace(loss_scale=None), rt=SimpleNamespace(is_main=True)))
+    final = processor.log_final(8, *train.final_figures(loop, None, {}))
     assert final[names.BEST_EPOCH] == 2 and not [k for k in (*final, *logged) if k.startswith(names.TEST)]
     assert names.TAG_STALLED not in tags and tags[names.TAG_BEST_REASON] == LAST
 

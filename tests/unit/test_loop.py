@@ -345,8 +345,8 @@ def test_the_final_metrics_name_the_best_epoch_and_the_run_says_why_it_was_chose
     lp.meters.end_epoch()
     lp.best.epoch, lp.best.reason = 2, "tie on f1 0.0000: map 0.7857 > 0.7102"
     lp.best.metrics = {names.eval_metric("f1"): 0.0, names.eval_metric("map"): 0.7857}
-    final = lp.metrics.log_final(7, lp.best, Evaluation({"main": 0.0, "f1": 0.0, "map": 0.85}), lp.losses.last_loss,
-                                 {}, {})
+    lp.progress.step = 7
+    final = lp.metrics.log_final(7, *train.final_figures(lp, Evaluation({"main": 0.0, "f1": 0.0, "map": 0.85}), {}))
     assert (final[names.BEST_EPOCH], final[names.eval_metric("map")], final[names.test_metric("map")]) == \
         (2, 0.7857, 0.85)
     assert lp.metrics.tracker.tags[names.TAG_BEST_REASON] == "tie on f1 0.0000: map 0.7857 > 0.7102"
@@ -453,3 +453,25 @@ def test_named_loss_terms_reach_mlflow_by_name_over_the_window_of_train_loss_and
     old = {k: v for k, v in saved.items() if k not in ("term_sums", "last_terms")}  # a checkpoint before terms
     resumed.losses.load_state_dict(old)
     assert resumed.losses.term_sums == {}
+
+
+def test_an_epoch_figure_a_producer_adds_reaches_mlflow_by_its_name_through_the_epochs_collective(
+        tmp_path, monkeypatch):
+    """The meters name one more figure in their Local and their epoch figures: it is logged at the
+    epoch's end without a change to the metrics processor or the loop."""
+    from pipeline.runtime import dist
+
+    fake_dev_evaluation(monkeypatch)
+    lp = make_loop(tmp_path, ["train.log_every=100"], micro_batches=4)
+    local, metrics = lp.meters.epoch_local, lp.meters.epoch_metrics
+
+    def epoch_local():
+        made = local()
+        return dist.Local({**made.sums, "widgets": 3.0}, made.maxes, made.mins, made.per_rank)
+
+    monkeypatch.setattr(lp.meters, "epoch_local", epoch_local)
+    monkeypatch.setattr(lp.meters, "epoch_metrics", lambda reduced: {**metrics(reduced),
+                                                                     "perf/widgets": reduced.sums["widgets"]})
+    train_until_done(lp)
+    assert logged(lp, "perf/widgets") == {lp.progress.step: 3.0}
+    assert lp.progress.step in logged(lp, names.SAMPLES_PER_S)
