@@ -282,8 +282,10 @@ def evaluate_between_steps(loop: Loop, epoch: int) -> None:
 def end_epoch(loop: Loop, epoch: int) -> bool:
     """Epoch metrics, dev evaluation, the best model so far, a checkpoint; True = training is over."""
     stage, progress = loop.stage, loop.progress
-    meters = loop.meters.end_epoch()  # the epoch's clocks stop; its figures over every rank
-    loop.losses.read(progress.step)  # the steps still pending: the epoch's non-finite count is complete
+    # one collective: the epoch's clocks stop, its figures and the steps still pending over every rank
+    reduced = dist.reduce_local(dist.join(meters=loop.meters.epoch_local(), losses=loop.losses.local()))
+    meters = loop.meters.epoch_metrics(reduced.part("meters"))
+    loop.losses.take(reduced.part("losses"), progress.step)  # the epoch's non-finite count is complete
     has_dev = stage.cfg.data.evaluates("dev")
     dev = evaluate_dev(loop) if has_dev and loop.evaluated_at != progress.step else None
     figures = {**meters, **loop.losses.amp_metrics(None), **(dev.figures(names.eval_metric) if dev else {})}

@@ -285,9 +285,9 @@ class StageMeters:
                       "gpu": self.gpu_key})
 
     def end_epoch(self) -> dict:
-        """Collective: the epoch's clocks stopped, its perf/ and energy/ metrics over every rank."""
-        reduced = dist.reduce_local(self.epoch_local())
-        return self.epoch_metrics(reduced)
+        """Collective: the epoch's clocks stopped, its perf/ and energy/ metrics over every rank (the
+        loop reduces epoch_local() with the step losses' figures instead: one collective)."""
+        return self.epoch_metrics(dist.reduce_local(self.epoch_local()))
 
     def epoch_metrics(self, reduced: dist.Reduced) -> dict:
         """The epoch's perf/ and energy/ metrics from epoch_local()'s numbers over every rank; adds

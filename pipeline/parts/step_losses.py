@@ -121,7 +121,11 @@ class StepLosses:
         """Collective, one all-gather: the steps pending since the last read (`step` is the last of
         them) into the window; the skipped ones taken back from the schedule; a streak of
         max_nonfinite non-finite losses on any rank raises Diverged, naming the last good checkpoint."""
-        sums = dist.reduce_local(self.local()).sums
+        self.take(dist.reduce_local(self.local()), step)
+
+    def take(self, reduced: dist.Reduced, step: int) -> None:
+        """read()'s work on local()'s figures over every rank (reduced with other parts' at an epoch's end)."""
+        sums = reduced.sums
         n, term_names = len(self._losses), self._term_names()
         first, flags = step - n + 1, self._skip_flags
         self._losses, self._stepped, self._skip_flags, self._terms = [], [], [], []

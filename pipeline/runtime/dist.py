@@ -241,7 +241,22 @@ class Reduced:
     """Each rank's per_rank figures, in rank order."""
 
 
+    def part(self, name: str) -> Reduced:
+        """The figures of the part join() named `name`, by their own names."""
+        def own(figures: dict[str, float]) -> dict[str, float]:
+            return {k.removeprefix(f"{name}:"): v for k, v in figures.items() if k.startswith(f"{name}:")}
+        return Reduced(own(self.sums), own(self.maxes), own(self.mins), [own(rank) for rank in self.per_rank])
+
+
 _OPS = ("sums", "maxes", "mins", "per_rank")
+
+
+def join(**parts: Local) -> Local:
+    """Several parts' Locals as one (one collective for all of them), each figure named
+    `<part>:<name>`; Reduced.part takes a part's back."""
+    def named(op: str) -> dict[str, float]:
+        return {f"{part}:{k}": v for part, local in parts.items() for k, v in getattr(local, op).items()}
+    return Local(*(named(op) for op in _OPS))
 
 
 def reduce_local(local: Local) -> Reduced:

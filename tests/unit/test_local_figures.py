@@ -50,3 +50,12 @@ def test_ranks_naming_different_figures_fail_instead_of_mixing_numbers(monkeypat
 def test_a_local_without_figures_is_no_collective(monkeypatch):
     monkeypatch.setattr(dist, "_all_gather_rows", lambda row: pytest.fail("a collective"))
     assert dist.reduce_local(dist.Local()) == dist.Reduced({}, {}, {}, [{}])
+
+
+def test_joined_parts_take_their_own_figures_back_from_one_collective(monkeypatch):
+    meters = [dist.Local(sums={"samples": 2.0}, maxes={"elapsed": 3.0}), dist.Local(sums={"samples": 4.0},
+                                                                                  maxes={"elapsed": 1.0})]
+    losses = [dist.Local(sums={"loss/000000": 0.5}), dist.Local(sums={"loss/000000": 0.25})]
+    reduced = reduced_over([dist.join(meters=m, losses=s) for m, s in zip(meters, losses)], monkeypatch)
+    assert reduced.part("meters") == dist.Reduced({"samples": 6.0}, {"elapsed": 3.0}, {}, [{}, {}])
+    assert reduced.part("losses").sums == {"loss/000000": 0.75}
