@@ -237,8 +237,9 @@ class KDConfig:
     """Weight of the hidden-state term (0 = off; TinyBERT): MSE between the student's and the
     teacher's hidden states of the kd.layer_map pairs and of the embedding layer (0 -> 0), over
     real tokens, averaged over those layers; through a learned linear projection per pair when the
-    widths differ (trained with the student, left out of best/). It needs the teacher's hidden
-    states, so the teacher runs live (the cache holds logits only)."""
+    widths differ (trained with the student, left out of best/; refused under DeepSpeed ZeRO-3,
+    which cannot gather them outside the model's forward). It needs the teacher's hidden states,
+    so the teacher runs live (the cache holds logits only)."""
     attention_weight: float = 0.0
     """Weight of the attention-relation term (0 = off; MiniLMv2): KL between the teacher's and the
     student's query-query, key-key and value-value self-attention relations of the kd.layer_map
