@@ -35,21 +35,13 @@ def stage_data(out: OutputDir, tokenizer) -> tuple[DataLoader, DataLoader | None
     the test split (None in a stage without one), and its test scorer: the task's test metrics of
     a model (PyTorch or exported) through the stage's own scorer (evaluation.evaluate; no figures
     without a test split)."""
-    from pipeline.config import DataConfig
     from pipeline.data import features, holdout
     from pipeline.evaluation import evaluate
-    from pipeline.runtime.dist import Runtime
     from pipeline.runtime.precision import resolve
-    from pipeline.tasks import get_task
 
-    if not out.config.is_file():
-        raise UserError(f"export --check: {out}: no {OutputDir.CONFIG}: not a stage's output_dir (the check needs "
-                        "its task and data)")
-    settings = yaml.safe_load(out.config.read_text(encoding="utf-8"))  # as written: secrets masked, task keys whole
-    task = get_task(settings["task"], settings.get("task_options") or {})
-    train, data = settings.get("train", {}), DataConfig(**(settings.get("data") or {}))
+    settings, task, data, rt = _stage(out)
+    train = settings.get("train", {})
     max_length, batch = int(train.get("max_length", 128)), int(train.get("eval_batch_size", 64))
-    rt = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
     collate = task.collator(tokenizer)
     examples, rows = {}, {}
     for split in ("dev", "test"):
@@ -79,16 +71,26 @@ def stage_data(out: OutputDir, tokenizer) -> tuple[DataLoader, DataLoader | None
 
 def training_texts(out: OutputDir):
     """The training texts of the stage whose output_dir is `out` (its prepared entry: a cache hit)."""
-    from pipeline.config import DataConfig
     from pipeline.data import features
+
+    _, task, data, rt = _stage(out)
+    return features.prepare_train(task, data.source("train"), rt).texts
+
+
+def _stage(out: OutputDir) -> tuple:
+    """The stage's config.yaml as written (secrets masked, task keys whole), its task, its data
+    keys and the one-process CPU runtime the check prepares data with."""
+    from pipeline.config import DataConfig
     from pipeline.runtime.dist import Runtime
     from pipeline.tasks import get_task
 
+    if not out.config.is_file():
+        raise UserError(f"export --check: {out}: no {OutputDir.CONFIG}: not a stage's output_dir (the check needs "
+                        "its task and data)")
     settings = yaml.safe_load(out.config.read_text(encoding="utf-8"))
     task = get_task(settings["task"], settings.get("task_options") or {})
-    data = DataConfig(**(settings.get("data") or {}))
-    return features.prepare_train(task, data.source("train"), Runtime("none", "single", 0, 0, 1, 1,
-                                                                      torch.device("cpu"))).texts
+    return (settings, task, DataConfig(**(settings.get("data") or {})),
+            Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu")))
 
 
 @torch.inference_mode()
