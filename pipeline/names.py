@@ -13,6 +13,7 @@ TRAIN_LOSS = "train/loss"
 TRAIN_LR = "train/lr"
 TRAIN_GRAD_NORM = "train/grad_norm"
 TRAIN_EPOCH = "train/epoch"
+TRAIN_EPOCH_LOSS = "train/epoch_loss"  # the epoch's mean loss over its finite steps, logged at its end
 TRAIN_STEPS = "train/steps"
 TRAIN_EPOCHS = "train/epochs"  # epochs trained (a partial one, stopped by train.max_steps or SIGTERM, counts)
 TRAIN_LOSS_TERM = "train/loss_"  # + a named term of the loss (task, kd, hidden, attention, ...)

@@ -288,8 +288,9 @@ def end_epoch(loop: Loop, epoch: int) -> bool:
     loop.losses.take(reduced.part("losses"), progress.step)  # the epoch's non-finite count is complete
     has_dev = stage.cfg.data.evaluates("dev")
     dev = evaluate_dev(loop) if has_dev and loop.evaluated_at != progress.step else None
-    figures = {**meters, **loop.losses.amp_metrics(None), **(dev.figures(names.eval_metric) if dev else {})}
-    loop.metrics.log_epoch(progress.step, figures, epoch, loop.epochs, stage.task.main_metric, loop.losses.last_loss)
+    figures = {**meters, names.TRAIN_EPOCH_LOSS: loop.losses.close_epoch(), **loop.losses.amp_metrics(None),
+               **(dev.figures(names.eval_metric) if dev else {})}
+    loop.metrics.log_epoch(progress.step, figures, epoch, loop.epochs, stage.task.main_metric)
     if dev is not None:
         keep_best(loop, dev, epoch, loop.meters.totals.train_seconds)
     elif not has_dev:  # data.dev=skip: the model kept is the last one

@@ -17,6 +17,7 @@ is made, and nothing here changes.
 """
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -33,9 +34,9 @@ from pipeline.runtime import dist
 warnings.filterwarnings("ignore", "Detected call of `lr_scheduler", UserWarning)
 
 STEP_LOSSES_STATE = ("window_sum", "window_count", "last_loss", "skipped", "nonfinite", "nonfinite_streak",
-                     "term_sums", "last_terms")
-# what a checkpoint written before the terms existed restores them as
-TERMS_ABSENT = {"term_sums": {}, "last_terms": {}}
+                     "term_sums", "last_terms", "epoch_sum", "epoch_count")
+# what a checkpoint written before the terms and the epoch's mean existed restores them as
+ABSENT_FROM_OLDER = {"term_sums": {}, "last_terms": {}, "epoch_sum": 0.0, "epoch_count": 0}
 
 
 @dataclass
@@ -63,15 +64,16 @@ class Diverged(RuntimeError):
 class StepLosses:
     """The steps' losses and the schedule they move. Read: the window since train/loss was last
     logged (sum and count of the finite step losses, summed over ranks: the same on every rank), the
-    last logged mean, and AMP health (updates skipped, non-finite losses, the current streak of
-    them), and per named term its window sum and last logged mean. Pending, not state: the steps
-    since the last read, on the device (a checkpoint reads them first). The LR schedule
-    (`scheduler`) saves itself as its own entry of a checkpoint."""
+    last logged mean, the same sum and count over the epoch so far, AMP health (updates skipped,
+    non-finite losses, the current streak of them), and per named term its window sum and last
+    logged mean. Pending, not state: the steps since the last read, on the device (a checkpoint
+    reads them first). The LR schedule (`scheduler`) saves itself as its own entry of a checkpoint."""
 
     def __init__(self, scheduler: torch.optim.lr_scheduler.LRScheduler, out: OutputDir, world_size: int,
                  max_nonfinite: int):
         self.scheduler, self.out, self.world_size, self.max_nonfinite = scheduler, out, world_size, max_nonfinite
         self.window_sum, self.window_count, self.last_loss = 0.0, 0, math.nan
+        self.epoch_sum, self.epoch_count = 0.0, 0
         self.skipped, self.nonfinite, self.nonfinite_streak = 0, 0, 0
         self.term_sums: dict[str, float] = {}
         self.last_terms: dict[str, float] = {}
@@ -138,6 +140,8 @@ class StepLosses:
             if not sums[_at("nonfinite", k)] > 0:
                 self.window_sum += sums[_at("loss", k)]
                 self.window_count += self.world_size
+                self.epoch_sum += sums[_at("loss", k)]
+                self.epoch_count += self.world_size
                 self.nonfinite_streak = 0
                 continue
             self.nonfinite += 1
@@ -156,6 +160,13 @@ class StepLosses:
         self.window_sum, self.window_count, self.term_sums = 0.0, 0, {}
         return self.last_loss
 
+    def close_epoch(self) -> float:
+        """The epoch's mean loss over its finite steps (NaN when none was finite), whatever
+        train.log_every is; the next epoch starts empty. Call after the epoch's last read."""
+        mean = self.epoch_sum / self.epoch_count if self.epoch_count else math.nan
+        self.epoch_sum, self.epoch_count = 0.0, 0
+        return mean
+
     def figures(self) -> dict[str, float]:
         """The last closed window by name: train/loss and each term's train/loss_<term>."""
         return {names.TRAIN_LOSS: self.last_loss,
@@ -173,7 +184,7 @@ class StepLosses:
 
     def load_state_dict(self, state: dict) -> None:
         for k in STEP_LOSSES_STATE:
-            setattr(self, k, state[k] if k in state else dict(TERMS_ABSENT[k]))
+            setattr(self, k, state[k] if k in state else copy.copy(ABSENT_FROM_OLDER[k]))
 
 
 def rewind(scheduler: torch.optim.lr_scheduler.LRScheduler, steps: int) -> None:

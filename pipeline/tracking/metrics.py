@@ -57,16 +57,15 @@ class MetricsProcessor:
         self.tracker.log_metrics(metrics, step)
         self.console.show(step, metrics)
 
-    def log_epoch(self, step: int, figures: dict[str, float], epoch: int, epochs: int, main_metric: str,
-                  loss: float) -> None:
-        """The epoch's `figures` by name (the meters', AMP health, its dev scores unless log_dev logged
-        them at this step) and its console line (`loss`: the last logged mean)."""
+    def log_epoch(self, step: int, figures: dict[str, float], epoch: int, epochs: int, main_metric: str) -> None:
+        """The epoch's `figures` by name (the meters', its mean loss, AMP health, its dev scores unless
+        log_dev logged them at this step) and its console line."""
         self.tracker.log_metrics(figures, step)
         if self.is_main:
             dev = figures.get(names.eval_metric("main"))
             shown = f"  dev {main_metric} {dev:.4f}" if dev is not None else ""
             log.info("epoch %d/%d  step %d  loss %.4f%s  %.1f samples/s  %.1fs", epoch + 1, epochs, step,
-                     loss, shown, figures[names.SAMPLES_PER_S], figures[names.EPOCH_TIME])
+                     figures[names.TRAIN_EPOCH_LOSS], shown, figures[names.SAMPLES_PER_S], figures[names.EPOCH_TIME])
 
     def log_dev(self, dev: Evaluation, step: int, main_metric: str) -> None:
         """A dev evaluation between an epoch's steps (train.eval_every): its scores and console line."""

@@ -475,3 +475,18 @@ def test_an_epoch_figure_a_producer_adds_reaches_mlflow_by_its_name_through_the_
     train_until_done(lp)
     assert logged(lp, "perf/widgets") == {lp.progress.step: 3.0}
     assert lp.progress.step in logged(lp, names.SAMPLES_PER_S)
+
+
+def test_each_epochs_line_and_figure_is_its_mean_loss_whatever_log_every(tmp_path, monkeypatch, caplog):
+    """train.log_every longer than an epoch closes no train/loss window inside it: the epoch's loss
+    is still its own mean over its finite steps, on the console and as train/epoch_loss."""
+    fake_dev_evaluation(monkeypatch)
+    lp = make_loop(tmp_path, ["train.log_every=100"], micro_batches=3, epochs=2)
+    totals, add = [], lp.losses.add
+    monkeypatch.setattr(lp.losses, "add", lambda loss, stepped: (totals.append(float(loss.total)), add(loss, stepped)))
+    with caplog.at_level("INFO", logger="pipeline"):
+        train_until_done(lp)
+    assert logged(lp, names.TRAIN_EPOCH_LOSS) == {3: pytest.approx(sum(totals[:3]) / 3),
+                                                   6: pytest.approx(sum(totals[3:]) / 3)}
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch ")]
+    assert len(lines) == 2 and f"loss {sum(totals[:3]) / 3:.4f}" in lines[0] and "nan" not in " ".join(lines)
