@@ -98,8 +98,10 @@ def trim(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, keep: set[i
 
 def _cut_model(model: PreTrainedModel, kept: torch.Tensor) -> PreTrainedModel:
     trimmed = copy.deepcopy(model)
+    remap = {int(old_id): new_id for new_id, old_id in enumerate(kept.tolist())}
     old = trimmed.get_input_embeddings()
-    new = torch.nn.Embedding(len(kept), old.weight.shape[1], padding_idx=None)
+    # the padding row keeps its role (no gradient when the trimmed model is fine-tuned further)
+    new = torch.nn.Embedding(len(kept), old.weight.shape[1], padding_idx=remap.get(old.padding_idx))
     new.weight.data = old.weight.data[kept].clone()
     trimmed.set_input_embeddings(new)
     out = trimmed.get_output_embeddings()  # a tied LM head: its rows and bias cut the same way
@@ -107,7 +109,6 @@ def _cut_model(model: PreTrainedModel, kept: torch.Tensor) -> PreTrainedModel:
         out.weight = new.weight if trimmed.config.tie_word_embeddings else torch.nn.Parameter(out.weight[kept].clone())
         if getattr(out, "bias", None) is not None:
             out.bias = torch.nn.Parameter(out.bias[kept].clone())
-    remap = {int(old_id): new_id for new_id, old_id in enumerate(kept.tolist())}
     trimmed.config.vocab_size = len(kept)
     for key in ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id"):
         value = getattr(trimmed.config, key, None)

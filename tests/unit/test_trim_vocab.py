@@ -60,6 +60,8 @@ def test_the_embedding_rows_follow_their_tokens():
     old, new = model.get_input_embeddings().weight, cut.model.get_input_embeddings().weight
     for token in ["the", "mat", "[CLS]", "##z"]:
         assert torch.equal(new[cut.tokenizer.convert_tokens_to_ids(token)], old[tok.convert_tokens_to_ids(token)])
+    # the padding row is still the padding row (no gradient if the trimmed model is trained on)
+    assert cut.model.get_input_embeddings().padding_idx == cut.tokenizer.pad_token_id == cut.model.config.pad_token_id
 
 
 def test_a_dev_row_predicted_otherwise_fails_the_proof():
