@@ -57,14 +57,14 @@ def export(spec: str, int8: bool = False, check: bool = False, uri: str | None =
                         f"{OutputDir.CONFIG}): it needs the stage's task and data")
     t0 = time.perf_counter()
     model = saved.load(torch.float32, torch.device("cpu")).eval()
-    tokenizer, size_mb, trim_figures = saved.tokenizer, saved.size_mb, {}
+    tokenizer, size_mb, trim_figures, data = saved.tokenizer, saved.size_mb, {}, None
     if trim_vocab:
         from pipeline.export.trim_vocab import tokenizer_model
 
         tokenizer_model(tokenizer)  # a tokenizer the cut cannot keep exact: refused before anything is written
     with atomic_dir(root / EXPORT, replace=True) as tmp:
         if trim_vocab:
-            model, tokenizer, trim_figures = _trim(out, model, tokenizer, saved.size_mb, tmp / TRIMMED)
+            model, tokenizer, trim_figures, data = _trim(out, model, tokenizer, saved.size_mb, tmp / TRIMMED)
             size_mb = trim_figures[names.export_metric(TRIM, "size_mb")]
         params = count_params(model)
         input_names = list(tokenizer.model_input_names)
@@ -84,7 +84,7 @@ def export(spec: str, int8: bool = False, check: bool = False, uri: str | None =
                                        **({"trimmed": TRIMMED} if trim_vocab else {})})
         log.info("export: %s written in %.1fs (%s)", ", ".join(written.values()), time.perf_counter() - t0,
                  ", ".join(f"{v} {s:.1f} MB" for v, s in sizes.items()))
-        report = _check(out, model, tmp, written, params, sizes, size_mb) if check else None
+        report = _check(out, model, tmp, data, written, params, sizes, size_mb) if check else None
         if report is not None:
             report["metrics"].update(trim_figures)
     if report is not None:
@@ -101,7 +101,10 @@ def export(spec: str, int8: bool = False, check: bool = False, uri: str | None =
 
 def _trim(out: OutputDir, model: torch.nn.Module, tokenizer, size_mb: float, folder: Path) -> tuple:
     """The model and tokenizer cut to the stage's training tokens, saved in `folder` and proved on
-    the dev split (trim_vocab.prove); the export/trim/* figures, before and after."""
+    the dev split (trim_vocab.prove) with the tokenizer as saved; the export/trim/* figures, before
+    and after; the stage's data through the saved tokenizer (check.stage_data), which the check reuses."""
+    from transformers import AutoTokenizer
+
     from pipeline.export import check, trim_vocab
     from pipeline.measure.inference import count_params
     from pipeline.parts.best_model import save_pretrained_fp32
@@ -111,8 +114,8 @@ def _trim(out: OutputDir, model: torch.nn.Module, tokenizer, size_mb: float, fol
     trimmed = trim_vocab.trim(model, tokenizer, trim_vocab.used_ids(tokenizer, texts))
     folder.mkdir()
     save_pretrained_fp32(trimmed.model, trimmed.model.state_dict(), trimmed.tokenizer, folder)
-    proof = trim_vocab.prove(model, trimmed, check.stage_data(out, tokenizer)[0],
-                             check.stage_data(out, trimmed.tokenizer)[0])
+    data = check.stage_data(out, AutoTokenizer.from_pretrained(str(folder)))
+    proof = trim_vocab.prove(model, trimmed, check.stage_data(out, tokenizer)[0], data[0])
     before, after = count_params(model), count_params(trimmed.model)
     on_disk = sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 2**20
     figures = {"vocab_size_before": model.config.vocab_size, "vocab_size": trimmed.model.config.vocab_size,
@@ -125,7 +128,8 @@ def _trim(out: OutputDir, model: torch.nn.Module, tokenizer, size_mb: float, fol
              "one (%d still alike)", time.perf_counter() - t0, figures["vocab_size_before"], figures["vocab_size"],
              before[0] / 1e6, after[0] / 1e6, size_mb, figures["size_mb"], proof.rows, proof.rows_equal,
              proof.rows_with_trimmed, proof.trimmed_rows_agree)
-    return trimmed.model, trimmed.tokenizer, {names.export_metric(TRIM, k): float(v) for k, v in figures.items()}
+    return (trimmed.model, trimmed.tokenizer, {names.export_metric(TRIM, k): float(v) for k, v in figures.items()},
+            data)
 
 
 def _trimmed_card(best: Path, folder: Path, figures: dict) -> None:
@@ -144,10 +148,11 @@ def _trimmed_card(best: Path, folder: Path, figures: dict) -> None:
     (folder / CARD).write_text(card, encoding="utf-8")
 
 
-def _check(out: OutputDir, model: torch.nn.Module, tmp: Path, written: dict[str, str], params: tuple[int, int],
-           sizes: dict[str, float], torch_size_mb: float) -> dict:
+def _check(out: OutputDir, model: torch.nn.Module, tmp: Path, data: tuple | None, written: dict[str, str],
+           params: tuple[int, int], sizes: dict[str, float], torch_size_mb: float) -> dict:
     """Each graph against `model`: dev agreement, test metrics; the fp32 graph's verdict; check.json,
-    the MLflow model, and the metrics (in the returned report)."""
+    the MLflow model, and the metrics (in the returned report). `data`: the stage's data as the
+    exported tokenizer makes it (check.stage_data), read from the saved tokenizer when None."""
     from pipeline.export import check
     from pipeline.export.logged import example_rows, save_mlflow_onnx
     from pipeline.export.onnx_model import OnnxModel
@@ -155,7 +160,7 @@ def _check(out: OutputDir, model: torch.nn.Module, tmp: Path, written: dict[str,
     t0 = time.perf_counter()
     from transformers import AutoTokenizer
 
-    dev, test, test_scores = check.stage_data(out, AutoTokenizer.from_pretrained(str(tmp)))
+    dev, test, test_scores = data or check.stage_data(out, AutoTokenizer.from_pretrained(str(tmp)))
     report = {"pytorch": {"test": test_scores(model), "size_mb": torch_size_mb}, "variants": {},
               "tolerance": {"fp32_agreement": check.FP32_AGREEMENT,
                             "fp32_max_abs_diff_relative": check.FP32_MAX_ABS_DIFF}}
