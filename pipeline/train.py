@@ -65,12 +65,6 @@ class Loop:
     tracker: InitVar[Tracker]
     progress: Progress = field(default_factory=Progress)
     best: BestModel = field(default_factory=BestModel)
-    evaluated_at: int = -1
-    """The optimizer step of the last dev evaluation: a job that stops right after one between an
-    epoch's steps (train.eval_every) is not evaluated again at its end."""
-    pruned: bool = False
-    """A search study pruned this job (OUTPUT_DIR/stop.request, read at each dev evaluation): it
-    stops there as an early stop does."""
     metrics: MetricsProcessor = field(init=False)
     """When a step is logged, and every record the loop's numbers become."""
     checkpointer: Checkpointer = field(init=False)
@@ -92,7 +86,7 @@ class Loop:
     @property
     def stopping_early(self) -> bool:
         patience = self.stage.cfg.train.patience
-        return self.pruned or bool(patience and self.best.bad_evals >= patience)
+        return self.progress.pruned or bool(patience and self.best.bad_evals >= patience)
 
     def parts(self) -> dict[str, Stateful]:
         return {"progress": self.progress, "losses": self.losses, "best": self.best, "meters": self.meters,
@@ -196,6 +190,8 @@ def train_epoch(loop: Loop, epoch: int) -> None:
     stage, grad_accum, progress = loop.stage, loop.stage.cfg.train.grad_accum, loop.progress
     progress.epoch = epoch
     start = progress.epoch_steps * grad_accum  # this rank's micro-batches already trained
+    if loop.stopping_early:  # resumed at the step where an early stop ended the epoch: none left
+        start = len(loop.loaders.train)
     loop.loaders.start_epoch(epoch, start)
     loop.wrapped.train()
     loop.meters.start_epoch()
@@ -287,7 +283,7 @@ def end_epoch(loop: Loop, epoch: int) -> bool:
     meters = loop.meters.epoch_metrics(reduced.part("meters"))
     loop.losses.take(reduced.part("losses"), progress.step)  # the epoch's non-finite count is complete
     has_dev = stage.cfg.data.evaluates("dev")
-    dev = evaluate_dev(loop) if has_dev and loop.evaluated_at != progress.step else None
+    dev = evaluate_dev(loop) if has_dev and progress.evaluated_at != progress.step else None
     figures = {**meters, names.TRAIN_EPOCH_LOSS: loop.losses.close_epoch(), **loop.losses.amp_metrics(None),
                **(dev.figures(names.eval_metric) if dev else {})}
     loop.metrics.log_epoch(progress.step, figures, epoch, loop.epochs, stage.task.main_metric)
@@ -299,7 +295,7 @@ def end_epoch(loop: Loop, epoch: int) -> bool:
     early = loop.stopping_early
     progress.epoch, progress.epoch_steps = epoch + 1, 0
     loop.checkpointer.at_epoch_end(progress.step, training_over=done or early)
-    if early and loop.pruned and stage.rt.is_main:
+    if early and progress.pruned and stage.rt.is_main:
         log.info("stopped: the search pruned this trial (%s)", stage.out.stop_request)
     elif early and stage.rt.is_main:
         log.info("early stop: no better dev evaluation (%s) for %d evaluations", ", ".join(loop.best.order),
@@ -311,10 +307,11 @@ def evaluate_dev(loop: Loop) -> Evaluation:
     """Collective: the dev split's scores at this step; whether a search pruned the job meanwhile
     (rank 0 reads its stop request, every rank learns it)."""
     stage = loop.stage
-    loop.evaluated_at = loop.progress.step
+    progress = loop.progress
+    progress.evaluated_at = progress.step
     dev = evaluate(stage.model, loop.loaders.dev, stage.task, stage.policy, stage.rt, stage.examples["dev"],
                    stage.features["dev"], compile=stage.compile)
-    loop.pruned = loop.pruned or dist.broadcast_object(stage.rt.is_main and stage.out.stop_request.is_file())
+    progress.pruned = progress.pruned or dist.broadcast_object(stage.rt.is_main and stage.out.stop_request.is_file())
     return dev
 
 

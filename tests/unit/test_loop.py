@@ -490,3 +490,30 @@ def test_each_epochs_line_and_figure_is_its_mean_loss_whatever_log_every(tmp_pat
                                                    6: pytest.approx(sum(totals[3:]) / 3)}
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("epoch ")]
     assert len(lines) == 2 and f"loss {sum(totals[:3]) / 3:.4f}" in lines[0] and "nan" not in " ".join(lines)
+
+
+def test_a_sigterm_on_the_step_an_early_stop_ends_resumes_to_the_stop_not_past_it(tmp_path, monkeypatch):
+    """The evaluation between steps that ends training early and a SIGTERM on the same step: the
+    checkpoint is the epoch's end, so the resumed job trains no further step and does not evaluate
+    that step again; it finishes as the uninterrupted one did."""
+    overrides = ["train.eval_every=2", "train.patience=2", "train.keep_checkpoints=10"]
+    fake_dev_evaluation(monkeypatch, scores=[0.5, 0.4, 0.3])
+    whole = make_loop(tmp_path / "whole", overrides, micro_batches=8)
+    train_until_done(whole)
+
+    fake_dev_evaluation(monkeypatch, scores=[0.5, 0.4, 0.3, 0.9])  # a fourth evaluation would be "better"
+    cut = make_loop(tmp_path / "cut", overrides, micro_batches=8)
+    real_step = cut.stage.backend.step
+    cut.stage.backend.step = lambda: (cut.stage.backend.steps == 5 and cut.preemption.raised.set(), real_step())[1]
+    with pytest.raises(train.Preempted, match="written at step 6"):
+        train_until_done(cut)
+    ckpt = checkpoint.latest(OutputDir(tmp_path / "cut"))
+    resumed = make_loop(tmp_path / "cut", overrides, micro_batches=8)  # a fresh process's objects
+    resumed.checkpointer.load(ckpt)
+    resumed.best.restore_weights(ckpt.best_weights(OutputDir(tmp_path / "cut")), resumed.stage.backend)
+    train_until_done(resumed)
+    assert resumed.progress.step == whole.progress.step == 6
+    assert logged(resumed, names.eval_metric("main")) == {}  # step 6 was evaluated before the SIGTERM
+    assert (resumed.best.step, resumed.best.bad_evals) == (whole.best.step, whole.best.bad_evals) == (2, 2)
+    for (k, a), b in zip(whole.stage.model.state_dict().items(), resumed.stage.model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0, msg=k)
