@@ -97,6 +97,25 @@ def test_electra_embeddings_at_the_teachers_width_narrow_with_it():
     made(input_ids=torch.tensor([[2, 7, 9, 3]])).logits.sum().backward()
 
 
+@pytest.mark.parametrize("hidden, projected", [(12, True), (8, False)])
+def test_electra_embeddings_narrower_than_the_hidden_size_keep_their_width(hidden, projected):
+    """The teacher's embeddings (8) are projected to its hidden size (16): the student keeps them
+    whole; its projection is the teacher's sliced to its own width, or gone where the widths meet."""
+    from transformers import ElectraConfig, ElectraForSequenceClassification
+
+    config = ElectraConfig(vocab_size=50, embedding_size=8, hidden_size=16, num_hidden_layers=2,
+                           num_attention_heads=4, intermediate_size=32, num_labels=3)
+    teacher = ElectraForSequenceClassification(config)
+    made = student.from_teacher("from_teacher:1", teacher, TASK, {"hidden_size": hidden})
+    assert made.config.embedding_size == 8 and hasattr(made.electra, "embeddings_project") == projected
+    words = made.electra.embeddings.word_embeddings.weight
+    assert torch.equal(words, teacher.electra.embeddings.word_embeddings.weight)
+    if projected:
+        rows = student.spaced_layers(hidden, 16)
+        assert torch.equal(made.electra.embeddings_project.weight, teacher.electra.embeddings_project.weight[rows])
+    made(input_ids=torch.tensor([[2, 7, 9, 3]])).logits.sum().backward()
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"hidden_size": 32}, "model_config.hidden_size=32: model=from_teacher:2 takes at least 1 and at most the "
                           "teacher's 16"),
