@@ -269,7 +269,7 @@ def evaluate_between_steps(loop: Loop, epoch: int) -> None:
     training clocks paused meanwhile (as for a checkpoint)."""
     loop.meters.pause()
     dev = evaluate_dev(loop)
-    loop.metrics.log_dev(dev, loop.progress.step, loop.stage.task.main_metric)
+    loop.metrics.log_dev(loop.progress.step, dev.figures(names.eval_metric), loop.stage.task.main_metric)
     keep_best(loop, dev, epoch, loop.meters.totals.train_seconds + loop.meters.throughput.seconds)
     loop.wrapped.train()
     loop.meters.resume()

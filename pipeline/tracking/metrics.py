@@ -9,7 +9,6 @@ pipeline/names.py spells every name.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from pipeline import names
 from pipeline.fsutil import write_json
@@ -17,9 +16,6 @@ from pipeline.layout import OutputDir
 from pipeline.measure.telemetry import StageMeters
 from pipeline.tracking.console import StepLines
 from pipeline.tracking.tracker import Tracker
-
-if TYPE_CHECKING:
-    from pipeline.evaluation import Evaluation
 
 log = logging.getLogger("pipeline")
 
@@ -67,11 +63,12 @@ class MetricsProcessor:
             log.info("epoch %d/%d  step %d  loss %.4f%s  %.1f samples/s  %.1fs", epoch + 1, epochs, step,
                      figures[names.TRAIN_EPOCH_LOSS], shown, figures[names.SAMPLES_PER_S], figures[names.EPOCH_TIME])
 
-    def log_dev(self, dev: Evaluation, step: int, main_metric: str) -> None:
-        """A dev evaluation between an epoch's steps (train.eval_every): its scores and console line."""
-        self.tracker.log_metrics(dev.figures(names.eval_metric), step)
+    def log_dev(self, step: int, figures: dict[str, float], main_metric: str) -> None:
+        """A dev evaluation between an epoch's steps (train.eval_every): its `figures` by name (eval/*)
+        and its console line."""
+        self.tracker.log_metrics(figures, step)
         if self.is_main:
-            log.info("step %d  dev %s %.4f", step, main_metric, dev.main)
+            log.info("step %d  dev %s %.4f", step, main_metric, figures[names.eval_metric("main")])
 
     def log_final(self, step: int, figures: dict[str, float | None], tags: dict[str, str]) -> dict[str, float]:
         """The job's final `figures` by name (None: not measured, left out) to MLflow, the eval/ ones
