@@ -35,7 +35,7 @@ from pipeline.stage import Stage
 from pipeline.tasks.base import SPLITS
 from pipeline.tracking import stage_outputs
 from pipeline.tracking.metrics import MetricsProcessor
-from pipeline.tracking.start_block import model_line, precision_line, run_url, start_block
+from pipeline.tracking.start_block import evaluation_data, model_line, precision_line, run_url, start_block
 from pipeline.tracking.tracker import Tracker
 
 log = logging.getLogger("pipeline")
@@ -143,10 +143,13 @@ def begin(loop: Loop) -> None:
     tags = {names.TAG_DATA_CACHE: features.cache_outcome(stage.examples["train"], stage.features),
             **({names.TAG_KD_CACHE: stage.distiller.cache_outcome} if stage.distiller else {}),
             **({names.TAG_BATCH_FIT: stage.batch_found} if stage.batch_found else {}),
-            **({names.TAG_STUDENT_INIT: stage.student_init} if stage.student_init else {}), **evaluation_data(stage)}
+            **({names.TAG_STUDENT_INIT: stage.student_init} if stage.student_init else {})}
+    evaluated, note = evaluation_data(stage.cfg.data, {split: len(rows) for split, rows in stage.examples.items()})
+    if note and stage.rt.is_main:  # what the job evaluates on where it is not a file of its own
+        log.info(note)
     # rank 0 logs the datasets: the others' would digest every dev and test example for nothing
     datasets = describe_datasets(stage.cfg.data, stage.task, stage.examples) if stage.rt.is_main else []
-    loop.metrics.begin(stage.out, stage.backend.extra_artifacts, tags, datasets)
+    loop.metrics.begin(stage.out, stage.backend.extra_artifacts, {**tags, **evaluated}, datasets)
     loop.metrics.tracker.log_metrics(stage.size_metrics(), 0)  # rank 0's tracker is the active one
     loop.checkpointer.write_job()
     if stage.rt.is_main:
@@ -160,27 +163,6 @@ def begin(loop: Loop) -> None:
             steps=loop.total_steps,
             epochs=loop.epochs, output_dir=str(stage.out), uri=tracker.uri or "",
             run=run_url(tracker.uri or "", tracker.experiment_id, tracker.run_id)))
-
-
-def evaluation_data(stage: Stage) -> dict[str, str]:
-    """Rank 0 says once what the job evaluates on where it is not a file of its own (a held-out
-    fraction of the training file, no dev, no test); the run's tags say the same."""
-    data, tags = stage.cfg.data, {}
-    if data.holdout() is not None:
-        tags[names.TAG_DEV] = data.holdout_name()
-        note = (f"dev: {len(stage.examples['dev'])} rows held out of the training file ({tags[names.TAG_DEV]}), "
-                f"{len(stage.examples['train'])} trained on")
-    elif not data.evaluates("dev"):
-        tags[names.TAG_DEV] = data.dev
-        note = "no dev evaluation (data.dev=skip): the model kept is the last one"
-    else:
-        note = ""
-    if not data.evaluates("test"):
-        tags[names.TAG_NO_TEST] = "true"
-        note += ("; " if note else "") + "no test split (data.test unset): no test figures"
-    if note and stage.rt.is_main:
-        log.info(note)
-    return tags
 
 
 def train_epoch(loop: Loop, epoch: int) -> None:
@@ -339,7 +321,7 @@ def finish(loop: Loop) -> dict[str, float]:
         report = stage_outputs.NO_TEST if test is None else stage.task.report(
             test.predictions, stage.examples["test"], stage.features["test"])
         stage_outputs.write_outputs(loop.metrics.tracker, stage.out, final, report, loop.progress.step, stage.task,
-                                    example_rows(stage), stage.cfg.tracking.log_model)
+                                    stage_outputs.example_rows(stage.examples), stage.cfg.tracking.log_model)
         stage_outputs.announce(loop.meters, final, stage.task.main_metric, test and test.main, stage.out)
     return final
 
@@ -357,11 +339,3 @@ def final_figures(loop: Loop, test: Evaluation | None, serving: dict[str, float]
             **({names.TAG_BEST_REASON: best.reason} if best.reason else {})}
     return figures, tags
 
-
-def example_rows(stage: Stage) -> list[dict]:
-    """A few rows the logged model shows as its input example: the test split's, else dev's, else
-    the training split's."""
-    for split in ("test", "dev"):
-        if split in stage.examples:
-            return stage.examples[split][:5]
-    return stage.examples["train"].dataset().select(range(min(5, len(stage.examples["train"])))).to_list()

@@ -51,3 +51,12 @@ def write_outputs(tracker: Tracker, out: OutputDir, final: dict[str, float], rep
                           else f"dev {task.main_metric} {final.get(names.EVAL_MAIN, float('nan')):.4f} (no test split)")
     elif log_model:
         tracker.log_artifact(out.best, OutputDir.BEST)
+
+
+def example_rows(examples: dict) -> list[dict]:
+    """A few rows the logged model shows as its input example: the test split's, else dev's, else
+    the training split's (a stage's examples by split)."""
+    for split in ("test", "dev"):
+        if split in examples:
+            return examples[split][:5]
+    return examples["train"].dataset().select(range(min(5, len(examples["train"])))).to_list()

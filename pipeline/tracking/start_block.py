@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pipeline import names
 from pipeline.config.secrets import redact
 
 if TYPE_CHECKING:
+    from pipeline.config.sections import DataConfig
     from pipeline.measure.flops import ModelSize
 
 
@@ -61,3 +63,22 @@ def start_block(*, task: str, model: str, precision: str, backend: str, world_si
             ("output_dir", output_dir), ("tracking", redact(uri)), ("run", run)]
     width = max(len(k) for k, _ in rows)
     return "starting:\n" + "\n".join(f"    {k.ljust(width)}  {v}" for k, v in rows)
+
+
+def evaluation_data(data: DataConfig, rows: dict[str, int]) -> tuple[dict[str, str], str]:
+    """The run's tags and a line for what a job evaluates on where it is not a file of its own (a
+    held-out fraction of the training file, no dev, no test); `rows`: each split's examples."""
+    tags = {}
+    if data.holdout() is not None:
+        tags[names.TAG_DEV] = data.holdout_name()
+        note = (f"dev: {rows['dev']} rows held out of the training file ({tags[names.TAG_DEV]}), "
+                f"{rows['train']} trained on")
+    elif not data.evaluates("dev"):
+        tags[names.TAG_DEV] = data.dev
+        note = "no dev evaluation (data.dev=skip): the model kept is the last one"
+    else:
+        note = ""
+    if not data.evaluates("test"):
+        tags[names.TAG_NO_TEST] = "true"
+        note += ("; " if note else "") + "no test split (data.test unset): no test figures"
+    return tags, note
