@@ -80,7 +80,7 @@ def log_to_run(out: OutputDir, metrics: dict[str, float], model: Path | None, na
     append(out.journal, *[Metric(k, float(v), step, now) for k, v in metrics.items()],
            *([Model(str(model), name, step)] if model is not None else []))
     target = uri or os.environ.get("MLFLOW_TRACKING_URI") or start.uri
-    caught = catch_up(out.root, target)
+    caught = catch_up(out.root, target, say=False)  # the export's own line names the run
     return caught.run_id if caught else None
 
 

@@ -73,7 +73,7 @@ class CaughtUp:
 
 
 def catch_up(run_dir: Path | str, uri: str | None, tags: dict[str, str] | None = None,
-             active: bool = True) -> CaughtUp | None:
+             active: bool = True, say: bool = True) -> CaughtUp | None:
     """A job's run in the store `uri`, made to hold everything its journal in run_dir holds:
     the journal is replayed (as `pipeline sync` does, into the run the job or a sync before
     created, else a new run) only where the store lacks some of it (the run, its end status,
@@ -82,7 +82,8 @@ def catch_up(run_dir: Path | str, uri: str | None, tags: dict[str, str] | None =
     killed) and a job asked again once finished. None when run_dir has no journal of a job. A
     store that cannot take it is a warning naming the command that will, never an error: the
     job's results stand on disk. Only global rank 0 talks to the store: elsewhere (active=False)
-    it does nothing."""
+    it does nothing. `say`: a line on what was replayed (False: a caller that journaled records
+    only to have them replayed here, and says so its own way)."""
     if not active:
         return None
     try:
@@ -105,8 +106,9 @@ def catch_up(run_dir: Path | str, uri: str | None, tags: dict[str, str] | None =
                     "python -m pipeline sync %s --uri %s", run_dir, redact(target), sink.reason(e), run_dir,
                     redact(target))
         return CaughtUp(None, replayed=False)
-    log.info("tracking: %s: the store lacked %s of its journal; replayed into run %s", run_dir,
-             ", ".join(lacking), run_id)
+    if say:
+        log.info("tracking: %s: the store lacked %s of its journal; replayed into run %s", run_dir,
+                 ", ".join(lacking), run_id)
     return CaughtUp(run_id, replayed=True)
 
 
