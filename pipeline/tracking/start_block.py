@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from pipeline import names
 from pipeline.config.secrets import redact
+from pipeline.kd.student import ratios
 
 if TYPE_CHECKING:
     from pipeline.config.sections import DataConfig
@@ -47,11 +48,10 @@ def model_line(spec: str, size: ModelSize, teacher: ModelSize | None = None, ini
             f"embeddings; {flops}")
     if teacher is None:
         return line + ")"
-    share = (f", {100 * size.forward_flops / teacher.forward_flops:.0f}% of its FLOPs"
-             if size.forward_flops is not None and teacher.forward_flops is not None else "")
-    return (line + f"; {100 * size.params / teacher.params:.0f}% of the teacher's parameters, "
-            f"{100 * size.params_non_embedding / teacher.params_non_embedding:.0f}% outside the embeddings"
-            f"{share}; init {init})")
+    ratio = ratios(size, teacher)  # the kd/ figures the run logs
+    share = f", {100 * ratio[names.KD_FLOPS_RATIO]:.0f}% of its FLOPs" if names.KD_FLOPS_RATIO in ratio else ""
+    return (line + f"; {100 * ratio[names.KD_PARAM_RATIO]:.0f}% of the teacher's parameters, "
+            f"{100 * ratio[names.KD_PARAM_RATIO_NON_EMBEDDING]:.0f}% outside the embeddings{share}; init {init})")
 
 
 def start_block(*, task: str, model: str, precision: str, backend: str, world_size: int,
