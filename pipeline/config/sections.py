@@ -64,10 +64,14 @@ class DataConfig:
         value = getattr(self, split)
         return None if value in (None, SAMPLES) else value
 
+    def rows_from(self, split: str) -> str:
+        """The split whose source a split's rows come from: its own, or train for a held-out dev."""
+        return "train" if split == "dev" and self.holdout() is not None else split
+
     def reads(self, split: str) -> bool:
         """Whether the split's rows are read from a file, the hub or the sample set (not held out of
         the training split, not absent)."""
-        return self.evaluates(split) and not (split == "dev" and self.holdout() is not None)
+        return self.evaluates(split) and self.rows_from(split) == split
 
     def evaluates(self, split: str) -> bool:
         """Whether the job has this split: dev unless `skip`; test unless unset beside a given key."""

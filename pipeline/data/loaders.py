@@ -263,7 +263,7 @@ def describe_datasets(data: DataConfig, task: Task, examples: dict[str, TrainRow
 
     records = []
     for split in (split for split in SPLITS if split in examples):  # a split the job does not have: no record
-        read_from = split if data.reads(split) else "train"  # a held-out dev split: rows of the training file
+        read_from = data.rows_from(split)  # a held-out dev split: rows of the training file
         spec = data.source(read_from)
         rows = examples[split]  # the prepared training split carries its digest (the same formula)
         digest = rows.digest if isinstance(rows, TrainRows) else examples_digest(rows)

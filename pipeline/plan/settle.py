@@ -134,7 +134,7 @@ def data_identity(data: DataConfig, task: Task, split: str) -> dict[str, str]:
     one `skip`."""
     if not data.evaluates(split):
         return {"file": data.dev, "fingerprint": data.dev}
-    read_from = split if data.reads(split) else "train"
+    read_from = data.rows_from(split)
     source = data.source(read_from)
     identity = {"file": source or f"the built-in {task.name} {read_from} set",
                 "fingerprint": features.source_identity(task, source, read_from)}

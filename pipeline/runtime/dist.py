@@ -240,7 +240,6 @@ class Reduced:
     per_rank: list[dict[str, float]]
     """Each rank's per_rank figures, in rank order."""
 
-
     def part(self, name: str) -> Reduced:
         """The figures of the part join() named `name`, by their own names."""
         def own(figures: dict[str, float]) -> dict[str, float]:
