@@ -40,7 +40,7 @@ def make_features(lengths, vocab_size):
 def train(strategy: str, args, features, lengths) -> dict:
     from pipeline import models
     from pipeline.data.loaders import ResumableSampler
-    from pipeline.parts.optim import param_groups
+    from pipeline.job.parts.optim import param_groups
     from pipeline.tasks import get_task
 
     task = get_task("sentiment")

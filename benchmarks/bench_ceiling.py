@@ -58,9 +58,10 @@ def cell_main(overrides: list[str], counted: bool) -> None:
     --counted: every tensor counted from the finder's end to the job's (TensorBytes)."""
     import contextlib
 
-    from pipeline import batch_finder, names
+    from pipeline import names
     from pipeline.config import load_config
-    from pipeline.jobs.run import run
+    from pipeline.job import batch_finder
+    from pipeline.job.run import run
     from pipeline.measure import batch_fit
     from pipeline.measure.memory import MIB, TensorBytes
 

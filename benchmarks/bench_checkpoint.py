@@ -57,8 +57,8 @@ def timed(fn) -> float:
 
 
 def one_rep(backend, root: Path, rep: int) -> dict:
+    from pipeline.job.parts import checkpoint
     from pipeline.layout import OutputDir
-    from pipeline.parts import checkpoint
 
     out = root / f"rep{rep}"
     state = {"scheduler": {"last_epoch": 1}, "loop": {"step": rep}}

@@ -3,13 +3,13 @@ it (its own process, the default MLflow store under the working directory, every
 phase timed from inside the process by wrapping the function that does it:
 
 - start-up: the interpreter and the imports, up to the command's first line;
-- settle: the config settled, output_dir checked (plan/settle.py, jobs/resume.py);
+- settle: the config settled, output_dir checked (job/plan.py, job/resume.py);
 - data: the splits read and tokenized, the prepared-features cache (stage.py: features.*);
 - model: the tokenizer and model built or loaded (models.build);
 - run start: output_dir cleared, the MLflow run opened, its tags, params and datasets;
-- set-up: the FLOP model's counted steps, the loaders, the optimizer (train.setup);
-- training: the epochs' training steps (train.train_epoch);
-- dev evaluation, best/ written, epoch checkpoints, test evaluation (train.evaluate, BestModel.consider,
+- set-up: the FLOP model's counted steps, the loaders, the optimizer (job_loop.setup);
+- training: the epochs' training steps (job_loop.train_epoch);
+- dev evaluation, best/ written, epoch checkpoints, test evaluation (job_loop.evaluate, BestModel.consider,
   Checkpointer.save);
 - inference bench: what best/ costs to serve (Stage.bench_inference, infer.bench);
 - outputs: metrics.json, report.txt and their MLflow artifacts, the final metrics and the run's end;
@@ -42,12 +42,12 @@ PHASES = ("start-up", "settle", "data", "model", "run start", "set-up", "trainin
 def child(overrides: list[str], started: float) -> None:
     """In the job's process: wrap the phases' functions, run the command, print the seconds."""
     import pipeline.cli  # the command's imports (torch, transformers, mlflow...) happen here
-    from pipeline import models, stage, train
-    from pipeline.jobs import resume, run
-    from pipeline.parts.best_model import BestModel
-    from pipeline.parts.checkpoint import Checkpointer
-    from pipeline.tracking import stage_outputs
-    from pipeline.tracking.metrics import MetricsProcessor
+    from pipeline import models
+    from pipeline.job import loop, resume, run, stage
+    from pipeline.job.parts.best_model import BestModel
+    from pipeline.job.parts.checkpoint import Checkpointer
+    from pipeline.job.records import stage_outputs
+    from pipeline.job.records.metrics import MetricsProcessor
     from pipeline.tracking.tracker import Tracker
 
     seconds = dict.fromkeys(PHASES, 0.0)
@@ -79,9 +79,9 @@ def child(overrides: list[str], started: float) -> None:
     timed(run, "start_stage_run", "run start")
     timed(Tracker, "set_tags", "run start")
     timed(Tracker, "log_datasets", "run start")
-    timed(train, "setup", "set-up")
-    timed(train, "train_epoch", "training")
-    timed(train, "evaluate", "", pick=lambda a, k: "test evaluation" if k.get("keep") else "dev evaluation")
+    timed(loop, "setup", "set-up")
+    timed(loop, "train_epoch", "training")
+    timed(loop, "evaluate", "", pick=lambda a, k: "test evaluation" if k.get("keep") else "dev evaluation")
     timed(BestModel, "consider", "best/ written")
     timed(Checkpointer, "save", "checkpoints")
     timed(stage.Stage, "bench_inference", "inference bench")

@@ -41,7 +41,7 @@ def build(max_length, seed=0):
 
 def bare_loop(args) -> dict:
     """The loop a user would write by hand: no logging, no checks, no host syncs."""
-    from pipeline.parts.optim import param_groups
+    from pipeline.job.parts.optim import param_groups
 
     task, _, tokenizer, model, features = build(args.max_length)
     loader = DataLoader(features["train"], batch_size=args.batch_size, shuffle=True,

@@ -190,9 +190,9 @@ def seed_list(spec: str) -> list[int]:
 
 
 def pipeline_run(overrides: list[str], stage: str = "train") -> dict:
-    """One stage through the real pipeline (jobs/run.py), in this process; its figures."""
+    """One stage through the real pipeline (job/run.py), in this process; its figures."""
     from pipeline.config import load_config
-    from pipeline.jobs.run import run
+    from pipeline.job.run import run
 
     out = Path(tempfile.mkdtemp(dir=WORK))
     cfg = load_config(None, [f"output_dir={out}", f"tracking.uri=sqlite:///{WORK}/mlflow.db",

@@ -102,7 +102,7 @@ class Jobs:
         start = time.perf_counter()
         if self.quick:
             from pipeline.config import load_config
-            from pipeline.jobs.run import run
+            from pipeline.job.run import run
 
             try:
                 run(load_config(None, common))

@@ -40,11 +40,11 @@ class PhaseClock:
 
     @contextlib.contextmanager
     def installed(self):
-        from pipeline import train
+        from pipeline.job import loop as job_loop
         from pipeline.runtime import torch_backend
 
-        saved = {"train_epoch": train.train_epoch, "build_loaders": train.build_loaders,
-                 "fb": train.forward_backward, "backward": torch_backend.TorchBackend.backward,
+        saved = {"train_epoch": job_loop.train_epoch, "build_loaders": job_loop.build_loaders,
+                 "fb": job_loop.forward_backward, "backward": torch_backend.TorchBackend.backward,
                  "step": torch_backend.TorchBackend.step}
 
         def loaders(features, collate, *args, **kwargs):
@@ -57,14 +57,14 @@ class PhaseClock:
             self.epoch += time.perf_counter() - t0
             self.epoch_cpu += time.process_time() - c0
 
-        train.train_epoch, train.build_loaders = epoch, loaders
-        train.forward_backward = self.wrap("forward+backward", saved["fb"])
+        job_loop.train_epoch, job_loop.build_loaders = epoch, loaders
+        job_loop.forward_backward = self.wrap("forward+backward", saved["fb"])
         torch_backend.TorchBackend.backward = self.wrap("backward", saved["backward"])
         torch_backend.TorchBackend.step = self.wrap("optimizer step", saved["step"])
         try:
             yield self
         finally:
-            train.train_epoch, train.build_loaders, train.forward_backward = (
+            job_loop.train_epoch, job_loop.build_loaders, job_loop.forward_backward = (
                 saved["train_epoch"], saved["build_loaders"], saved["fb"])
             torch_backend.TorchBackend.backward, torch_backend.TorchBackend.step = saved["backward"], saved["step"]
 

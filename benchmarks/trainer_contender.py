@@ -62,7 +62,7 @@ class TrainerRun:
         """The dev metrics (as compute_metrics names them, and `loss`) of the epoch the pipeline's
         model selection would keep among the Trainer's evaluations (parts/best_model.beats: `order`
         is the task's main metric and tie-breakers), so both sides report the same epoch's figures."""
-        from pipeline.parts.best_model import beats
+        from pipeline.job.parts.best_model import beats
 
         best = None
         for logged in self.trainer.state.log_history:

@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             if rank == 0:
                 print(f"error: {full}", file=sys.stderr)
             return 1
-        from pipeline.train import Preempted
+        from pipeline.job.loop import Preempted
 
         if not isinstance(e, Preempted):
             raise

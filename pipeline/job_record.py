@@ -2,8 +2,8 @@
 
 A job's record is written into each of its checkpoints and into output_dir (the checkpointer's
 job.json), so that resume=auto can tell a job from another one given the same output_dir
-(jobs/same_job.py compares two records). The cheap part (settings, global batch, precision, data
-fingerprints) is known before any data or model is loaded (plan/settle.py describes it); the
+(job/same_job.py compares two records). The cheap part (settings, global batch, precision, data
+fingerprints) is known before any data or model is loaded (job/plan.py describes it); the
 tokenizer, the model's architecture and the teacher's weights once they are built (Stage.record).
 A plain value and its file: nothing here imports the rest of the pipeline.
 """
@@ -42,7 +42,7 @@ class JobRecord:
         return dataclasses.replace(self, tokenizer=tokenizer, architecture=architecture, teacher=teacher)
 
     def to_json(self) -> dict[str, Any]:
-        """What the checkpointer writes as job.json (parts/checkpoint.py), into each checkpoint and
+        """What the checkpointer writes as job.json (job/parts/checkpoint.py), into each checkpoint and
         into output_dir."""
         return dataclasses.asdict(self)
 

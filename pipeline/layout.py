@@ -1,13 +1,13 @@
 """The layout of an output_dir: every file and folder name a job writes there, in one place.
 
 OUTPUT_DIR/
-  .lock               one job at a time (jobs/lock.py)
-  config.yaml         the config as the job resolved it (tracking/stage_run.py)
+  .lock               one job at a time (job/lock.py)
+  config.yaml         the config as the job resolved it (job/records/stage_run.py)
   job.json            what the job trains with (job_record.py), for a resume=auto once it finished
   journal.jsonl       every param, tag, metric and artifact as produced (tracking/journal.py);
   journal.abandoned-STAMP.jsonl   a previous job's journal its store could not take
-  checkpoints/step-NNNNNNNN/      (parts/checkpoint.py; CheckpointFiles below)
-  best/               the best model, a Hugging Face model directory in fp32 (parts/best_model.py)
+  checkpoints/step-NNNNNNNN/      (job/parts/checkpoint.py; CheckpointFiles below)
+  best/               the best model, a Hugging Face model directory in fp32 (job/parts/best_model.py)
   mlflow_model/       best/ as an MLflow transformers-flavor model (tracking.log_model; tracking/served_model.py)
   metrics.json        the final metrics, written last: its presence says the job finished
   stop.request        written by a search study that prunes the job: it ends at its next evaluation

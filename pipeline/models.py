@@ -8,10 +8,11 @@ Auto classes, exactly as a user would load them.
 Trainable models are always built in fp32, whatever dtype a saved config.json names
 (transformers 5 loads in the config's dtype by default): AMP keeps fp32 master weights and
 casts per op, and GradScaler refuses to unscale fp16 gradients. best/ is saved in fp32 with a
-config that says so (best_model.save_pretrained_fp32).
+config that says so (save_pretrained_fp32).
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -365,3 +366,16 @@ def fingerprint(model: PreTrainedModel, weights: bool, config: dict | None = Non
         if weights:
             h.update(tensor.detach().float().cpu().numpy().tobytes())
     return "sha256:" + h.hexdigest()
+
+
+def save_pretrained_fp32(module: PreTrainedModel, state_dict: dict, tokenizer: PreTrainedTokenizerBase,
+                         target: Path) -> None:
+    """A model directory that loads as fp32: the weights of `state_dict` in fp32 and a
+    config.json whose dtype says float32, whatever dtype the module itself trained in
+    (DeepSpeed's fp16 mode keeps it in 16 bit, and save_pretrained writes the module's dtype)."""
+    weights = {k: v.float() if v.is_floating_point() else v for k, v in state_dict.items()}
+    module.save_pretrained(target, state_dict=weights)  # safetensors: transformers' only format
+    config = copy.deepcopy(module.config)
+    config.dtype = "float32"
+    config.save_pretrained(target)
+    tokenizer.save_pretrained(target)

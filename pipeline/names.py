@@ -43,7 +43,7 @@ def test_metric(name: str) -> str:
     return TEST + name
 
 
-# ---------------------------------------------------------------- model selection (parts/best_model.py)
+# ---------------------------------------------------------------- model selection (job/parts/best_model.py)
 BEST_EPOCH = "best/epoch"  # the epoch (from 1) whose model is best/: the test scores and the final eval/ ones are its
 TAG_BEST_REASON = "best/reason"  # why that epoch was chosen, e.g. "f1 0.6100 > 0.5200"
 TIE_BREAK = "tie on "  # how best/reason starts where a tie-break chose: "tie on f1 0.0000: map 0.7840 > 0.7000"

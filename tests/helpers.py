@@ -33,7 +33,7 @@ FAST = ["model=preset:bangla-tiny", "train.max_length=48", "train.batch_size=32"
 
 def settled_config(cfg, model_spec: str, task, device: str = "cpu"):
     """`cfg` settled as a one-process job on `device` settles it, for `model_spec` and `task`."""
-    from pipeline.plan.settle import settle_config
+    from pipeline.job.plan import settle_config
     from pipeline.runtime import compiler
 
     return settle_config(cfg, model_spec, task, device, compiler.resolve(cfg.train.compile, device, "single"))
@@ -159,12 +159,13 @@ def bench_module(name: str):
     their folder), for the tests of what only the benchmarks use."""
     import importlib.util
 
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    key = f"benchmarks_{name}"  # apart from installed packages of the same name (transformers pulls in `kernels`)
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, ROOT / "benchmarks" / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up there
+        sys.modules[key] = module  # dataclasses look their module up there
         spec.loader.exec_module(module)
-    return sys.modules[name]
+    return sys.modules[key]
 
 
 def ddp_syncs_buffers_every_forward(ddp) -> bool:

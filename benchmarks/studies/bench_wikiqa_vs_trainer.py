@@ -60,7 +60,7 @@ def tied_candidates(qids: list, scores: np.ndarray) -> int:
 
 def selected_epoch(per_epoch: list[dict], order: tuple[str, ...]) -> int:
     """The epoch (from 1) the pipeline's model selection takes among these dev evaluations."""
-    from pipeline.parts.best_model import beats
+    from pipeline.job.parts.best_model import beats
 
     best, chosen = None, 0
     for epoch, scores in enumerate(per_epoch, start=1):
@@ -101,14 +101,14 @@ def trainer_dropout_stream() -> None:
     """From now on the pipeline's dropout draws the Trainer's stream: one int64 taken from the global
     RNG at each epoch's start, as the Trainer's DataLoader iterator takes its base seed (with
     no generator of its own); the rest of the run is the pipeline's, unchanged."""
-    from pipeline import train
+    from pipeline.job import loop as job_loop
 
-    epoch = train.train_epoch
+    epoch = job_loop.train_epoch
 
     def drawing(loop, index):
         torch.empty((), dtype=torch.int64).random_()
         return epoch(loop, index)
-    train.train_epoch = drawing
+    job_loop.train_epoch = drawing
 
 
 def dropout_seed_apart() -> None:
@@ -117,16 +117,16 @@ def dropout_seed_apart() -> None:
     is the seed of epoch `rank`'s data permutation): a candidate change, measured, not shipped."""
     import numpy as np
 
-    from pipeline import train
+    from pipeline.job import loop as job_loop
 
-    epoch = train.train_epoch
+    epoch = job_loop.train_epoch
 
     def reseeded(loop, index):
         if index == 0 and loop.progress.step == 0:  # right after fit()'s torch.manual_seed(seed + rank)
             torch.manual_seed(int(np.random.SeedSequence([loop.stage.cfg.seed, loop.stage.rt.rank, 1])
                                   .generate_state(1)[0]))
         return epoch(loop, index)
-    train.train_epoch = reseeded
+    job_loop.train_epoch = reseeded
 
 
 def pipeline(precision: str, seed: int, lr: float) -> dict:

@@ -1,4 +1,4 @@
-"""`python -m pipeline train|distill [CONFIG.yaml] [key=value ...]`: one stage as a job (jobs/run.py)."""
+"""`python -m pipeline train|distill [CONFIG.yaml] [key=value ...]`: one stage as a job (job/run.py)."""
 from __future__ import annotations
 
 from pipeline.errors import UserError
@@ -29,7 +29,7 @@ def _stage(kind: str, args: list[str]) -> int:
         if "=" not in a:
             raise UserError(f"argument {a!r}: expected key=value (a config file goes first)")
     cfg = load_config(config_path, args)
-    from pipeline.jobs.run import run
+    from pipeline.job.run import run
 
     run(cfg, kind=kind)
     return 0

@@ -1,5 +1,5 @@
 """`python -m pipeline ui [--experiment NAME | --study NAME] [--uri URI] [--host H] [--port P]`: the
-MLflow UI on the project's tracking store (pipeline/ui.py: the pages it opens, the server's settings).
+MLflow UI on the project's tracking store (pipeline/tracking/ui.py: the pages it opens, the server's settings).
 
 The server runs in a session of its own with every process it starts (its uvicorn or gunicorn
 workers): SIGTERM or SIGINT (Ctrl-C) to this command ends all of them and frees the port, as does
@@ -15,7 +15,7 @@ import time
 
 from pipeline.errors import UserError
 from pipeline.tracking import resolve_uri
-from pipeline.ui import free_port, pages_for, server_env
+from pipeline.tracking.ui import free_port, pages_for, server_env
 
 
 def main(args: list[str]) -> int:

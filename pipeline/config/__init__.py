@@ -9,7 +9,7 @@ default output_dir (output_dir.py), and the reference that --help and docs/confi
 
 May import: pipeline.errors, and the task registry's names (pipeline.tasks, whose __init__ imports
 only errors when loaded): no torch, no transformers. What a job derives from its config (the
-settled plan) is pipeline.plan.settle's.
+settled plan) is pipeline.job.plan's.
 
 Inside, lowest first: coerce deepspeed_files documents trainer_names secrets | keys | sections | schema |
 output_dir reference

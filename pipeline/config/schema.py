@@ -146,7 +146,7 @@ class Config:
 
 @dataclass(kw_only=True)
 class SettledTrain(TrainConfig):
-    """TrainConfig with every derived default filled in (pipeline.plan.settle makes it, once per
+    """TrainConfig with every derived default filled in (pipeline.job.plan makes it, once per
     job): what an unset key or `auto` turned into on this device, for this task and model."""
 
     epochs: int
@@ -167,7 +167,7 @@ class SettledTrain(TrainConfig):
 @dataclass(kw_only=True)
 class SettledConfig(Config):
     """Config with its train section settled and output_dir known: what config.yaml and the run's
-    params show, and what every part of a job reads (pipeline.plan.settle.Plan.cfg)."""
+    params show, and what every part of a job reads (pipeline.job.plan.Plan.cfg)."""
 
     train: SettledTrain
     output_dir: str

@@ -107,7 +107,7 @@ def _trim(out: OutputDir, model: torch.nn.Module, tokenizer, size_mb: float, fol
 
     from pipeline.export import check, trim_vocab
     from pipeline.measure.inference import count_params
-    from pipeline.parts.best_model import save_pretrained_fp32
+    from pipeline.models import save_pretrained_fp32
 
     t0 = time.perf_counter()
     texts = check.training_texts(out)
@@ -134,7 +134,7 @@ def _trim(out: OutputDir, model: torch.nn.Module, tokenizer, size_mb: float, fol
 
 def _trimmed_card(best: Path, folder: Path, figures: dict) -> None:
     """best/'s model card in the trimmed folder, with what the cut changed and what the dev split proved."""
-    from pipeline.parts.model_card import CARD
+    from pipeline.tracking.model_card import CARD
 
     card = (best / CARD).read_text(encoding="utf-8") if (best / CARD).is_file() else ""
     f = figures

@@ -30,8 +30,8 @@ from pipeline.kd import teacher_cache
 from pipeline.kd.student import from_teacher, is_from_teacher, teacher_overrides
 from pipeline.kd.terms import LayerTerms, kd_loss
 from pipeline.layout import OutputDir
-from pipeline.parts.step_losses import StepLoss
 from pipeline.runtime import dist
+from pipeline.runtime.backend import StepLoss
 from pipeline.runtime.compiler import OFF, CompilePolicy
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy

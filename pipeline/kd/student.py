@@ -24,7 +24,6 @@ import torch
 from pipeline import names
 from pipeline.errors import UserError
 from pipeline.measure.flops import ModelSize
-from pipeline.parts.model_card import WIDTHS, spaced_layers, student_width
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -32,9 +31,29 @@ if TYPE_CHECKING:
     from pipeline.tasks.base import Task
 
 PREFIX = "from_teacher:"
+WIDTHS = {"hidden_size": "hidden size", "num_attention_heads": "attention heads", "intermediate_size": "feed-forward"}
+"""The model_config keys that narrow a from_teacher student, as the card names them."""
 WIDTH_KEYS = tuple(WIDTHS)
 """model_config keys that shape a from_teacher student and not its teacher."""
 TEACHER_LAYERS, WEIGHT_SELECTION, SCRATCH, PRETRAINED = "teacher-layers", "weight-selection", "scratch", "pretrained"
+
+
+def spaced_layers(n_layers: int, total: int) -> list[int]:
+    """The teacher's layers a from_teacher:N student starts from: N evenly spaced of `total`
+    (DistilBERT took every other layer of BERT-base: 0, 2, ..., 10 for N=6)."""
+    return [i * total // n_layers for i in range(n_layers)]
+
+
+def student_width(overrides: dict, teacher: dict) -> dict[str, int]:
+    """A from_teacher student's hidden size, heads and feed-forward size from model_config
+    `overrides` and the teacher's config: unset heads keep the teacher's head size (hidden size /
+    the teacher's head size, at least 1), an unset feed-forward size the teacher's ratio to width."""
+    hidden = overrides.get("hidden_size", teacher["hidden_size"])
+    head_size = teacher["hidden_size"] // teacher["num_attention_heads"]
+    return {"hidden_size": hidden,
+            "num_attention_heads": overrides.get("num_attention_heads", max(1, hidden // head_size)),
+            "intermediate_size": overrides.get("intermediate_size",
+                                               teacher["intermediate_size"] * hidden // teacher["hidden_size"])}
 
 
 def is_from_teacher(spec: str | None) -> bool:

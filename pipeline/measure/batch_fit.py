@@ -2,7 +2,7 @@
 per rank and the largest evaluation batch that fit a device's memory, the ranks agreeing.
 
 A trial runs `rows` rows and gives its peak bytes, or None when it ran out of memory (the batch
-finder's trials run the built stage: pipeline/batch_finder.py). Candidates are tried largest
+finder's trials run the built stage: pipeline/job/batch_finder.py). Candidates are tried largest
 first (the common case: one trial), then by a binary search (fitting is monotone in size); a
 trial fits when it neither runs out of memory nor peaks above (1 - MARGIN) of the capacity, on
 every rank (one all-reduce, max, per trial: the smallest device decides).

@@ -53,7 +53,7 @@ ROW_COLUMNS = ["cell", "task", "model", "procedure", "stage", "seed", "precision
 """The columns of a cell row (cells.csv); stalled: why the run's predictions collapsed (its
 stall_reason tag), "" for a run that learned or was not checked; best_epoch, best_reason: the epoch
 whose model is the run's best/ (its test scores are that model's) and why it was chosen (the
-best/epoch metric and best/reason tag; parts/best_model.py); output_dir: the run's (its best/
+best/epoch metric and best/reason tag; job/parts/best_model.py); output_dir: the run's (its best/
 is what the side-by-side measurement loads); shared_with: the cells that ran at the same time on
 the same device (a study's --jobs), comma-separated; cpu_bf16: a CPU run's bf16 hardware (its tag);
 batch_size, grad_accum, memory_limit_mb: as planned (the run's params for a run the study did not

@@ -10,7 +10,7 @@ import from here, never the other way round, and runtime/factory.py chooses betw
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -26,6 +26,24 @@ class StepResult:
     tensor where the backend decides on the device, read at the loop's next log boundary."""
     grad_norm: torch.Tensor
     """Global gradient norm before clipping (unscaled), still on the device."""
+
+
+@dataclass
+class StepLoss:
+    """A loss as the loop carries it: the total the backward runs on and its named terms (each
+    already weighted or not, as its producer logs it; the same names on every step and rank)."""
+
+    total: torch.Tensor
+    terms: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def detach(self) -> StepLoss:
+        return StepLoss(self.total.detach(), {k: v.detach() for k, v in self.terms.items()})
+
+    def __add__(self, other: StepLoss) -> StepLoss:
+        return StepLoss(self.total + other.total, {k: v + other.terms[k] for k, v in self.terms.items()})
+
+    def __truediv__(self, n: float) -> StepLoss:
+        return StepLoss(self.total / n, {k: v / n for k, v in self.terms.items()})
 
 
 class Backend(Protocol):

@@ -37,7 +37,7 @@ list_mode_options: triton.cudagraphs)."""
 
 @dataclass(frozen=True)
 class CompilePolicy:
-    """What `train.compile` means for a stage, settled once (plan/settle.py) and held by the plan and
+    """What `train.compile` means for a stage, settled once (job/plan.py) and held by the plan and
     the backend: the loop, loaders, evaluation, the KD teacher and the meters ask it, never the raw
     setting."""
 

@@ -15,7 +15,7 @@ def make_backend(rt: Runtime, policy: PrecisionPolicy, compile_policy: CompilePo
     """The backend for rt.backend. A DeepSpeed config (deepspeed_path, or the shipped zero2.json when
     unset) is read, resolved and checked here, before any model is built; the deepspeed package
     itself is imported only when DeepSpeedBackend.prepare runs (importing it costs seconds). The
-    compile policy was settled with the plan (plan/settle.py); the backend holds it."""
+    compile policy was settled with the plan (job/plan.py); the backend holds it."""
     if rt.backend != "deepspeed":
         return TorchBackend(rt, policy, train.max_grad_norm, compile_policy)
     return DeepSpeedBackend(rt, policy, train, deepspeed_path, compile_policy)

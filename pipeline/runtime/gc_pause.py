@@ -8,7 +8,7 @@ interpreter's last collection at exit walks them once more. So `python -m pipeli
 collector for a stage before anything is imported, and the stage turns it back on when it is set
 up (jobs/run.run), with what set-up made frozen (moved where no collection walks it): the loop's
 collections then walk only what the loop makes. Other commands keep it on. Code that calls
-`pipeline.jobs.run.run` itself (a notebook, the tests) never paused it and is left as it is.
+`pipeline.job.run.run` itself (a notebook, the tests) never paused it and is left as it is.
 """
 import gc
 

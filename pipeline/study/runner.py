@@ -166,8 +166,9 @@ class OpenStudy:
         """The count, the parent run's end and the report, all from the store as the report reads it
         (report/cells.py: a cell is finished when its run there is), so the closing line and the
         report say the same."""
-        from pipeline import report, ui
+        from pipeline import report
         from pipeline.report.cells import read_cells
+        from pipeline.tracking import ui
 
         study, client, parent = self.study, self.client, self.parent
         _, rows = read_cells(client, self.experiment_id)

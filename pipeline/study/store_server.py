@@ -40,7 +40,7 @@ def serving(uri: str, log_path: Path) -> Iterator[str]:
     if not uri.startswith("sqlite:"):
         yield uri
         return
-    from pipeline.ui import free_port, server_env
+    from pipeline.tracking.ui import free_port, server_env
 
     port = free_port("127.0.0.1")
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -101,7 +101,7 @@ def objective_values(output_dir: Path, objective: str) -> list[float]:
 
 
 def _busy(cell: Cell) -> bool:
-    """A live job holds the cell's output_dir (its lock, jobs/lock.py)."""
+    """A live job holds the cell's output_dir (its lock, job/lock.py)."""
     return lock_held(OutputDir(cell.output_dir).lock)
 
 

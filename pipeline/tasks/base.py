@@ -39,7 +39,7 @@ class Task(ABC):
     """The key of metrics() that early stopping and eval/main use."""
     tie_breakers: ClassVar[tuple[str, ...]] = ()
     """Keys of metrics() that choose the best epoch where the main metric ties, in order, higher
-    being better; after them the lower dev loss (parts/best_model.py)."""
+    being better; after them the lower dev loss (job/parts/best_model.py)."""
     default_model: ClassVar[str] = "preset:bangla-small"
     model_class: ClassVar[Any] = AutoModelForSequenceClassification
     serving_task: ClassVar[str | None] = "text-classification"

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.fsutil import atomic_dir
 from pipeline.layout import OutputDir
-from pipeline.parts.model_card import CARD
+from pipeline.tracking.model_card import CARD
 
 if TYPE_CHECKING:
     from pipeline.tasks.base import Task
@@ -70,7 +70,7 @@ def save_served_model(best: Path, task: Task, examples: list[dict], target: Path
     # would try over the network; an absolute path is refused by the repo-id check before any request
     local = str(Path(best).resolve())
     pipe = transformers.pipeline(task.serving_task, model=local, tokenizer=local, device="cpu")
-    written = Path(best) / CARD  # best/'s own card (parts/model_card.py), else a line
+    written = Path(best) / CARD  # best/'s own card (tracking/model_card.py), else a line
     card = huggingface_hub.ModelCard(written.read_text(encoding="utf-8") if written.is_file() else
                                      f"---\nlicense: other\n---\nA {task.name} model trained by the pipeline: "
                                      f"{task.serving_task}; inputs are text normalized as the task normalizes it.")

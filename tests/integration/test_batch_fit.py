@@ -16,7 +16,7 @@ AUTO = [*FAST, "train.batch_size=auto", "train.max_steps=2", "train.log_every=1"
 
 @pytest.mark.slow
 def test_a_found_batch_is_in_the_params_and_config_yaml_and_resume_sees_the_same_job(tmp_path):
-    from pipeline.jobs.run import run
+    from pipeline.job.run import run
 
     db, out = tracking_db(tmp_path), tmp_path / "out"
     job = [*AUTO, "train.grad_accum=2", "train.memory_limit_mb=12", f"output_dir={out}",
@@ -53,7 +53,7 @@ def test_a_fixed_batch_under_a_cpu_cap_fits_or_runs_out_of_memory_before_anythin
     """The memory ceiling's rungs on a CPU: train.memory_limit_mb with a fixed batch counts one step's
     tensors against the cap before the job starts; past it the job ends on one out-of-memory line
     (exit 1, as a capped GPU), leaving nothing; under it the job trains, its peak in the batch_fit tag."""
-    from pipeline.jobs.run import run
+    from pipeline.job.run import run
 
     db = tracking_db(tmp_path)
     fixed = [*FAST, "train.max_steps=2", "train.log_every=1", "train.memory_limit_mb=12",

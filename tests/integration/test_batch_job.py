@@ -8,7 +8,7 @@ import pytest
 from helpers import FAST, mlflow_runs, tracking_db
 from pipeline.config import load_config
 from pipeline.errors import UserError
-from pipeline.jobs.run import run
+from pipeline.job.run import run
 from pipeline.layout import OutputDir
 
 pytestmark = pytest.mark.slow

@@ -107,7 +107,7 @@ def test_resume_auto_on_a_finished_job_replays_what_the_store_lacks(tmp_path, mo
     """A job that finished with its tracking server down (its records in its journal only), asked
     again with resume=auto: it trains nothing and its run reaches the store, once."""
     from pipeline.config import load_config
-    from pipeline.jobs.run import run
+    from pipeline.job.run import run
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     out, db = tmp_path / "out", tracking_db(tmp_path)

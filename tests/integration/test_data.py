@@ -10,7 +10,7 @@ from pipeline.config import load_config
 
 @pytest.mark.slow
 def test_a_job_with_token_batches_counts_its_real_rows(tmp_path):
-    from pipeline.jobs.run import run
+    from pipeline.job.run import run
 
     figures = run(load_config(None, [*FAST, "train.batch_tokens=1024", "train.epochs=1", f"output_dir={tmp_path}",
                                      f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))

@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 from helpers import mlflow_runs, run_cli, torchrun, tracking_db
 from pipeline import names
 from pipeline.config import load_config
-from pipeline.jobs.run import run
+from pipeline.job.run import run
 
 pytestmark = pytest.mark.slow  # every test trains, in process or under torchrun
 

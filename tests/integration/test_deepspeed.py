@@ -25,9 +25,9 @@ from helpers import (
     wait_for,
 )
 from pipeline import names
+from pipeline.job.parts import checkpoint
+from pipeline.job.parts.optim import build_optimizer, lr_schedule
 from pipeline.layout import OutputDir
-from pipeline.parts import checkpoint
-from pipeline.parts.optim import build_optimizer, lr_schedule
 from pipeline.runtime import compiler, dist, precision
 from pipeline.runtime.deepspeed_backend import (
     DeepSpeedBackend,

@@ -14,7 +14,7 @@ from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.fsutil import cache_root
-from pipeline.jobs.run import run
+from pipeline.job.run import run
 from pipeline.tasks import get_task
 from unit.test_distill import CPU, make_distiller  # noqa: F401
 

@@ -16,7 +16,7 @@ from helpers import FAST, mlflow_runs, tracking_db
 from pipeline import names
 from pipeline.cli import main
 from pipeline.config import load_config
-from pipeline.jobs.run import run
+from pipeline.job.run import run
 
 pytestmark = pytest.mark.slow
 

@@ -16,11 +16,11 @@ from mlflow.tracking import MlflowClient
 from helpers import FAST, ROOT, assert_same_result, free_port, mlflow_runs, run_cli, tracking_db, wait_for
 from pipeline import cli, names
 from pipeline.config import load_config
-from pipeline.jobs.resume import Resume
-from pipeline.jobs.run import run
+from pipeline.job.parts import checkpoint
+from pipeline.job.parts.step_losses import Diverged
+from pipeline.job.resume import Resume
+from pipeline.job.run import run
 from pipeline.layout import OutputDir
-from pipeline.parts import checkpoint
-from pipeline.parts.step_losses import Diverged
 from pipeline.runtime.dist import Runtime
 from pipeline.tracking import Tracker, sync
 

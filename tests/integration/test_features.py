@@ -69,8 +69,8 @@ from pipeline.errors import UserError
 from pipeline.errors import UserError
 from pipeline.runtime import dist
 from pipeline.tasks.text_classification import TextClassificationTask
-from pipeline.plan.settle import settle
-from pipeline.stage import build_stage
+from pipeline.job.plan import settle
+from pipeline.job.stage import build_stage
 
 calls = []
 featurize = TextClassificationTask.featurize

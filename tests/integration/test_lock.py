@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow  # every test starts a process
 
 HOLD = """
 import sys, time
-from pipeline.jobs import lock
+from pipeline.job import lock
 from pipeline.layout import OutputDir
 held = lock.acquire(OutputDir(sys.argv[1]))
 print("locked", flush=True)
@@ -35,7 +35,7 @@ def holder(path, mode):
 
 def test_a_held_lock_refuses_a_second_holder_and_a_dead_holders_lock_is_taken_over(tmp_path, caplog):
     from pipeline.errors import UserError
-    from pipeline.jobs import lock
+    from pipeline.job import lock
     from pipeline.layout import OutputDir
 
     alive = holder(tmp_path, "hold")

@@ -13,10 +13,10 @@ from unit.test_meters import bert_training_flops  # noqa: F401
 
 @pytest.mark.slow
 def test_throughput_is_the_same_with_and_without_mid_epoch_saves(tmp_path, monkeypatch):
-    from pipeline import train
     from pipeline.config import load_config
-    from pipeline.jobs.run import run
-    from pipeline.parts.checkpoint import Checkpointer
+    from pipeline.job import loop as job_loop
+    from pipeline.job.parts.checkpoint import Checkpointer
+    from pipeline.job.run import run
 
     wall = {}  # seconds of the real calls, timed around them: the epoch, and the saves inside it
 
@@ -29,7 +29,7 @@ def test_throughput_is_the_same_with_and_without_mid_epoch_saves(tmp_path, monke
                 wall[name] = wall.get(name, 0.0) + time.perf_counter() - t0
         return call
 
-    monkeypatch.setattr(train, "train_epoch", timed("epoch", train.train_epoch))
+    monkeypatch.setattr(job_loop, "train_epoch", timed("epoch", job_loop.train_epoch))
     monkeypatch.setattr(Checkpointer, "save", timed("saves", Checkpointer.save))
     figures = {}
     for every in (0, 3):  # 30 steps in one epoch: a save every 3 steps, the last at step 27
@@ -51,19 +51,20 @@ def test_throughput_is_the_same_with_and_without_mid_epoch_saves(tmp_path, monke
 def test_flop_figures_follow_the_batches_really_trained(tmp_path, monkeypatch):
     """With length grouping the first batch is the longest: FLOPs extrapolated from it overstate the
     job. The logged FLOPs must equal the analytic count of every micro-batch the job trained."""
-    from pipeline import models, train
+    from pipeline import models
     from pipeline.config import load_config
-    from pipeline.jobs.run import run
+    from pipeline.job import loop as job_loop
+    from pipeline.job.run import run
 
     shapes, lengths = [], []
-    real_forward_backward = train.forward_backward
+    real_forward_backward = job_loop.forward_backward
 
     def recording(s, batch, *args):
         shapes.append(tuple(batch["input_ids"].shape))
         lengths.extend(batch["attention_mask"].sum(1).tolist())
         return real_forward_backward(s, batch, *args)
 
-    monkeypatch.setattr(train, "forward_backward", recording)
+    monkeypatch.setattr(job_loop, "forward_backward", recording)
     out = tmp_path / "out"
     figures = run(load_config(None, [*FAST, "train.max_steps=8", "train.batch_size=8",
                                            "train.group_by_length=true", f"output_dir={out}",

@@ -41,7 +41,7 @@ from pipeline import cli, models, names
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.fsutil import cache_root
-from pipeline.jobs.run import run
+from pipeline.job.run import run
 from pipeline.kd import distill
 from pipeline.tasks import REGISTRY, get_task
 

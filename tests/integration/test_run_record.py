@@ -18,8 +18,8 @@ pytestmark = pytest.mark.slow
 def finished(tmp_path_factory):
     from mlflow.tracking import MlflowClient
 
-    from pipeline.jobs.run import run
-    from pipeline.plan import settle
+    from pipeline.job import plan as settle
+    from pipeline.job.run import run
     from pipeline.runtime import precision as policies
 
     tmp = tmp_path_factory.mktemp("record")

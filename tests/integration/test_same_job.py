@@ -8,12 +8,13 @@ import pytest
 import torch
 
 from helpers import FAST, mlflow_runs, run_cli, tracking_db
-from pipeline import job_record, models, names, train
+from pipeline import job_record, models, names
 from pipeline.config import load_config
 from pipeline.errors import UserError
-from pipeline.jobs.run import run
+from pipeline.job import loop as job_loop
+from pipeline.job.parts import checkpoint
+from pipeline.job.run import run
 from pipeline.layout import OutputDir
-from pipeline.parts import checkpoint
 from pipeline.tasks import get_task
 from pipeline.tasks.samples import ensure_samples
 
@@ -24,7 +25,7 @@ PREEMPT_AT = 6  # SIGTERM after this step; the ranks agree one step later: a che
 
 def preempted(monkeypatch, args: list[str], stage: str) -> None:
     """Run the job in this process and SIGTERM it after PREEMPT_AT steps, as a scheduler would."""
-    real = train.optimizer_step
+    real = job_loop.optimizer_step
     sent = []
 
     def step_then_term(loop, *a, **k):
@@ -33,8 +34,8 @@ def preempted(monkeypatch, args: list[str], stage: str) -> None:
             sent.append(os.kill(os.getpid(), signal.SIGTERM))
         return stop
 
-    monkeypatch.setattr(train, "optimizer_step", step_then_term)
-    with pytest.raises(train.Preempted):
+    monkeypatch.setattr(job_loop, "optimizer_step", step_then_term)
+    with pytest.raises(job_loop.Preempted):
         run(load_config(None, args), stage)
     monkeypatch.undo()
 

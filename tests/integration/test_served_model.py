@@ -11,7 +11,7 @@ from mlflow.entities import ViewType
 from helpers import FAST, mlflow_runs, tracking_db
 from pipeline import names
 from pipeline.config import load_config
-from pipeline.jobs.run import run
+from pipeline.job.run import run
 from pipeline.tasks import get_task
 
 pytestmark = pytest.mark.slow
@@ -125,8 +125,7 @@ def test_the_logged_model_is_in_its_runs_experiment_not_default(logged):
 
 
 def test_ui_prints_the_models_page_of_an_experiment_with_models_only(logged):
-    from pipeline import ui
-    from pipeline.tracking import open_experiment
+    from pipeline.tracking import open_experiment, ui
 
     uri = mlflow.get_tracking_uri()
     experiment_id = logged["run"].info.experiment_id

@@ -7,7 +7,7 @@ import pytest
 from helpers import FAST, tracking_db
 from pipeline import names
 from pipeline.config import load_config
-from pipeline.jobs.run import run
+from pipeline.job.run import run
 
 # ------------------------------------------------------------------ end to end
 

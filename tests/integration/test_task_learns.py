@@ -5,7 +5,7 @@ import pytest
 from helpers import tracking_db
 from integration import test_task_error_cls, test_task_ner, test_task_wikiqa
 from pipeline.config import load_config
-from pipeline.jobs.run import run
+from pipeline.job.run import run
 
 TASKS = {"error_cls": test_task_error_cls, "ner": test_task_ner, "wikiqa": test_task_wikiqa}
 

@@ -7,7 +7,7 @@ import pytest
 from helpers import FAST, torchrun, tracking_db
 from pipeline import names
 from pipeline.config import load_config
-from pipeline.jobs.run import run
+from pipeline.job.run import run
 from pipeline.tasks import get_task
 from pipeline.tasks.samples import ensure_samples
 from unit.test_task_ner import write  # noqa: F401

@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 from helpers import FAST, mlflow_runs, torchrun, tracking_db
 from pipeline import names
 from pipeline.config import load_config
-from pipeline.jobs.run import run
+from pipeline.job.run import run
 from unit.test_task_qa import TASK  # noqa: F401
 
 # ---------------------------------------------------------------------- the job end to end

@@ -7,7 +7,7 @@ import pytest
 from helpers import FAST, mlflow_runs, torchrun, tracking_db
 from pipeline import names
 from pipeline.config import load_config
-from pipeline.jobs.run import run
+from pipeline.job.run import run
 
 # ---------------------------------------------------------------------- the job end to end
 # Chance on the sample set: F1 0 (all negative), MAP and MRR 0.50-0.51 on dev and test (random ranking).

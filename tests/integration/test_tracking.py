@@ -13,7 +13,7 @@ import pytest
 from helpers import FAST, ROOT, free_port, run_cli, torchrun, tracking_db, wait_for
 from pipeline import names
 from pipeline.tracking import sync
-from pipeline.ui import server_env
+from pipeline.tracking.ui import server_env
 
 pytestmark = pytest.mark.slow  # every test starts an mlflow server or a pipeline process
 

@@ -10,7 +10,7 @@ from safetensors import safe_open
 from helpers import FAST, error_lines, mlflow_runs, run_cli, tracking_db
 from pipeline import names
 from pipeline.config import load_config
-from pipeline.jobs.run import run
+from pipeline.job.run import run
 from pipeline.runtime import precision
 from pipeline.runtime import torch_backend as backend_mod
 
@@ -116,11 +116,11 @@ def test_uncached_hub_model_offline_is_one_line(tmp_path):
 def test_step_losses_are_read_and_reduced_only_at_log_boundaries(tmp_path, monkeypatch):
     """The loop reduces over ranks once per train.log_every steps, not once per step (each reduction
     is a device sync on a GPU), and the logged train/loss is still the mean of the steps' losses."""
-    from pipeline import train
+    from pipeline.job import loop as job_loop
     from pipeline.runtime import dist
 
     losses, in_epoch, reductions = [], [False], []
-    real = {"reduce": dist.reduce_local, "forward_backward": train.forward_backward, "epoch": train.train_epoch}
+    real = {"reduce": dist.reduce_local, "forward_backward": job_loop.forward_backward, "epoch": job_loop.train_epoch}
 
     def counted_reduce(local):
         if in_epoch[0]:
@@ -140,8 +140,8 @@ def test_step_losses_are_read_and_reduced_only_at_log_boundaries(tmp_path, monke
             in_epoch[0] = False
 
     monkeypatch.setattr(dist, "reduce_local", counted_reduce)
-    monkeypatch.setattr(train, "forward_backward", recorded_forward_backward)
-    monkeypatch.setattr(train, "train_epoch", epoch)
+    monkeypatch.setattr(job_loop, "forward_backward", recorded_forward_backward)
+    monkeypatch.setattr(job_loop, "train_epoch", epoch)
     out = tmp_path / "out"
     run(load_config(None, [*FAST, "train.max_steps=20", "train.log_every=5", f"output_dir={out}",
                            f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]))

@@ -9,9 +9,9 @@ import torch
 from helpers import settled_config
 from pipeline.config import load_config
 from pipeline.errors import UserError
+from pipeline.job import plan as settle
 from pipeline.measure import batch_fit
 from pipeline.measure.memory import MIB, TensorBytes
-from pipeline.plan import settle
 from pipeline.runtime import dist
 from pipeline.runtime.dist import Runtime
 

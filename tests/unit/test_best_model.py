@@ -7,7 +7,7 @@ import math
 import torch
 
 from pipeline import names
-from pipeline.parts.best_model import BestModel, beats
+from pipeline.job.parts.best_model import BestModel, beats
 
 WIKIQA = ("f1", "map", "mrr")
 

@@ -16,8 +16,8 @@ from pipeline.config import load_config
 from pipeline.data.loaders import IGNORED, collate_shaped, real_rows
 from pipeline.errors import UserError
 from pipeline.evaluation import evaluate
+from pipeline.job.plan import device_defaults
 from pipeline.measure.telemetry import StageMeters
-from pipeline.plan.settle import device_defaults
 from pipeline.runtime import compiler, precision
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.torch_backend import TorchBackend
@@ -212,7 +212,7 @@ def test_the_compile_policy_answers_what_the_stage_asks():
 def test_the_settled_plan_holds_one_policy_and_the_backend_logs_it(tmp_path):
     """settle() resolves train.compile once, for the device and the backend; the backend holds that
     policy and the run's resolved.* params say what was chosen and why."""
-    from pipeline.plan.settle import settle
+    from pipeline.job.plan import settle
     from pipeline.runtime.factory import make_backend
 
     cfg = load_config(None, [f"output_dir={tmp_path}"])

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pipeline import names
-from pipeline.tracking.console import StepLines, step_line
+from pipeline.job.records.console import StepLines, step_line
 
 
 def test_a_step_line_shows_every_figure_it_has_and_leaves_out_the_others():

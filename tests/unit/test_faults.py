@@ -8,8 +8,8 @@ import torch
 
 from pipeline import fsutil
 from pipeline.errors import UserError
+from pipeline.job.parts import checkpoint
 from pipeline.layout import OutputDir
-from pipeline.parts import checkpoint
 from pipeline.tracking import sync
 
 

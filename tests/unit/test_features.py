@@ -16,8 +16,8 @@ from helpers import ROOT
 from pipeline.config import load_config
 from pipeline.data import features
 from pipeline.errors import UserError
+from pipeline.job.plan import settle
 from pipeline.models import preset_tokenizer
-from pipeline.plan.settle import settle
 from pipeline.runtime.dist import Runtime
 from pipeline.tasks import get_task, samples
 from pipeline.tasks import workers as base
@@ -189,7 +189,7 @@ def test_a_warm_stage_neither_reads_the_training_file_nor_tokenizes(cache, tmp_p
     """The second stage with the same fingerprint memory-maps every split's features; the training
     rows are never read again (dev/test are: the metrics need their examples); another max_length
     tokenizes again, without reading the training file again."""
-    from pipeline.stage import build_stage
+    from pipeline.job.stage import build_stage
 
     def planned(cfg, rt):
         return (settle(cfg, "train", rt),)

@@ -61,9 +61,9 @@ def test_wikiqa_holds_out_whole_questions(cache, tmp_path):
 
 
 def test_final_metrics_without_a_test_split_have_no_test_figures():
-    from pipeline import train
-    from pipeline.parts.best_model import LAST, BestModel
-    from pipeline.tracking.metrics import MetricsProcessor
+    from pipeline.job import loop as job_loop
+    from pipeline.job.parts.best_model import LAST, BestModel
+    from pipeline.job.records.metrics import MetricsProcessor
 
     logged, tags = {}, {}
     processor = MetricsProcessor.__new__(MetricsProcessor)
@@ -73,7 +73,7 @@ def test_final_metrics_without_a_test_split_have_no_test_figures():
         losses=SimpleNamespace(last_loss=0.5, amp_metrics=lambda scale: {}),
         meters=SimpleNamespace(final_metrics=lambda _: {names.SAMPLES_PER_S: 1.0}),
         stage=SimpleNamespace(backend=SimpleNamespace(loss_scale=None), rt=SimpleNamespace(is_main=True)))
-    final = processor.log_final(8, *train.final_figures(loop, None, {}))
+    final = processor.log_final(8, *job_loop.final_figures(loop, None, {}))
     assert final[names.BEST_EPOCH] == 2 and not [k for k in (*final, *logged) if k.startswith(names.TEST)]
     assert names.TAG_STALLED not in tags and tags[names.TAG_BEST_REASON] == LAST
 

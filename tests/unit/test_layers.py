@@ -18,21 +18,17 @@ LAYERS = [  # lowest first; a name covers a module or a package and everything i
     ("tasks",),
     ("config",),
     ("runtime",),
-    ("parts", "measure"),
+    ("measure",),
     ("data", "models", "evaluation", "kd"),
     ("tracking",),
-    ("plan", "export"),
-    ("stage",),
-    ("batch_finder", "train"),
-    ("jobs",),
-    ("report", "ui", "study"),
+    ("export",),
+    ("job",),
+    ("report", "study"),
     ("commands",),
     ("cli", "__main__"),
 ]
 NEVER = [  # within their layers, beyond the order: these packages start or read jobs, never run them
-    ("pipeline.study", "pipeline.stage"), ("pipeline.study", "pipeline.train"), ("pipeline.study", "pipeline.jobs"),
-    ("pipeline.report", "pipeline.stage"), ("pipeline.report", "pipeline.train"), ("pipeline.report", "pipeline.jobs"),
-    ("pipeline.ui", "pipeline.train"), ("pipeline.ui", "pipeline.jobs"),
+    ("pipeline.study", "pipeline.job"), ("pipeline.report", "pipeline.job"),
 ]
 INSIDE = re.compile(r"^Inside, lowest first: (.+?)(?:\n\s*\n|\Z)", re.M | re.S)
 """A package docstring's order of its own modules: names separated by spaces, layers by `|`."""
@@ -165,12 +161,12 @@ def test_the_checker_sees_every_kind_of_upward_import_and_a_cycle(tmp_path, monk
     an absolute, a relative and an importlib import upward, a cycle, and a package's inner order."""
     (tmp_path / "config").mkdir()
     (tmp_path / "tracking").mkdir()
-    fake = {"pipeline.config.schema": "from ..train import run\n",
+    fake = {"pipeline.config.schema": "from ..job.loop import run\n",
             "pipeline.config": '"""Inside, lowest first: schema"""',
-            "pipeline.train": "import pipeline.stage\n",
-            "pipeline.stage": "def f():\n    from pipeline.train import run\n",
-            "pipeline.tasks": "import importlib\nimportlib.import_module('pipeline.jobs.run')\n",
-            "pipeline.jobs.run": "",
+            "pipeline.job.loop": "import pipeline.job.stage\n",
+            "pipeline.job.stage": "def f():\n    from pipeline.job.loop import run\n",
+            "pipeline.tasks": "import importlib\nimportlib.import_module('pipeline.job.run')\n",
+            "pipeline.job.run": "",
             "pipeline.tracking": '"""Inside, lowest first: store | sink"""',
             "pipeline.tracking.store": "from . import sink\n",
             "pipeline.tracking.sink": ""}
@@ -184,17 +180,17 @@ def test_the_checker_sees_every_kind_of_upward_import_and_a_cycle(tmp_path, monk
         paths[name] = path
     monkeypatch.setattr(sys.modules[__name__], "MODULES", paths)
     monkeypatch.setattr(sys.modules[__name__], "PACKAGES", ["pipeline.config", "pipeline.tracking"])
-    assert imports("pipeline.config.schema") == {"pipeline.train"}
-    assert imports("pipeline.tasks") == {"pipeline.jobs.run"}
+    assert imports("pipeline.config.schema") == {"pipeline.job.loop"}
+    assert imports("pipeline.tasks") == {"pipeline.job.run"}
     assert imports("pipeline.tracking.store") == {"pipeline.tracking.sink"}
     for check, expected in ((test_every_module_imports_only_its_own_layer_or_lower_ones,
-                             "pipeline.config.schema (layer 2) imports pipeline.train (layer 9)"),
+                             "pipeline.config.schema (layer 2) imports pipeline.job.loop (layer 8)"),
                             (test_every_module_imports_only_its_own_layer_or_lower_ones,
-                             "pipeline.tasks (layer 1) imports pipeline.jobs.run (layer 10)"),
+                             "pipeline.tasks (layer 1) imports pipeline.job.run (layer 8)"),
                             (test_every_package_orders_its_modules_and_they_keep_that_order,
                              "pipeline.tracking.store (inner layer 0) imports pipeline.tracking.sink (inner layer 1)"),
                             (test_no_import_cycle_even_through_deferred_imports,
-                             "pipeline.train -> pipeline.stage -> pipeline.train")):
+                             "pipeline.job.loop -> pipeline.job.stage -> pipeline.job.loop")):
         try:
             check()
         except AssertionError as e:

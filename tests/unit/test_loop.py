@@ -15,22 +15,23 @@ import torch.nn.functional as F
 import transformers
 
 from helpers import settled_config
-from pipeline import names, train
+from pipeline import names
 from pipeline.config import load_config
 from pipeline.errors import MachineError, UserError
+from pipeline.job import loop as job_loop
+from pipeline.job.parts import checkpoint
+from pipeline.job.parts.best_model import BestModel
+from pipeline.job.parts.optim import build_optimizer
+from pipeline.job.parts.step_losses import Diverged, StepLosses
+from pipeline.job.plan import Plan
+from pipeline.job.stage import Stage
 from pipeline.job_record import JobRecord
 from pipeline.layout import OutputDir
 from pipeline.measure.flops import ModelSize
 from pipeline.measure.telemetry import StageMeters
-from pipeline.parts import checkpoint
-from pipeline.parts.best_model import BestModel
-from pipeline.parts.optim import build_optimizer
-from pipeline.parts.step_losses import Diverged, StepLoss, StepLosses
-from pipeline.plan.settle import Plan
 from pipeline.runtime import compiler, precision
-from pipeline.runtime.backend import StepResult
+from pipeline.runtime.backend import StepLoss, StepResult
 from pipeline.runtime.dist import AgreedFlag, Runtime
-from pipeline.stage import Stage
 
 CPU = torch.device("cpu")
 
@@ -164,7 +165,7 @@ def make_loop(tmp_path, overrides=(), applied=(), micro_batches=6, epochs=1, tot
     optimizer, scheduler = build_optimizer(model, settled.train, steps, fused=False)
     wrapped = backend.prepare(model, optimizer)
     losses = StepLosses(scheduler, OutputDir(tmp_path), 1, settled.train.max_nonfinite)
-    return train.Loop(s, loaders, losses, wrapped, epochs, steps, AgreedFlag(), StageMeters(CPU, "fp32", 1),
+    return job_loop.Loop(s, loaders, losses, wrapped, epochs, steps, AgreedFlag(), StageMeters(CPU, "fp32", 1),
                       RecordingTracker())
 
 
@@ -174,7 +175,7 @@ def logged(lp, name):
 
 def test_an_optimizer_step_every_grad_accum_micro_batches_the_last_group_short(tmp_path):
     lp = make_loop(tmp_path, ["train.grad_accum=2", "train.log_every=1"], micro_batches=5)
-    train.train_epoch(lp, 0)
+    job_loop.train_epoch(lp, 0)
     assert (lp.progress.step, lp.progress.epoch_steps, lp.stage.backend.steps) == (3, 3, 3)
     assert sorted(logged(lp, names.TRAIN_LOSS)) == [1, 2, 3]
     assert lp.meters.throughput.samples == 5 * 4
@@ -193,7 +194,7 @@ def test_under_cuda_graphs_a_step_is_marked_once_per_optimizer_step_before_its_f
     backward, step = backend.backward, backend.step
     monkeypatch.setattr(backend, "backward", lambda loss: (events.append("backward"), backward(loss))[1])
     monkeypatch.setattr(backend, "step", lambda: (events.append("step"), step())[1])
-    train.train_epoch(lp, 0)
+    job_loop.train_epoch(lp, 0)
     group = ["mark", "backward", "backward", "step"]
     assert events == group + group + ["mark", "backward", "step"]  # the last group is short
 
@@ -207,13 +208,13 @@ def test_an_unpadded_batch_reaches_the_model_without_its_mask_compiled_or_not(tm
         lp.wrapped.register_forward_pre_hook(lambda _, args, kwargs, seen=seen: seen.append("attention_mask" in kwargs),
                                              with_kwargs=True)
         lp.loaders.batches[1]["attention_mask"][0, -2:] = 0
-        train.train_epoch(lp, 0)
+        job_loop.train_epoch(lp, 0)
         assert seen == [False, True], mode
 
 
 def test_a_skipped_update_is_given_back_to_the_schedule_when_its_flag_is_read(tmp_path):
     lp = make_loop(tmp_path, ["train.log_every=4"], applied=[True, False, True, True], micro_batches=8)
-    train.train_epoch(lp, 0)
+    job_loop.train_epoch(lp, 0)
     reference = torch.optim.SGD([torch.zeros(1)], lr=1e-2)
     schedule = transformers.get_linear_schedule_with_warmup(reference, 0, 8)
     for _ in range(3):  # the three updates applied by step 4
@@ -228,15 +229,15 @@ def test_a_streak_of_non_finite_losses_stops_the_job_at_the_step_that_completed_
     lp = make_loop(tmp_path, ["train.log_every=10", "train.max_nonfinite=3"], total_steps=6)
     bar = SimpleNamespace(set_postfix=lambda **_: None)
     for loss in (1.0, math.nan, 2.0, math.nan, math.nan):  # a finite loss breaks the first streak
-        train.optimizer_step(lp, torch.tensor(loss), 0.5, bar)
+        job_loop.optimizer_step(lp, torch.tensor(loss), 0.5, bar)
     with pytest.raises(Diverged, match="3 consecutive non-finite losses at step 6; last good checkpoint: none"):
-        train.optimizer_step(lp, torch.tensor(math.inf), 0.5, bar)  # step 6: the last, so read now
+        job_loop.optimizer_step(lp, torch.tensor(math.inf), 0.5, bar)  # step 6: the last, so read now
     assert (lp.losses.nonfinite, lp.losses.nonfinite_streak) == (4, 3)
 
 
 def test_checkpoints_every_save_every_steps_inside_the_epoch_and_one_on_sigterm(tmp_path):
     lp = make_loop(tmp_path, ["train.save_every=2", "train.keep_checkpoints=5"], micro_batches=6)
-    train.train_epoch(lp, 0)
+    job_loop.train_epoch(lp, 0)
     # not 6: the epoch's end saves or finishes
     assert [c.step for c in checkpoint.complete(OutputDir(tmp_path))] == [2, 4]
 
@@ -250,8 +251,8 @@ def test_checkpoints_every_save_every_steps_inside_the_epoch_and_one_on_sigterm(
         return real_step()
 
     lp.stage.backend.step = step_then_signal
-    with pytest.raises(train.Preempted, match="written at step 3"):
-        train.train_epoch(lp, 0)
+    with pytest.raises(job_loop.Preempted, match="written at step 3"):
+        job_loop.train_epoch(lp, 0)
     assert checkpoint.latest(OutputDir(tmp_path / "preempted")).step == 3
 
 
@@ -259,23 +260,23 @@ def test_a_job_preempted_and_resumed_ends_exactly_where_the_uninterrupted_one_do
     overrides = ["train.log_every=2", "train.grad_accum=2"]
     whole = make_loop(tmp_path / "whole", overrides, micro_batches=8, epochs=2)
     for epoch in range(2):
-        train.train_epoch(whole, epoch)
+        job_loop.train_epoch(whole, epoch)
         whole.progress.epoch, whole.progress.epoch_steps = epoch + 1, 0
 
     first = make_loop(tmp_path / "cut", overrides, micro_batches=8, epochs=2)
-    train.train_epoch(first, 0)
+    job_loop.train_epoch(first, 0)
     first.progress.epoch, first.progress.epoch_steps = 1, 0
     preempt = first.preemption.raised
     real_step = first.stage.backend.step
     first.stage.backend.step = lambda: (preempt.set(), real_step())[1]
-    with pytest.raises(train.Preempted):
-        train.train_epoch(first, 1)  # stopped after the second epoch's first step
+    with pytest.raises(job_loop.Preempted):
+        job_loop.train_epoch(first, 1)  # stopped after the second epoch's first step
 
     ckpt = checkpoint.latest(OutputDir(tmp_path / "cut"))
     second = make_loop(tmp_path / "cut", overrides, micro_batches=8, epochs=2)  # a fresh process's objects
     second.checkpointer.load(ckpt)
     assert (second.progress.epoch, second.progress.epoch_steps, second.progress.step) == (1, 1, 5)
-    train.train_epoch(second, 1)
+    job_loop.train_epoch(second, 1)
 
     assert second.progress.step == whole.progress.step == 8
     assert second.losses.scheduler.state_dict() == whole.losses.scheduler.state_dict()
@@ -326,7 +327,7 @@ def test_the_best_model_keeps_the_best_weights_on_disk_and_counts_evaluations_si
 
 def test_a_checkpoint_that_matches_its_job_but_cannot_be_loaded_is_one_line(tmp_path):
     lp = make_loop(tmp_path, ["train.save_every=1"], micro_batches=2)
-    train.train_epoch(lp, 0)
+    job_loop.train_epoch(lp, 0)
     ckpt = checkpoint.latest(OutputDir(tmp_path))
     state = torch.load(ckpt.path / "backend.pt", weights_only=True)
     state["model"]["head.weight"] = torch.zeros(5, 8)  # saved by a model of another shape
@@ -341,12 +342,12 @@ def test_the_final_metrics_name_the_best_epoch_and_the_run_says_why_it_was_chose
     from pipeline.evaluation import Evaluation
 
     lp = make_loop(tmp_path)
-    train.train_epoch(lp, 0)  # the meters' figures need a trained epoch
+    job_loop.train_epoch(lp, 0)  # the meters' figures need a trained epoch
     lp.meters.end_epoch()
     lp.best.epoch, lp.best.reason = 2, "tie on f1 0.0000: map 0.7857 > 0.7102"
     lp.best.metrics = {names.eval_metric("f1"): 0.0, names.eval_metric("map"): 0.7857}
     lp.progress.step = 7
-    final = lp.metrics.log_final(7, *train.final_figures(lp, Evaluation({"main": 0.0, "f1": 0.0, "map": 0.85}), {}))
+    final = lp.metrics.log_final(7, *job_loop.final_figures(lp, Evaluation({"main": 0.0, "f1": 0.0, "map": 0.85}), {}))
     assert (final[names.BEST_EPOCH], final[names.eval_metric("map")], final[names.test_metric("map")]) == \
         (2, 0.7857, 0.85)
     assert lp.metrics.tracker.tags[names.TAG_BEST_REASON] == "tie on f1 0.0000: map 0.7857 > 0.7102"
@@ -366,7 +367,7 @@ def fake_dev_evaluation(monkeypatch, scores=None):
     from safetensors.torch import save_file
 
     from pipeline.evaluation import Evaluation
-    from pipeline.parts import best_model
+    from pipeline.job.parts import best_model
 
     scripted = iter(scores or ())
 
@@ -375,7 +376,7 @@ def fake_dev_evaluation(monkeypatch, scores=None):
         main = next(scripted) if scores else draw / 1000 + float(model.head.weight.detach().sum()) * 1e-3
         return Evaluation({"main": main, "accuracy": main})
 
-    monkeypatch.setattr(train, "evaluate", evaluate)
+    monkeypatch.setattr(job_loop, "evaluate", evaluate)
     monkeypatch.setattr(best_model, "save_pretrained_fp32", lambda module, weights, tokenizer, target: (
         target.mkdir(parents=True, exist_ok=True), save_file(weights, target / "model.safetensors")))
     monkeypatch.setattr(best_model, "write_card", lambda *args: None)
@@ -385,8 +386,8 @@ def train_until_done(lp):
     """fit()'s epochs, from where the loop's progress is."""
     lp.stage.examples["dev"] = lp.stage.features["dev"] = None
     for epoch in range(lp.progress.epoch, lp.epochs):
-        train.train_epoch(lp, epoch)
-        if train.end_epoch(lp, epoch):
+        job_loop.train_epoch(lp, epoch)
+        if job_loop.end_epoch(lp, epoch):
             break
 
 
@@ -439,14 +440,14 @@ def test_named_loss_terms_reach_mlflow_by_name_over_the_window_of_train_loss_and
     bar = SimpleNamespace(set_postfix=lambda **_: None)
     steps = [(1.0, 0.5), (math.nan, math.nan), (3.0, 1.5), (2.0, 1.0), (4.0, 2.0), (6.0, 3.0)]
     for total, kd in steps[:4]:
-        train.optimizer_step(lp, StepLoss(torch.tensor(total), {"kd": torch.tensor(kd)}), 0.5, bar)
+        job_loop.optimizer_step(lp, StepLoss(torch.tensor(total), {"kd": torch.tensor(kd)}), 0.5, bar)
     lp.losses.read(4)  # what a save does before collecting the state
     saved = lp.losses.state_dict()
     resumed = make_loop(tmp_path / "resumed", ["train.log_every=3"], total_steps=6)
     resumed.losses.load_state_dict(saved)
     resumed.progress.step = 4
     for total, kd in steps[4:]:
-        train.optimizer_step(resumed, StepLoss(torch.tensor(total), {"kd": torch.tensor(kd)}), 0.5, bar)
+        job_loop.optimizer_step(resumed, StepLoss(torch.tensor(total), {"kd": torch.tensor(kd)}), 0.5, bar)
     assert logged(lp, names.train_loss_term("kd")) == {3: pytest.approx(1.0)}  # (0.5 + 1.5) / 2 finite steps
     assert logged(lp, names.TRAIN_LOSS) == {3: pytest.approx(2.0)}
     assert logged(resumed, names.train_loss_term("kd")) == {6: pytest.approx(2.0)}  # (1 + 2 + 3) / 3
@@ -505,7 +506,7 @@ def test_a_sigterm_on_the_step_an_early_stop_ends_resumes_to_the_stop_not_past_i
     cut = make_loop(tmp_path / "cut", overrides, micro_batches=8)
     real_step = cut.stage.backend.step
     cut.stage.backend.step = lambda: (cut.stage.backend.steps == 5 and cut.preemption.raised.set(), real_step())[1]
-    with pytest.raises(train.Preempted, match="written at step 6"):
+    with pytest.raises(job_loop.Preempted, match="written at step 6"):
         train_until_done(cut)
     ckpt = checkpoint.latest(OutputDir(tmp_path / "cut"))
     resumed = make_loop(tmp_path / "cut", overrides, micro_batches=8)  # a fresh process's objects

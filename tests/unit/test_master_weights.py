@@ -142,7 +142,7 @@ def test_best_model_directory_keeps_the_fp32_masters(tmp_path):
     import tokenizers
     from safetensors.torch import load_file
 
-    from pipeline.parts.best_model import save_pretrained_fp32
+    from pipeline.models import save_pretrained_fp32
 
     torch.manual_seed(0)
     model = transformers.BertForSequenceClassification(transformers.BertConfig(

@@ -6,7 +6,7 @@ import yaml
 from pipeline.fsutil import write_json, write_text
 from pipeline.job_record import JobRecord
 from pipeline.layout import OutputDir
-from pipeline.parts.model_card import card_text
+from pipeline.tracking.model_card import card_text
 
 
 def test_a_distilled_students_card_names_its_teacher_data_launch_and_scores(tmp_path):

@@ -15,7 +15,6 @@ from pipeline import models
 from pipeline.config import load_config
 from pipeline.kd import distill
 from pipeline.kd.student import from_teacher
-from pipeline.parts import best_model
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.tasks import get_task
@@ -33,7 +32,7 @@ def sixteen_bit_model_dir(tmp_path, fp32_save: bool):
     module = task.model_class.from_config(config).to(torch.bfloat16)  # as a 16-bit engine leaves it
     directory = tmp_path / "best"
     if fp32_save:
-        best_model.save_pretrained_fp32(module, module.state_dict(), tokenizer, directory)
+        models.save_pretrained_fp32(module, module.state_dict(), tokenizer, directory)
     else:  # a plain save_pretrained writes the module's dtype into config.json
         module.save_pretrained(directory, state_dict=module.state_dict())
         tokenizer.save_pretrained(directory)
@@ -103,7 +102,7 @@ def test_a_mistyped_local_path_is_refused_at_once_without_a_hub_call(tmp_path, m
 
     from pipeline.config import load_config
     from pipeline.errors import UserError
-    from pipeline.jobs.run import run
+    from pipeline.job.run import run
 
     def no_hub(*args, **kwargs):
         raise AssertionError("the hub was asked")

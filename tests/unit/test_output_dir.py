@@ -10,10 +10,10 @@ from pipeline.config import load_config
 from pipeline.config.output_dir import model_slug
 from pipeline.errors import UserError
 from pipeline.fsutil import write_json
+from pipeline.job.plan import settle_config
+from pipeline.job.resume import decide
 from pipeline.job_record import JobRecord
-from pipeline.jobs.resume import decide
 from pipeline.layout import OutputDir
-from pipeline.plan.settle import settle_config
 from pipeline.runtime import compiler
 from pipeline.tasks import get_task
 

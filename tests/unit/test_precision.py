@@ -7,7 +7,7 @@ import torch
 import transformers
 
 from pipeline.errors import UserError
-from pipeline.parts.step_losses import rewind
+from pipeline.job.parts.step_losses import rewind
 from pipeline.runtime import precision
 from pipeline.runtime.dist import Runtime
 from pipeline.runtime.torch_backend import TorchBackend

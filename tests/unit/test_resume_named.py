@@ -8,10 +8,10 @@ import pytest
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.fsutil import write_json
+from pipeline.job.parts import checkpoint
+from pipeline.job.resume import decide
 from pipeline.job_record import JobRecord
-from pipeline.jobs.resume import decide
 from pipeline.layout import CheckpointFiles, OutputDir
-from pipeline.parts import checkpoint
 
 SINGLE = SimpleNamespace(is_main=True)
 

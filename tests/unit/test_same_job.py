@@ -12,7 +12,7 @@ from pipeline.config import load_config
 from pipeline.data.loaders import ResumableSampler
 from pipeline.errors import UserError
 from pipeline.fsutil import write_json
-from pipeline.jobs import same_job
+from pipeline.job import same_job
 
 
 def test_an_older_checkpoint_without_its_jobs_record_is_refused_in_one_line(tmp_path):

@@ -3,8 +3,8 @@ block of what it resolved; the Hub's repeated warnings once."""
 import logging
 
 from pipeline.cli import HubOnce
+from pipeline.job.records.start_block import model_line, precision_line, run_url, start_block
 from pipeline.measure.flops import ModelSize
-from pipeline.tracking.start_block import model_line, precision_line, run_url, start_block
 
 
 def test_the_precision_says_what_auto_became_and_why():

@@ -6,7 +6,7 @@ import torch
 
 from pipeline.config import load_config
 from pipeline.errors import UserError
-from pipeline.jobs.run import run
+from pipeline.job.run import run
 
 
 def test_missing_local_model_is_a_user_error(tmp_path):

@@ -12,6 +12,7 @@ import yaml
 
 from pipeline import job_record, names
 from pipeline.fsutil import write_text
+from pipeline.kd.student import WIDTHS, spaced_layers, student_width
 from pipeline.layout import OutputDir
 from pipeline.tasks import get_task
 
@@ -70,28 +71,6 @@ def card_text(out: OutputDir, metrics: dict[str, float]) -> str:
         lines += ["", "## Inference (measured at the end of training, on the training device)", "",
                   *_table(inference)]
     return "\n".join(lines) + "\n"
-
-
-def spaced_layers(n_layers: int, total: int) -> list[int]:
-    """The teacher's layers a from_teacher:N student starts from: N evenly spaced of `total`
-    (DistilBERT took every other layer of BERT-base: 0, 2, ..., 10 for N=6)."""
-    return [i * total // n_layers for i in range(n_layers)]
-
-
-WIDTHS = {"hidden_size": "hidden size", "num_attention_heads": "attention heads", "intermediate_size": "feed-forward"}
-"""The model_config keys that narrow a from_teacher student (kd/student.py), as the card names them."""
-
-
-def student_width(overrides: dict, teacher: dict) -> dict[str, int]:
-    """A from_teacher student's hidden size, heads and feed-forward size from model_config
-    `overrides` and the teacher's config: unset heads keep the teacher's head size (hidden size /
-    the teacher's head size, at least 1), an unset feed-forward size the teacher's ratio to width."""
-    hidden = overrides.get("hidden_size", teacher["hidden_size"])
-    head_size = teacher["hidden_size"] // teacher["num_attention_heads"]
-    return {"hidden_size": hidden,
-            "num_attention_heads": overrides.get("num_attention_heads", max(1, hidden // head_size)),
-            "intermediate_size": overrides.get("intermediate_size",
-                                               teacher["intermediate_size"] * hidden // teacher["hidden_size"])}
 
 
 def _student(model: str, teacher: str, model_config: dict) -> str:

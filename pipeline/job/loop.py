@@ -3,7 +3,7 @@
 fit() runs the phases in the order written: set up, restore a checkpoint, train an epoch, end it
 (evaluate, keep the best model, checkpoint), finish (test with the best model); train.eval_every
 adds evaluations between an epoch's steps, each counted as an epoch end's. The job around it
-is jobs/run.py's; the Backend hides single/DDP/DeepSpeed; each piece of mutable state is a part
+is job/run.py's; the Backend hides single/DDP/DeepSpeed; each piece of mutable state is a part
 that saves and restores itself (Loop.parts), saved by the Checkpointer on its own cadence; the
 MetricsProcessor decides when to log and makes every record.
 """
@@ -22,20 +22,21 @@ from pipeline import names
 from pipeline.data import features
 from pipeline.data.loaders import Loaders, build_loaders, describe_datasets, real_rows
 from pipeline.evaluation import Evaluation, evaluate
+from pipeline.job.parts.best_model import BestModel
+from pipeline.job.parts.checkpoint import Checkpoint, Checkpointer, Stateful
+from pipeline.job.parts.optim import build_optimizer, lr_schedule
+from pipeline.job.parts.progress import Progress
+from pipeline.job.parts.step_losses import StepLosses
+from pipeline.job.records import stage_outputs
+from pipeline.job.records.metrics import MetricsProcessor
+from pipeline.job.records.start_block import evaluation_data, model_line, precision_line, run_url, start_block
+from pipeline.job.stage import Stage
 from pipeline.measure import collapse
 from pipeline.measure.telemetry import StageMeters
-from pipeline.parts.best_model import BestModel
-from pipeline.parts.checkpoint import Checkpoint, Checkpointer, Stateful
-from pipeline.parts.optim import build_optimizer, lr_schedule
-from pipeline.parts.progress import Progress
-from pipeline.parts.step_losses import StepLoss, StepLosses
 from pipeline.runtime import dist
+from pipeline.runtime.backend import StepLoss
 from pipeline.runtime.dist import AgreedFlag
-from pipeline.stage import Stage
 from pipeline.tasks.base import SPLITS
-from pipeline.tracking import stage_outputs
-from pipeline.tracking.metrics import MetricsProcessor
-from pipeline.tracking.start_block import evaluation_data, model_line, precision_line, run_url, start_block
 from pipeline.tracking.tracker import Tracker
 
 log = logging.getLogger("pipeline")

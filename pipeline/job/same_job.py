@@ -147,7 +147,7 @@ def param_value(value: Any) -> str:
 
 def _short(fingerprint: str) -> str:
     """A fingerprint as a person compares it: sha256:0123456789ab, a hub fingerprint's last part; a
-    held-out dev split's with its draw (plan/settle.py data_identity: `SOURCE | holdout:F:SEED`)."""
+    held-out dev split's with its draw (job/plan.py data_identity: `SOURCE | holdout:F:SEED`)."""
     source, held, draw = fingerprint.partition(" | ")
     if held:
         return f"{_short(source)} | {draw}"

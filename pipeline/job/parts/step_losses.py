@@ -20,14 +20,14 @@ from __future__ import annotations
 import copy
 import math
 import warnings
-from dataclasses import dataclass, field
 
 import torch
 
 from pipeline import names
+from pipeline.job.parts.checkpoint import latest
 from pipeline.layout import OutputDir
-from pipeline.parts.checkpoint import latest
 from pipeline.runtime import dist
+from pipeline.runtime.backend import StepLoss
 
 # The schedule steps on every optimizer step and gives skipped ones back at the read; when the
 # first step is skipped (fp16's first loss scale), torch would call that a misordered call.
@@ -37,24 +37,6 @@ STEP_LOSSES_STATE = ("window_sum", "window_count", "last_loss", "skipped", "nonf
                      "term_sums", "last_terms", "epoch_sum", "epoch_count")
 # what a checkpoint written before the terms and the epoch's mean existed restores them as
 ABSENT_FROM_OLDER = {"term_sums": {}, "last_terms": {}, "epoch_sum": 0.0, "epoch_count": 0}
-
-
-@dataclass
-class StepLoss:
-    """A loss as the loop carries it: the total the backward runs on and its named terms (each
-    already weighted or not, as its producer logs it; the same names on every step and rank)."""
-
-    total: torch.Tensor
-    terms: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    def detach(self) -> StepLoss:
-        return StepLoss(self.total.detach(), {k: v.detach() for k, v in self.terms.items()})
-
-    def __add__(self, other: StepLoss) -> StepLoss:
-        return StepLoss(self.total + other.total, {k: v + other.terms[k] for k, v in self.terms.items()})
-
-    def __truediv__(self, n: float) -> StepLoss:
-        return StepLoss(self.total / n, {k: v / n for k, v in self.terms.items()})
 
 
 class Diverged(RuntimeError):

@@ -1,6 +1,6 @@
 """One stage as a job, from the command line's config to its final metrics: build, train, close.
 
-run() settles the job into its plan, joining its world (plan/settle.py), decides what it does with
+run() settles the job into its plan, joining its world (job/plan.py), decides what it does with
 output_dir (resume.py: refused while another job holds it or would lose its work, finished, from a
 checkpoint, or over), builds the stage (stage.py: whatever can be the user's fault fails before
 any run or output exists; batch_finder.py under train.batch_size=auto, or the memory cap emulated
@@ -14,15 +14,15 @@ from __future__ import annotations
 
 import logging
 
-from pipeline import batch_finder
 from pipeline.config import Config
-from pipeline.jobs import lock, resume
-from pipeline.plan.settle import settle
+from pipeline.job import batch_finder, lock, resume
+from pipeline.job.loop import Preempted, fit
+from pipeline.job.plan import settle
+from pipeline.job.records.stage_run import StageRun, start_stage_run, what_ran
+from pipeline.job.records.start_block import precision_line, settled_line
+from pipeline.job.stage import Stage, build_stage
 from pipeline.runtime import dist, gc_pause
-from pipeline.stage import Stage, build_stage
-from pipeline.tracking import StageRun, catch_up, resolve_uri, start_stage_run, what_ran
-from pipeline.tracking.start_block import precision_line, settled_line
-from pipeline.train import Preempted, fit
+from pipeline.tracking import catch_up, resolve_uri
 
 log = logging.getLogger("pipeline")
 

@@ -29,9 +29,9 @@ import torch
 
 from pipeline.data import features
 from pipeline.data.loaders import shaped_collate
+from pipeline.job.parts.optim import build_optimizer
+from pipeline.job.stage import Stage
 from pipeline.measure import batch_fit, memory
-from pipeline.parts.optim import build_optimizer
-from pipeline.stage import Stage
 from pipeline.tasks.base import SPLITS
 
 log = logging.getLogger("pipeline")

@@ -28,16 +28,16 @@ from pathlib import Path
 from pipeline import fsutil, job_record, names
 from pipeline.config.schema import RESUME_WORDS
 from pipeline.errors import UserError
+from pipeline.job import lock, same_job
+from pipeline.job.parts import checkpoint
+from pipeline.job.parts.checkpoint import Checkpoint
+from pipeline.job.plan import Plan
+from pipeline.job.same_job import Change, param_value
+from pipeline.job.stage import Stage
 from pipeline.job_record import JobRecord
-from pipeline.jobs import lock, same_job
-from pipeline.jobs.same_job import Change, param_value
 from pipeline.layout import CheckpointFiles, OutputDir
-from pipeline.parts import checkpoint
-from pipeline.parts.checkpoint import Checkpoint
-from pipeline.plan.settle import Plan
 from pipeline.runtime import dist
 from pipeline.runtime.dist import Runtime
-from pipeline.stage import Stage
 from pipeline.tracking import Tracker, settle_abandoned_run
 
 log = logging.getLogger("pipeline")

@@ -11,7 +11,7 @@ from pipeline import names
 from pipeline.fsutil import write_json, write_text
 from pipeline.layout import OutputDir
 from pipeline.measure.telemetry import StageMeters
-from pipeline.parts.model_card import write_card
+from pipeline.tracking.model_card import write_card
 from pipeline.tracking.served_model import MODEL_NAME, save_for_logging
 from pipeline.tracking.tracker import Tracker
 

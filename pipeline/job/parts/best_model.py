@@ -9,7 +9,6 @@ keeps the earlier model. Every new best says why (`reason`), and a reason that s
 names.TIE_BREAK was decided by a tie-break."""
 from __future__ import annotations
 
-import copy
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -17,30 +16,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from pipeline import names
 from pipeline.fsutil import atomic_dir
 from pipeline.layout import OutputDir
-from pipeline.parts.model_card import write_card
+from pipeline.models import save_pretrained_fp32
 from pipeline.runtime.backend import Backend
+from pipeline.tracking.model_card import write_card
 
 log = logging.getLogger("pipeline")
 LOSS = "loss"
 """The dev loss: after every ranked metric, lower is better."""
-
-
-def save_pretrained_fp32(module: PreTrainedModel, state_dict: dict, tokenizer: PreTrainedTokenizerBase,
-                         target: Path) -> None:
-    """A model directory that loads as fp32: the weights of `state_dict` in fp32 and a
-    config.json whose dtype says float32, whatever dtype the module itself trained in
-    (DeepSpeed's fp16 mode keeps it in 16 bit, and save_pretrained writes the module's dtype)."""
-    weights = {k: v.float() if v.is_floating_point() else v for k, v in state_dict.items()}
-    module.save_pretrained(target, state_dict=weights)  # safetensors: transformers' only format
-    config = copy.deepcopy(module.config)
-    config.dtype = "float32"
-    config.save_pretrained(target)
-    tokenizer.save_pretrained(target)
 
 
 def beats(new: Mapping[str, float], best: Mapping[str, float] | None, order: Sequence[str]) -> str | None:

@@ -12,9 +12,9 @@ import logging
 
 from pipeline import names
 from pipeline.fsutil import write_json
+from pipeline.job.records.console import StepLines
 from pipeline.layout import OutputDir
 from pipeline.measure.telemetry import StageMeters
-from pipeline.tracking.console import StepLines
 from pipeline.tracking.tracker import Tracker
 
 log = logging.getLogger("pipeline")

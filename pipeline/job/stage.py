@@ -1,7 +1,7 @@
 """A stage's parts, built before anything is written: the backend, the data, tokenizer and model
 (with the teacher and its logits under distillation). Everything that can be the user's fault
-fails here, before any MLflow run or output exists. The plan (plan/settle.py) decided the rest;
-the job around the stage (its record, the resume, the lock, the run) is jobs/run.py's.
+fails here, before any MLflow run or output exists. The plan (job/plan.py) decided the rest;
+the job around the stage (its record, the resume, the lock, the run) is job/run.py's.
 """
 from __future__ import annotations
 
@@ -19,14 +19,13 @@ from transformers import PreTrainedTokenizerBase
 from pipeline import models, names
 from pipeline.data import features, holdout
 from pipeline.data.loaders import shaped_collate
+from pipeline.job.plan import Plan
 from pipeline.kd import student
 from pipeline.kd.distill import Distiller, build_distillation
 from pipeline.measure import inference, memory
 from pipeline.measure.flops import FlopModel, ModelSize, model_size, step_flop_model
 from pipeline.measure.load import LoadSampler
-from pipeline.parts.step_losses import StepLoss
-from pipeline.plan.settle import Plan
-from pipeline.runtime.backend import Backend
+from pipeline.runtime.backend import Backend, StepLoss
 from pipeline.runtime.factory import make_backend
 from pipeline.tasks.base import SPLITS
 
