@@ -25,9 +25,9 @@ def bert_base_with_adamw_state():
     """BERT-base (110M parameters) and an AdamW that has stepped once (exp_avg, exp_avg_sq exist)."""
     from transformers import BertConfig, BertForSequenceClassification
 
-    from pipeline.runtime.dist import Runtime
     from pipeline.runtime.precision import PrecisionPolicy
     from pipeline.runtime.torch_backend import TorchBackend
+    from pipeline.runtime.world import Runtime
 
     torch.manual_seed(0)
     model = BertForSequenceClassification(BertConfig(num_labels=3))

@@ -100,12 +100,12 @@ def probe(args) -> None:
 
     from pipeline.data import features
     from pipeline.models import preset_tokenizer
-    from pipeline.runtime import dist
+    from pipeline.runtime import collectives, world
     from pipeline.tasks import get_task
     from pipeline.tasks import workers as base
     from pipeline.tasks.text_classification import TextClassificationTask
 
-    rt = dist.init("ddp" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "single")
+    rt = world.init("ddp" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "single")
     task = get_task(TASK)
     calls = []
     featurize = TextClassificationTask.featurize
@@ -113,7 +113,7 @@ def probe(args) -> None:
     specs = {"train": args.train, "dev": args.dev, "test": args.test}
     before = memory()
     heap = HeapPeak()
-    dist.barrier()
+    collectives.barrier()
     start = time.perf_counter()
     if args.mode == "prepared":
         train = features.prepare_train(task, specs["train"], rt)
@@ -138,7 +138,7 @@ def probe(args) -> None:
     Path(args.probe, f"rank-{rt.rank}.json").write_text(json.dumps(figures))
     if torch_dist.is_initialized():
         torch_dist.barrier()
-    dist.shutdown()
+    world.shutdown()
 
 
 def measure(ranks: int, mode: str, train: Path, cache: Path) -> dict:

@@ -166,8 +166,8 @@ def run_cell(arch, precision_name, batch, length, seconds, min_steps, device, mo
     from pipeline.measure import telemetry
     from pipeline.measure.energy import EnergyMeter
     from pipeline.runtime import compiler, precision
-    from pipeline.runtime.dist import Runtime
     from pipeline.runtime.torch_backend import TorchBackend
+    from pipeline.runtime.world import Runtime
 
     torch._dynamo.reset()  # a fresh compilation per cell: cached graphs of another cell would be reused
     gc.collect()

@@ -31,9 +31,9 @@ def nbytes(tensors) -> int:
 
 
 def measure(precision_name: str, config: transformers.BertConfig, batch: int, length: int) -> dict:
-    from pipeline.runtime.dist import Runtime
     from pipeline.runtime.precision import PrecisionPolicy
     from pipeline.runtime.torch_backend import TorchBackend
+    from pipeline.runtime.world import Runtime
 
     torch.manual_seed(0)
     model = transformers.BertForSequenceClassification(config)

@@ -32,9 +32,9 @@ def worker(args) -> None:
 
     from pipeline.config import load_config
     from pipeline.kd.distill import Distiller, load_teacher
-    from pipeline.runtime import dist
-    from pipeline.runtime.dist import Runtime
+    from pipeline.runtime import collectives
     from pipeline.runtime.precision import PrecisionPolicy
+    from pipeline.runtime.world import Runtime
     from pipeline.tasks import get_task
 
     torch_dist.init_process_group("gloo")
@@ -49,7 +49,7 @@ def worker(args) -> None:
     torch_dist.barrier()
     start, cpu_start = time.perf_counter(), time.process_time()
     distiller.prepare(features, task.collator(tokenizer), args.max_length, tokenizer)
-    seconds, cpu = dist.all_reduce([time.perf_counter() - start, time.process_time() - cpu_start], "max")
+    seconds, cpu = collectives.all_reduce([time.perf_counter() - start, time.process_time() - cpu_start], "max")
     if rank == 0:
         Path(args.worker).write_text(json.dumps({"pass_time_s": seconds, "busiest_rank_cpu_s": cpu,
                                                  "hit": distiller.cache_hit,

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from pipeline.data.loaders import real_rows
-from pipeline.runtime import dist
+from pipeline.runtime import collectives
 from pipeline.runtime.compiler import OFF, CompilePolicy
 
 if TYPE_CHECKING:
@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
     from pipeline.data.prepared import PreparedFeatures
-    from pipeline.runtime.dist import Runtime
     from pipeline.runtime.precision import PrecisionPolicy
+    from pipeline.runtime.world import Runtime
     from pipeline.tasks.base import Task
 
 
@@ -68,7 +68,7 @@ def evaluate(module: torch.nn.Module, loader: DataLoader, task: Task, policy: Pr
         parts.append({k: v[:rows] for k, v in task.predictions(outputs, batch).items()})
     local = (np.concatenate(indices) if indices else np.zeros(0, dtype=np.int64),
              {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}, float(loss_sum))
-    gathered = dist.all_gather_objects(local)
+    gathered = collectives.all_gather_objects(local)
     # rows ordered by idx; a row two ranks both predicted (shard padding) is kept once
     _, first = np.unique(np.concatenate([g[0] for g in gathered]), return_index=True)
     keys = next(g[1].keys() for g in gathered if g[1])

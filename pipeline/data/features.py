@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 from pipeline.data.prepared import PreparedFeatures, TrainRows
 from pipeline.errors import UserError
 from pipeline.fsutil import atomic_dir, cache_root, file_sha256, write_json
-from pipeline.runtime import dist
-from pipeline.runtime.dist import Runtime
+from pipeline.runtime import collectives
+from pipeline.runtime.world import Runtime
 
 if TYPE_CHECKING:
     import datasets
@@ -301,7 +301,7 @@ def shared_entry(final: Path, build: Callable[[Path], None], rt: Runtime, what: 
             log.debug("prepared data: %s: %s (%s)", outcome, what, final.name)
         except Exception as e:
             failure = e
-    reports = dist.all_gather_objects((outcome, None if failure is None else (isinstance(failure, UserError),
+    reports = collectives.all_gather_objects((outcome, None if failure is None else (isinstance(failure, UserError),
                                                                                str(failure))))
     if failure is not None:
         raise failure

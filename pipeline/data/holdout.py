@@ -23,7 +23,7 @@ from pipeline.data.features import FORMAT_VERSION, ExamplesDigest, features_dir,
 from pipeline.data.prepared import TEXT_BATCH, TrainRows
 from pipeline.errors import UserError
 from pipeline.fsutil import write_json
-from pipeline.runtime.dist import Runtime
+from pipeline.runtime.world import Runtime
 
 if TYPE_CHECKING:
     from pipeline.tasks.base import Task

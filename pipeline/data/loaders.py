@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Subset
 from pipeline.config import DataConfig, TrainConfig
 from pipeline.data.features import examples_digest, sequence_lengths
 from pipeline.data.prepared import PreparedFeatures, TrainRows
-from pipeline.runtime.dist import Runtime
+from pipeline.runtime.world import Runtime
 from pipeline.tasks import samples
 from pipeline.tasks.readers import HUB_SPLIT
 

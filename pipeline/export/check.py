@@ -81,7 +81,7 @@ def _stage(out: OutputDir) -> tuple:
     """The stage's config.yaml as written (secrets masked, task keys whole), its task, its data
     keys and the one-process CPU runtime the check prepares data with."""
     from pipeline.config import DataConfig
-    from pipeline.runtime.dist import Runtime
+    from pipeline.runtime.world import Runtime
     from pipeline.tasks import get_task
 
     if not out.config.is_file():

@@ -29,7 +29,7 @@ from pathlib import Path
 from pipeline import fsutil
 from pipeline.errors import UserError
 from pipeline.layout import OutputDir
-from pipeline.runtime import dist
+from pipeline.runtime import collectives
 
 log = logging.getLogger("pipeline")
 
@@ -90,7 +90,7 @@ def acquire(out: OutputDir) -> OutputLock:
 def job_lock(out: OutputDir):
     """Collective: rank 0 holds the output_dir lock for the block; if another job has it,
     every rank raises the same UserError."""
-    held = dist.on_main(acquire)(out)
+    held = collectives.on_main(acquire)(out)
     try:
         yield held
     finally:

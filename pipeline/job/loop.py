@@ -33,9 +33,9 @@ from pipeline.job.records.start_block import evaluation_data, model_line, precis
 from pipeline.job.stage import Stage
 from pipeline.measure import collapse
 from pipeline.measure.telemetry import StageMeters
-from pipeline.runtime import dist
+from pipeline.runtime import collectives
 from pipeline.runtime.backend import StepLoss
-from pipeline.runtime.dist import AgreedFlag
+from pipeline.runtime.preemption import AgreedFlag, on_sigterm
 from pipeline.tasks.base import SPLITS
 from pipeline.tracking.tracker import Tracker
 
@@ -98,7 +98,7 @@ def fit(stage: Stage, tracker: Tracker, resumed: Checkpoint | None) -> dict[str,
     """Train every epoch (from where a resumed job stopped), then test; returns the final metrics.
     A SIGTERM checkpoints at the next step boundary every rank agrees on (Preempted)."""
     preemption = AgreedFlag()
-    with dist.on_sigterm(preemption.raised.set):
+    with on_sigterm(preemption.raised.set):
         loop = setup(stage, tracker, preemption)
         if resumed is not None:  # model, optimizer, every part and the RNG; the best model's weights as of it
             loop.checkpointer.load(resumed)
@@ -262,7 +262,7 @@ def end_epoch(loop: Loop, epoch: int) -> bool:
     """Epoch metrics, dev evaluation, the best model so far, a checkpoint; True = training is over."""
     stage, progress = loop.stage, loop.progress
     # one collective: the epoch's clocks stop, its figures and the steps still pending over every rank
-    reduced = dist.reduce_local(dist.join(meters=loop.meters.epoch_local(), losses=loop.losses.local()))
+    reduced = collectives.reduce_local(collectives.join(meters=loop.meters.epoch_local(), losses=loop.losses.local()))
     meters = loop.meters.epoch_metrics(reduced.part("meters"))
     loop.losses.take(reduced.part("losses"), progress.step)  # the epoch's non-finite count is complete
     has_dev = stage.cfg.data.evaluates("dev")
@@ -294,7 +294,8 @@ def evaluate_dev(loop: Loop) -> Evaluation:
     progress.evaluated_at = progress.step
     dev = evaluate(stage.model, loop.loaders.dev, stage.task, stage.policy, stage.rt, stage.examples["dev"],
                    stage.features["dev"], compile=stage.compile)
-    progress.pruned = progress.pruned or dist.broadcast_object(stage.rt.is_main and stage.out.stop_request.is_file())
+    stop_asked = stage.rt.is_main and stage.out.stop_request.is_file()
+    progress.pruned = progress.pruned or collectives.broadcast_object(stop_asked)
     return dev
 
 

@@ -1,7 +1,7 @@
 """A job settled once: the raw config and the runtime turned into a typed plan.
 
 `settle()` is the one place a job's derived values are decided, before any data or model loads:
-the world it runs on (joined here unless given: dist.init; the fallback to fewer devices:
+the world it runs on (joined here unless given: world.init; the fallback to fewer devices:
 runtime/fallback.py), the precision policy,
 the task, every default an unset key or `auto` stands for (output_dir; with the device, the
 compile mode, the padding multiple and the loader workers; with the task and the kind of model,
@@ -30,11 +30,11 @@ from pipeline.config.secrets import redact_config
 from pipeline.data import features
 from pipeline.job_record import JobRecord
 from pipeline.layout import OutputDir
-from pipeline.runtime import compiler, dist, precision
+from pipeline.runtime import compiler, precision, world
 from pipeline.runtime.compiler import CompilePolicy
-from pipeline.runtime.dist import Runtime
 from pipeline.runtime.fallback import fit_to_world
 from pipeline.runtime.precision import PrecisionPolicy
+from pipeline.runtime.world import Runtime
 from pipeline.tasks import get_task
 from pipeline.tasks.base import Task
 
@@ -92,14 +92,14 @@ class Plan:
 
 def settle(cfg: Config, kind: str, rt: Runtime | None = None) -> Plan | None:
     """The job's plan from its validated config and the runtime (a UserError for what this device
-    cannot run); without `rt`, this process joins the job's world first (dist.init), and a surplus
+    cannot run); without `rt`, this process joins the job's world first (world.init), and a surplus
     torchrun rank under the fallback gets None (the others do the work). The distill stage's default
     student (from_teacher:N) needs the teacher, but only the kind of model matters to the defaults
     decided here."""
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r}: must be one of {KINDS}")
     if rt is None:
-        rt = dist.init(cfg.backend, timeout_s=cfg.dist_timeout, fallback=cfg.fallback)
+        rt = world.init(cfg.backend, timeout_s=cfg.dist_timeout, fallback=cfg.fallback)
         if rt is None:
             return None
     cfg, rt = fit_to_world(cfg, rt)  # fewer processes than planned: same global batch
@@ -121,7 +121,7 @@ def settle(cfg: Config, kind: str, rt: Runtime | None = None) -> Plan | None:
         config=json.loads(json.dumps({k: v for k, v in flatten(redact_config(settled.to_dict())).items() if v != {}},
                                      default=str)),  # an empty mapping (model_config={}) is no key
         global_batch=f"{int(amount) * rt.world_size} {unit}", world_size=rt.world_size,
-        backend="deepspeed" if rt.backend == "deepspeed" else "torch",
+        backend=rt.checkpoint_layout,
         precision=policy.name,
         # a file's sha256 (remembered: a warm start does not read it again) or a hub dataset's fingerprint
         data={split: data_identity(settled.data, task, split) for split in FINGERPRINTED_SPLITS})

@@ -36,8 +36,8 @@ from pipeline.job.same_job import Change, param_value
 from pipeline.job.stage import Stage
 from pipeline.job_record import JobRecord
 from pipeline.layout import CheckpointFiles, OutputDir
-from pipeline.runtime import dist
-from pipeline.runtime.dist import Runtime
+from pipeline.runtime import collectives
+from pipeline.runtime.world import Runtime
 from pipeline.tracking import Tracker, settle_abandoned_run
 
 log = logging.getLogger("pipeline")
@@ -121,7 +121,7 @@ class Resume:
                 _best_again(out, then)
             elif stale:
                 shutil.rmtree(out.best)
-        dist.barrier()
+        collectives.barrier()
 
     def start_over(self, rt: Runtime, uri: str) -> None:
         """Collective: a job that continues from nothing removes what a previous job left in
@@ -145,7 +145,7 @@ class Resume:
             if abandoned:
                 log.warning("the previous job's MLflow run %s never ended: synced from its journal and marked "
                             "FAILED", abandoned)
-        dist.barrier()
+        collectives.barrier()
 
 
 NAMED = ("model", "kd.teacher")
@@ -153,7 +153,7 @@ NAMED = ("model", "kd.teacher")
 before anything is built, by what the config names: another model or teacher is another job."""
 
 
-@dist.on_main
+@collectives.on_main
 def decide(plan: Plan) -> Resume:
     """Collective, read on global rank 0: what this job continues from; a UserError when it may do
     nothing: another job holds output_dir live (lock.py), a resume would continue another job or a

@@ -21,7 +21,7 @@ from pipeline.job.plan import settle
 from pipeline.job.records.stage_run import StageRun, start_stage_run, what_ran
 from pipeline.job.records.start_block import precision_line, settled_line
 from pipeline.job.stage import Stage, build_stage
-from pipeline.runtime import dist, gc_pause
+from pipeline.runtime import gc_pause, world
 from pipeline.tracking import catch_up, resolve_uri
 
 log = logging.getLogger("pipeline")
@@ -30,7 +30,7 @@ log = logging.getLogger("pipeline")
 def run(cfg: Config, kind: str = "train") -> dict[str, float]:
     """Run one stage (kind: train | distill); returns the final metrics (also in output_dir/metrics.json)."""
     try:
-        plan = settle(cfg, kind)  # joins the job's world (dist.init)
+        plan = settle(cfg, kind)  # joins the job's world (world.init)
         if plan is None:  # a surplus torchrun rank under fallback: the others do the work
             return {}
         rt = plan.rt
@@ -58,7 +58,7 @@ def run(cfg: Config, kind: str = "train") -> dict[str, float]:
         with lock.job_lock(plan.out):  # a second job into output_dir: UserError, nothing touched
             return _run_locked(stage, start, uri)
     finally:
-        dist.shutdown()
+        world.shutdown()
 
 
 def _run_locked(stage: Stage, start: resume.Resume, uri: str) -> dict[str, float]:

@@ -19,6 +19,7 @@ from typing import Any
 from pipeline.errors import UserError
 from pipeline.job_record import JobRecord
 from pipeline.layout import OutputDir
+from pipeline.runtime.world import resume_refusal
 
 SAFE = ("train.log_every", "train.save_every", "train.keep_checkpoints", "train.num_workers",
         "train.eval_batch_size", "train.max_nonfinite", "train.compile", "train.pad_to_multiple_of", "tracking.*",
@@ -84,12 +85,9 @@ def check_settings(ckpt: Path, old: JobRecord | None, new: JobRecord, accept: li
     if old is None:
         raise UserError(f"{where}: written by an older version, without the record of its job; "
                         "resume=never overwrite=true starts over, or use another output_dir")
-    if old.backend != new.backend:
-        raise UserError(f"{where}: written by the {old.backend} backend, asked to resume under {new.backend}; "
-                        f"resume with backend={old.backend}, or resume=never starts over")
-    if old.backend == "deepspeed" and old.world_size != new.world_size:
-        raise UserError(f"{where}: a DeepSpeed checkpoint of {old.world_size} processes (its ZeRO optimizer state "
-                        f"is split among them); launch {old.world_size} processes to resume it")
+    refusal = resume_refusal(old.backend, old.world_size, new.backend, new.world_size)
+    if refusal:
+        raise UserError(f"{where}: {refusal}")
     return _accepted(where, settings_changes(old, new), accept)
 
 

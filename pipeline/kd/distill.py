@@ -30,11 +30,11 @@ from pipeline.kd import teacher_cache
 from pipeline.kd.student import from_teacher, is_from_teacher, teacher_overrides
 from pipeline.kd.terms import LayerTerms, kd_loss
 from pipeline.layout import OutputDir
-from pipeline.runtime import dist
+from pipeline.runtime import collectives
 from pipeline.runtime.backend import StepLoss
 from pipeline.runtime.compiler import OFF, CompilePolicy
-from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
+from pipeline.runtime.world import Runtime
 from pipeline.tasks.base import Task
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ class Distiller:
         lengths, inputs_digest = teacher_cache.read_inputs(features)
         key = teacher_cache.cache_key(self.teacher, self.task, self.policy.name, max_length, inputs_digest)
         path = cache_root() / "teacher_logits" / key / "logits.safetensors"
-        seen = dist.all_gather_objects((key, path.is_file()))
+        seen = collectives.all_gather_objects((key, path.is_file()))
         if len({k for k, _ in seen}) > 1:  # their shares would mix two teachers or two datasets
             raise UserError(f"kd.teacher={self.teacher_spec}: the ranks' training features or teacher weights differ "
                             "(every node must read the same data.train and kd.teacher)")
@@ -167,7 +167,7 @@ class Distiller:
         local = self._teacher_pass(features, collate, max_length, shares[self.rt.rank])
         seconds = time.perf_counter() - start
         # a rank without rows (fewer batches than ranks) learns the outputs' shapes from the others
-        shapes = next(s for s in dist.all_gather_objects({k: tuple(v.shape[1:]) for k, v in local.items()}) if s)
+        shapes = next(s for s in collectives.all_gather_objects({k: tuple(v.shape[1:]) for k, v in local.items()}) if s)
         cache = teacher_cache.gather_shares(local, shares, len(features), shapes)
         if self.rt.is_main:
             rows = [sum(len(b) for b in share) for share in shares]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from pipeline.errors import UserError
 from pipeline.measure.memory import MIB
-from pipeline.runtime import dist
+from pipeline.runtime import collectives
 
 MARGIN = 0.10
 """Headroom below the device's memory a trial's peak must leave: a trial measures one step at the
@@ -61,7 +61,7 @@ def find(rows_per_rank: int, eval_rows: int, train_trial: Trial, eval_trial: Tri
             continue
         # how much one row needs: measured without the cap where the device can count past it (a
         # CPU); on a GPU, at least the device's memory
-        need = dist.all_reduce([float(trial(1, 2**62) or 0)], "max")[0]
+        need = collectives.all_reduce([float(trial(1, 2**62) or 0)], "max")[0]
         needed = f"{need / MIB:.1f} MiB" if need > usable else f"more than {capacity / MIB:.1f} MiB"
         raise UserError(f"train.batch_size=auto: one row of {what} does not fit for {phase}: it needs {needed}, the "
                         f"device has {capacity / MIB:.1f} MiB ({usable / MIB:.1f} usable with a {MARGIN:.0%} margin; "
@@ -92,5 +92,5 @@ def _largest(candidates: list[int], fits: Callable[[int], tuple[bool, int]]) -> 
 def _agreed(trial: Trial, rows: int, capacity: int, usable: int) -> tuple[bool, int]:
     """One trial on every rank, then one all-reduce (max): it fits only if it fits everywhere."""
     peak = trial(rows, capacity)
-    failed, most = dist.all_reduce([float(peak is None or peak > usable), float(peak or 0)], "max")
+    failed, most = collectives.all_reduce([float(peak is None or peak > usable), float(peak or 0)], "max")
     return not failed, int(most)

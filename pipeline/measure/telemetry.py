@@ -24,7 +24,7 @@ from pipeline import names
 from pipeline.measure.energy import EnergyMeter
 from pipeline.measure.flops import FlopModel
 from pipeline.measure.load import LoadSampler
-from pipeline.runtime import compiler, dist
+from pipeline.runtime import collectives, compiler
 
 
 def synchronize(device: torch.device) -> None:
@@ -237,7 +237,7 @@ class StageMeters:
 
     def energy_available_anywhere(self) -> bool:
         """Collective: does any rank measure energy (the run's energy_available tag)?"""
-        (available,) = dist.all_reduce([float(self.energy.available)], op="max")
+        (available,) = collectives.all_reduce([float(self.energy.available)], op="max")
         return bool(available)
 
     # -------------------------------------------------------------- an epoch
@@ -268,7 +268,7 @@ class StageMeters:
             self.flops += self.flop_model.rows(lengths)
             self.padded_flops += self.flop_model.batch(rows, padded_length)
 
-    def epoch_local(self) -> dist.Local:
+    def epoch_local(self) -> collectives.Local:
         """Ends the epoch's clocks (every training segment; evaluation comes after) and gives this
         rank's numbers for the epoch's collective (epoch_metrics takes them back reduced): work
         summed, time and peak memory the largest, each GPU's energy per rank (counted once by UUID)."""
@@ -276,7 +276,7 @@ class StageMeters:
         joules = self.energy.stop()
         self._load = self.load.stop()
         meter, energy, mem = self.throughput, self.energy, peak_memory(self.device)
-        return dist.Local(
+        return collectives.Local(
             sums={"samples": meter.samples, "tokens": meter.tokens, "padded_tokens": meter.padded_tokens,
                   "flops": self.flops, "padded_flops": self.padded_flops},
             maxes={"elapsed": elapsed, "compiling": meter.compile_seconds, **mem},
@@ -287,9 +287,9 @@ class StageMeters:
     def end_epoch(self) -> dict:
         """Collective: the epoch's clocks stopped, its perf/ and energy/ metrics over every rank (the
         loop reduces epoch_local() with the step losses' figures instead: one collective)."""
-        return self.epoch_metrics(dist.reduce_local(self.epoch_local()))
+        return self.epoch_metrics(collectives.reduce_local(self.epoch_local()))
 
-    def epoch_metrics(self, reduced: dist.Reduced) -> dict:
+    def epoch_metrics(self, reduced: collectives.Reduced) -> dict:
         """The epoch's perf/ and energy/ metrics from epoch_local()'s numbers over every rank; adds
         the epoch to the totals."""
         totals = self.totals

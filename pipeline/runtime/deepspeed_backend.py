@@ -51,8 +51,8 @@ from pipeline.errors import UserError
 from pipeline.layout import CheckpointFiles, OutputDir
 from pipeline.runtime.backend import StepResult
 from pipeline.runtime.compiler import OFF, CompilePolicy, allow_shapes, compile_kwargs
-from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import BF16_PURE, PURE16, PrecisionPolicy
+from pipeline.runtime.world import Runtime
 
 if TYPE_CHECKING:
     from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer

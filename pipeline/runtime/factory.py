@@ -5,9 +5,9 @@ from pipeline.config.schema import SettledTrain
 from pipeline.runtime.backend import Backend
 from pipeline.runtime.compiler import CompilePolicy
 from pipeline.runtime.deepspeed_backend import DeepSpeedBackend
-from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.runtime.torch_backend import TorchBackend
+from pipeline.runtime.world import Runtime
 
 
 def make_backend(rt: Runtime, policy: PrecisionPolicy, compile_policy: CompilePolicy, train: SettledTrain,

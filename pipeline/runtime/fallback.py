@@ -1,7 +1,7 @@
 """Fallback: a job planned for more processes than run keeps its global batch.
 
 A study cell or launch script asking for 8 processes on a machine with one GPU runs 1 process
-(`requested_world_size=8`), or torchrun's surplus ranks leave (runtime.dist.init); either way the
+(`requested_world_size=8`), or torchrun's surplus ranks leave (runtime.world.init); either way the
 missing ranks' micro-batches become extra gradient-accumulation steps, so the optimisation is
 the one planned (the DDP parity test shows N ranks x B equals 1 rank x N*B). `fallback=false`
 refuses such a job instead.
@@ -13,7 +13,7 @@ import logging
 
 from pipeline.config import Config
 from pipeline.errors import UserError
-from pipeline.runtime.dist import Runtime
+from pipeline.runtime.world import Runtime
 
 log = logging.getLogger("pipeline")
 

@@ -15,8 +15,8 @@ from pipeline.config.schema import TrainConfig
 from pipeline.layout import CheckpointFiles
 from pipeline.runtime.backend import StepResult
 from pipeline.runtime.compiler import OFF, CompilePolicy
-from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
+from pipeline.runtime.world import Runtime
 
 
 class TorchBackend:

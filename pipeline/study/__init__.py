@@ -64,7 +64,7 @@ runner's own (output_dir, tracking.*).
 Which report table a cell feeds: the AMP table (FP32 vs AMP per task x model) when its block
 has two or more precisions; the KD table (per procedure) when its block has a procedures axis.
 
-May import: config, runtime.dist, tasks, names, tracking, report, ui, optuna: a study
+May import: config, runtime.world, runtime.preemption, tasks, names, tracking, report, ui, optuna: a study
 starts stages as processes and never imports the loop (stage, train).
 
 Inside, lowest first: cell_process champion spec store_server | search_spec devices matrix | search_plan |

@@ -164,7 +164,7 @@ def _fit_to_devices(study: Study, cell: Cell, fallback: bool, requested: int) ->
     """A cell asking for more processes per node than there are devices runs one per device, told
     the world size it was planned for (the stage keeps the global batch with grad_accum); with
     fallback=false the study is refused. Returns what the cell asked for, if it was cut."""
-    from pipeline.runtime.dist import devices_per_node
+    from pipeline.runtime.world import devices_per_node
 
     launcher = cell.launcher
     devices = devices_per_node()

@@ -26,7 +26,7 @@ from pipeline.names import (
     TAG_STUDY,
     TAG_STUDY_FILE,
 )
-from pipeline.runtime.dist import on_sigterm
+from pipeline.runtime.preemption import on_sigterm
 from pipeline.study.cell_process import CellProcess, last_line, open_attempt
 from pipeline.study.devices import cpu_threads, describe
 from pipeline.study.schedule import Schedule

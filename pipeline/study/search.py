@@ -61,7 +61,7 @@ def optuna_study(study: Study, group: Group, create: bool = True):
 def run_search(study: Study, cells: list[Cell], jobs: int | None = None, executor: str = "local") -> int:
     """The cells the search needs, each group's trials, the best trials' re-runs, the reports.
     Returns 0, 1 (a cell or trial failed) or 143 (SIGTERM)."""
-    from pipeline.runtime.dist import on_sigterm
+    from pipeline.runtime.preemption import on_sigterm
     from pipeline.study.devices import check_devices, default_jobs, visible_gpus
     from pipeline.study.runner import Stopped, _stop
 

@@ -28,7 +28,7 @@ from pipeline import names
 from pipeline.job.parts import checkpoint
 from pipeline.job.parts.optim import build_optimizer, lr_schedule
 from pipeline.layout import OutputDir
-from pipeline.runtime import compiler, dist, precision
+from pipeline.runtime import compiler, precision, world
 from pipeline.runtime.deepspeed_backend import (
     DeepSpeedBackend,
 )
@@ -96,9 +96,9 @@ def deepspeed_process_group():
     """One gloo process group for the in-process engines (DeepSpeed needs one even alone)."""
     saved = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     os.environ["MASTER_PORT"] = str(free_port())
-    rt = dist.init("deepspeed", want_cuda=False)
+    rt = world.init("deepspeed", want_cuda=False)
     yield rt
-    dist.shutdown()
+    world.shutdown()
     for key, value in saved.items():
         if value is None:
             os.environ.pop(key, None)

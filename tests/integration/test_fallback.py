@@ -8,7 +8,7 @@ import yaml
 
 from helpers import FAST, ROOT, mlflow_runs, run_cli, torchrun, tracking_db
 from pipeline import names
-from pipeline.runtime import dist
+from pipeline.runtime import world
 
 
 @pytest.mark.slow  # a CLI process
@@ -34,7 +34,7 @@ def test_launch_script_asked_for_8_on_1_device_trains_1_process(tmp_path):
     import subprocess
 
     db = tracking_db(tmp_path)
-    env = {**os.environ, "PYTHON": sys.executable, "NPROC": "8", dist.DEVICES_ENV: "1"}
+    env = {**os.environ, "PYTHON": sys.executable, "NPROC": "8", world.DEVICES_ENV: "1"}
     result = subprocess.run(["bash", "launch/torchrun_single_node.sh", *FAST, "train.batch_size=4",
                              "train.max_steps=2", f"output_dir={tmp_path / 'out'}", f"tracking.uri=sqlite:///{db}",
                              "tracking.experiment=fb"], cwd=ROOT, env=env, capture_output=True, text=True,
@@ -54,7 +54,7 @@ def test_torchrun_beyond_the_devices_reforms_a_smaller_group(tmp_path):
     on the agent's store and train with grad_accum 2: one MLflow run saying what happened."""
     db = tracking_db(tmp_path)
     result = torchrun(4, "train", *FAST, "train.batch_size=4", "train.max_steps=2", f"output_dir={tmp_path / 'out'}",
-                      f"tracking.uri=sqlite:///{db}", "tracking.experiment=fb", env={dist.DEVICES_ENV: "2"})
+                      f"tracking.uri=sqlite:///{db}", "tracking.experiment=fb", env={world.DEVICES_ENV: "2"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stderr.count("fallback: local rank") == 2
     tags, params = tags_and_params(db, "fb")
@@ -69,7 +69,7 @@ def test_study_cell_asking_2_processes_runs_1_and_its_row_says_so(tmp_path):
             "overrides": [*FAST, "train.batch_size=4", "train.max_steps=2", f"tracking.uri=sqlite:///{db}"],
             "launcher": {"type": "torchrun", "nproc": 2}, "matrix": [{"tasks": ["sentiment"]}]}
     (tmp_path / "fb.yaml").write_text(yaml.safe_dump(spec))
-    result = run_cli("study", tmp_path / "fb.yaml", env={dist.DEVICES_ENV: "1"})
+    result = run_cli("study", tmp_path / "fb.yaml", env={world.DEVICES_ENV: "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "asks for torchrun:2, 1 device(s) per node visible: it runs torchrun:1" in result.stderr
     (run,) = [r for r in mlflow_runs(db, "fb") if r.data.tags.get(names.PARENT_TAG) != "true"]

@@ -21,7 +21,7 @@ from pipeline.job.parts.step_losses import Diverged
 from pipeline.job.resume import Resume
 from pipeline.job.run import run
 from pipeline.layout import OutputDir
-from pipeline.runtime.dist import Runtime
+from pipeline.runtime.world import Runtime
 from pipeline.tracking import Tracker, sync
 
 SINGLE = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))

@@ -67,7 +67,7 @@ import json, os, sys
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.errors import UserError
-from pipeline.runtime import dist
+from pipeline.runtime import world
 from pipeline.tasks.text_classification import TextClassificationTask
 from pipeline.job.plan import settle
 from pipeline.job.stage import build_stage
@@ -78,7 +78,7 @@ TextClassificationTask.featurize = lambda self, *a: calls.append(a[-1]) or featu
 data, out = sys.argv[1], sys.argv[2]
 cfg = load_config(None, ["model=preset:bangla-tiny", "train.max_length=32", "backend=ddp", f"output_dir={out}",
                          *(f"data.{s}={data}/{s}.tsv" for s in ("train", "dev", "test"))])
-rt = dist.init("ddp")
+rt = world.init("ddp")
 s = build_stage(settle(cfg, "train", rt))
 report = {"rank": rt.rank, "featurize": calls, "rows": len(s.features["train"]),
           "ids": sum(map(sum, s.features["train"]["input_ids"]))}
@@ -89,7 +89,7 @@ except UserError as e:
     report["error"] = str(e)
 with open(f"{out}-rank{rt.rank}.json", "w") as f:
     json.dump(report, f)
-dist.shutdown()
+world.shutdown()
 """
 
 

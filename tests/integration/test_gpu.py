@@ -121,13 +121,13 @@ def test_zero2_and_zero3_hold_less_memory_than_ddp(tmp_path):
 def test_bf16_under_deepspeed_is_autocast_on_fp32_weights_on_cuda(monkeypatch):
     """The CPU test of every ZeRO stage (test_deepspeed.py), on the CUDA accelerator."""
     from helpers import free_port
-    from pipeline.runtime import dist, precision
+    from pipeline.runtime import precision, world
     from pipeline.runtime.deepspeed_backend import DeepSpeedBackend
 
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(key, value)  # one process, restored afterwards
-    rt = dist.init("deepspeed")
+    rt = world.init("deepspeed")
     try:
         from transformers import BertConfig, BertForSequenceClassification
 
@@ -147,7 +147,7 @@ def test_bf16_under_deepspeed_is_autocast_on_fp32_weights_on_cuda(monkeypatch):
         assert seen == {"layernorm": torch.float32, "autocast": True}
         assert {p.dtype for p in backend.module.parameters()} == {torch.float32}
     finally:
-        dist.shutdown()
+        world.shutdown()
 
 
 @pytest.mark.xdist_group("graphs")

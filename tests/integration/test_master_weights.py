@@ -3,8 +3,8 @@ tests/unit/test_master_weights.py)."""
 import pytest
 import torch
 
-from pipeline.runtime.dist import Runtime
 from pipeline.runtime.torch_backend import TorchBackend
+from pipeline.runtime.world import Runtime
 from unit.test_master_weights import CPU, PURE, masters  # noqa: F401
 
 

@@ -7,8 +7,8 @@ from torch.utils.data import DataLoader
 
 from pipeline import models
 from pipeline.evaluation import evaluate
-from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
+from pipeline.runtime.world import Runtime
 from pipeline.tasks import get_task
 
 CPU = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))

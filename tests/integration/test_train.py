@@ -117,10 +117,11 @@ def test_step_losses_are_read_and_reduced_only_at_log_boundaries(tmp_path, monke
     """The loop reduces over ranks once per train.log_every steps, not once per step (each reduction
     is a device sync on a GPU), and the logged train/loss is still the mean of the steps' losses."""
     from pipeline.job import loop as job_loop
-    from pipeline.runtime import dist
+    from pipeline.runtime import collectives
 
     losses, in_epoch, reductions = [], [False], []
-    real = {"reduce": dist.reduce_local, "forward_backward": job_loop.forward_backward, "epoch": job_loop.train_epoch}
+    real = {"reduce": collectives.reduce_local, "forward_backward": job_loop.forward_backward,
+            "epoch": job_loop.train_epoch}
 
     def counted_reduce(local):
         if in_epoch[0]:
@@ -139,7 +140,7 @@ def test_step_losses_are_read_and_reduced_only_at_log_boundaries(tmp_path, monke
         finally:
             in_epoch[0] = False
 
-    monkeypatch.setattr(dist, "reduce_local", counted_reduce)
+    monkeypatch.setattr(collectives, "reduce_local", counted_reduce)
     monkeypatch.setattr(job_loop, "forward_backward", recorded_forward_backward)
     monkeypatch.setattr(job_loop, "train_epoch", epoch)
     out = tmp_path / "out"
@@ -168,7 +169,7 @@ def test_a_users_file_with_a_held_out_dev_split_and_no_test_reports_no_test_figu
     when derived again: every rank, every resume), trained on no more; dev figures, no test ones;
     the run says where dev came from and that it has no test split."""
     from pipeline.data import features, holdout
-    from pipeline.runtime.dist import Runtime
+    from pipeline.runtime.world import Runtime
     from pipeline.tasks import get_task
 
     mine, db = own_sentiment_file(tmp_path), tracking_db(tmp_path)

@@ -12,8 +12,8 @@ from pipeline.errors import UserError
 from pipeline.job import plan as settle
 from pipeline.measure import batch_fit
 from pipeline.measure.memory import MIB, TensorBytes
-from pipeline.runtime import dist
-from pipeline.runtime.dist import Runtime
+from pipeline.runtime import collectives
+from pipeline.runtime.world import Runtime
 
 CPU = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
 
@@ -96,11 +96,11 @@ def test_every_rank_agrees_on_the_smallest_fit_in_one_collective_per_trial(monke
         mine_failed, mine_peak = values
         return [max(mine_failed, float(theirs is None or theirs > 90 * MIB)), max(mine_peak, float(theirs or 0))]
 
-    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(collectives, "all_reduce", all_reduce)
     fit = batch_fit.find(64, 1, trial, lambda rows, limit: 0, 100 * MIB, "48 tokens")
     assert fit.batch_size == 16 and fit.grad_accum == 4  # alone it would be 16 as well: 10 + 3 x 26 <= 90
     assert len(calls) == len(last_rows) + 1  # one per training trial, one for evaluation's
-    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    monkeypatch.setattr(collectives, "all_reduce", all_reduce)
     last_rows.clear()
     other = linear_trial(70, 3)  # now the other rank fits only 6 rows: 4 wins (a divisor of 64)
     fit = batch_fit.find(64, 1, trial, lambda rows, limit: 0, 100 * MIB, "48 tokens")

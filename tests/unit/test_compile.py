@@ -19,8 +19,8 @@ from pipeline.evaluation import evaluate
 from pipeline.job.plan import device_defaults
 from pipeline.measure.telemetry import StageMeters
 from pipeline.runtime import compiler, precision
-from pipeline.runtime.dist import Runtime
 from pipeline.runtime.torch_backend import TorchBackend
+from pipeline.runtime.world import Runtime
 from pipeline.tasks.qa import QaTask
 
 CPU = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))

@@ -16,7 +16,7 @@ from pipeline.config.deepspeed_files import load_ds_config, resolve_ds_config
 from pipeline.errors import UserError
 from pipeline.runtime import precision
 from pipeline.runtime.deepspeed_backend import DeepSpeedBackend, fill_bucket_sizes
-from pipeline.runtime.dist import Runtime
+from pipeline.runtime.world import Runtime
 
 
 def test_auto_values_are_filled_and_conflicts_named():

@@ -12,8 +12,8 @@ from transformers import BertConfig, BertForSequenceClassification
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.kd import distill, teacher_cache, terms
-from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
+from pipeline.runtime.world import Runtime
 from pipeline.tasks import get_task
 
 CPU = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))

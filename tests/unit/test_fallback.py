@@ -11,9 +11,9 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.errors import UserError
-from pipeline.runtime import dist
-from pipeline.runtime.dist import Runtime
+from pipeline.runtime import world
 from pipeline.runtime.fallback import fit_to_world
+from pipeline.runtime.world import Runtime
 
 
 def runtime(world, requested=0):
@@ -51,7 +51,7 @@ def test_a_batch_that_cannot_be_kept_is_refused(overrides, world, message):
 
 def torchrun_env(monkeypatch, local_rank, nproc, devices):
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
-    monkeypatch.setenv(dist.DEVICES_ENV, str(devices))
+    monkeypatch.setenv(world.DEVICES_ENV, str(devices))
     for key, value in {"RANK": local_rank, "LOCAL_RANK": local_rank, "WORLD_SIZE": nproc,
                        "LOCAL_WORLD_SIZE": nproc}.items():
         monkeypatch.setenv(key, str(value))
@@ -61,9 +61,9 @@ def test_surplus_torchrun_ranks_leave_and_fallback_false_refuses(monkeypatch):
     """Without a process group: a rank beyond the devices returns None (it exits 0), and with
     fallback=false the launch is a one-line error."""
     torchrun_env(monkeypatch, local_rank=1, nproc=2, devices=1)
-    assert dist.init("auto", want_cuda=False) is None
+    assert world.init("auto", want_cuda=False) is None
     with pytest.raises(UserError, match=r"^launch: 2 processes per node but 1 device\(s\) visible \(fallback=false\)"):
-        dist.init("auto", want_cuda=False, fallback=False)
-    monkeypatch.setenv(dist.DEVICES_ENV, "two")
+        world.init("auto", want_cuda=False, fallback=False)
+    monkeypatch.setenv(world.DEVICES_ENV, "two")
     with pytest.raises(UserError, match="^PIPELINE_DEVICES=two: must be a whole number >= 1$"):
-        dist.init("auto", want_cuda=False)
+        world.init("auto", want_cuda=False)

@@ -18,7 +18,7 @@ from pipeline.data import features
 from pipeline.errors import UserError
 from pipeline.job.plan import settle
 from pipeline.models import preset_tokenizer
-from pipeline.runtime.dist import Runtime
+from pipeline.runtime.world import Runtime
 from pipeline.tasks import get_task, samples
 from pipeline.tasks import workers as base
 from pipeline.tasks.base import SPLITS

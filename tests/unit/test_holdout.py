@@ -10,7 +10,7 @@ import torch
 from pipeline import names
 from pipeline.data import features, holdout
 from pipeline.models import preset_tokenizer
-from pipeline.runtime.dist import Runtime
+from pipeline.runtime.world import Runtime
 from pipeline.tasks import get_task
 
 SINGLE = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pipeline.data import features, holdout
-from pipeline.runtime.dist import Runtime
+from pipeline.runtime.world import Runtime
 from pipeline.tasks import get_task
 
 SINGLE = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))

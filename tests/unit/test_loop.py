@@ -31,7 +31,8 @@ from pipeline.measure.flops import ModelSize
 from pipeline.measure.telemetry import StageMeters
 from pipeline.runtime import compiler, precision
 from pipeline.runtime.backend import StepLoss, StepResult
-from pipeline.runtime.dist import AgreedFlag, Runtime
+from pipeline.runtime.preemption import AgreedFlag
+from pipeline.runtime.world import Runtime
 
 CPU = torch.device("cpu")
 
@@ -460,7 +461,7 @@ def test_an_epoch_figure_a_producer_adds_reaches_mlflow_by_its_name_through_the_
         tmp_path, monkeypatch):
     """The meters name one more figure in their Local and their epoch figures: it is logged at the
     epoch's end without a change to the metrics processor or the loop."""
-    from pipeline.runtime import dist
+    from pipeline.runtime import collectives
 
     fake_dev_evaluation(monkeypatch)
     lp = make_loop(tmp_path, ["train.log_every=100"], micro_batches=4)
@@ -468,7 +469,7 @@ def test_an_epoch_figure_a_producer_adds_reaches_mlflow_by_its_name_through_the_
 
     def epoch_local():
         made = local()
-        return dist.Local({**made.sums, "widgets": 3.0}, made.maxes, made.mins, made.per_rank)
+        return collectives.Local({**made.sums, "widgets": 3.0}, made.maxes, made.mins, made.per_rank)
 
     monkeypatch.setattr(lp.meters, "epoch_local", epoch_local)
     monkeypatch.setattr(lp.meters, "epoch_metrics", lambda reduced: {**metrics(reduced),

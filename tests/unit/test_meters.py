@@ -8,7 +8,7 @@ import torch
 from pipeline import names
 from pipeline.measure.energy import EnergyMeter
 from pipeline.measure.telemetry import StageMeters
-from pipeline.runtime import dist
+from pipeline.runtime import collectives
 
 CPU = torch.device("cpu")
 
@@ -130,11 +130,11 @@ def test_step_flops_match_the_analytic_bert_count_for_every_batch_shape():
         assert flop_model.batch(rows, length) == pytest.approx(expected, rel=1e-9)
 
 
-def two_ranks(local: dist.Local, same_gpu: bool) -> dist.Reduced:
+def two_ranks(local: collectives.Local, same_gpu: bool) -> collectives.Reduced:
     """What the epoch's collective gives two ranks of which the second did no work (sums are this
     rank's), on this rank's GPU or another one (the per-rank figure `gpu`: the GPU's key)."""
     other = {**local.per_rank, "gpu": local.per_rank["gpu"] if same_gpu else local.per_rank["gpu"] + 1}
-    return dist.Reduced(local.sums, local.maxes, local.mins, [local.per_rank, other])
+    return collectives.Reduced(local.sums, local.maxes, local.mins, [local.per_rank, other])
 
 
 def test_mfu_counts_a_gpu_two_ranks_share_once():

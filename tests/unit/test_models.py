@@ -15,8 +15,8 @@ from pipeline import models
 from pipeline.config import load_config
 from pipeline.kd import distill
 from pipeline.kd.student import from_teacher
-from pipeline.runtime.dist import Runtime
 from pipeline.runtime.precision import PrecisionPolicy
+from pipeline.runtime.world import Runtime
 from pipeline.tasks import get_task
 
 CPU = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))

@@ -9,8 +9,8 @@ import transformers
 from pipeline.errors import UserError
 from pipeline.job.parts.step_losses import rewind
 from pipeline.runtime import precision
-from pipeline.runtime.dist import Runtime
 from pipeline.runtime.torch_backend import TorchBackend
+from pipeline.runtime.world import Runtime
 
 CPU = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
 

@@ -8,34 +8,34 @@ import pytest
 import torch
 
 from pipeline.errors import UserError
-from pipeline.runtime import dist, gc_pause
+from pipeline.runtime import collectives, gc_pause, world
 
 
 def test_process_group_gets_the_rank_gpu_on_first_start_and_after_elastic_restart(monkeypatch):
     """NCCL and GPUs are absent here: recording stand-ins replace torch.distributed's
     init_process_group and rendezvous, and the test checks what a GPU rank would pass them."""
     calls = []
-    monkeypatch.setattr(dist.dist, "init_process_group", lambda backend, **kw: calls.append((backend, kw)))
-    monkeypatch.setattr(dist.dist, "rendezvous", lambda url: iter([(dist.dist.HashStore(), 3, 4)]))
+    monkeypatch.setattr(world.dist, "init_process_group", lambda backend, **kw: calls.append((backend, kw)))
+    monkeypatch.setattr(world.dist, "rendezvous", lambda url: iter([(world.dist.HashStore(), 3, 4)]))
     gpu = torch.device("cuda", 3)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    dist.init_process_group(gpu, rank=3, world=4)
+    world.init_process_group(gpu, rank=3, world=4)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    dist.init_process_group(gpu, rank=3, world=4)
+    world.init_process_group(gpu, rank=3, world=4)
     (first_backend, first), (restart_backend, restart) = calls
     assert first_backend == restart_backend == "nccl"
     assert first["device_id"] == restart["device_id"] == gpu
     assert restart["rank"] == 3 and restart["world_size"] == 4 and "store" in restart
-    dist.init_process_group(torch.device("cpu"), rank=3, world=4)
+    world.init_process_group(torch.device("cpu"), rank=3, world=4)
     assert calls[-1][0] == "gloo" and calls[-1][1]["device_id"] is None
     assert {kw["timeout"].total_seconds() for _, kw in calls} == {1800}  # dist_timeout's default
 
 
 def test_dist_timeout_reaches_the_process_group(monkeypatch):
     calls = []
-    monkeypatch.setattr(dist.dist, "init_process_group", lambda backend, **kw: calls.append(kw))
+    monkeypatch.setattr(world.dist, "init_process_group", lambda backend, **kw: calls.append(kw))
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    dist.init_process_group(torch.device("cpu"), rank=0, world=2, timeout_s=7200)
+    world.init_process_group(torch.device("cpu"), rank=0, world=2, timeout_s=7200)
     assert calls[0]["timeout"].total_seconds() == 7200
 
 
@@ -45,18 +45,18 @@ def test_ds_accelerator_cpu_keeps_deepspeed_workers_off_the_gpus_their_launcher_
     switch) keeps the job on the CPU; without it the two ranks ask for one GPU and are refused (as on
     an H100). No GPU here: torch.cuda's answers and the process group's start are stand-ins."""
     started = []
-    monkeypatch.setattr(dist, "init_process_group", lambda device, *args, **kw: started.append(device))
+    monkeypatch.setattr(world, "init_process_group", lambda device, *args, **kw: started.append(device))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
-    monkeypatch.delenv(dist.DEVICES_ENV, raising=False)
+    monkeypatch.delenv(world.DEVICES_ENV, raising=False)
     for key, value in {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_SIZE": "2"}.items():
         monkeypatch.setenv(key, value)  # the deepspeed launcher's second worker
     monkeypatch.delenv("DS_ACCELERATOR", raising=False)
     with pytest.raises(UserError, match="2 processes per node but 1 device"):
-        dist.init("deepspeed")
+        world.init("deepspeed")
     monkeypatch.setenv("DS_ACCELERATOR", "cpu")
-    rt = dist.init("deepspeed")
+    rt = world.init("deepspeed")
     assert (rt.device, rt.rank, rt.world_size, started) == (torch.device("cpu"), 1, 2, [torch.device("cpu")])
 
 
@@ -66,11 +66,11 @@ def test_a_deepspeed_job_without_launcher_leaves_no_launcher_variables(monkeypat
     for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_RUN_ID"):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setenv("MASTER_PORT", "29555")
-    monkeypatch.setattr(dist, "init_process_group", lambda *a, **kw: None)  # no group needed to check the env
-    rt = dist.init("deepspeed", want_cuda=False)
-    assert rt.backend == "deepspeed" and dist.detect_launcher() == "deepspeed"
-    dist.shutdown()
-    assert dist.detect_launcher() == "none" and "RANK" not in os.environ
+    monkeypatch.setattr(world, "init_process_group", lambda *a, **kw: None)  # no group needed to check the env
+    rt = world.init("deepspeed", want_cuda=False)
+    assert rt.backend == "deepspeed" and world.detect_launcher() == "deepspeed"
+    world.shutdown()
+    assert world.detect_launcher() == "none" and "RANK" not in os.environ
     assert os.environ["MASTER_PORT"] == "29555"  # the user's own value stays
 
 
@@ -84,12 +84,12 @@ def test_object_collectives_round_trip_and_shutdown_waits_for_the_backend_to_let
     try:
         objects = [None, {"error": "bad.tsv: line 3"}, ("x" * 100_000, [1.5, 2]), b"\x00" * 7]
         for obj in objects:
-            assert dist.all_gather_objects(obj) == [obj] and dist.broadcast_object(obj) == obj
+            assert collectives.all_gather_objects(obj) == [obj] and collectives.broadcast_object(obj) == obj
         for i in range(100):
-            assert dist.all_reduce([float(i), 1.0], "max") == [float(i), 1.0]
-        used = list(dist._in_collectives)
+            assert collectives.all_reduce([float(i), 1.0], "max") == [float(i), 1.0]
+        used = list(collectives._in_collectives)
     finally:
-        dist.shutdown()
+        world.shutdown()
     assert used and all(t._use_count() == 1 for t in used) and not torch.distributed.is_initialized()
 
 @pytest.fixture

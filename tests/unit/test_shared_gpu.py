@@ -1,11 +1,11 @@
-"""PIPELINE_SHARE_GPU=1 (runtime/dist.py): a node's ranks share its GPU over gloo, so one GPU can show the
+"""PIPELINE_SHARE_GPU=1 (runtime/world.py): a node's ranks share its GPU over gloo, so one GPU can show the
 DDP path (benchmarks/gpu_check.py's ddp check). No GPU here: torch.cuda's answers are stood in for (the
 absent hardware), the device choice and the group's kind are what is checked."""
 import pytest
 import torch
 
 from pipeline.errors import UserError
-from pipeline.runtime import dist
+from pipeline.runtime import world
 
 
 @pytest.fixture
@@ -19,15 +19,15 @@ def one_gpu(monkeypatch):
 
 
 def test_without_sharing_a_second_rank_has_no_gpu_and_the_group_is_nccl(one_gpu, monkeypatch):
-    monkeypatch.delenv(dist.SHARE_GPU_ENV, raising=False)
+    monkeypatch.delenv(world.SHARE_GPU_ENV, raising=False)
     with pytest.raises(UserError, match="local rank 1 but only 1 visible GPU"):
-        dist.this_device(True, 1)
-    dist.init_process_group(torch.device("cuda", 0), 0, 2)
+        world.this_device(True, 1)
+    world.init_process_group(torch.device("cuda", 0), 0, 2)
     assert one_gpu[-1][0] == "nccl" and one_gpu[-1][1]["device_id"] == torch.device("cuda", 0)
 
 
 def test_sharing_puts_both_ranks_on_the_one_gpu_over_gloo(one_gpu, monkeypatch):
-    monkeypatch.setenv(dist.SHARE_GPU_ENV, "1")
-    assert dist.this_device(True, 0) == dist.this_device(True, 1) == torch.device("cuda", 0)
-    dist.init_process_group(torch.device("cuda", 0), 1, 2)
+    monkeypatch.setenv(world.SHARE_GPU_ENV, "1")
+    assert world.this_device(True, 0) == world.this_device(True, 1) == torch.device("cuda", 0)
+    world.init_process_group(torch.device("cuda", 0), 1, 2)
     assert one_gpu[-1][0] == "gloo" and one_gpu[-1][1]["device_id"] is None

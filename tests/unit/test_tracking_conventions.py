@@ -9,7 +9,7 @@ import yaml
 from pipeline import names
 from pipeline.config import load_config
 from pipeline.job.records.stage_run import StageRun, run_tags, write_config
-from pipeline.runtime.dist import Runtime
+from pipeline.runtime.world import Runtime
 from pipeline.tracking.store import resolve_experiment, resolve_uri
 
 RUN = StageRun("train", "preset:bangla-tiny", "fp32")

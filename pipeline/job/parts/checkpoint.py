@@ -33,7 +33,7 @@ from pipeline import fsutil
 from pipeline.config import TrainConfig
 from pipeline.errors import MachineError, UserError
 from pipeline.layout import CheckpointFiles, OutputDir
-from pipeline.runtime import dist
+from pipeline.runtime import collectives
 from pipeline.runtime.backend import Backend
 
 log = logging.getLogger("pipeline")
@@ -204,7 +204,7 @@ def save(out: OutputDir, step: int, state: dict, rank: int, keep: int,
             if rank == 0:
                 remove_partial(out)  # leftovers of saves that were killed
                 tmp.mkdir(parents=True)
-            dist.barrier()
+            collectives.barrier()
             save_torch(rng_state(), tmp / CheckpointFiles.rng(rank))
             if write_backend is not None:
                 write_backend(tmp, rank)
@@ -215,7 +215,7 @@ def save(out: OutputDir, step: int, state: dict, rank: int, keep: int,
                 for name, source in (links or {}).items():
                     if source.is_file():
                         link_or_copy(source, tmp / name)
-            dist.barrier()
+            collectives.barrier()
             if rank == 0:
                 files = {str(p.relative_to(tmp)): fsutil.file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
                 (tmp / MANIFEST).write_text(json.dumps({"step": step, "files": files}, indent=1))
@@ -228,7 +228,7 @@ def save(out: OutputDir, step: int, state: dict, rank: int, keep: int,
     if rank == 0:
         for old in complete(out)[:-keep]:
             shutil.rmtree(old.path, ignore_errors=True)
-    dist.barrier()
+    collectives.barrier()
     return final
 
 

@@ -26,7 +26,7 @@ import torch
 from pipeline import names
 from pipeline.job.parts.checkpoint import latest
 from pipeline.layout import OutputDir
-from pipeline.runtime import dist
+from pipeline.runtime import collectives
 from pipeline.runtime.backend import StepLoss
 
 # The schedule steps on every optimizer step and gives skipped ones back at the read; when the
@@ -80,14 +80,14 @@ class StepLosses:
         self._stepped.append(torch.as_tensor(stepped, device=loss.total.device).reshape(()))
         self.scheduler.step()
 
-    def local(self) -> dist.Local:
+    def local(self) -> collectives.Local:
         """This rank's share of a read (one host read of every pending step), summed over ranks and
         named by step (k: the step's place among the pending ones): `loss/k` its finite loss (0
         where non-finite), `nonfinite/k` its non-finite flag, `<term>/k` each named term (0 where
         the total is non-finite). The skip flags stay local (every rank makes the same skip
         decision: its gradients are the all-reduced ones)."""
         if not self._losses:  # ranks step in lockstep: all of them have none
-            return dist.Local()
+            return collectives.Local()
         losses = torch.stack(self._losses)
         finite = torch.isfinite(losses)
         skipped = ~torch.stack(self._stepped).to(losses.device)
@@ -96,7 +96,8 @@ class StepLosses:
                      for name in self._term_names()}}
         values = torch.stack([skipped, *series.values()]).double().tolist()  # one host read
         self._skip_flags = values[0]
-        return dist.Local(sums={_at(name, k): v for name, row in zip(series, values[1:]) for k, v in enumerate(row)})
+        return collectives.Local(sums={_at(name, k): v for name, row in zip(series, values[1:])
+                                       for k, v in enumerate(row)})
 
     def _term_names(self) -> list[str]:
         return sorted(self._terms[0]) if self._terms else []
@@ -105,9 +106,9 @@ class StepLosses:
         """Collective, one all-gather: the steps pending since the last read (`step` is the last of
         them) into the window; the skipped ones taken back from the schedule; a streak of
         max_nonfinite non-finite losses on any rank raises Diverged, naming the last good checkpoint."""
-        self.take(dist.reduce_local(self.local()), step)
+        self.take(collectives.reduce_local(self.local()), step)
 
-    def take(self, reduced: dist.Reduced, step: int) -> None:
+    def take(self, reduced: collectives.Reduced, step: int) -> None:
         """read()'s work on local()'s figures over every rank (reduced with other parts' at an epoch's end)."""
         sums = reduced.sums
         n, term_names = len(self._losses), self._term_names()

@@ -14,8 +14,8 @@ from pipeline.config import Config, flatten
 from pipeline.config.secrets import redact_config
 from pipeline.layout import OutputDir
 from pipeline.measure import telemetry
-from pipeline.runtime import dist
-from pipeline.runtime.dist import Runtime
+from pipeline.runtime import collectives
+from pipeline.runtime.world import Runtime
 from pipeline.tracking.store import resolve_experiment, source_of
 from pipeline.tracking.tracker import Tracker
 
@@ -73,7 +73,7 @@ def start_stage_run(cfg: Config, rt: Runtime, uri: str, run: StageRun) -> Tracke
         tracker.start(uri, resolved["tracking"]["experiment"], run_name, tags, params,
                       resume_run_id=run.resume_run_id)
         tracker.log_artifact(OutputDir(out).config)
-        tracker.run_id = dist.broadcast_object(tracker.run_id)
+        tracker.run_id = collectives.broadcast_object(tracker.run_id)
         if cfg.tracking.system_metrics and rt.local_rank == 0:
             node = rt.rank // max(1, rt.world_size // rt.num_nodes)
             tracker.start_system_metrics(tracker.run_id, uri, f"node{node}-{socket.gethostname()}",
