@@ -221,7 +221,7 @@ class Distiller:
         hook Q/K/V on the mapped layers of both, attach the projections to it."""
         teacher = getattr(self.teacher, "_orig_mod", self.teacher)  # the module itself, compiled or not
         self.computes = {t.name: t.build(self.kd, self.task, self.policy, student, teacher) for t in self.terms}
-        if any(t.live for t in self.terms):  # a layer-wise term: the layers it maps
+        if any(t.layer_wise for t in self.terms):
             self.layer_pairs = registry.layer_pairs(self.kd, student, teacher)
             if self.rt.is_main:
                 log.info("layer-wise terms over student:teacher layers %s%s",

@@ -6,8 +6,9 @@ for a student and its teacher. A term whose weight is 0 is off; the KD term is a
 (loss_kd is logged at kd.alpha=0 too, as loss_task at kd.alpha=1).
 
 A new term: its function (kd/terms.py), its entry here, its weight in KDConfig (then regenerate
-docs/configuration.md: python -m pipeline config-reference > docs/configuration.md) and its
-train/loss_<name> in docs/outputs.md.
+docs/configuration.md: python -m pipeline config-reference > docs/configuration.md), its weight in
+the README's distill paragraph and its train/loss_<name> in docs/outputs.md (a unit test checks the
+docs name every term here).
 """
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ optimizer exists): every check that can be the user's fault happens here."""
 
 @dataclass(frozen=True)
 class Term:
+    """One distillation term, as the distiller reads it."""
+
     name: str
     """Its key in the loss's terms, logged as train/loss_<name>."""
     weight: str
@@ -49,6 +52,8 @@ class Term:
     needs: str
     """What of the teacher it reads: LOGITS, HIDDEN_STATES or QKV."""
     build: Build
+    layer_wise: bool = False
+    """Over kd.layer_map's layer pairs."""
     always: bool = False
     """Computed and logged whatever its weight."""
 
@@ -116,8 +121,8 @@ def attention_term(kd: KDConfig, task: Task, policy: PrecisionPolicy, student: P
 
 
 KD = Term("kd", "alpha", LOGITS, kd_term, always=True)
-HIDDEN = Term("hidden", "hidden_weight", HIDDEN_STATES, hidden_term)
-ATTENTION = Term("attention", "attention_weight", QKV, attention_term)
+HIDDEN = Term("hidden", "hidden_weight", HIDDEN_STATES, hidden_term, layer_wise=True)
+ATTENTION = Term("attention", "attention_weight", QKV, attention_term, layer_wise=True)
 TERMS: dict[str, Term] = {t.name: t for t in (KD, HIDDEN, ATTENTION)}
 """Every term by name, in the order the distiller builds and adds them."""
 

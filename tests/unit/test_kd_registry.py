@@ -32,6 +32,10 @@ def test_every_registered_term_is_a_weight_and_named_in_the_docs(term):
     assert f"loss_{term.name}" in outputs
     if not term.always:  # docs/outputs.md says which weight logs it
         assert f"`loss_{term.name}` with `kd.{term.weight}`" in outputs
+    if term.layer_wise:  # kd.layer_map's doc names the terms it maps
+        rows = doc("docs/configuration.md").splitlines()
+        (layer_map,) = [row for row in rows if row.startswith("| `kd.layer_map` |")]
+        assert f"kd.{term.weight}" in layer_map
 
 
 def bert(layers: int, width: int, seed: int) -> BertForSequenceClassification:
