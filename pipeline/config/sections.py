@@ -7,7 +7,7 @@ Every problem is a `UserError` naming the key and the reason (exit code 2).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from pipeline.config.keys import did_you_mean
@@ -263,8 +263,8 @@ class KDConfig:
     def validate(self) -> None:
         check("kd.alpha", self.alpha, 0 <= self.alpha <= 1, "must be in [0, 1]")
         check("kd.temperature", self.temperature, self.temperature > 0, "must be > 0")
-        check("kd.hidden_weight", self.hidden_weight, self.hidden_weight >= 0, "must be >= 0 (0 = off)")
-        check("kd.attention_weight", self.attention_weight, self.attention_weight >= 0, "must be >= 0 (0 = off)")
+        for name in (f.name for f in fields(self) if f.name.endswith("_weight")):  # a term's (kd/registry.py)
+            check(f"kd.{name}", getattr(self, name), getattr(self, name) >= 0, "must be >= 0 (0 = off)")
         check("kd.relation_heads", self.relation_heads, self.relation_heads >= 0,
               "must be >= 0 (0 = the student's attention heads)")
 

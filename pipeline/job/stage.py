@@ -157,7 +157,8 @@ def build_stage(plan: Plan) -> Stage:
     train_texts = examples["train"].texts
     distiller = None
     if plan.kind == "distill":
-        model_spec, tokenizer, model, distiller = build_distillation(cfg, task, policy, rt, train_texts, plan.compile)
+        model_spec, tokenizer, model, distiller = build_distillation(cfg, task, policy, rt, backend, train_texts,
+                                                                     plan.compile)
     else:
         model_spec = cfg.model or task.default_model
         tokenizer, model = models.build(model_spec, task, train_texts, cfg.model_config, cfg.train.max_length)

@@ -1,13 +1,13 @@
-"""Knowledge distillation: the frozen teacher, the loss made of the terms (kd/terms) and the
+"""Knowledge distillation: the frozen teacher, the loss made of the terms of kd/registry.py and the
 teacher-logit cache; the student built from the teacher (`model=from_teacher:N`) is student.py's.
 
-loss = alpha * T^2 * KL(teacher || student at temperature T) + (1 - alpha) * task loss
-       + hidden_weight * hidden + attention_weight * attention,
+loss = (1 - alpha) * task loss + alpha * T^2 * KL(teacher || student at temperature T)
+       + the sum of every other term that is on, times its weight (hidden_weight * hidden, ...),
 each term in fp32 (the KD term from log-probabilities, log_target=True, so 16-bit logits never
 produce inf or NaN). The KD term is per row for sentence tasks, per labelled token for NER, over
 start and end positions for QA (Task.kd_pairs says which logits pair up); the layer-wise terms
 (hidden, attention) are over kd.layer_map's layer pairs and need the teacher live. Each term is
-returned by name (task, kd, hidden, attention) and logged as train/loss_<term>.
+returned by name (task and the registry's names) and logged as train/loss_<term>.
 """
 from __future__ import annotations
 
@@ -23,15 +23,13 @@ from safetensors.torch import load_file
 
 from pipeline import models
 from pipeline.config import Config, KDConfig
-from pipeline.config.deepspeed_files import zero_stage_of
 from pipeline.errors import UserError
 from pipeline.fsutil import cache_root
-from pipeline.kd import teacher_cache
+from pipeline.kd import registry, teacher_cache
 from pipeline.kd.student import from_teacher, is_from_teacher, teacher_overrides
-from pipeline.kd.terms import LayerTerms, kd_loss
 from pipeline.layout import OutputDir
 from pipeline.runtime import collectives
-from pipeline.runtime.backend import StepLoss
+from pipeline.runtime.backend import Backend, StepLoss
 from pipeline.runtime.compiler import OFF, CompilePolicy
 from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.runtime.world import Runtime
@@ -57,11 +55,11 @@ def load_teacher(spec: str, task: Task, overrides: dict, max_length: int = 512
         raise UserError(str(e).replace("config: model=", "config: kd.teacher=", 1)) from None
 
 
-def build_distillation(cfg: Config, task: Task, policy: PrecisionPolicy, rt: Runtime, train_texts: Iterable[str],
-                       compile_policy: CompilePolicy = OFF
+def build_distillation(cfg: Config, task: Task, policy: PrecisionPolicy, rt: Runtime, backend: Backend,
+                       train_texts: Iterable[str], compile_policy: CompilePolicy = OFF
                        ) -> tuple[str, PreTrainedTokenizerBase, PreTrainedModel, Distiller]:
-    """(student spec, tokenizer, student, Distiller) of a `distill` stage; every check that can
-    be the user's fault happens here, before any run exists."""
+    """(student spec, tokenizer, student, Distiller) of a `distill` stage that `backend` will run;
+    every check that can be the user's fault happens here, before any run exists."""
     if not cfg.kd.teacher:
         raise UserError("config: kd.teacher: required by distill (a train stage's output_dir, hub id or local model)")
     teacher_tokenizer, teacher = load_teacher(cfg.kd.teacher, task, teacher_overrides(cfg.model, cfg.model_config),
@@ -77,8 +75,7 @@ def build_distillation(cfg: Config, task: Task, policy: PrecisionPolicy, rt: Run
                         f"(model={cfg.model}); per-token distillation needs one tokenizer for both")
     distiller = Distiller(cfg.kd, cfg.train.eval_batch_size, task, policy, rt, teacher, compile_policy)
     distiller.watch_student(student)
-    zero3 = rt.backend == "deepspeed" and zero_stage_of(cfg.deepspeed) == 3
-    if zero3 and distiller.layers and distiller.layers.projected:
+    if backend.shards_parameters and hasattr(student, "kd_projections"):
         # ZeRO-3 prefetches parameters by the modules' order in the last forward: projections run
         # after the student's forward in training but not in evaluation, so the gather of the best
         # model finds their prefetched parameters still in flight
@@ -93,24 +90,28 @@ class Distiller:
     """Frozen teacher outside DDP/DeepSpeed; logits from its cache. With the cache the teacher
     goes to the device only for each rank's share of the pass on a cache miss and is dropped once
     the cache is complete, so its memory is never charged to the student's peak; a live teacher
-    (no cache, or the hidden-state term) sits on this rank's device."""
+    (no cache, or a term that reads more than its logits) sits on this rank's device."""
 
     def __init__(self, kd: KDConfig, eval_batch_size: int, task: Task, policy: PrecisionPolicy, rt: Runtime,
                  teacher: PreTrainedModel, compile: CompilePolicy = OFF) -> None:
         self.compile = compile
         """The stage's compile policy, for the teacher's forward (compiled when it moves to the device)."""
-        self.alpha, self.temperature, self.hidden_weight = kd.alpha, kd.temperature, kd.hidden_weight
         self.task, self.policy, self.rt, self.teacher_spec = task, policy, rt, kd.teacher
         self.kd = kd
-        live = kd.hidden_weight or kd.attention_weight  # the cache holds logits, not hidden states or Q/K/V
+        self.terms = registry.on(kd)
+        """The registry's terms this job computes, in the order they add to the loss."""
+        self.computes: dict[str, registry.Compute] = {}
+        """Each term of `terms` built for the student watch_student was given, by name."""
+        self.layer_pairs: list[tuple[int, int]] = []
+        """kd.layer_map as checked against the student and the teacher, where a layer-wise term is on."""
+        live = any(t.live for t in self.terms)
         self.use_cache = kd.cache and not live
         if kd.cache and live and rt.is_main:
-            log.info("kd.hidden_weight or kd.attention_weight > 0: the teacher runs live every step "
-                     "(the cache holds logits only)")
-        self.layers: LayerTerms | None = None
-        """The layer-wise terms (hidden, attention) of the student watch_student was given, if any is on."""
-        # asked of both forwards (student and teacher): the hidden-state term needs their hidden states
-        self.forward_kwargs = {"output_hidden_states": True} if self.hidden_weight else {}
+            log.info("%s > 0: the teacher runs live every step (the cache holds logits only)",
+                     " or ".join(f"kd.{t.weight}" for t in registry.TERMS.values() if t.live))
+        # asked of both forwards (student and teacher), where a term reads their hidden states
+        hidden = any(t.needs == registry.HIDDEN_STATES for t in self.terms)
+        self.forward_kwargs = {"output_hidden_states": True} if hidden else {}
         self.eval_batch_size = eval_batch_size
         # eval mode (no dropout), no gradients; on the device in the policy's compute dtype when it runs
         self.teacher = teacher.eval().requires_grad_(False)
@@ -210,40 +211,38 @@ class Distiller:
         with torch.inference_mode(), self.policy.autocast():
             outputs = self.teacher(**inputs, **self.forward_kwargs)
         wanted = {name: outputs[name] for name in self.task.kd_outputs}
-        if self.hidden_weight:
-            wanted["hidden"] = self.layers.teacher_hidden(outputs)
+        if self.forward_kwargs:
+            wanted[registry.HIDDEN_STATES] = outputs.hidden_states
         return wanted
 
     def watch_student(self, student: PreTrainedModel) -> None:
-        """Set up the layer-wise terms for `student` (before its optimizer exists: their
-        projections are its parameters): kd.layer_map checked against both models, Q/K/V hooks on
-        the mapped layers of both, the projections attached to it."""
-        if not (self.kd.hidden_weight or self.kd.attention_weight):
-            return
+        """Build every term that is on for `student`, before its optimizer exists (a term's
+        projections are its parameters): the layer-wise ones check kd.layer_map against both models,
+        hook Q/K/V on the mapped layers of both, attach the projections to it."""
         teacher = getattr(self.teacher, "_orig_mod", self.teacher)  # the module itself, compiled or not
-        self.layers = LayerTerms(self.kd, student, teacher, self.policy)
-        if self.rt.is_main:
-            log.info("layer-wise terms over student:teacher layers %s%s",
-                     ",".join(f"{s}:{t}" for s, t in self.layers.pairs),
-                     f"; hidden states through learned projections {student.config.hidden_size} -> "
-                     f"{teacher.config.hidden_size}" if self.layers.projected else "")
+        self.computes = {t.name: t.build(self.kd, self.task, self.policy, student, teacher) for t in self.terms}
+        if any(t.layer_wise for t in self.terms):
+            self.layer_pairs = registry.layer_pairs(self.kd, student, teacher)
+            if self.rt.is_main:
+                log.info("layer-wise terms over student:teacher layers %s%s",
+                         ",".join(f"{s}:{t}" for s, t in self.layer_pairs),
+                         f"; hidden states through learned projections {student.config.hidden_size} -> "
+                         f"{teacher.config.hidden_size}" if hasattr(student, "kd_projections") else "")
 
     # ------------------------------------------------------------------ loss
     def loss(self, student_outputs: ModelOutput, batch: dict, idx: torch.Tensor,
              student: torch.nn.Module | None = None) -> StepLoss:
         """The KD loss of a micro-batch and its named terms, each unweighted (logged as
-        train/loss_<term>); `student` is the unwrapped student (its kd_projections)."""
+        train/loss_<term>); `student` is the unwrapped student (its kd_projections). The terms are
+        those watch_student built."""
         if self.cached is not None:
             teacher = {name: self._cached_rows(name, idx, batch["input_ids"].shape[1]) for name in self.task.kd_outputs}
         else:
             teacher = self._teacher_logits({k: v for k, v in batch.items()})
-        pairs = self.task.kd_pairs(student_outputs, teacher, batch)
-        distill = sum(kd_loss(s, t, self.temperature) for s, t in pairs) / len(pairs)
         task_loss = self.task.loss(student_outputs, batch).float()
-        loss = self.alpha * distill + (1 - self.alpha) * task_loss
-        terms = {"task": task_loss, "kd": distill}
-        if self.layers is not None:
-            layer_terms = self.layers.terms(student_outputs, teacher.get("hidden"), batch["attention_mask"], student)
-            loss = loss + self.layers.weighted(layer_terms)
-            terms.update(layer_terms)
+        loss = (1 - self.kd.alpha) * task_loss
+        terms = {"task": task_loss}
+        for term in self.terms:
+            terms[term.name] = self.computes[term.name](student_outputs, teacher, batch, student)
+            loss = loss + getattr(self.kd, term.weight) * terms[term.name]
         return StepLoss(loss, terms)

@@ -6,12 +6,12 @@ self-attention relations of the mapped layers, over relation heads, so widths an
 differ). Q, K and V are read by forward hooks on each mapped layer's query/key/value projections as
 the model runs: the attention kernel (SDPA or flash) is left alone.
 
-A new term is a function here and a name in LayerTerms.terms; the loop logs it as train/loss_<name>.
+The distiller reads them through kd/registry.py, which says what each needs and how it is weighted.
 """
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,10 +21,6 @@ from pipeline.errors import UserError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-    from transformers.utils import ModelOutput
-
-    from pipeline.config import KDConfig
-    from pipeline.runtime.precision import PrecisionPolicy
 
 RELATIONS = ("query", "key", "value")
 
@@ -106,75 +102,18 @@ def layer_projections(model: torch.nn.Module, what: str) -> dict[int, dict[str, 
     return found
 
 
-class Recorder:
-    """The outputs of the modules it hooks, by key, as the model computes them (with their graph,
-    for the student)."""
+def recorder(modules: dict[Hashable, torch.nn.Module]) -> Callable[[], dict[Hashable, torch.Tensor]]:
+    """Forward hooks on `modules`; the function returned hands over the outputs they saw since its
+    last call, by key, as the model computed them (with their graph, for the student)."""
+    seen: dict[Hashable, torch.Tensor] = {}
+    for key, module in modules.items():
+        module.register_forward_hook(lambda _m, _i, out, key=key: seen.__setitem__(key, out))
 
-    def __init__(self, modules: dict[Hashable, torch.nn.Module]) -> None:
-        self.seen: dict[Hashable, torch.Tensor] = {}
-        for key, module in modules.items():
-            module.register_forward_hook(lambda _m, _i, out, key=key: self.seen.__setitem__(key, out))
-
-    def take(self) -> dict[Hashable, torch.Tensor]:
-        seen, self.seen = self.seen, {}
-        return seen
-
-
-class LayerTerms:
-    """The layer-wise terms of one student and its teacher. Built at set-up (every check that can
-    be the user's fault happens here): the layer map, the Q/K/V hooks, and the student's
-    `kd_projections` (one student-width -> teacher-width nn.Linear per hidden-state pair, when the
-    widths differ): a submodule of the student, so they are in its optimizer, sync under DDP and
-    DeepSpeed, and save and restore with its checkpoints; save_pretrained leaves them out."""
-
-    def __init__(self, kd: KDConfig, student: PreTrainedModel, teacher: torch.nn.Module, policy: PrecisionPolicy
-                 ) -> None:
-        self.hidden_weight, self.attention_weight, self.policy = kd.hidden_weight, kd.attention_weight, policy
-        self.pairs = layer_map(kd.layer_map, student.config.num_hidden_layers, teacher.config.num_hidden_layers)
-        self.hidden_pairs = [(0, 0), *self.pairs]  # TinyBERT's embedding-layer term: 0 -> 0
-        self.projected = self.hidden_weight > 0 and attach_projections(student, teacher, len(self.hidden_pairs))
-        self.student_qkv = self.teacher_qkv = None
-        self.heads = 0
-        if self.attention_weight:
-            student_layers = layer_projections(student, "kd.attention_weight")
-            teacher_layers = layer_projections(teacher, "kd.attention_weight")
-            self.heads = kd.relation_heads or student.config.num_attention_heads
-            for who, layers in (("student", student_layers), ("teacher", teacher_layers)):
-                width = layers[max(layers)]["query"].out_features
-                if width % self.heads:
-                    raise UserError(f"config: kd.relation_heads={self.heads}: must divide the {who}'s "
-                                    f"attention width {width}")
-            self.student_qkv = Recorder({(s, n): student_layers[s][n] for s, _ in self.pairs for n in RELATIONS})
-            self.teacher_qkv = Recorder({(t, n): teacher_layers[t][n] for _, t in self.pairs for n in RELATIONS})
-
-    def teacher_hidden(self, outputs: ModelOutput) -> list[torch.Tensor]:
-        """The teacher's hidden states of the hidden-state pairs."""
-        return [outputs.hidden_states[t] for _, t in self.hidden_pairs]
-
-    def terms(self, student_outputs: ModelOutput, teacher_hidden: list[torch.Tensor] | None, mask: torch.Tensor,
-              student: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """Each term on, by name, unweighted (a mean over its layer pairs), in fp32; `student` is
-        the unwrapped student (its kd_projections)."""
-        terms = {}
-        if self.hidden_weight:
-            per_layer = []
-            for k, (s, _) in enumerate(self.hidden_pairs):
-                hidden = student_outputs.hidden_states[s]
-                if self.projected:
-                    with self.policy.autocast():
-                        hidden = student.kd_projections[k](hidden)
-                per_layer.append(hidden_mse(hidden, teacher_hidden[k], mask))
-            terms["hidden"] = torch.stack(per_layer).mean()
-        if self.attention_weight:
-            student_qkv, teacher_qkv = self.student_qkv.take(), self.teacher_qkv.take()
-            terms["attention"] = torch.stack([relation_kl(student_qkv[(s, n)], teacher_qkv[(t, n)], self.heads, mask)
-                                              for s, t in self.pairs for n in RELATIONS]).mean()
-        return terms
-
-    def weighted(self, terms: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The terms' share of the total loss."""
-        weights = {"hidden": self.hidden_weight, "attention": self.attention_weight}
-        return sum(weights[name] * value for name, value in terms.items())
+    def take() -> dict[Hashable, torch.Tensor]:
+        taken = dict(seen)
+        seen.clear()
+        return taken
+    return take
 
 
 def attach_projections(student: PreTrainedModel, teacher: torch.nn.Module, count: int) -> bool:

@@ -62,6 +62,13 @@ class Backend(Protocol):
         the backend wraps it in its own (DeepSpeed's partitioned optimizer)."""
         ...
 
+    @property
+    def shards_parameters(self) -> bool:
+        """Whether each rank holds only a shard of every parameter, gathered inside the wrapped
+        module's forward (ZeRO-3): a submodule that forward does not run (e.g. a distillation
+        projection) cannot be gathered outside it."""
+        ...
+
     def standing_bytes(self, model: torch.nn.Module) -> int:
         """Device memory the backend will keep beside the model's own tensors for the whole job,
         which a trial step of the bare model does not see (batch_size=auto subtracts it)."""

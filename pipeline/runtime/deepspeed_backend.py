@@ -134,6 +134,10 @@ class DeepSpeedBackend:
     def fused_optimizer(self) -> bool:
         return False  # the engine wraps the optimizer in its own partitioned one
 
+    @property
+    def shards_parameters(self) -> bool:
+        return self.zero_stage == 3
+
     def standing_bytes(self, model: torch.nn.Module) -> int:
         """None counted: ZeRO's partitions and buckets replace what a bare step holds (its gradients,
         AdamW's state), so a bare step's peak is an upper bound."""

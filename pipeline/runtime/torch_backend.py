@@ -35,6 +35,10 @@ class TorchBackend:
     def fused_optimizer(self) -> bool:
         return True
 
+    @property
+    def shards_parameters(self) -> bool:
+        return False  # every rank holds the whole model
+
     def standing_bytes(self, model: torch.nn.Module) -> int:
         """DDP's gradient buckets: one more copy of the trainable parameters' gradients (torch's
         Reducer, gradient_as_bucket_view off)."""

@@ -16,12 +16,8 @@ from pipeline.job import same_job
 from pipeline.runtime.world import Runtime, resume_refusal
 
 PACKAGE = ROOT / "pipeline"
-ASKING_FOR_NOW = {
-    # its ZeRO-3 refusal of learned projections is being moved out by the kd/ work: then remove it here
-    "pipeline/kd/distill.py",
-}
-"""Modules outside runtime/ that still compare a backend's name; each must still do so (a stale
-entry fails, so the list only shrinks)."""
+ASKING_FOR_NOW: set[str] = set()
+"""Modules outside runtime/ allowed to compare a backend's name: none (a stale entry fails)."""
 
 
 def names_backend(node: ast.expr) -> bool:

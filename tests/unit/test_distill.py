@@ -9,10 +9,14 @@ import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
+from helpers import settled_train
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.kd import distill, teacher_cache, terms
+from pipeline.runtime.compiler import OFF
+from pipeline.runtime.factory import make_backend
 from pipeline.runtime.precision import PrecisionPolicy
+from pipeline.runtime.torch_backend import TorchBackend
 from pipeline.runtime.world import Runtime
 from pipeline.tasks import get_task
 
@@ -130,10 +134,11 @@ def test_hidden_term_adds_to_the_loss_and_trains_a_projection_per_mapped_layer()
              "labels": torch.tensor([0, 1, 2, 0])}
     batch["attention_mask"][0, 5:] = 0
     plain = make_distiller(teacher, ["kd.cache=false"])
+    plain.watch_student(student)
     base = plain.loss(student(**batch), batch, torch.arange(4), student).total
     d = make_distiller(teacher, ["kd.cache=false", "kd.hidden_weight=1.5"])
     d.watch_student(student)
-    assert d.layers.pairs == [(1, 2), (2, 4)] and len(student.kd_projections) == 3
+    assert d.layer_pairs == [(1, 2), (2, 4)] and len(student.kd_projections) == 3
     assert {p.shape for p in student.kd_projections.parameters()} == {(16, 8), (16,)}
     assert {f"kd_projections.{k}.weight" for k in range(3)} <= student._keys_to_ignore_on_save
     outputs = student(**batch, **d.forward_kwargs)
@@ -166,6 +171,7 @@ def test_the_teacher_is_dropped_once_its_logits_are_cached(train):
     batch = collate([features[i] for i in range(4)])
     idx = batch.pop("idx")
     outputs = teacher(**batch)  # any student of the right shape
+    d.watch_student(teacher)
     assert torch.isfinite(d.loss(outputs, batch, idx).total)
     live = make_distiller(teacher, ["kd.cache=false"])
     live.prepare(features, collate, 48, tokenizer)
@@ -273,7 +279,7 @@ def test_every_term_is_zero_for_a_student_with_the_teachers_weights():
     student.load_state_dict(teacher.state_dict())
     d = make_distiller(teacher, ["kd.cache=false", "kd.hidden_weight=1", "kd.attention_weight=1"])
     d.watch_student(student)
-    assert d.layers.pairs == [(1, 1), (2, 2), (3, 3)] and not hasattr(student, "kd_projections")  # same width
+    assert d.layer_pairs == [(1, 1), (2, 2), (3, 3)] and not hasattr(student, "kd_projections")  # same width
     batch = sample_batch()
     loss = d.loss(student(**batch, **d.forward_kwargs), batch, torch.arange(4), student)
     assert sorted(loss.terms) == ["attention", "hidden", "kd", "task"]
@@ -367,12 +373,14 @@ def test_a_bad_layer_map_or_projections_under_zero3_are_refused_before_training(
     tokenizer.save_pretrained(tmp_path)
     job = ["model=preset:bangla-tiny", f"kd.teacher={tmp_path}", "train.max_length=48", "kd.hidden_weight=1"]
     fp32 = PrecisionPolicy("fp32", "cpu")
+    single = TorchBackend(CPU, fp32, 1.0)
     with pytest.raises(UserError, match=r"^config: kd.layer_map=1:2,3:4: student layer 3 is out of range"):
-        distill.build_distillation(load_config(None, [*job, "kd.layer_map=1:2,3:4"]), task, fp32, CPU, texts)
-    zero3 = dataclasses.replace(CPU, backend="deepspeed")
+        distill.build_distillation(load_config(None, [*job, "kd.layer_map=1:2,3:4"]), task, fp32, CPU, single, texts)
+    ds = dataclasses.replace(CPU, backend="deepspeed")
+    zero3, zero2 = (make_backend(ds, fp32, OFF, settled_train(*job), f"zero{n}.json") for n in (3, 2))
     with pytest.raises(UserError, match=r"kd.hidden_weight=1.0: a student of another width than its teacher "
                                         r"\(128 vs 256\) needs learned projections, which DeepSpeed ZeRO-3"):
-        distill.build_distillation(load_config(None, [*job, "deepspeed=zero3.json"]), task, fp32, zero3, texts)
+        distill.build_distillation(load_config(None, [*job, "deepspeed=zero3.json"]), task, fp32, ds, zero3, texts)
     _, _, student, d = distill.build_distillation(load_config(None, [*job, "deepspeed=zero2.json"]), task, fp32,
-                                                  zero3, texts)
-    assert d.layers.pairs == [(1, 2), (2, 4)] and len(student.kd_projections) == 3
+                                                  ds, zero2, texts)
+    assert d.layer_pairs == [(1, 2), (2, 4)] and len(student.kd_projections) == 3

@@ -16,6 +16,7 @@ from pipeline.config import load_config
 from pipeline.kd import distill
 from pipeline.kd.student import from_teacher
 from pipeline.runtime.precision import PrecisionPolicy
+from pipeline.runtime.torch_backend import TorchBackend
 from pipeline.runtime.world import Runtime
 from pipeline.tasks import get_task
 
@@ -62,7 +63,8 @@ def test_a_16bit_trained_model_reloads_as_fp32_everywhere(tmp_path, fp32_save):
     assert {p.dtype for p in student.parameters()} == {torch.float32}
 
     cfg = load_config(None, [f"kd.teacher={tmp_path}", "model=from_teacher:1"])
-    _, _, student, _ = distill.build_distillation(cfg, task, PrecisionPolicy("bf16", "cpu"), CPU, [])
+    bf16 = PrecisionPolicy("bf16", "cpu")
+    _, _, student, _ = distill.build_distillation(cfg, task, bf16, CPU, TorchBackend(CPU, bf16, 1.0), [])
     assert {p.dtype for p in student.parameters()} == {torch.float32}
 
 
