@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+KINDS = ("train", "distill")
+"""The kinds of job: a teacher (or any model) fine-tuned, or a student distilled from a teacher."""
+
 
 @dataclass(frozen=True)
 class JobRecord:

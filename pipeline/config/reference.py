@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 from pipeline.config.keys import fields_of
-from pipeline.config.schema import CHOICES, KINDS, Config
+from pipeline.config.schema import CHOICES, VALUE_FORMS, Config
 from pipeline.config.trainer_names import TRAINER_NAMES
 
 PAGE = "docs/configuration.md"
@@ -120,8 +120,8 @@ def _key(cls: type, f: dataclasses.Field, kind: Any, prefix: str, choices: Mappi
     default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
     if key in choices:
         kind_text = " | ".join(choices[key])
-    elif key in KINDS:
-        kind_text = KINDS[key]
+    elif key in VALUE_FORMS:
+        kind_text = VALUE_FORMS[key]
     elif kind is dict:
         kind_text = f"mapping: {key}.KEY=VALUE"
     else:

@@ -38,7 +38,7 @@ CHOICES = {"task": TASKS, "precision": PRECISIONS, "backend": BACKENDS, "train.c
 """The keys with a fixed set of values: validate() and the reference."""
 RESUME_WORDS = ("never", "auto")
 """resume's values other than a checkpoint's path."""
-KINDS = {"resume": f"{' | '.join(RESUME_WORDS)} | PATH"}
+VALUE_FORMS = {"resume": f"{' | '.join(RESUME_WORDS)} | PATH"}
 """The type the reference shows for a key that takes some words or a value of its own."""
 
 

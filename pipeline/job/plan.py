@@ -28,7 +28,7 @@ from pipeline.config.output_dir import default_output_dir
 from pipeline.config.schema import SettledConfig, SettledTrain, TrainConfig
 from pipeline.config.secrets import redact_config
 from pipeline.data import features
-from pipeline.job_record import JobRecord
+from pipeline.job_record import KINDS, JobRecord
 from pipeline.layout import OutputDir
 from pipeline.runtime import compiler, precision, world
 from pipeline.runtime.compiler import CompilePolicy
@@ -38,7 +38,6 @@ from pipeline.runtime.world import Runtime
 from pipeline.tasks import get_task
 from pipeline.tasks.base import Task
 
-KINDS = ("train", "distill")
 PRESET_LR = 3e-4
 """The learning rate of presets trained from scratch: a larger step than fine-tuning takes."""
 FINGERPRINTED_SPLITS = ("train", "dev")

@@ -12,8 +12,8 @@ collections then walk only what the loop makes. Other commands keep it on. Code 
 """
 import gc
 
-STAGES = ("train", "distill")
-"""The commands whose set-up run() ends (resume_after_setup)."""
+from pipeline import job_record  # the kinds of job: the commands whose set-up run() ends
+
 _paused = False
 
 
@@ -22,7 +22,7 @@ def pause_for_setup(argv: list[str]) -> None:
     global _paused
     # the deepspeed launcher puts --local_rank=N before the command's own arguments
     command = next((a for a in argv if not a.startswith("--local")), None)
-    if command in STAGES:
+    if command in job_record.KINDS:
         _paused = gc.isenabled()
         gc.disable()
 

@@ -111,8 +111,8 @@ class Synced:
 
 
 Record = Start | RunId | Metric | Tags | Params | Datasets | Artifact | Model | End | Synced
-KINDS: dict[str, type[Record]] = {cls.kind: cls for cls in (Start, RunId, Metric, Tags, Params, Datasets, Artifact,
-                                                            Model, End, Synced)}
+RECORD_TYPES: dict[str, type[Record]] = {
+    cls.kind: cls for cls in (Start, RunId, Metric, Tags, Params, Datasets, Artifact, Model, End, Synced)}
 
 
 def to_json(record: Record) -> str:
@@ -126,7 +126,7 @@ def from_json(line: str) -> Record | None:
     obj = json.loads(line)
     if not isinstance(obj, dict):
         raise ValueError(f"not a record: {line[:80]}")
-    cls = KINDS.get(obj.get("type"))
+    cls = RECORD_TYPES.get(obj.get("type"))
     if cls is None:
         return None
     names = {f.name for f in dataclasses.fields(cls)}

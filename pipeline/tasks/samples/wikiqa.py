@@ -46,7 +46,7 @@ def _year(r: random.Random) -> int: return r.randint(1450, 1990)
 
 # kind: (entity, answer value, questions, answers: (sharing the question's words, paraphrased),
 #        near misses (the question's words or an answer-like value, no answer), other facts)
-KINDS = {
+QUESTION_FORMS = {
     "capital": (_country, _city,
                 ["what is the capital of {e}?", "what city is the capital of {e}?"],
                 (["{a} is the capital of {e}.", "The capital of {e} is {a}, its largest city."],
@@ -109,8 +109,8 @@ def _sample_rows(rng: random.Random, split: str, n: int) -> Iterator[list]:
 
 def sample_question(rng: random.Random) -> tuple[str, str, list[tuple[str, int]]]:
     """One question, its document title and 3-6 (sentence, label) candidates, in random order."""
-    kind = rng.choice(list(KINDS))
-    make, value, questions, (overlapping, paraphrased), near, others = KINDS[kind]
+    kind = rng.choice(list(QUESTION_FORMS))
+    make, value, questions, (overlapping, paraphrased), near, others = QUESTION_FORMS[kind]
     entity = make(rng)
     other = entity
     while other == entity:
