@@ -21,7 +21,7 @@ With --compile MODES (eager,default,reduce-overhead,max-autotune) each cell also
 model compiled as train.compile does it (pipeline.runtime.compiler: in place, static shapes), after
 warm-up steps that compile and record outside the window; the compile time is reported apart.
 --profile adds, per cell, a torch.profiler trace of --profile-steps steps after the window
-(benchmarks/kernels.py): device kernels only, each in one class (matmul, attention, optimizer,
+(benchmarks/kernel_profile.py): device kernels only, each in one class (matmul, attention, optimizer,
 norm+dropout+residual, activation, casts, other), busy time as the union of kernel intervals, and
 each class beside its floor (its FLOPs at the tensor cores' peak or its bytes at the memory
 bandwidth): one table per cell, every kernel's ms and class in the JSON. Each cell's figures are
@@ -106,10 +106,10 @@ def steps_for(step, seconds: float, device, min_steps: int) -> int:
 
 def profile_steps(step, steps: int, device) -> dict:
     """Per step: host wall ms, and from torch.profiler's trace the kernel window, busy time (union of
-    kernel intervals) and each kernel class's ms and launches (benchmarks/kernels.py)."""
+    kernel intervals) and each kernel class's ms and launches (benchmarks/kernel_profile.py)."""
     from torch.profiler import ProfilerActivity, profile
 
-    import kernels
+    import kernel_profile as kernels
     from pipeline.measure import telemetry
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -162,7 +162,7 @@ def cell(arch, precision_name, batch, length, seconds, min_steps, device, mode="
 
 
 def run_cell(arch, precision_name, batch, length, seconds, min_steps, device, mode, profile, overrides) -> dict:
-    import kernels
+    import kernel_profile as kernels
     from pipeline.measure import telemetry
     from pipeline.measure.energy import EnergyMeter
     from pipeline.runtime import compiler, precision
@@ -248,7 +248,7 @@ def contender_label(row: dict) -> str:
 def class_tables(rows: list[dict]) -> str:
     """Markdown: per profiled row, class / ms / launches / floor ms / ratio; then per (model, batch,
     seq) the classes' ms of every contender side by side, the first one's as the baseline."""
-    import kernels
+    import kernel_profile as kernels
 
     profiled = [r for r in rows if isinstance(r.get("profile"), dict)]
     parts = []
@@ -282,7 +282,7 @@ def class_tables(rows: list[dict]) -> str:
 def tables_of(path: Path) -> str:
     """The class tables of a results file, its kernels re-classed by the current rules; a file that
     holds only its top kernels (older runs) gets those classified, marked as a part of the step."""
-    import kernels
+    import kernel_profile as kernels
 
     rows = json.loads(path.read_text())["rows"]
     if any(isinstance(r.get("profile"), dict) for r in rows):
@@ -320,7 +320,7 @@ def meta_flops_by_kind(model, batch: int, length: int) -> dict[str, float]:
 def floors_of(args) -> str:
     """--floors DEVICE: each class's floor per (model, precision, batch, length) on the named device,
     from the data sheets' figures; no device needed (the model is built on the meta device)."""
-    import kernels
+    import kernel_profile as kernels
     from pipeline.measure import telemetry
     from pipeline.runtime.precision import PrecisionPolicy
 

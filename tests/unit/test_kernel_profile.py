@@ -1,4 +1,4 @@
-"""The GPU step's profile (benchmarks/kernels.py): which trace events count as kernel time, the
+"""The GPU step's profile (benchmarks/kernel_profile.py): which trace events count as kernel time, the
 one class each kernel falls in, the busy union, and each class's floor. The trace events are hand-made
 in the format torch.profiler's export_chrome_trace writes (no GPU here); the kernel names are ones
 CUDA, cuBLAS, cuDNN, aten and inductor give their kernels (several from an H100 profile of the
@@ -11,7 +11,7 @@ from helpers import bench_module
 from pipeline.measure import telemetry
 from pipeline.runtime import precision
 
-kernels = bench_module("kernels")
+kernels = bench_module("kernel_profile")
 
 NAMES = {
     "matmul": [
