@@ -1,6 +1,8 @@
 """Where a study's cells run: the executor seam. An executor starts one cell (or one of its
-post-stage steps) and returns its `Handle`, which the caller polls until it ended, then reads its
-exit code, the line of its output that says why and its wall time; `stop` passes a SIGTERM on.
+post-stage steps) and returns its `Handle`: `poll()` says whether it ended, and then its
+`exit_code`, `last_line` (the last error line of its output, else its last line) and `wall_s`
+are set; `stop()` passes a SIGTERM on to a cell this runner started (it checkpoints at its next
+step), `wait()` waits for such a cell to end; both do nothing for a cell it only watches.
 
     start(study, cell, gpus, parent=..., served=..., jobs=..., echo=..., step=...) -> Handle
 
@@ -13,36 +15,16 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import Protocol
 
 from pipeline.study.cell_process import CellProcess
 from pipeline.study.devices import cpu_threads
 from pipeline.study.spec import Cell, Study
 
 
-class Handle(Protocol):
-    """A started cell. Once `poll` says it ended: its exit code, the last error line of its output
-    (else its last line) and its wall time."""
-
-    name: str
-    exit_code: int | None
-    last_line: str
-    wall_s: float
-
-    def poll(self) -> bool:
-        """Whether it has ended."""
-
-    def stop(self) -> None:
-        """Pass a SIGTERM on (the stage checkpoints at its next step); nothing for a job this
-        runner does not own."""
-
-    def wait(self) -> None:
-        """Wait until it has ended, if this runner started it."""
-
-
 class Waited:
     """A cell whose end is only looked for (a Slurm job, a job a killed runner started): `check`
-    returns (exit code, last line) once it ended, else None."""
+    returns (exit code, last line) once it ended, else None. What it runs is not this runner's to
+    stop or wait for."""
 
     def __init__(self, name: str, check: Callable[[], tuple[int, str] | None]):
         self.name, self.check = name, check
@@ -91,5 +73,7 @@ def start_local(study: Study, cell: Cell, gpus: list[str], parent: str, served: 
     return process
 
 
+Handle = CellProcess | Waited
+"""A started cell: a process this runner started, or a job it watches."""
 Executor = Callable[..., Handle]
 """start_local's signature: (study, cell, gpus, parent=, served=, jobs=, echo=, step=) -> its handle."""
