@@ -49,7 +49,8 @@ Optuna, every trial one cell; the best trial is re-run with the other seeds.
 A procedure with `export` (true, or {int8: true, trim_vocab: true}) runs `python -m pipeline export
 OUTPUT_DIR --check` (with --int8, --trim-vocab) in the cell's slot once its stage finished; the cell
 is done once its export/check.json is there (a study run again runs only a missing export). The
-Slurm executor does not run it.
+Slurm executor does not run it. Post-stage steps are a list (spec.POST_STAGE, parser.STEP_OPTIONS)
+the runner walks in the cell's slot.
 
 `${PROC.output_dir}` in a cell's overrides is the output directory of the cell of procedure
 PROC in the same block with the same task, model, precision and seed; that cell runs first,
@@ -67,8 +68,12 @@ has two or more precisions; the KD table (per procedure) when its block has a pr
 May import: config, runtime.world, runtime.preemption, tasks, names, tracking, report, ui, optuna: a study
 starts stages as processes and never imports the loop (stage, train).
 
-Inside, lowest first: cell_process champion spec store_server | search_spec devices matrix | search_plan |
-parser schedule | runner | slurm | trial_pool | search
+Where a cell runs is one seam, study/executor.py: start a cell -> a handle to poll, wait on and
+stop; executor.start_local runs it on this node's slots (the runner's cells, a search's trials),
+slurm_job.start_slurm submits it as a Slurm job (a search's trials under --executor slurm).
+
+Inside, lowest first: cell_process champion spec store_server | search_spec devices matrix | executor search_plan |
+slurm_job parser schedule | runner | slurm | trial_pool | search
 """
 from __future__ import annotations
 

@@ -1,14 +1,14 @@
 """One cell's stage process: started with its own environment, its output kept whole in its log
-file (and echoed to the console when it is the only cell running), its end reported on a queue.
+file (and echoed to the console when it is the only cell running), polled for its end (a
+study/executor.py Handle).
 The log keeps every attempt at the cell (each run of the study), each under a line that marks it.
 
 The stage writes its log itself, so a stage that outlives a killed runner keeps its whole output
 (a pipe to the runner would break with it). A thread per process reads the log back as it grows,
-so the study waits on all its running cells at once.
+so the study watches all its running cells at once.
 """
 from __future__ import annotations
 
-import queue
 import signal
 import subprocess
 import sys
@@ -24,13 +24,11 @@ FOLLOW_S = 0.2  # how often a running stage's log is read back
 
 
 class CellProcess:
-    """The process, and once it ended (it is put on `ended` then) its exit code, the last error
-    line of its output (the CLI's one-line error, a traceback's; else its last line) and its
-    wall time."""
+    """The process, and once it ended (`poll`) its exit code, the last error line of its output
+    (the CLI's one-line error, a traceback's; else its last line) and its wall time."""
 
-    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log_path: Path, echo: bool,
-                 ended: queue.Queue[CellProcess]):
-        self.name, self.cmd, self.env, self.log_path, self.echo, self.ended = name, cmd, env, log_path, echo, ended
+    def __init__(self, name: str, cmd: list[str], env: dict[str, str], log_path: Path, echo: bool):
+        self.name, self.cmd, self.env, self.log_path, self.echo = name, cmd, env, log_path, echo
         self.proc: subprocess.Popen | None = None
         self.thread = threading.Thread(target=self._follow, name=f"cell-{name}", daemon=True)
         self.start_time = 0.0
@@ -50,8 +48,7 @@ class CellProcess:
                 self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
             except OSError as e:  # the launcher itself is missing (deepspeed not installed)
                 log.write(f"{e}\n")
-                self.exit_code, self.last_line = 127, f"cannot start {self.cmd[0]}: {e.strerror}"
-                self.ended.put(self)
+                self.last_line, self.exit_code = f"cannot start {self.cmd[0]}: {e.strerror}", 127
                 return
         self.thread.start()
 
@@ -60,7 +57,14 @@ class CellProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
 
-    def join(self) -> None:
+    def poll(self) -> bool:
+        """Whether it has ended (its follower read its output to the end)."""
+        if self.exit_code is None:
+            return False
+        self.wait()
+        return True
+
+    def wait(self) -> None:
         if self.thread.is_alive():
             self.thread.join()
 
@@ -85,8 +89,8 @@ class CellProcess:
                     break
                 time.sleep(FOLLOW_S)
         self.last_line = last[1] or last[0]
-        self.exit_code, self.wall_s = code, time.perf_counter() - self.start_time
-        self.ended.put(self)
+        self.wall_s = time.perf_counter() - self.start_time
+        self.exit_code = code  # last: poll reads the others once it is set
 
 
 def open_attempt(log_path: Path) -> TextIO:

@@ -41,14 +41,14 @@ def plan_cells(study: Study) -> list[Cell]:
                 name = f"{name}-{block.index}"
             cell = Cell(name=name, procedure=proc.name, command=proc.command, launcher=launcher,
                         output_dir=study.output_root / study.name / name, overrides=overrides,
-                        values=values, tables=tables, export=proc.export)
+                        values=values, tables=tables, after=dict(proc.after))
             cells.append(cell)
             by_block_values[(block.index, tuple(sorted(values.items())))] = cell
     for cell in cells:
         _resolve_refs(study, cell, by_block_values)
     ordered = _topological(study, cells)
     for cell in ordered:
-        cell.overrides += _runner_overrides(study, cell)
+        cell.overrides += runner_overrides(study, cell)
         cell.plan = _effective(study, cell)
     return ordered
 
@@ -117,7 +117,7 @@ def _topological(study: Study, cells: list[Cell]) -> list[Cell]:
     return done
 
 
-def _runner_overrides(study: Study, cell: Cell) -> list[tuple[str, str]]:
+def runner_overrides(study: Study, cell: Cell) -> list[tuple[str, str]]:
     """Where the stage writes and how its MLflow run is named and tagged (the report reads the tags)."""
     items = [f"output_dir={cell.output_dir}", f"tracking.experiment={study.name}", f"tracking.run_name={cell.name}",
              f"tracking.tags.{TAG_STUDY}={study.name}", f"tracking.tags.{TAG_PROCEDURE}={cell.procedure}",

@@ -15,6 +15,7 @@ from pipeline.study.spec import (
     AXES,
     COMMANDS,
     LAUNCHERS,
+    POST_STAGE,
     Block,
     Cell,
     Launcher,
@@ -142,14 +143,16 @@ def _procedure(path: Path, name: str, spec: object) -> Procedure:
     if not isinstance(spec, dict):
         raise study_error(path, key, "expected a mapping with command, overrides, launcher")
     for k in spec:
-        if k not in ("command", "overrides", "launcher", "export"):
-            raise study_error(path, f"{key}.{k}", "unknown key (expected command, overrides, launcher, export)")
+        if k not in ("command", "overrides", "launcher", *STEP_OPTIONS):
+            raise study_error(path, f"{key}.{k}", "unknown key (expected command, overrides, launcher, "
+                                                  f"{', '.join(STEP_OPTIONS)})")
     command = spec.get("command", "train")
     if command not in COMMANDS:
         raise study_error(path, f"{key}.command", f"{command!r}: must be one of {' | '.join(COMMANDS)}")
     launcher = _launcher(path, spec["launcher"], f"{key}.launcher") if "launcher" in spec else None
-    export = _export(path, spec["export"], f"{key}.export") if "export" in spec else None
-    return Procedure(name, command, _overrides(path, spec.get("overrides"), f"{key}.overrides"), launcher, export)
+    after = {step: options for step in POST_STAGE
+             if step in spec and (options := STEP_OPTIONS[step](path, spec[step], f"{key}.{step}")) is not None}
+    return Procedure(name, command, _overrides(path, spec.get("overrides"), f"{key}.overrides"), launcher, after)
 
 
 EXPORT_FLAGS = {"int8": "--int8", "trim_vocab": "--trim-vocab"}
@@ -157,10 +160,10 @@ EXPORT_FLAGS = {"int8": "--int8", "trim_vocab": "--trim-vocab"}
 
 
 def _export(path: Path, raw: object, key: str) -> list[str] | None:
-    """`export: true`, `export: {int8: true, trim_vocab: true}` -> the export command's options;
-    false -> None."""
+    """`export: true`, `export: {int8: true, trim_vocab: true}` -> the export command's options
+    (it checks what it exported); false -> None."""
     if raw is True or raw == {}:
-        return []
+        return ["--check"]
     if raw is False or raw is None:
         return None
     if not isinstance(raw, dict):
@@ -170,7 +173,12 @@ def _export(path: Path, raw: object, key: str) -> list[str] | None:
             raise study_error(path, f"{key}.{k}", f"unknown key (expected {' or '.join(EXPORT_FLAGS)})")
         if not isinstance(v, bool):
             raise study_error(path, f"{key}.{k}", f"{v!r}: expected true or false")
-    return [flag for k, flag in EXPORT_FLAGS.items() if raw.get(k)]
+    return ["--check", *(flag for k, flag in EXPORT_FLAGS.items() if raw.get(k))]
+
+
+STEP_OPTIONS = {"export": _export}
+"""A procedure's key for each post-stage step (spec.POST_STAGE) -> the reader of its value: the
+step's options, None for none."""
 
 
 def _block(path: Path, index: int, raw: object, procedures: dict[str, Procedure], key: str) -> Block:

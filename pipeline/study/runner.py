@@ -1,19 +1,19 @@
-"""Running a planned study on this node: each cell's stage process (several at once with --jobs),
-its outcome on the study's MLflow parent run, and the report at the end. A dry run prints the
-cells' commands instead; `slurm.py` submits them to Slurm.
+"""Running a planned study on this node: each cell's stage process (several at once with --jobs,
+started by executor.start_local), then its post-stage steps in the same slot, its outcome on the
+study's MLflow parent run, and the report at the end. A dry run prints the cells' commands
+instead; `slurm.py` submits them to Slurm.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
-import os
-import queue
 import shlex
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.names import (
@@ -27,10 +27,12 @@ from pipeline.names import (
     TAG_STUDY_FILE,
 )
 from pipeline.runtime.preemption import on_sigterm
-from pipeline.study.cell_process import CellProcess, last_line, open_attempt
-from pipeline.study.devices import cpu_threads, describe
+from pipeline.study.cell_process import FOLLOW_S, open_attempt
+from pipeline.study.devices import describe
+from pipeline.study.executor import Handle, start_local
 from pipeline.study.schedule import Schedule
-from pipeline.study.spec import Cell, Study
+from pipeline.study.slurm_job import exit_file, log_last_line
+from pipeline.study.spec import POST_STAGE, Cell, Study
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -42,10 +44,10 @@ def dry_run(study: Study, cells: list[Cell]) -> int:
     print(f"study {study.name}: {len(cells)} cells (experiment {study.name}, outputs in "
           f"{study.output_root / study.name}, report in {study.report_dir})")
     for cell in cells:
-        done = " [finished: would skip]" if _finished_before(cell) else ""
+        done = " [finished: would skip]" if cell.done() else ""
         print(f"- {cell.name}{done}\n    {shlex.join(cell.launcher.command(cell.command, cell.args(), 'PARENT'))}")
-        if cell.export is not None:
-            print(f"    then {shlex.join(cell.export_command(None))}")
+        for step in cell.after:
+            print(f"    then {shlex.join(cell.step_command(step, None))}")
     return 0
 
 
@@ -65,7 +67,8 @@ def run_study(study: Study, cells: list[Cell], jobs: int | None = None) -> int:
     outcomes = {c.name: opened.skipped(c) for c in cells}
     outcomes = {name: o for name, o in outcomes.items() if o is not None}
     try:
-        with on_sigterm(_stop), _tracking_for_cells(study, opened.uri, jobs, len(cells) - len(outcomes)) as cell_uri:
+        to_run = len(cells) - len(outcomes)
+        with on_sigterm(raise_stopped), tracking_for_cells(study, opened.uri, jobs, to_run) as cell_uri:
             # while a server serves the store, it is the store's one writer: the runner writes through it too
             live = opened if cell_uri == opened.uri else dataclasses.replace(
                 opened, client=MlflowClient(tracking_uri=cell_uri), uri=cell_uri)
@@ -134,16 +137,16 @@ class OpenStudy:
         """The outcome of a cell that finished before (its run, or its output), else None. A cell whose
         job finished (its runner killed meanwhile, or its tracking server) has what its journal holds
         and the store lacks replayed first, under the parent run."""
-        if cell.stage_done() and not cell.done():  # its export is still to run
+        if cell.stage_done() and not cell.done():  # a post-stage step is still to run
             return None
-        finished = _finished_before(cell)
+        finished = cell.done()
         caught = self.catch_up(cell) if finished else None
         run_id = (caught.run_id if caught else None) or self.finished_run(cell)
         if finished or run_id:
             return {"status": "finished", "exit_code": 0, "run_id": run_id, "skipped": True}
         return None
 
-    def outcome(self, cell: Cell, end: CellProcess) -> dict:
+    def outcome(self, cell: Cell, end: Handle) -> dict:
         """A cell that ended; one that finished has its run caught up with its journal (what a
         tracking server that failed it meanwhile did not take)."""
         wall = round(end.wall_s, 1)
@@ -193,12 +196,12 @@ class OpenStudy:
 
 def _note_skip(study: Study, cell: Cell, outcome: dict) -> None:
     """A cell skipped as finished says so in its log, after its earlier attempts."""
-    with open_attempt(_logs(study) / f"{cell.name}.log") as f:
+    with open_attempt(study.cell_log(cell)) as f:
         f.write(f"finished before (its MLflow run: {outcome.get('run_id') or 'none in the store'}); not run again\n")
 
 
 @contextlib.contextmanager
-def _tracking_for_cells(study: Study, uri: str, jobs: int, to_run: int) -> Iterator[str]:
+def tracking_for_cells(study: Study, uri: str, jobs: int, to_run: int) -> Iterator[str]:
     """The URI the cells track to: the store itself while one runs at a time, else an MLflow
     server on it (store_server.py says why)."""
     if jobs == 1 or to_run <= 1:
@@ -206,7 +209,7 @@ def _tracking_for_cells(study: Study, uri: str, jobs: int, to_run: int) -> Itera
         return
     from pipeline.study.store_server import serving
 
-    with serving(uri, _logs(study) / "_mlflow_server.log") as served:
+    with serving(uri, study.logs / "_mlflow_server.log") as served:
         if served != uri:
             log.info("study %s: cells track to an MLflow server on the store: %s", study.name, served)
         yield served
@@ -216,12 +219,13 @@ def _run_schedule(opened: OpenStudy, schedule: Schedule, served: str | None) -> 
     """Start what may start, record what ends, until every cell is settled. One cell at a time,
     its output goes to the console as well as its log; several, only to their logs (the console
     gets one line per start and end). The cells track to `opened.uri`: the store itself, or the
-    server on it (`served`)."""
+    server on it (`served`). A cell whose stage finished runs its post-stage steps in its slot."""
     study = opened.study
-    ended: queue.Queue[CellProcess] = queue.Queue()
-    running: dict[str, tuple[Cell, CellProcess, list[str]]] = {}
+    running: dict[str, tuple[Cell, Handle, list[str]]] = {}
     sharing: dict[str, set[str]] = {}  # cell -> the cells that ran beside it on one of its devices
+    ran: dict[str, str] = {}  # cell -> what its process runs: "stage" or a post-stage step
     echo = schedule.jobs == 1
+    start = functools.partial(start_local, study, parent=opened.parent, served=served, jobs=schedule.jobs, echo=echo)
     try:
         while not schedule.done:
             for cell, broken in schedule.blocked():
@@ -231,37 +235,30 @@ def _run_schedule(opened: OpenStudy, schedule: Schedule, served: str | None) -> 
                             ", ".join(broken))
                 opened.record(cell, outcome)
             for cell, gpus in schedule.startable():
-                args = [*cell.args(), f"tracking.parent_run_id={opened.parent}"]
-                if served:
-                    args.append(f"tracking.uri={served}")
-                cmd = (cell.export_command(served) if cell.stage_done() else  # its export is what is left
-                       cell.launcher.command(cell.command, args, f"{study.name}-{cell.name}", gpus))
-                env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-                if gpus:
-                    env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-                elif schedule.jobs > 1 and "OMP_NUM_THREADS" not in os.environ:  # cells side by side on the CPU
-                    env["OMP_NUM_THREADS"] = str(cpu_threads(cell, schedule.jobs))
-                process = CellProcess(cell.name, cmd, env, _logs(study) / f"{cell.name}.log", echo, ended)
                 _note_sharing(sharing, cell.name, gpus, running)
+                ran[cell.name] = cell.steps_left()[0] if cell.stage_done() else "stage"  # else only steps are left
+                process = start(cell, gpus, step=None if ran[cell.name] == "stage" else ran[cell.name])
                 running[cell.name] = (cell, process, gpus)
                 where = describe(gpus)
                 if echo:
-                    log.info("%s %s: started on %s: %s", schedule.count(), cell.name, where, shlex.join(cmd))
+                    log.info("%s %s: started on %s: %s", schedule.count(), cell.name, where, shlex.join(process.cmd))
                 else:
                     log.info("%s %s: started on %s (log: %s)", schedule.count(), cell.name, where, process.log_path)
-                process.start()
-            if not running:
+            end = next((process for _, process, _ in running.values() if process.poll()), None)
+            if end is None:
+                if running:
+                    time.sleep(FOLLOW_S)
                 continue
-            end = ended.get()  # the process that ended
             cell, process, gpus = running.pop(end.name)
-            process.join()
-            if end.exit_code == 0 and not cell.done():  # the stage finished: its export next, in its slot
-                process = CellProcess(cell.name, cell.export_command(served), process.env, process.log_path, echo,
-                                      ended)
+            done, steps = ran.pop(cell.name), list(cell.after)
+            later = steps[steps.index(done) + 1:] if done in steps else steps
+            left = [step for step in cell.steps_left() if step in later] if end.exit_code == 0 else []
+            if left:  # the stage (or a step) finished: the next step, in its slot
+                ran[cell.name] = left[0]
+                process = start(cell, gpus, step=left[0])
                 running[cell.name] = (cell, process, gpus)
-                log.info("%s %s: stage finished in %.1fs; exporting: %s", schedule.count(), cell.name, end.wall_s,
-                         shlex.join(process.cmd))
-                process.start()
+                log.info("%s %s: %s finished in %.1fs; %s: %s", schedule.count(), cell.name, done, end.wall_s,
+                         POST_STAGE[left[0]][0], shlex.join(process.cmd))
                 continue
             outcome = opened.outcome(cell, end)
             if sharing.get(cell.name):  # its speed figures are partly its neighbours'
@@ -281,7 +278,7 @@ def _run_schedule(opened: OpenStudy, schedule: Schedule, served: str | None) -> 
             if not isinstance(e, KeyboardInterrupt):
                 process.stop()
         for _, process, _ in running.values():
-            process.join()
+            process.wait()
         raise
 
 
@@ -298,26 +295,14 @@ def _outcome_from_outputs(study: Study, cell: Cell, outcomes: dict[str, dict]) -
     """A cell that did not finish, as its job left it: the exit code its job wrote beside its log
     (`exit_file`), else why it never ran."""
     broken = [n for n in cell.needs if outcomes.get(n, {}).get("status") != "finished"]
-    code_file, log_path = exit_file(study, cell), _logs(study) / f"{cell.name}.log"
+    code_file, log_path = exit_file(study, cell), study.cell_log(cell)
     if not code_file.is_file():
         why = (f"needs {', '.join(broken)}, which failed" if broken else
                f"no exit code: its job was cancelled, ran out of time or never started (log: {log_path})")
         return {"status": "failed", "exit_code": None, "reason": why}
-    last = ""
-    if log_path.is_file():
-        with log_path.open(encoding="utf-8", errors="replace") as f:
-            last = last_line(f)
+    last = log_last_line(log_path)
     code = int(code_file.read_text().strip() or -1)
     return {"status": "failed", "exit_code": code, "reason": (last or "finished without a run")[:300]}
-
-
-def exit_file(study: Study, cell: Cell) -> Path:
-    """Where a cell's Slurm job writes its exit code."""
-    return _logs(study) / f"{cell.name}.exit"
-
-
-def _logs(study: Study) -> Path:
-    return study.output_root / study.name / "_logs"
 
 
 def open_parent(client: MlflowClient, experiment_id: str, study: Study) -> str:
@@ -362,15 +347,11 @@ def finished_run(client: MlflowClient, experiment_id: str, study: Study, cell: C
     return runs[0].info.run_id if runs else None
 
 
-def _finished_before(cell: Cell) -> bool:
-    """A stage writes metrics.json (its final metrics) only once it has finished; its export, if it
-    has one, writes export/check.json last."""
-    return cell.done()
-
-
 class Stopped(Exception):
     """The study got SIGTERM (a scheduler's time limit): the running stage was stopped too."""
 
 
-def _stop() -> None:
+def raise_stopped() -> None:
+    """on_sigterm's action for a study's runner: the stop as an exception, so the stages are stopped
+    on the way out."""
     raise Stopped("SIGTERM")

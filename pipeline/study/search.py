@@ -29,10 +29,11 @@ import time
 from pipeline.layout import OutputDir
 from pipeline.names import TAG_PARENT_RUN
 from pipeline.report.search import write_search_report
-from pipeline.study.runner import OpenStudy, _tracking_for_cells, publish_plan
+from pipeline.study.executor import Handle, Waited
+from pipeline.study.runner import OpenStudy, publish_plan, tracking_for_cells
 from pipeline.study.search_plan import TRIAL_TAG, Group, best_cells, champion_name, plan_search, trial_cell
 from pipeline.study.spec import Cell, Study
-from pipeline.study.trial_pool import POLL_S, Ended, Job, Pool, log_end, objective_values
+from pipeline.study.trial_pool import POLL_S, Pool, log_end, objective_values
 
 log = logging.getLogger("pipeline")
 
@@ -63,7 +64,7 @@ def run_search(study: Study, cells: list[Cell], jobs: int | None = None, executo
     Returns 0, 1 (a cell or trial failed) or 143 (SIGTERM)."""
     from pipeline.runtime.preemption import on_sigterm
     from pipeline.study.devices import check_devices, default_jobs, visible_gpus
-    from pipeline.study.runner import Stopped, _stop
+    from pipeline.study.runner import Stopped, raise_stopped
 
     needed, groups = plan_search(study, cells)
     gpus = visible_gpus() if executor == "local" else []
@@ -76,7 +77,7 @@ def run_search(study: Study, cells: list[Cell], jobs: int | None = None, executo
              storage_url(study), opened.parent)
     served_ok = executor == "local" and jobs > 1
     try:
-        with on_sigterm(_stop), (_tracking_for_cells(study, opened.uri, jobs, 2) if served_ok
+        with on_sigterm(raise_stopped), (tracking_for_cells(study, opened.uri, jobs, 2) if served_ok
                                  else contextlib.nullcontext(opened.uri)) as cell_uri:
             live = opened if cell_uri == opened.uri else dataclasses.replace(
                 opened, client=_client(cell_uri), uri=cell_uri)
@@ -167,6 +168,8 @@ class Search:
         self.optuna = optuna_study(opened.study, group)
         self.trials: dict[str, object] = {}
         """Cell name -> its optuna Trial, while it runs."""
+        self.values: dict[str, list[float]] = {}
+        """Cell name -> the objective's values at its evaluations reported to its trial so far."""
         self.exhausted = False
         """The sampler has no point left to try (a grid, every point asked)."""
 
@@ -197,8 +200,8 @@ class Search:
                 if not self.pool.running and not waiting:
                     break
                 self._feed_pruner()
-                for job, end in self.pool.poll():
-                    self._settle(job, end)
+                for cell, end in self.pool.poll():
+                    self._settle(cell, end)
                 time.sleep(POLL_S)
         except BaseException:
             self.pool.stop_all()
@@ -214,7 +217,9 @@ class Search:
         cell = trial_cell(self.opened.study, self.group, trial.number, params)
         if cell.stage_done():  # its job finished while no runner watched it
             self.trials[cell.name] = trial
-            self._settle(Job(cell, [], time.perf_counter()), Ended(cell.name, 0, 0.0, ""))
+            finished = Waited(cell.name, lambda: (0, ""))
+            finished.poll()
+            self._settle(cell, finished)
             return True
         if self.pool.start(cell) is None:
             return False
@@ -222,26 +227,30 @@ class Search:
         return True
 
     def _feed_pruner(self) -> None:
-        for job in self.pool.running.values():
-            trial = self.trials.get(job.cell.name)
+        """Each running trial's new evaluations reported to it; one the pruner gives up on is asked
+        to stop (its stop request)."""
+        for cell, _, _ in self.pool.running.values():
+            trial = self.trials.get(cell.name)
             if trial is None:
                 continue
-            first = job.seen
-            for i, value in enumerate(job.new_values(self.spec.objective), first + 1):
+            seen, values = len(self.values.get(cell.name, [])), objective_values(cell.output_dir, self.spec.objective)
+            for i, value in enumerate(values[seen:], seen + 1):
                 trial.report(value, step=i)
-            if job.seen > first and trial.should_prune() and not OutputDir(job.cell.output_dir).stop_request.exists():
-                OutputDir(job.cell.output_dir).stop_request.write_text(f"pruned at evaluation {job.seen}\n")
+            self.values[cell.name] = values
+            stop = OutputDir(cell.output_dir).stop_request
+            if len(values) > seen and trial.should_prune() and not stop.exists():
+                stop.write_text(f"pruned at evaluation {len(values)}\n")
                 log.info("%s: pruned after evaluation %d (%s %.4f): it stops at its next evaluation",
-                         job.cell.name, job.seen, self.spec.objective, job.values[-1])
+                         cell.name, len(values), self.spec.objective, values[-1])
 
-    def _settle(self, job: Job, end: Ended) -> None:
+    def _settle(self, cell: Cell, end: Handle) -> None:
         """Tell Optuna the trial's fate; tag its run with it."""
         import optuna
 
-        cell, trial = job.cell, self.trials.pop(job.cell.name)
+        trial, seen = self.trials.pop(cell.name), len(self.values.pop(cell.name, []))
         outcome = self.opened.outcome(cell, end)
         values = objective_values(cell.output_dir, self.spec.objective)
-        for i, value in enumerate(values[job.seen:], job.seen + 1):  # what it logged since the last look
+        for i, value in enumerate(values[seen:], seen + 1):  # what it logged since the last look
             trial.report(value, step=i)
         value = _final_value(cell, self.spec.objective, values, self.spec.direction)
         if end.exit_code != 0:
@@ -269,7 +278,7 @@ class Search:
             for k, v in tags.items():
                 self.opened.client.set_tag(run_id, k, v)
         shown = f"{fate} ({self.spec.objective} {value:.4f})" if value is not None and fate != "failed" else fate
-        log_end(job, end, shown)
+        log_end(cell, end, shown)
 
 
 def _final_value(cell: Cell, objective: str, values: list[float], direction: str) -> float | None:

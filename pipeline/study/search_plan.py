@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pipeline.errors import UserError
 from pipeline.names import EVAL, TEST
-from pipeline.study.matrix import RUNNER, _runner_overrides
+from pipeline.study.matrix import RUNNER, runner_overrides
 from pipeline.study.spec import AXES, Cell, Study, study_error
 
 TRIAL_TAG = "search/"
@@ -92,9 +92,9 @@ def _derived(study: Study, cell: Cell, name: str, params: dict, tags: dict, tabl
     base = [(t, o) for t, o in cell.overrides if t not in {x for x, _ in _runner_overrides_of(cell)}]
     new = dataclasses.replace(cell, name=name, output_dir=study.output_root / study.name / name,
                               overrides=[], needs=list(cell.needs), tables=cell.tables if tables is None else tables,
-                              plan={**cell.plan, "search_group": tags["group"]}, export=None)
+                              plan={**cell.plan, "search_group": tags["group"]}, after={})
     new.overrides = ([("resume=auto", RUNNER)] + base + [(a, "search.space") for a in _param_args(params)]
-                     + _runner_overrides(study, new)
+                     + runner_overrides(study, new)
                      + [(f"tracking.tags.{TRIAL_TAG}{k}={v}", RUNNER) for k, v in tags.items()])
     return new
 

@@ -18,6 +18,11 @@ AXIS_KEY = {"tasks": "task", "models": "model", "precisions": "precision", "seed
 """Axis -> the config key its value sets (a procedure sets a command and overrides instead)."""
 COMMANDS = ("train", "distill")
 LAUNCHERS = ("none", "torchrun", "deepspeed")
+POST_STAGE = {"export": ("exporting", lambda out: out.export_check)}
+"""The steps a procedure may run after its stage, in this order, each `python -m pipeline STEP
+OUTPUT_DIR OPTIONS` in the cell's slot (the procedure's key STEP gives its options, parser.py):
+step -> (the progress line's word for it, the file of the OutputDir it writes last: once that is
+there, the step is done)."""
 
 
 def study_error(path: Path, key: str, reason: str) -> UserError:
@@ -79,9 +84,9 @@ class Procedure:
     overrides: list[tuple[str, str]] = field(default_factory=list)
     """(key=value, where it came from) pairs; the origin names the study-file key in errors."""
     launcher: Launcher | None = None
-    export: list[str] | None = None
-    """`export: {int8: true}`: after the stage, `python -m pipeline export OUTPUT_DIR --check` with these
-    options (--int8), in the cell's process slot; None: no export."""
+    after: dict[str, list[str]] = field(default_factory=dict)
+    """Its post-stage steps (POST_STAGE) -> their options: `export: {int8: true}` is
+    {"export": ["--check", "--int8"]}."""
 
 
 @dataclass
@@ -133,6 +138,15 @@ class Study:
     """The `search` block, a search_spec.Search (a layer above this one): each searched cell becomes
     an Optuna study of trials (study/search.py)."""
 
+    @property
+    def logs(self) -> Path:
+        """OUTPUT_ROOT/NAME/_logs: each cell's log, a Slurm job's exit code, the MLflow server's log."""
+        return self.output_root / self.name / "_logs"
+
+    def cell_log(self, cell: Cell) -> Path:
+        """The cell's log: every attempt at it (cell_process.open_attempt), its processes' whole output."""
+        return self.logs / f"{cell.name}.log"
+
 
 @dataclass
 class Cell:
@@ -148,21 +162,28 @@ class Cell:
     needs: list[str] = field(default_factory=list)
     plan: dict = field(default_factory=dict)
     """Effective task, model, precision, seed (from the resolved config), for the report."""
-    export: list[str] | None = None
-    """The procedure's export options (Procedure.export), or None."""
+    after: dict[str, list[str]] = field(default_factory=dict)
+    """The procedure's post-stage steps and their options (Procedure.after)."""
 
     def args(self) -> list[str]:
         return [text for text, _ in self.overrides]
 
-    def export_command(self, uri: str | None) -> list[str]:
-        """The export after the stage: its best/ exported, checked and logged on its run."""
-        return [sys.executable, "-m", "pipeline", "export", str(self.output_dir), "--check", *(self.export or []),
+    def step_command(self, step: str, uri: str | None) -> list[str]:
+        """A post-stage step on the stage's outputs (the export: its best/ exported, checked and
+        logged on its run), tracking to `uri` when the study serves its store."""
+        return [sys.executable, "-m", "pipeline", step, str(self.output_dir), *self.after[step],
                 *(["--uri", uri] if uri else [])]
+
+    def steps_left(self) -> list[str]:
+        """Its post-stage steps not done yet, in the order they run."""
+        out = OutputDir(self.output_dir)
+        return [step for step in self.after if not POST_STAGE[step][1](out).is_file()]
 
     def stage_done(self) -> bool:
         """The stage finished (it writes metrics.json last)."""
         return OutputDir(self.output_dir).metrics.is_file()
 
     def done(self) -> bool:
-        """The stage finished, and so did its export if it has one (export/check.json is written last)."""
-        return self.stage_done() and (self.export is None or OutputDir(self.output_dir).export_check.is_file())
+        """The stage finished, and so did each of its post-stage steps (the export writes
+        export/check.json last)."""
+        return self.stage_done() and not self.steps_left()

@@ -1,84 +1,32 @@
-"""The cells of a search study in flight: started where the study runs its cells (this node's
-slots and GPUs with --jobs N, or a Slurm job each), polled for their ends and for the evaluations
-their journals hold, and a dead runner's jobs that still hold their output_dir waited for (the
-search itself, which asks Optuna and tells it each trial's fate: search.py).
+"""The cells of a search study in flight: started through the study's executor (EXECUTORS: this
+node's slots and GPUs with --jobs N, or a Slurm job each), polled for their ends, and a dead
+runner's jobs that still hold their output_dir waited for (the search itself, which asks Optuna,
+reads each trial's evaluations and tells it each trial's fate: search.py).
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
-import os
-import queue
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.fsutil import lock_held
 from pipeline.layout import OutputDir
-from pipeline.study.cell_process import CellProcess, last_line
-from pipeline.study.devices import cpu_threads, describe
-from pipeline.study.runner import OpenStudy, _logs, exit_file
+from pipeline.study.devices import describe
+from pipeline.study.executor import Executor, Handle, Waited, start_local
+from pipeline.study.runner import OpenStudy
 from pipeline.study.schedule import Schedule
-from pipeline.study.spec import Cell, Study
+from pipeline.study.slurm_job import start_slurm
+from pipeline.study.spec import Cell
 
 log = logging.getLogger("pipeline")
 
 POLL_S = 0.5
 """How often the runner looks at its running cells (their ends, their journals' new evaluations)."""
 
-
-@dataclass
-class Ended:
-    """A cell's job that ended, as OpenStudy.outcome reads it."""
-
-    name: str
-    exit_code: int
-    wall_s: float
-    last_line: str
-
-
-@dataclass
-class Job:
-    cell: Cell
-    gpus: list[str]
-    started: float
-    process: CellProcess | None = None
-    """A local cell's process; None for a Slurm job or a dead runner's job still running (waited for)."""
-    orphan: bool = False
-    """A job the killed runner started that still holds its output_dir: waited for, then settled."""
-    seen: int = 0
-    """Evaluations of its journal already reported."""
-    values: list[float] = field(default_factory=list)
-
-    def ended(self, study: Study) -> Ended | None:
-        if self.process is not None:
-            if self.process.exit_code is None:
-                return None
-            self.process.join()
-            return Ended(self.cell.name, self.process.exit_code, self.process.wall_s, self.process.last_line)
-        wall = time.perf_counter() - self.started
-        if self.orphan:
-            if _busy(self.cell):
-                return None
-            return Ended(self.cell.name, 0 if self.cell.stage_done() else -1, wall, "its job ended unfinished")
-        code_file = exit_file(study, self.cell)
-        if not code_file.is_file():
-            return None
-        text = code_file.read_text().strip()
-        if not text:  # being written
-            return None
-        log_path, last = _logs(study) / f"{self.cell.name}.log", ""
-        if log_path.is_file():
-            with log_path.open(encoding="utf-8", errors="replace") as f:
-                last = last_line(f)
-        return Ended(self.cell.name, int(text), wall, last)
-
-    def new_values(self, objective: str) -> list[float]:
-        """The objective's values its job logged at evaluations since the last call (in order)."""
-        values = objective_values(self.cell.output_dir, objective)
-        fresh, self.seen = values[self.seen:], len(values)
-        self.values = values
-        return fresh
+EXECUTORS: dict[str, Executor] = {"local": start_local, "slurm": start_slurm}
+"""--executor -> how a cell is started (executor.py's seam)."""
 
 
 def objective_values(output_dir: Path, objective: str) -> list[float]:
@@ -105,15 +53,25 @@ def _busy(cell: Cell) -> bool:
     return lock_held(OutputDir(cell.output_dir).lock)
 
 
+def _orphan(cell: Cell) -> Waited:
+    """The job a killed runner started, still at the cell: waited for until it lets go of its
+    output_dir; it ended unfinished unless its stage finished."""
+    return Waited(cell.name, lambda: None if _busy(cell) else (0 if cell.stage_done() else -1,
+                                                                "its job ended unfinished"))
+
+
 class Pool:
-    """Cells started where the study runs them (this node's slots and GPUs, or Slurm jobs) and
+    """Cells started through the study's executor, each in a slot (and on GPUs) of its own, and
     polled for their ends."""
 
     def __init__(self, opened: OpenStudy, jobs: int, gpus: list[str], executor: str, served: str | None):
-        self.opened, self.study, self.executor, self.served = opened, opened.study, executor, served
+        self.opened, self.local = opened, executor == "local"
+        self.launch = functools.partial(EXECUTORS[executor], opened.study, parent=opened.parent, served=served,
+                                        jobs=jobs)
         self.slots = Schedule([], {}, jobs, gpus)
-        self.running: dict[str, Job] = {}
-        self.ended_q: queue.Queue = queue.Queue()  # CellProcess puts itself here; the pool polls instead
+        self.running: dict[str, tuple[Cell, Handle, list[str]]] = {}
+        self.orphans: set[str] = set()
+        """Running cells whose job a killed runner started: once it ends unfinished, continued here."""
         self.finished: set[str] = set()
         self.failed: set[str] = set()
         """Plain cells settled so far (run_cells), which later cells may need."""
@@ -122,7 +80,7 @@ class Pool:
     def free(self) -> bool:
         return len(self.running) < self.slots.jobs
 
-    def start(self, cell: Cell) -> Job | None:
+    def start(self, cell: Cell) -> Handle | None:
         """Start `cell` (resume=auto: a cell begun before continues from its checkpoint); None while
         no slot or too few GPUs are free."""
         if not self.free:
@@ -131,68 +89,42 @@ class Pool:
         if gpus is None:
             return None
         self.slots.running[cell.name] = gpus
-        job = Job(cell, gpus, time.perf_counter())
         if _busy(cell):  # the job a killed runner started is still at it: waited for
-            job.orphan = True
+            handle: Handle = _orphan(cell)
+            self.orphans.add(cell.name)
             log.info("%s: its job from before is still running; waiting for it", cell.name)
-        elif self.executor == "slurm":
-            self._submit(cell)
         else:
-            job.process = self._process(cell, gpus)
-        self.running[cell.name] = job
-        return job
+            handle = self._launch(cell, gpus)
+        self.running[cell.name] = (cell, handle, gpus)
+        return handle
 
-    def _process(self, cell: Cell, gpus: list[str]) -> CellProcess:
-        args = [*cell.args(), f"tracking.parent_run_id={self.opened.parent}"]
-        if self.served:
-            args.append(f"tracking.uri={self.served}")
-        cmd = cell.launcher.command(cell.command, args, f"{self.study.name}-{cell.name}", gpus)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        elif self.slots.jobs > 1 and "OMP_NUM_THREADS" not in os.environ:
-            env["OMP_NUM_THREADS"] = str(cpu_threads(cell, self.slots.jobs))
-        process = CellProcess(cell.name, cmd, env, _logs(self.study) / f"{cell.name}.log", False, self.ended_q)
-        log.info("%s: started on %s (log: %s)", cell.name, describe(gpus), process.log_path)
-        process.start()
-        return process
+    def _launch(self, cell: Cell, gpus: list[str]) -> Handle:
+        handle = self.launch(cell, gpus)
+        if self.local:  # a Slurm job says its own line
+            log.info("%s: started on %s (log: %s)", cell.name, describe(gpus), self.opened.study.cell_log(cell))
+        return handle
 
-    def _submit(self, cell: Cell) -> None:
-        from pipeline.study.slurm import _cell_script, _gpus, _job_name, _queued, _sbatch, _write
-
-        if _job_name(self.study, cell) in _queued([_job_name(self.study, cell)]):
-            log.info("%s: still queued or running as a Slurm job; not submitted again", cell.name)
-            return
-        exit_file(self.study, cell).unlink(missing_ok=True)
-        script = _write(self.study, cell.name, _cell_script(self.study, cell, self.opened.parent,
-                                                             _gpus(self.study, cell)))
-        log.info("%s: Slurm job %s", cell.name, _sbatch(script, []))
-
-    def poll(self) -> list[tuple[Job, Ended]]:
-        """The jobs that ended since the last call (their slots free again)."""
+    def poll(self) -> list[tuple[Cell, Handle]]:
+        """The cells that ended since the last call (their slots free again)."""
         out = []
-        for name, job in list(self.running.items()):
-            end = job.ended(self.study)
-            if end is not None and job.orphan and end.exit_code != 0:  # it ended unfinished: continued here
-                job.orphan = False
-                if self.executor == "slurm":
-                    self._submit(job.cell)
-                else:
-                    job.process = self._process(job.cell, job.gpus)
+        for name, (cell, handle, gpus) in list(self.running.items()):
+            if not handle.poll():
                 continue
-            if end is not None:
-                del self.running[name]
-                self.slots.ended(job.cell, {})
-                out.append((job, end))
+            if name in self.orphans:
+                self.orphans.discard(name)
+                if handle.exit_code != 0:  # it ended unfinished: continued here
+                    self.running[name] = (cell, self._launch(cell, gpus), gpus)
+                    continue
+            del self.running[name]
+            self.slots.ended(cell, {})
+            out.append((cell, handle))
         return out
 
     def stop_all(self) -> None:
-        for job in self.running.values():
-            if job.process is not None:
-                job.process.stop()
-        for job in self.running.values():
-            if job.process is not None:
-                job.process.join()
+        for _, handle, _ in self.running.values():
+            handle.stop()
+        for _, handle, _ in self.running.values():
+            handle.wait()
 
     def run_cells(self, cells: list[Cell]) -> set[str]:
         """Run plain cells (those the search needs, the best trial's re-runs) to their end, each
@@ -219,12 +151,12 @@ class Pool:
                                                   "reason": f"needs {', '.join(cell.needs)}, which failed"})
                     elif all(n in done for n in cell.needs) and self.start(cell):
                         pending.remove(cell)
-                for job, end in self.poll():
-                    waiting.discard(job.cell.name)
-                    outcome = self.opened.outcome(job.cell, end)
-                    self.opened.record(job.cell, outcome)
-                    (done if end.exit_code == 0 else failed).add(job.cell.name)
-                    log_end(job, end)
+                for cell, end in self.poll():
+                    waiting.discard(cell.name)
+                    outcome = self.opened.outcome(cell, end)
+                    self.opened.record(cell, outcome)
+                    (done if end.exit_code == 0 else failed).add(cell.name)
+                    log_end(cell, end)
                 time.sleep(POLL_S if self.running else 0)
         except BaseException:
             self.stop_all()
@@ -232,9 +164,9 @@ class Pool:
         return failed
 
 
-def log_end(job: Job, end: Ended, fate: str = "") -> None:
+def log_end(cell: Cell, end: Handle, fate: str = "") -> None:
     if end.exit_code == 0:
-        log.info("%s: %s in %.1fs", job.cell.name, fate or "finished", end.wall_s)
+        log.info("%s: %s in %.1fs", cell.name, fate or "finished", end.wall_s)
     else:
-        log.warning("%s: failed with exit code %s after %.1fs: %s", job.cell.name, end.exit_code, end.wall_s,
+        log.warning("%s: failed with exit code %s after %.1fs: %s", cell.name, end.exit_code, end.wall_s,
                     end.last_line)

@@ -129,7 +129,7 @@ def test_slurm_executor_submits_cells_with_their_resources_dependencies_and_the_
 def test_slurm_job_passes_slurms_sigterm_on_and_keeps_the_exit_code(tmp_path):
     """The cell script's wrapper, run by bash: a TERM to the batch shell reaches the stage, whose
     exit code (143 after its checkpoint) is what the job writes."""
-    from pipeline.study.slurm import RUN_AND_KEEP_CODE
+    from pipeline.study.slurm_job import RUN_AND_KEEP_CODE
 
     stage = f"{sys.executable} -c " + shlex.quote(textwrap.dedent("""
         import signal, sys, time

@@ -1,20 +1,31 @@
-"""A search study run for real on the built-in sentiment set (a few hundred rows of it, the tiny
-preset model): trials side by side, pruned from their dev figures, each a nested MLflow run with
-its fate; the runner killed mid-trial and run again; trials submitted as Slurm jobs (faked)."""
+"""A search study run through the executor seam (study/executor.py).
+
+The search itself (sampling, pruning, failed trials, the runner killed mid-trial, the re-runs of the
+best trial, the report) runs in this process with fake cells (FakeCell): each poll of a trial's
+handle writes its next evaluation to its journal as a job does, and its end writes what a finished
+job leaves (metrics.json, best/, an ended journal), which the runner replays into the trial's
+MLflow run. One test keeps the real path: trial cells as stage processes side by side, started by
+executor.start_local, one of them pruned and stopping at its next evaluation. Under Slurm (faked:
+tests/integration/test_study_concurrency.py) each trial's job runs a FakeCell in a process."""
+import contextlib
 import json
-import os
-import signal
-import subprocess
+import math
 import sys
+import time
 from pathlib import Path
 
 import optuna
 import pytest
 import yaml
 
-from helpers import LAUNCHER_ENV, ROOT, mlflow_runs, run_cli, tracking_db, wait_for
+from helpers import mlflow_runs, tracking_db
 from integration.test_study_concurrency import fake_slurm, jobs  # noqa: F401 (a fixture)
 from pipeline import names
+from pipeline.layout import OutputDir
+from pipeline.study import search, slurm_job, trial_pool
+from pipeline.study.executor import Waited
+from pipeline.tracking import catch_up
+from pipeline.tracking.journal import End, Metric, RunId, Start, append
 
 EPOCHS = 3
 
@@ -33,17 +44,17 @@ def small_sentiment(folder: Path, rows: dict[str, int]) -> list[str]:
     return out
 
 
-def search_study(tmp_path, name, trials, seeds=(1,), **search):
+def search_study(tmp_path, name, trials, seeds=(1,), epochs=EPOCHS, **search_block):
     db = tracking_db(tmp_path)
     data = small_sentiment(tmp_path / "data", {"train": 320, "dev": 96, "test": 64})
     spec = {"name": name, "output_root": str(tmp_path / "outputs"), "report_dir": str(tmp_path / "report"),
             "overrides": ["model=preset:bangla-tiny", "model_config.initializer_range=0.05", "train.max_length=32",
-                          f"train.epochs={EPOCHS}", "tracking.system_metrics=false", "infer.bench=false", *data,
+                          f"train.epochs={epochs}", "tracking.system_metrics=false", "infer.bench=false", *data,
                           f"tracking.uri=sqlite:///{db}"],
             "matrix": {"tasks": ["sentiment"], "seeds": list(seeds)},
             "search": {"space": {"train.lr": {"log_uniform": [1e-5, 3e-3]},
                                  "train.batch_size": {"categorical": [16, 32]}},
-                       "trials": trials, "sampler": {"type": "tpe", "seed": 0}, **search}}
+                       "trials": trials, "sampler": {"type": "tpe", "seed": 0}, **search_block}}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(spec, sort_keys=False))
     return path, db
@@ -58,12 +69,93 @@ def optuna_trials(tmp_path, name, group="sentiment"):
     return optuna.load_study(study_name=f"{name}.{group}", storage=storage).get_trials()
 
 
-@pytest.mark.slow  # 8 trials + 1 re-run of the tiny model, two at a time: ~1-2 min on 2 idle cores
-def test_a_search_of_eight_trials_prunes_side_by_side_and_reports_the_best_over_seeds(tmp_path):
-    path, db = search_study(tmp_path, "srch", 8, seeds=(1, 2),
-                            pruner={"type": "median", "n_startup_trials": 2})
-    result = run_cli("study", path, "--jobs", "2")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+def study_cli(*args) -> int:
+    """`python -m pipeline study ARGS` in this process (its executor and settings as patched)."""
+    from pipeline.cli import main
+
+    return main(["study", *map(str, args)])
+
+
+# ------------------------------------------------------------------ fake cells, in this process
+
+
+def curve(params: dict[str, str], epoch: int) -> float:
+    """A fake trial's dev score at an evaluation: best near lr 3e-4 and batch 16, rising per epoch."""
+    gap = abs(math.log10(float(params["train.lr"])) - math.log10(3e-4))
+    return round(max(0.05, 0.9 - 0.15 * gap - (0.05 if params["train.batch_size"] == "32" else 0.0))
+                 * (0.7 + 0.1 * epoch), 6)
+
+
+class FakeCell:
+    """One cell's job, advanced one evaluation per poll of its handle: it writes to its journal and
+    output_dir what a job writes, and ends as a job does (after its last epoch, or at the first
+    evaluation after its stop request, tested and FINISHED; `fail`: exit 1 before its first, its run
+    FAILED)."""
+
+    def __init__(self, args: list[str], parent: str, fail=False):
+        args = dict(a.split("=", 1) for a in args)
+        self.out, self.parent, self.fail = OutputDir(args["output_dir"]), parent, fail
+        self.params = {k: v for k, v in args.items() if not k.startswith(("tracking.", "output_dir"))}
+        self.epochs, self.uri = int(args.get("train.epochs", EPOCHS)), args["tracking.uri"]
+        self.tags = {k[len("tracking.tags."):]: v for k, v in args.items() if k.startswith("tracking.tags.")}
+        self.experiment, self.run_name = args["tracking.experiment"], args["tracking.run_name"]
+        self.epoch = len(self.logged())
+
+    def logged(self) -> list[float]:
+        return trial_pool.objective_values(self.out.root, "eval/main")
+
+    def step(self) -> tuple[int, str] | None:
+        journal = self.out.journal
+        if self.epoch == 0 and not journal.is_file():
+            self.out.root.mkdir(parents=True, exist_ok=True)
+            append(journal, Start(self.uri, self.experiment, self.run_name, self.tags, self.params), RunId(None))
+        if self.fail:  # its run FAILED in the store, as a job's live tracking leaves it
+            append(journal, End("FAILED"))
+            catch_up(self.out.root, self.uri, {names.TAG_PARENT_RUN: self.parent}, say=False)
+            return 1, "error: the fake cell failed"
+        self.epoch += 1
+        value = curve(self.params, self.epoch)
+        append(journal, Metric("eval/main", value, self.epoch * 10, int(time.time() * 1000)))
+        if self.epoch < self.epochs and not self.out.stop_request.exists():
+            return None
+        best = max(self.logged())
+        (self.out.root / "best").mkdir(exist_ok=True)
+        self.out.metrics.write_text(json.dumps({"eval/main": best, "test/main": best - 0.05}))
+        append(journal, Metric("test/main", best - 0.05, self.epoch * 10, int(time.time() * 1000)), End("FINISHED"))
+        return 0, ""
+
+
+@pytest.fixture
+def fake_cells(monkeypatch):
+    """The study's local executor replaced by FakeCell, in this process, its polls unpaced and its
+    cells tracking to the store itself (one writer: this process). Returns what it saw: each start,
+    the most trials running at once, and the cells to fail (by name)."""
+    seen = {"started": [], "most_at_once": 0, "fail": set(), "running": set()}
+
+    def start(study, cell, gpus, parent, **_):
+        fake = FakeCell(cell.args(), parent, fail=cell.name in seen["fail"])
+        seen["started"].append(cell.name)
+        seen["running"].add(cell.name)
+        seen["most_at_once"] = max(seen["most_at_once"], len(seen["running"]))
+
+        def check():
+            ended = fake.step()
+            if ended is not None:
+                seen["running"].discard(cell.name)
+            return ended
+        return Waited(cell.name, check)
+
+    monkeypatch.setitem(trial_pool.EXECUTORS, "local", start)
+    monkeypatch.setattr(search, "POLL_S", 0)
+    monkeypatch.setattr(trial_pool, "POLL_S", 0)
+    monkeypatch.setattr(search, "tracking_for_cells", lambda study, uri, jobs, n: contextlib.nullcontext(uri))
+    return seen
+
+
+@pytest.mark.slow  # 8 fake trials and 1 re-run in this process: the MLflow store's writes (~10 s)
+def test_a_search_of_eight_trials_prunes_side_by_side_and_reports_the_best_over_seeds(tmp_path, fake_cells):
+    path, db = search_study(tmp_path, "srch", 8, seeds=(1, 2), pruner={"type": "median", "n_startup_trials": 2})
+    assert study_cli(path, "--jobs", "2") == 0
 
     trials = optuna_trials(tmp_path, "srch")
     assert len(trials) == 8 and {t.state.name for t in trials} <= {"COMPLETE", "PRUNED"}
@@ -79,15 +171,12 @@ def test_a_search_of_eight_trials_prunes_side_by_side_and_reports_the_best_over_
         assert json.loads(run.data.tags["search/intermediate"]) == [
             trial.intermediate_values[k] for k in sorted(trial.intermediate_values)]
         assert float(run.data.params["train.lr"]) == pytest.approx(trial.params["train.lr"])
+        if trial.state.name == "COMPLETE":
+            assert float(run.data.tags["search/value"]) == pytest.approx(trial.value)
     pruned = [r for r in runs if r.data.tags["search/fate"] == "pruned"]
     assert pruned, "no trial pruned"
-    for run in pruned:  # stopped before its last epoch as a finished job: tested, its outputs kept
-        out = tmp_path / "outputs" / "srch" / run.info.run_name
-        assert (out / "metrics.json").is_file() and (out / "best").is_dir() and "test/main" in run.data.metrics
     assert any(len(json.loads(r.data.tags["search/intermediate"])) < EPOCHS for r in pruned)
-    # two trials ran side by side
-    spans = sorted((r.info.start_time, r.info.end_time) for r in runs)
-    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:]))
+    assert fake_cells["most_at_once"] == 2  # two trials side by side
 
     report = (tmp_path / "report" / "search.md").read_text()
     best = max((t for t in trials if t.state.name == "COMPLETE"), key=lambda t: t.value)
@@ -97,29 +186,53 @@ def test_a_search_of_eight_trials_prunes_side_by_side_and_reports_the_best_over_
     rerun = [r for r in mlflow_runs(db, "srch") if r.info.run_name == "sentiment-best-s2"]
     assert len(rerun) == 1 and rerun[0].info.status == "FINISHED"
     assert float(rerun[0].data.params["train.lr"]) == pytest.approx(best.params["train.lr"])
+    assert fake_cells["started"][-1] == "sentiment-best-s2"  # after every trial
 
 
-@pytest.mark.slow  # 3 trials, the runner killed with SIGKILL during the second, then run again
-def test_a_search_killed_mid_trial_resumes_without_losing_or_repeating_a_trial(tmp_path):
+@pytest.mark.slow  # 3 fake trials in this process
+def test_a_failed_trial_is_told_failed_and_the_search_goes_on(tmp_path, fake_cells):
+    path, db = search_study(tmp_path, "fails", 3, pruner="none")
+    fake_cells["fail"].add("sentiment-t001")
+    assert study_cli(path) == 1  # a trial failed
+    assert [t.state.name for t in optuna_trials(tmp_path, "fails")] == ["COMPLETE", "FAIL", "COMPLETE"]
+    (failed,) = [r for r in mlflow_runs(db, "fails") if r.info.run_name == "sentiment-t001"]
+    assert failed.info.status == "FAILED"
+    report = (tmp_path / "report" / "search.md").read_text()
+    assert "3 trials (2 complete, 1 fail)" in report and "| 1 | fail | - |" in report
+
+
+class Killed(BaseException):
+    """The runner dying mid-trial (as a SIGKILL would leave it: the trial RUNNING in Optuna)."""
+
+
+@pytest.mark.slow  # 3 fake trials, the runner killed during the second, then run again, in this process
+def test_a_search_killed_mid_trial_resumes_without_losing_or_repeating_a_trial(tmp_path, fake_cells, monkeypatch):
     path, db = search_study(tmp_path, "killed", 3, pruner="none")
     out = tmp_path / "outputs" / "killed"
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
-    cmd = [sys.executable, "-m", "pipeline", "study", str(path)]
-    with (tmp_path / "first.log").open("w") as first_log:
-        runner = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=first_log, stderr=subprocess.STDOUT)
-    try:
-        wait_for(lambda: (out / "sentiment-t001" / "journal.jsonl").is_file() or runner.poll() is not None,
-                 what="the second trial training")
-        assert runner.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-        runner.send_signal(signal.SIGKILL)
-    finally:
-        runner.kill()
-        runner.wait()
-    states = [t.state.name for t in optuna_trials(tmp_path, "killed")]
-    assert states == ["COMPLETE", "RUNNING"]  # the second trial's job outlives the runner
+    start = trial_pool.EXECUTORS["local"]
 
-    again = run_cli("study", path)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    def dies_in_the_second_trial(study, cell, gpus, parent, **kw):
+        handle = start(study, cell, gpus, parent, **kw)
+        if cell.name != "sentiment-t001":
+            return handle
+        check = handle.check
+
+        def then_die():
+            check()  # its first evaluation written, the runner dies
+            raise Killed
+        handle.check = then_die
+        return handle
+
+    monkeypatch.setitem(trial_pool.EXECUTORS, "local", dies_in_the_second_trial)
+    with pytest.raises(Killed):
+        study_cli(path)
+    assert [t.state.name for t in optuna_trials(tmp_path, "killed")] == ["COMPLETE", "RUNNING"]
+    assert len(trial_pool.objective_values(out / "sentiment-t001", "eval/main")) == 1
+
+    monkeypatch.setitem(trial_pool.EXECUTORS, "local", start)
+    fake_cells["started"].clear()
+    assert study_cli(path) == 0
+    assert fake_cells["started"] == ["sentiment-t001", "sentiment-t002"]  # the second continued, the first not rerun
     trials = optuna_trials(tmp_path, "killed")
     assert [t.state.name for t in trials] == ["COMPLETE"] * 3
     runs = trial_runs(db, "killed")
@@ -128,15 +241,92 @@ def test_a_search_killed_mid_trial_resumes_without_losing_or_repeating_a_trial(t
     for t in trials:
         (run,) = [r for r in runs if r.data.tags["search/trial"] == str(t.number)]
         assert float(run.data.tags["search/value"]) == pytest.approx(t.value)
+        assert len(json.loads(run.data.tags["search/intermediate"])) == EPOCHS  # each evaluation told once
 
 
-@pytest.mark.slow  # 2 trials, each a (fake) Slurm job
-def test_under_slurm_each_trial_is_a_job_whose_result_reaches_the_optuna_study(tmp_path, fake_slurm):  # noqa: F811
+@pytest.mark.slow  # the resumed trial's job finished while no runner watched: told, not started again
+def test_a_trial_whose_job_finished_after_the_runner_died_is_only_told(tmp_path, fake_cells, monkeypatch):
+    path, db = search_study(tmp_path, "told", 2, pruner="none")
+    start = trial_pool.EXECUTORS["local"]
+
+    def dies_in_the_second_trial(study, cell, gpus, parent, **kw):
+        handle = start(study, cell, gpus, parent, **kw)
+        if cell.name == "sentiment-t001":
+            check = handle.check
+
+            def finish_then_die():
+                while check() is None:  # the job runs to its end on its own
+                    pass
+                raise Killed
+            handle.check = finish_then_die
+        return handle
+
+    monkeypatch.setitem(trial_pool.EXECUTORS, "local", dies_in_the_second_trial)
+    with pytest.raises(Killed):
+        study_cli(path)
+    monkeypatch.setitem(trial_pool.EXECUTORS, "local", start)
+    fake_cells["started"].clear()
+    assert study_cli(path) == 0
+    assert fake_cells["started"] == []
+    assert [t.state.name for t in optuna_trials(tmp_path, "told")] == ["COMPLETE", "COMPLETE"]
+    assert sorted(int(r.data.tags["search/trial"]) for r in trial_runs(db, "told")) == [0, 1]
+
+
+# ------------------------------------------------------------------ the real launcher path
+
+
+@pytest.mark.slow  # 3 trials of the tiny model as stage processes, two at a time: ~1 min on 2 idle cores
+def test_trials_run_as_stage_processes_side_by_side_and_a_pruned_one_stops_at_its_next_evaluation(
+        tmp_path, monkeypatch):
+    """The runner in this process, its trials real stages (executor.start_local) tracking through the
+    study's MLflow server; the pruner's say made certain (trial 1 pruned at its first evaluation) so
+    the stage's own stop at a stop request is what is checked."""
+    path, db = search_study(tmp_path, "real", 3, pruner={"type": "median", "n_startup_trials": 1})
+    monkeypatch.setattr(optuna.trial.Trial, "should_prune", lambda trial: trial.number == 1)
+    assert study_cli(path, "--jobs", "2") == 0
+
+    trials = optuna_trials(tmp_path, "real")
+    assert [t.state.name for t in trials] == ["COMPLETE", "PRUNED", "COMPLETE"]
+    runs = trial_runs(db, "real")
+    (parent,) = [r for r in mlflow_runs(db, "real") if r.data.tags.get(names.PARENT_TAG) == "true"]
+    assert sorted(int(r.data.tags["search/trial"]) for r in runs) == [0, 1, 2]
+    by_number = {t.number: t for t in trials}
+    for run in runs:
+        trial = by_number[int(run.data.tags["search/trial"])]
+        assert run.info.status == "FINISHED" and run.data.tags[names.TAG_PARENT_RUN] == parent.info.run_id
+        assert json.loads(run.data.tags["search/intermediate"]) == [
+            trial.intermediate_values[k] for k in sorted(trial.intermediate_values)]
+        assert float(run.data.params["train.lr"]) == pytest.approx(trial.params["train.lr"])
+    (pruned,) = [r for r in runs if r.data.tags["search/fate"] == "pruned"]
+    # stopped at the evaluation after the one it was pruned at, as a finished job: tested, its outputs kept
+    assert len(json.loads(pruned.data.tags["search/intermediate"])) == 2 < EPOCHS
+    out = tmp_path / "outputs" / "real" / pruned.info.run_name
+    assert (out / "metrics.json").is_file() and (out / "best").is_dir() and "test/main" in pruned.data.metrics
+    spans = sorted((r.info.start_time, r.info.end_time) for r in runs)
+    assert any(b[0] < a[1] for a, b in zip(spans, spans[1:]))  # two trials ran side by side
+    assert "Best configuration: trial " in (tmp_path / "report" / "search.md").read_text()
+
+
+def fake_cell_command(study, cell, parent, gpus, *_, **__):
+    """The command of a FakeCell run to its end in a process of its own (a Slurm job's)."""
+    code = ("import sys; sys.path[:0] = [sys.argv[1]]; from integration.test_study_search import FakeCell; "
+            "fake = FakeCell(sys.argv[3:], sys.argv[2]); ended = None\n"
+            "while ended is None: ended = fake.step()\n"
+            "sys.exit(ended[0])")
+    return [sys.executable, "-c", code, str(Path(__file__).parents[1]), parent, *cell.args()], {}
+
+
+@pytest.mark.slow  # 2 trials, each a (fake) Slurm job running a fake cell
+def test_under_slurm_each_trial_is_a_job_whose_result_reaches_the_optuna_study(tmp_path, fake_slurm,  # noqa: F811
+                                                                              monkeypatch):
     path, db = search_study(tmp_path, "sl", 2, pruner="none")
+    monkeypatch.setattr(slurm_job, "launch", fake_cell_command)
     spec = yaml.safe_load(path.read_text())
     path.write_text(yaml.safe_dump({**spec, "slurm": {"partition": "cpu", "time": "00:10:00", "gpus_per_node": 0}}))
-    result = run_cli("study", path, "--executor", "slurm", "--jobs", "1", env=fake_slurm)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for key, value in fake_slurm.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(trial_pool, "POLL_S", 0.1)
+    assert study_cli(path, "--executor", "slurm", "--jobs", "1") == 0
     submitted = jobs(fake_slurm["FAKE_SLURM"])
     assert [j["opts"]["job-name"] for j in submitted] == ["sl.sentiment-t000", "sl.sentiment-t001"]
     assert all(j["state"] == "RAN" and j["exit"] == 0 and j["opts"]["partition"] == "cpu" for j in submitted)

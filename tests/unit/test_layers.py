@@ -197,3 +197,26 @@ def test_the_checker_sees_every_kind_of_upward_import_and_a_cycle(tmp_path, monk
             assert expected in str(e)
         else:
             raise AssertionError(f"{check.__name__} passed on {expected}")
+
+
+def private_imports(package: str) -> list[str]:
+    """`from pipeline.PACKAGE.X import _name` in PACKAGE's own modules: a private name of another module."""
+    found = []
+    for name in sorted(m for m in MODULES if m.startswith(package + ".")):
+        for node in ast.walk(ast.parse(MODULES[name].read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(package + "."):
+                found += [f"{name} imports {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    return found
+
+
+def test_no_study_module_imports_a_private_name_of_another():
+    """What study/ modules share is public, with its docstring, where it belongs (the executor seam,
+    slurm_job, spec): a `_name` stays inside its own module."""
+    found = private_imports("pipeline.study")
+    assert not found, "\n".join(found)
+
+
+def test_the_private_import_check_sees_one(tmp_path, monkeypatch):
+    (tmp_path / "a.py").write_text("from pipeline.study.runner import _logs, exit_file\n")
+    monkeypatch.setitem(MODULES, "pipeline.study.fake", tmp_path / "a.py")
+    assert private_imports("pipeline.study") == ["pipeline.study.fake imports pipeline.study.runner._logs"]
