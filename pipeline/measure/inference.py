@@ -114,7 +114,7 @@ def inference_precisions(stage_precision: str, device: torch.device) -> list[str
     that the device runs (runtime/precision.refusal), in the registry's order: fp32 everywhere; on
     CUDA fp16, and bf16 where native; on a CPU bf16 where training would run it (native, or
     emulated where allowed), never fp16 (slower there)."""
-    others = [m.name for m in MODES.values() if device.type in m.benched_on and not refusal(m, device)]
+    others = [m.served_as for m in MODES.values() if device.type in m.benched_on and not refusal(m, device)]
     return list(dict.fromkeys([MODES[stage_precision].served_as, *others]))
 
 

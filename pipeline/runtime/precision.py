@@ -136,10 +136,13 @@ def refusal(mode: PrecisionMode, device: torch.device) -> str:
     return "" if check is None or check[0](device) else check[1]
 
 
-def auto_reason(resolved: str, device_type: str) -> str:
-    """Why auto became `resolved` on this device type; the device type where no pick says."""
+def how_resolved(requested: str, resolved: str, device_type: str) -> str:
+    """"as set", or what auto found on this device type ("auto: this GPU has no bf16")."""
+    if requested != AUTO:
+        return "as set"
     picks = AUTO_PICKS.get(device_type, AUTO_PICKS["cpu"])
-    return next((why.format(device=device_type) for _, name, why in picks if name == resolved), device_type)
+    why = next((why.format(device=device_type) for _, name, why in picks if name == resolved), device_type)
+    return f"auto: {why}"
 
 
 def _auto_pick(device_type: str) -> str:

@@ -7,10 +7,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline import names
-from pipeline.config.precision_modes import AUTO
 from pipeline.config.secrets import redact
 from pipeline.kd.student import ratios
-from pipeline.runtime.precision import auto_reason
+from pipeline.runtime.precision import how_resolved
 
 if TYPE_CHECKING:
     from pipeline.config.sections import DataConfig
@@ -19,9 +18,7 @@ if TYPE_CHECKING:
 
 def precision_line(requested: str, resolved: str, device_type: str) -> str:
     """The resolved precision and why: as set, or what auto found on this device."""
-    if requested != AUTO:
-        return f"{resolved} (as set)"
-    return f"{resolved} (auto: {auto_reason(resolved, device_type)})"
+    return f"{resolved} ({how_resolved(requested, resolved, device_type)})"
 
 
 def settled_line(kind: str, task: str, model: str, precision: str, backend: str, world_size: int,
