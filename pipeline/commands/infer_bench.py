@@ -8,6 +8,9 @@ from pipeline.errors import UserError
 
 
 def main(args: list[str]) -> int:
+    from pipeline.config.precision_modes import DEFAULT, MODES
+
+    served_as = dict.fromkeys(m.served_as for m in MODES.values())
     parser = argparse.ArgumentParser(prog="python -m pipeline infer-bench", description=(
         "Latency (batch 1, p50/p95), throughput (serving batch), parameters, size and peak memory of "
         "each model, on token tensors already on the device (no tokenization inside the clock, warm-up "
@@ -20,7 +23,7 @@ def main(args: list[str]) -> int:
                              "turns, on the CPU)")
     parser.add_argument("--lengths", default="64,128", help="sequence lengths in tokens, comma-separated")
     parser.add_argument("--batch-size", type=int, default=32, help="the serving batch of the throughput figure")
-    parser.add_argument("--precision", help="comma-separated (fp32, tf32, fp16, bf16); default: every one "
+    parser.add_argument("--precision", help=f"comma-separated ({', '.join(served_as)}); default: every one "
                                             "the device runs inference in")
     parser.add_argument("--device", help="cpu or cuda[:N]; default: cuda if there is one")
     parser.add_argument("--budget-s", type=float, default=20.0, help="seconds of timed passes per model")
@@ -36,7 +39,7 @@ def main(args: list[str]) -> int:
     from pipeline.export.onnx_model import served_graph
     from pipeline.measure import inference
     from pipeline.models import SavedModel
-    from pipeline.runtime.precision import SERVED_AS, resolve
+    from pipeline.runtime.precision import resolve
 
     try:
         lengths = {str(n): n for n in (int(x) for x in opts.lengths.split(",") if x.strip())}
@@ -53,12 +56,12 @@ def main(args: list[str]) -> int:
         raise UserError(f"infer-bench: --device {opts.device}: not a device (cpu, cuda, cuda:1)") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"infer-bench: --device {opts.device}: no CUDA device here")
-    precisions = (opts.precision.split(",") if opts.precision else inference.inference_precisions("fp32", device))
+    precisions = (opts.precision.split(",") if opts.precision else inference.inference_precisions(DEFAULT, device))
     for p in precisions:
-        if p not in SERVED_AS:
-            raise UserError(f"infer-bench: --precision {p}: one of {', '.join(SERVED_AS)}")
+        if p not in MODES:
+            raise UserError(f"infer-bench: --precision {p}: one of {', '.join(MODES)}")
         resolve(p, device)  # what the device cannot run is refused as a stage refuses it
-    precisions = list(dict.fromkeys(SERVED_AS[p] for p in precisions))  # bf16-pure is served as bf16
+    precisions = list(dict.fromkeys(MODES[p].served_as for p in precisions))  # bf16-pure is served as bf16
     # every path checked before any timing
     served = {spec: served_graph(spec) if spec.endswith(".onnx") else SavedModel(spec).served()
               for spec in opts.models}

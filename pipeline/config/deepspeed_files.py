@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config.documents import read_document
+from pipeline.config.precision_modes import MODES
 from pipeline.errors import UserError
 
 DEFAULT = "zero2.json"
@@ -55,7 +56,7 @@ def load_ds_config(path: str | None) -> dict:
 
 def resolve_ds_config(raw: dict, train: Any, precision: str, world_size: int, source: str) -> dict:
     """Fill "auto" values from the pipeline config's `train` section (schema.TrainConfig, which
-    imports this module); refuse disagreements."""
+    imports this module) and the precision mode's DeepSpeed blocks; refuse disagreements."""
     cfg = json.loads(json.dumps(raw))  # deep copy
 
     def fill(block: dict, key: str, value: bool | int | float | str, ours: str, label: str | None = None) -> None:
@@ -72,14 +73,13 @@ def resolve_ds_config(raw: dict, train: Any, precision: str, world_size: int, so
     fill(cfg, "train_batch_size", train.batch_size * train.grad_accum * world_size,
          "train.batch_size x train.grad_accum x world size")
     fill(cfg, "gradient_clipping", train.max_grad_norm, "train.max_grad_norm")
-    # fp16: DeepSpeed's fp16 mode (pure16); bf16: torch autocast with fp32 weights, the bf16 block off
-    fill(cfg.setdefault("fp16", {}), "enabled", precision == "fp16", f"precision={precision}", label="fp16.enabled")
-    fill(cfg.setdefault("bf16", {}), "enabled", False, f"precision={precision} runs as torch autocast with fp32 weights"
-         if precision == "bf16" else f"precision={precision}", label="bf16.enabled")
-    autocast = cfg.setdefault("torch_autocast", {})
-    fill(autocast, "enabled", precision == "bf16", f"precision={precision}", label="torch_autocast.enabled")
-    if autocast["enabled"]:
-        fill(autocast, "dtype", "bfloat16", f"precision={precision}", label="torch_autocast.dtype")
+    mode = MODES[precision]
+    for block, settings in (mode.deepspeed or {}).items():
+        for key, value in settings.items():
+            label = f"{block}.{key}"
+            why = mode.deepspeed_why.get(label)
+            fill(cfg.setdefault(block, {}), key, value, f"precision={precision}" + (f" {why}" if why else ""),
+                 label=label)
     if "optimizer" in cfg:
         params = cfg["optimizer"].setdefault("params", {})
         fill(params, "lr", train.lr, "train.lr")
@@ -95,8 +95,8 @@ def check_supported(ds_cfg: dict, precision: str, device_type: str, source: str)
     """Combinations that cannot work, refused at start instead of deep inside DeepSpeed; returns the
     ZeRO stage."""
     stage = ds_cfg.get("zero_optimization", {}).get("stage", 0)
-    if precision == "fp16" and device_type == "cpu":
-        raise UserError("precision=fp16 with backend=deepspeed: DeepSpeed's CPU accelerator has no fp16 "
+    if ds_cfg.get("fp16", {}).get("enabled") is True and device_type == "cpu":
+        raise UserError(f"precision={precision} with backend=deepspeed: DeepSpeed's CPU accelerator has no fp16 "
                         "training; use bf16 or fp32")
     if stage not in (0, 1, 2, 3):
         raise UserError(f"config: {source}: zero_optimization.stage={stage}: must be 0, 1, 2 or 3")

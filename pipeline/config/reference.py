@@ -21,7 +21,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 from pipeline.config.keys import fields_of
-from pipeline.config.schema import CHOICES, VALUE_FORMS, Config
+from pipeline.config.schema import VALUE_FORMS, Config, choices
 from pipeline.config.trainer_names import TRAINER_NAMES
 
 PAGE = "docs/configuration.md"
@@ -58,9 +58,9 @@ def sections() -> list[tuple[str, str, list[Key]]]:
     out = [("", "Keys at the top level of the configuration.", top)]
     for f, kind in fields_of(Config):
         if dataclasses.is_dataclass(kind):
-            out.append((f.name, _meaning(Config, f.name), list(_keys(kind, f"{f.name}.", CHOICES))))
+            out.append((f.name, _meaning(Config, f.name), list(_keys(kind, f"{f.name}.", choices()))))
         else:
-            top.append(_key(Config, f, kind, "", CHOICES))
+            top.append(_key(Config, f, kind, "", choices()))
     return out
 
 

@@ -18,6 +18,8 @@ from pipeline.config.coerce import coerce
 from pipeline.config.deepspeed_files import ds_config_file, shipped
 from pipeline.config.documents import read_document
 from pipeline.config.keys import did_you_mean, dotted_keys, unknown_key_hint
+from pipeline.config.precision_modes import DEFAULT as DEFAULT_PRECISION
+from pipeline.config.precision_modes import names as precision_names
 from pipeline.config.sections import (
     COMPILE_MODES,
     CompileMode,
@@ -32,10 +34,15 @@ from pipeline.errors import UserError
 from pipeline.tasks import REGISTRY
 
 TASKS = tuple(REGISTRY)  # the task registry is the one list of task names
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "bf16-pure", "auto")
 BACKENDS = ("auto", "single", "ddp", "deepspeed")
-CHOICES = {"task": TASKS, "precision": PRECISIONS, "backend": BACKENDS, "train.compile": COMPILE_MODES}
-"""The keys with a fixed set of values: validate() and the reference."""
+
+
+def choices() -> dict[str, tuple[str, ...]]:
+    """The keys with a fixed set of values: validate() and the reference (the precisions as the
+    registry holds them when asked)."""
+    return {"task": TASKS, "precision": precision_names(), "backend": BACKENDS, "train.compile": COMPILE_MODES}
+
+
 RESUME_WORDS = ("never", "auto")
 """resume's values other than a checkpoint's path."""
 VALUE_FORMS = {"resume": f"{' | '.join(RESUME_WORDS)} | PATH"}
@@ -65,7 +72,7 @@ class Config:
     model=from_teacher:N the width keys shape the student only, the others both models)."""
     task_options: dict = field(default_factory=dict)
     """Task-specific switches, e.g. task_options.binary=true for error_cls."""
-    precision: str = "fp32"
+    precision: str = DEFAULT_PRECISION
     """fp32 (strict, TF32 off) | tf32 | fp16 (autocast + dynamic loss scaling) | bf16 (autocast) |
     bf16-pure (the module in bf16, fp32 master weights and moments in the optimizer; torch backend) |
     auto."""
@@ -208,9 +215,10 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def _one_of(key: str, value: str) -> None:
-    if value not in CHOICES[key]:
-        near = did_you_mean(value, CHOICES[key], default=functools.reduce(getattr, key.split("."), Config()))
-        raise UserError(f"config: {key}={value}: must be one of {' | '.join(CHOICES[key])}{near}")
+    allowed = choices()[key]
+    if value not in allowed:
+        near = did_you_mean(value, allowed, default=functools.reduce(getattr, key.split("."), Config()))
+        raise UserError(f"config: {key}={value}: must be one of {' | '.join(allowed)}{near}")
 
 
 def _path_like(value: str) -> bool:

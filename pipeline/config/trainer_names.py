@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from pipeline.config.precision_modes import listed
+
 
 class TrainerName(NamedTuple):
     """One TrainingArguments name (or a Trainer callback's) and what a user writes here instead."""
@@ -42,8 +44,7 @@ TRAINER_NAMES = (
     TrainerName("lr_scheduler_type", None, "one schedule: linear warm-up, then linear decay to zero"),
     TrainerName("optim", None, "AdamW (fused on a GPU) only"),
     TrainerName("max_grad_norm", "train.max_grad_norm"),
-    TrainerName("fp16", "precision=fp16", "one key for the precision: fp32 (default) | tf32 | fp16 | bf16 | "
-                "bf16-pure | auto"),
+    TrainerName("fp16", "precision=fp16", f"one key for the precision: {listed()}"),
     TrainerName("bf16", "precision=bf16", "one key for the precision; bf16-pure keeps the module in bf16"),
     TrainerName("tf32", "precision=tf32", "fp32 (the default) keeps TF32 off"),
     TrainerName("seed", "seed"),

@@ -32,8 +32,9 @@ import numpy as np
 import torch
 
 from pipeline import names
+from pipeline.config.precision_modes import MODES
 from pipeline.measure.telemetry import synchronize
-from pipeline.runtime.precision import SERVED_AS, SERVING_DTYPES, cpu_runs_bf16, cuda_supports_bf16
+from pipeline.runtime.precision import refusal
 
 LATENCY_REPS = (10, 100)
 """Batch-1 passes per measurement: at least, at most (the budget decides in between); over several
@@ -108,16 +109,13 @@ class Served:
 
 
 def inference_precisions(stage_precision: str, device: torch.device) -> list[str]:
-    """The precision the stage's model is served in first (SERVED_AS: bf16-pure serves as bf16),
-    then the others this device runs inference in: fp32 everywhere; on CUDA fp16, and bf16 where
-    native (the pipeline's rule); on a CPU bf16 where training would run it (native, or emulated
-    where allowed: precision.cpu_runs_bf16), never fp16 (slower there)."""
-    others = ["fp32"]
-    if device.type == "cuda":
-        others += ["fp16"] + (["bf16"] if cuda_supports_bf16() else [])
-    elif cpu_runs_bf16():
-        others.append("bf16")
-    return list(dict.fromkeys([SERVED_AS[stage_precision], *others]))
+    """The precision the stage's model is served in first (its mode's served_as: bf16-pure serves
+    as bf16), then the others this device runs inference in: each mode benched on this device type
+    that the device runs (runtime/precision.refusal), in the registry's order: fp32 everywhere; on
+    CUDA fp16, and bf16 where native; on a CPU bf16 where training would run it (native, or
+    emulated where allowed), never fp16 (slower there)."""
+    others = [m.served_as for m in MODES.values() if device.type in m.benched_on and not refusal(m, device)]
+    return list(dict.fromkeys([MODES[stage_precision].served_as, *others]))
 
 
 @contextlib.contextmanager
@@ -182,7 +180,7 @@ def bench_side_by_side(models: dict[str, Served], device: torch.device, *, lengt
             if served.precisions is not None and precision not in served.precisions:
                 continue
             before = _memory_now(device)
-            model = served.load(SERVING_DTYPES[precision], device).eval()
+            model = served.load(getattr(torch, MODES[precision].compute), device).eval()
             if name not in results:
                 total, no_embed = count_params(model)
                 results[name] = BenchResult(total, no_embed, served.size_mb, str(device), torch.get_num_threads(),
@@ -194,7 +192,7 @@ def bench_side_by_side(models: dict[str, Served], device: torch.device, *, lengt
             loaded[name] = (model, inputs, peaks)
         timed: dict[tuple[str, int], list[tuple[list[float], float, int]]] = {}
         matmul = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        torch.backends.cuda.matmul.allow_tf32 = MODES[precision].tf32
         latency_bounds, throughput_bounds = per_turn(LATENCY_REPS, reps, 3), per_turn(THROUGHPUT_REPS, reps, 1)
         try:
             for rep in range(reps):

@@ -24,13 +24,19 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
+from pipeline.config.precision_modes import MODES
 from pipeline.report.compare import amp_pairs
 
 FILE = "amp_step.json"
 STEPS = 12
 """Timed steps per precision (after two untimed ones each)."""
-DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
-"""The AMP sides' resolved precisions that autocast runs; others (fp32 under auto, tf32, pure16) are not timed."""
+
+
+def _autocast_dtype(precision: str) -> str | None:
+    """The dtype an AMP side's resolved precision autocasts to; None for one that does not (fp32
+    under auto, tf32, pure16): not timed."""
+    mode = MODES.get(precision)
+    return mode.compute if mode is not None and mode.autocast else None
 
 
 def measure(cells: pd.DataFrame, device: str | None = None, steps: int = STEPS) -> dict:
@@ -40,7 +46,7 @@ def measure(cells: pd.DataFrame, device: str | None = None, steps: int = STEPS) 
         label = f"{task} / {model}" + (f" / {procedure}" if procedure != "train" else "")
         precision = "/".join(sorted(set(amp[amp.status == "finished"].precision.dropna().map(str))))
         shape = _shape(fp32[fp32.status == "finished"])
-        if precision not in DTYPES:
+        if _autocast_dtype(precision) is None:
             skipped[label] = f"AMP ran {precision or 'nothing that finished'}: no autocast step to time"
         elif shape is None:
             skipped[label] = "the FP32 side's best/ or config.yaml is not on this machine"
@@ -84,7 +90,8 @@ def _run(record: dict, pairs: list, device_name: str | None) -> dict:
     with serving_threads(device) as threads, LoadSampler(device) as load:
         for label, precision, best, batch, length in pairs:
             model = SavedModel(best).load(torch.float32, device).train()
-            times = _alternate(model, device, getattr(torch, DTYPES[precision]), batch, length, record["steps"])
+            dtype = getattr(torch, _autocast_dtype(precision))
+            times = _alternate(model, device, dtype, batch, length, record["steps"])
             fp32, amp = statistics.median(times["fp32"]), statistics.median(times["amp"])
             record["pairs"][label] = {"precision": precision, "batch_size": batch, "length": length, "model": best,
                                       "fp32_step_ms": 1000 * fp32, "amp_step_ms": 1000 * amp, "speedup": fp32 / amp,

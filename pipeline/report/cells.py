@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
+from pipeline.config.precision_modes import PURE16, report_side
 from pipeline.names import (
     BEST_EPOCH,
     CELL_TAG_PREFIX,
@@ -39,7 +40,7 @@ from pipeline.names import (
     TEST,
     TEST_MAIN,
 )
-from pipeline.report.columns import AMP_PRECISIONS, COLUMNS, ENERGY_FIGURES, FP32_PRECISIONS, MEMORY, METRICS
+from pipeline.report.columns import COLUMNS, ENERGY_FIGURES, MEMORY, METRICS
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -122,8 +123,8 @@ def _row(client: MlflowClient, name: str, plan: dict | None, run: Run | None) ->
         "cell": name, "task": plan.get("task") or tags.get(TAG_TASK), "model": plan.get("model") or tags.get(TAG_MODEL),
         "procedure": procedure, "stage": plan.get("command") or tags.get(TAG_STAGE),
         "seed": plan.get("seed", tags.get(TAG_SEED)), "precision_requested": requested,
-        "precision": f"{ran} (pure16)" if mode == "pure16" else ran, "precision_mode": mode,
-        "role": "amp" if requested in AMP_PRECISIONS else "fp32" if requested in FP32_PRECISIONS else "",
+        "precision": f"{ran} ({PURE16})" if mode == PURE16 else ran, "precision_mode": mode,
+        "role": report_side(requested),  # each AMP precision in its own pair (tf32 too, never fp32's side)
         "tables": ",".join(tables), "needs": ",".join(plan.get("needs") or []), "launcher": launcher,
         "status": status,
         "exit_code": plan.get("exit_code") if status == "failed" else (0 if status == "finished" else None),

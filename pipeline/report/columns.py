@@ -30,10 +30,6 @@ from pipeline.names import (
     test_metric,
 )
 
-AMP_PRECISIONS = ("fp16", "bf16", "bf16-pure", "auto", "tf32")
-"""The precisions compared against fp32, each in its own pair (tf32 too: its own column, never fp32's side)."""
-FP32_PRECISIONS = ("fp32",)
-
 TEST_COLUMNS = ("precision", "recall", "f1", "map", "mrr")
 """The task metrics of the KD table: column test_NAME <- MLflow test/NAME."""
 PAPER_COLUMNS = ("accuracy", "exact")

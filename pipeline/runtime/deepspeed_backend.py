@@ -46,12 +46,13 @@ import torch
 
 from pipeline import names
 from pipeline.config.deepspeed_files import check_supported, ds_config_file, load_ds_config, resolve_ds_config
+from pipeline.config.precision_modes import PURE16
 from pipeline.config.schema import SettledTrain, TrainConfig
 from pipeline.errors import UserError
 from pipeline.layout import CheckpointFiles, OutputDir
 from pipeline.runtime.backend import StepResult
 from pipeline.runtime.compiler import OFF, CompilePolicy, allow_shapes, compile_kwargs
-from pipeline.runtime.precision import BF16_PURE, PURE16, PrecisionPolicy
+from pipeline.runtime.precision import PrecisionPolicy
 from pipeline.runtime.world import Runtime
 
 if TYPE_CHECKING:
@@ -92,9 +93,11 @@ def read_loss_scale(optimizer: DeepSpeedOptimizer) -> float | None:
     return None if scale is None else float(scale)
 
 
-def precision_mode(policy: PrecisionPolicy) -> str:
-    """fp16 is DeepSpeed's own 16-bit module (pure16); bf16 autocast as under torchrun."""
-    return PURE16 if policy.name == "fp16" else policy.mode
+def precision_mode(policy: PrecisionPolicy, ds_config: dict) -> str:
+    """A DeepSpeed fp16 or bf16 block makes the engine's module 16 bit (pure16); else the mode's
+    own, as under torchrun (autocast through the torch_autocast block)."""
+    own = any(ds_config.get(block, {}).get("enabled") is True for block in ("fp16", "bf16"))
+    return PURE16 if own else policy.mode
 
 
 def skip_the_shm_all_reduce_build() -> None:
@@ -117,18 +120,19 @@ class DeepSpeedBackend:
                  compile: CompilePolicy = OFF):
         """config_path: the DeepSpeed JSON (the `deepspeed` key); None uses the shipped zero2.json.
         `compile` was settled with the plan for this ZeRO stage (compiler.resolve): not resolved again."""
-        if policy.name == BF16_PURE:
-            raise UserError(f"precision={BF16_PURE} with backend=deepspeed: not supported (DeepSpeed keeps the fp32 "
-                            "master weights in its own partitions); use precision=bf16, or backend=ddp")
+        if policy.spec.deepspeed is None:
+            raise UserError(f"precision={policy.name} with backend=deepspeed: not supported (DeepSpeed keeps the fp32 "
+                            f"master weights in its own partitions); use precision={policy.arithmetic}, or "
+                            "backend=ddp")
         self.rt = rt
         self.policy = policy
         self.engine = None
-        self.precision_mode = precision_mode(policy)
         self.compile = compile
         self.source = str(ds_config_file(config_path) or config_path)
         self.raw = load_ds_config(config_path)
         self.ds_config = resolve_ds_config(self.raw, train, policy.name, rt.world_size, self.source)
         self.zero_stage = check_supported(self.ds_config, policy.name, rt.device.type, self.source)
+        self.precision_mode = precision_mode(policy, self.ds_config)
 
     @property
     def fused_optimizer(self) -> bool:

@@ -1,5 +1,7 @@
 """One flag, `precision`, decides autocast, loss scaling, the float32 matmul mode and the dtype the
-module's weights are held in.
+module's weights are held in: its mode (config/precision_modes.py) declares them; a policy here is
+that mode on one device type, in torch's terms (dtypes, autocast, GradScaler, matmul mode), and
+resolve() refuses what the device cannot run and settles `auto`.
 
 Master weights and optimizer state stay fp32 in every mode. Under fp16 and bf16 they are the
 module's own parameters and autocast casts them per op; under bf16-pure the module holds bf16
@@ -14,19 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.config.precision_modes import AUTO, MODES, PrecisionMode
 from pipeline.errors import UserError
 from pipeline.runtime.master_weights import MasterWeights
-
-# The values of the run's precision_mode tag (names.TAG_PRECISION_MODE): how 16-bit compute is
-# done, so rows that differ in it never share a report column unlabeled.
-AUTOCAST = "autocast"
-"""fp32 weights, 16-bit matmuls per op under torch.autocast (reductions, softmax, norms, losses in fp32)."""
-PURE16 = "pure16"
-"""The module itself in 16 bit, fp32 master weights in the optimizer (DeepSpeed's fp16 mode, and
-precision=bf16-pure): norms and losses read and write 16 bit."""
-FP32 = "fp32"
-"""No 16-bit compute (fp32 and tf32)."""
-
 
 EMULATED_BF16_ENV = "PIPELINE_EMULATED_BF16"
 """Set to 1 to run bf16 and bf16-pure on a CPU without native bf16 kernels (AVX2 only), emulated:
@@ -52,37 +44,36 @@ def cpu_supports_fp16() -> bool:
     return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
 
 
-BF16_PURE = "bf16-pure"
-"""The precision value of bf16 compute weights: the module in bf16, fp32 masters in the optimizer."""
-
-SERVED_AS = {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "bf16": "bf16", BF16_PURE: "bf16"}
-"""Every resolved precision -> the precision its model is served in (the inference bench's rows and
-infer/* names): a model is served cast whole to one dtype, so bf16-pure serves as bf16 does."""
-SERVING_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-"""A served precision -> the dtype the model's weights and activations are cast to (tf32: fp32
-tensors, TF32 matmuls)."""
+def cuda_supports_bf16() -> bool:
+    """Native bf16 only (Ampere, compute capability 8.0, and newer): torch's default also counts
+    GPUs that merely emulate it (V100, T4), where bf16 runs slower than fp32."""
+    return torch.cuda.is_bf16_supported(including_emulation=False)
 
 
 @dataclass(frozen=True)
 class PrecisionPolicy:
     name: str
-    """Resolved mode: fp32 | tf32 | fp16 | bf16 | bf16-pure (never auto)."""
+    """Resolved mode: a name in precision_modes.MODES (never auto)."""
     device_type: str
     """cuda | cpu: the autocast and GradScaler device."""
 
     @property
+    def spec(self) -> PrecisionMode:
+        return MODES[self.name]
+
+    @property
     def compute_dtype(self) -> torch.dtype:
-        return {"fp16": torch.float16, "bf16": torch.bfloat16, BF16_PURE: torch.bfloat16}.get(self.name, torch.float32)
+        return getattr(torch, self.spec.compute)
 
     @property
     def arithmetic(self) -> str:
         """The matmuls' number format, the column of a peak-FLOP/s table: fp32 | tf32 | fp16 | bf16."""
-        return "bf16" if self.name == BF16_PURE else self.name
+        return self.spec.arithmetic
 
     @property
     def module_dtype(self) -> torch.dtype:
         """The dtype the trained module's weights are held in (the optimizer's are fp32 always)."""
-        return torch.bfloat16 if self.name == BF16_PURE else torch.float32
+        return getattr(torch, self.spec.weights)
 
     def master_weights(self, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> MasterWeights | None:
         """Where the module holds 16-bit weights: the optimizer's parameters become fp32 copies of
@@ -91,16 +82,16 @@ class PrecisionPolicy:
 
     @property
     def uses_autocast(self) -> bool:
-        return self.name in ("fp16", "bf16")
+        return self.spec.autocast
 
     @property
     def mode(self) -> str:
         """How 16-bit compute is done under this policy with the torch backend."""
-        return PURE16 if self.name == BF16_PURE else AUTOCAST if self.uses_autocast else FP32
+        return self.spec.precision_mode
 
     @property
     def uses_loss_scaling(self) -> bool:
-        return self.name == "fp16"  # bf16 has fp32's exponent range: nothing underflows
+        return self.spec.loss_scaling
 
     def autocast(self):
         if not self.uses_autocast:
@@ -112,35 +103,57 @@ class PrecisionPolicy:
         return torch.amp.GradScaler(self.device_type) if self.uses_loss_scaling else None
 
     def apply_matmul_mode(self) -> None:
-        """fp32 is strict IEEE (TF32 off for matmul and cuDNN); tf32 allows TF32 tensor cores."""
-        allow = self.name == "tf32"
+        """Strict IEEE fp32 (TF32 off for matmul and cuDNN) unless the mode allows TF32 tensor cores."""
+        allow = self.spec.tf32
         torch.set_float32_matmul_precision("high" if allow else "highest")
         torch.backends.cudnn.allow_tf32 = allow
 
 
-def cuda_supports_bf16() -> bool:
-    """Native bf16 only (Ampere, compute capability 8.0, and newer): torch's default also counts
-    GPUs that merely emulate it (V100, T4), where bf16 runs slower than fp32."""
-    return torch.cuda.is_bf16_supported(including_emulation=False)
+DEVICE_CHECKS = {  # number format -> device type -> (whether the device runs it, why not)
+    "bf16": {"cuda": (lambda device: cuda_supports_bf16(), "this cuda device has no bf16 support; use fp16 or fp32"),
+             "cpu": (lambda device: cpu_runs_bf16(), "this cpu device has no bf16 support (emulated, it would run "
+                     f"slower than fp32); use fp32, or set {EMULATED_BF16_ENV}=1 to run it emulated")},
+    "fp16": {"cpu": (lambda device: cpu_supports_fp16(),
+                     "this CPU has no fp16 kernels (oneDNN reports none); use bf16 or fp32")},
+    "tf32": {"cuda": (lambda device: torch.cuda.get_device_capability(device)[0] >= 8,
+                      "needs an Ampere or newer GPU; use fp32 or fp16")},
+}
+"""What a device needs for a mode's number format (PrecisionMode.arithmetic); a format or device
+type not listed needs nothing."""
+
+AUTO_PICKS = {  # device type -> (whether it holds, the mode auto picks, why), the first that holds
+    "cuda": ((lambda: cuda_supports_bf16(), "bf16", "this {device} runs bf16"), (None, "fp16", "this GPU has no bf16")),
+    "cpu": ((lambda: cpu_supports_bf16(), "bf16", "this {device} runs bf16"),
+            (None, "fp32", "this CPU has no bf16 kernels")),
+}
+"""precision=auto: bf16 where it is native (picked for speed, so never emulated), else fp16 on a GPU
+and fp32 on a CPU; a device type not listed picks as a CPU does."""
+
+
+def refusal(mode: PrecisionMode, device: torch.device) -> str:
+    """Why `device` cannot run the mode's number format; "" where it can."""
+    check = DEVICE_CHECKS.get(mode.arithmetic, {}).get(device.type)
+    return "" if check is None or check[0](device) else check[1]
+
+
+def how_resolved(requested: str, resolved: str, device_type: str) -> str:
+    """"as set", or what auto found on this device type ("auto: this GPU has no bf16")."""
+    if requested != AUTO:
+        return "as set"
+    picks = AUTO_PICKS.get(device_type, AUTO_PICKS["cpu"])
+    why = next((why.format(device=device_type) for _, name, why in picks if name == resolved), device_type)
+    return f"auto: {why}"
+
+
+def _auto_pick(device_type: str) -> str:
+    return next(name for holds, name, _ in AUTO_PICKS.get(device_type, AUTO_PICKS["cpu"]) if holds is None or holds())
 
 
 def resolve(requested: str, device: torch.device) -> PrecisionPolicy:
     """Turn the `precision` key into a policy for this device, refusing what it cannot run; no
     process-wide setting changes here (PrecisionPolicy.apply_matmul_mode, when a stage starts)."""
-    kind = device.type
-    if requested == "auto":
-        if kind == "cuda":
-            requested = "bf16" if cuda_supports_bf16() else "fp16"
-        else:
-            requested = "bf16" if cpu_supports_bf16() else "fp32"
-    if requested in ("bf16", BF16_PURE):
-        if kind == "cuda" and not cuda_supports_bf16():
-            raise UserError(f"precision={requested}: this cuda device has no bf16 support; use fp16 or fp32")
-        if kind == "cpu" and not cpu_runs_bf16():
-            raise UserError(f"precision={requested}: this cpu device has no bf16 support (emulated, it would run "
-                            f"slower than fp32); use fp32, or set {EMULATED_BF16_ENV}=1 to run it emulated")
-    if requested == "fp16" and kind == "cpu" and not cpu_supports_fp16():
-        raise UserError("precision=fp16: this CPU has no fp16 kernels (oneDNN reports none); use bf16 or fp32")
-    if requested == "tf32" and kind == "cuda" and torch.cuda.get_device_capability(device)[0] < 8:
-        raise UserError("precision=tf32: needs an Ampere or newer GPU; use fp32 or fp16")
-    return PrecisionPolicy(requested, kind)  # a stage applies its matmul mode when it starts
+    name = _auto_pick(device.type) if requested == AUTO else requested
+    why = refusal(MODES[name], device)
+    if why:
+        raise UserError(f"precision={name}: {why}")
+    return PrecisionPolicy(name, device.type)  # a stage applies its matmul mode when it starts

@@ -10,6 +10,7 @@ from safetensors import safe_open
 from helpers import FAST, error_lines, mlflow_runs, run_cli, tracking_db
 from pipeline import names
 from pipeline.config import load_config
+from pipeline.config.precision_modes import MODES
 from pipeline.job.run import run
 from pipeline.runtime import precision
 from pipeline.runtime import torch_backend as backend_mod
@@ -49,7 +50,7 @@ def test_sentiment_learns_and_lands_in_mlflow(tmp_path, prec):
     # the best model's inference figures, at the test split's median and longest lengths, in the
     # precision it is served in (bf16-pure's: bf16)
     served = {names.INFER_PARAMS, names.INFER_PARAMS_NO_EMBED, names.INFER_SIZE_MB,
-              *(names.infer_metric(q, precision.SERVED_AS[prec], length) for length in names.INFER_LENGTHS
+              *(names.infer_metric(q, MODES[prec].served_as, length) for length in names.INFER_LENGTHS
                 for q in (names.INFER_LATENCY_P50, names.INFER_LATENCY_P95, names.INFER_SAMPLES_PER_S,
                           names.INFER_PEAK_RSS))}
     assert served <= set(figures) and served <= set(mlrun.data.metrics)

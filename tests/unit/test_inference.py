@@ -7,7 +7,7 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from pipeline import names
-from pipeline.config.schema import PRECISIONS
+from pipeline.config.precision_modes import MODES
 from pipeline.errors import UserError
 from pipeline.measure import inference
 from pipeline.models import SavedModel
@@ -47,10 +47,10 @@ def test_the_stage_precision_comes_first_and_a_cpu_adds_only_what_it_runs(monkey
 
 
 def test_bf16_pure_is_served_in_bf16_like_bf16():
-    served = {p: precision.SERVING_DTYPES[precision.SERVED_AS[p]] for p in ("bf16-pure", "bf16")}
-    assert served == {"bf16-pure": torch.bfloat16, "bf16": torch.bfloat16}
+    served = {p: MODES[MODES[p].served_as].compute for p in ("bf16-pure", "bf16")}
+    assert served == {"bf16-pure": "bfloat16", "bf16": "bfloat16"}
     assert inference.inference_precisions("bf16-pure", CPU)[0] == "bf16"
-    assert set(precision.SERVED_AS) == set(PRECISIONS) - {"auto"}  # every resolved precision has a serving
+    assert all(MODES[m.served_as].served_as == m.served_as for m in MODES.values())  # a served mode serves as itself
 
 
 def test_bench_measures_each_length_and_names_each_figure(saved):

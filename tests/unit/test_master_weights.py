@@ -12,7 +12,7 @@ from pipeline.runtime.torch_backend import TorchBackend
 from pipeline.runtime.world import Runtime
 
 CPU = Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))
-PURE = precision.PrecisionPolicy(precision.BF16_PURE, "cpu")
+PURE = precision.PrecisionPolicy("bf16-pure", "cpu")
 
 
 def setup(policy=PURE, lr=1e-2, max_grad_norm=1.0):

@@ -1,14 +1,22 @@
 """AMP semantics users rely on: loss scaling skips overflowing steps without advancing the
-schedule, master weights and optimizer state stay fp32, `auto` and refusals per device."""
+schedule, master weights and optimizer state stay fp32, `auto` and refusals per device; a mode is
+one declaration that every part of the pipeline asks."""
 import math
 
 import pytest
 import torch
 import transformers
 
+from helpers import settled_train
+from pipeline.config import load_config, precision_modes
+from pipeline.config.deepspeed_files import load_ds_config
+from pipeline.config.precision_modes import PrecisionMode
 from pipeline.errors import UserError
 from pipeline.job.parts.step_losses import rewind
+from pipeline.measure import inference
+from pipeline.report import amp_step
 from pipeline.runtime import precision
+from pipeline.runtime.deepspeed_backend import DeepSpeedBackend
 from pipeline.runtime.torch_backend import TorchBackend
 from pipeline.runtime.world import Runtime
 
@@ -197,3 +205,29 @@ def test_clipping_inside_the_fused_step_matches_a_separate_clipping_pass(name):
     for mine, theirs in zip(backend.module.parameters(), ref.parameters()):
         torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)  # fp32 rounding apart
     assert all(not hasattr(opt, attr) for attr in ("grad_scale", "found_inf"))  # nothing left for the next step
+
+
+def test_a_mode_added_to_the_registry_alone_is_run_served_and_reported_as_it_declares(monkeypatch):
+    """A throwaway mode (bf16 autocast with loss scaling, DeepSpeed's bf16 module, on the report's
+    fp32 side, so no field matches a real mode's by accident), with no file but the registry edited."""
+    mode = PrecisionMode("bf16-scaled", "bfloat16", "bf16", served_as="bf16", autocast=True, loss_scaling=True,
+                         deepspeed={"fp16": {"enabled": False}, "bf16": {"enabled": True},
+                                    "torch_autocast": {"enabled": False}}, report=precision_modes.REFERENCE)
+    monkeypatch.setitem(precision_modes.MODES, mode.name, mode)
+    monkeypatch.setenv(precision.EMULATED_BF16_ENV, "1")  # its bf16 passes the device check on any CPU
+    assert load_config(None, [f"precision={mode.name}"]).precision == mode.name
+
+    policy = precision.resolve(mode.name, torch.device("cpu"))
+    assert policy.spec is mode and policy.mode == precision_modes.AUTOCAST and policy.module_dtype == torch.float32
+    with policy.autocast():
+        assert torch.nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.bfloat16
+    assert isinstance(policy.make_scaler(), torch.amp.GradScaler)
+
+    ds = DeepSpeedBackend(CPU, policy, settled_train(), None)  # the shipped zero2.json: its blocks say "auto"
+    assert load_ds_config(None)["bf16"]["enabled"] == "auto"
+    assert ds.ds_config["bf16"]["enabled"] is True and ds.ds_config["fp16"]["enabled"] is False
+    assert ds.extra_tags == {"precision_mode": precision_modes.PURE16}  # DeepSpeed's bf16 block: a 16-bit module
+
+    assert inference.inference_precisions(mode.name, torch.device("cpu"))[0] == "bf16"
+    assert precision_modes.report_side(mode.name) == "fp32"
+    assert amp_step._autocast_dtype(mode.name) == "bfloat16"

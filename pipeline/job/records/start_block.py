@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from pipeline import names
 from pipeline.config.secrets import redact
 from pipeline.kd.student import ratios
+from pipeline.runtime.precision import how_resolved
 
 if TYPE_CHECKING:
     from pipeline.config.sections import DataConfig
@@ -17,11 +18,7 @@ if TYPE_CHECKING:
 
 def precision_line(requested: str, resolved: str, device_type: str) -> str:
     """The resolved precision and why: as set, or what auto found on this device."""
-    if requested != "auto":
-        return f"{resolved} (as set)"
-    why = {"bf16": f"this {device_type} runs bf16", "fp16": "this GPU has no bf16",
-           "fp32": "this CPU has no bf16 kernels"}.get(resolved, device_type)
-    return f"{resolved} (auto: {why})"
+    return f"{resolved} ({how_resolved(requested, resolved, device_type)})"
 
 
 def settled_line(kind: str, task: str, model: str, precision: str, backend: str, world_size: int,
