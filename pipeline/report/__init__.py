@@ -21,8 +21,8 @@ It also logs them as artifacts (report/) of the study's parent run.
 A failed or missing run shows as "failed" or "missing" in every table, never as a number;
 a metric a run could not measure (energy on a CPU) shows as "n/a".
 
-May import: everything below the report layer except stage and train (it reads MLflow, never a
-running job); it imports tracking and the task registry.
+May import: everything below the report layer except the job (it reads what jobs left: MLflow, the
+search's Optuna storage, finished stages' best models, never a running job).
 
 Inside, lowest first: columns compare confound search | amp_step ceiling cells charts side_by_side tables
 training_speed verdicts | payoff | markdown
