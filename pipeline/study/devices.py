@@ -35,14 +35,14 @@ def width(cell: Cell, gpus: int) -> int:
     return cell.launcher.nproc if isinstance(cell.launcher.nproc, int) else gpus
 
 
-def cpu_threads(cell: Cell, jobs: int, cores: int | None = None) -> int:
+def cpu_threads(cell: Cell, slots: int, cores: int | None = None) -> int:
     """Threads for each process of a cell that shares the CPU with jobs - 1 others: the cores split
     evenly (each torch process would take every core, and N cells at once oversubscribe them:
     bf16 cells measured 7.5x slower that way on 2 cores, benchmarks/results/study_jobs-*.json)."""
-    return max(1, (cores or os.cpu_count() or 1) // (jobs * max(1, width(cell, 1))))
+    return max(1, (cores or os.cpu_count() or 1) // (slots * max(1, width(cell, 1))))
 
 
-def default_jobs(gpus: list[str]) -> int:
+def default_slots(gpus: list[str]) -> int:
     """One cell per GPU; on a CPU one at a time (each cell's torch already uses every core)."""
     return max(1, len(gpus))
 

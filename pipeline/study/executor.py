@@ -4,7 +4,7 @@ post-stage steps) and returns its `Handle`: `poll()` says whether it ended, and 
 are set; `stop()` passes a SIGTERM on to a cell this runner started (it checkpoints at its next
 step), `wait()` waits for such a cell to end; both do nothing for a cell it only watches.
 
-    start(study, cell, gpus, parent=..., served=..., jobs=..., echo=..., step=...) -> Handle
+    start(study, cell, gpus, parent=..., served=..., slots=..., echo=..., step=...) -> Handle
 
 `start_local` runs it as a process on this node (cell_process.py), on the GPUs `gpus` the caller's
 slots gave it; slurm_job.start_slurm submits it as a Slurm job. `launch` is the one place a cell's
@@ -46,10 +46,10 @@ class Waited:
 
 
 def launch(study: Study, cell: Cell, parent: str, gpus: list[str] | None, served: str | None = None,
-           jobs: int = 1, step: str | None = None) -> tuple[list[str], dict[str, str]]:
+           slots: int = 1, step: str | None = None) -> tuple[list[str], dict[str, str]]:
     """The command line and environment of a cell's process: its stage under its launcher, a child
     of the study's parent run, tracking to `served` (the study's MLflow server) when there is one;
-    or its post-stage `step`. It sees only its `gpus`; on the CPU, with `jobs` cells side by side,
+    or its post-stage `step`. It sees only its `gpus`; on the CPU, with `slots` cells side by side,
     its share of the cores."""
     if step is not None:
         cmd = cell.step_command(step, served)
@@ -59,15 +59,15 @@ def launch(study: Study, cell: Cell, parent: str, gpus: list[str] | None, served
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    elif jobs > 1 and "OMP_NUM_THREADS" not in os.environ:  # cells side by side on the CPU
-        env["OMP_NUM_THREADS"] = str(cpu_threads(cell, jobs))
+    elif slots > 1 and "OMP_NUM_THREADS" not in os.environ:  # cells side by side on the CPU
+        env["OMP_NUM_THREADS"] = str(cpu_threads(cell, slots))
     return cmd, env
 
 
-def start_local(study: Study, cell: Cell, gpus: list[str], parent: str, served: str | None = None, jobs: int = 1,
+def start_local(study: Study, cell: Cell, gpus: list[str], parent: str, served: str | None = None, slots: int = 1,
                 echo: bool = False, step: str | None = None) -> CellProcess:
     """The cell's process on this node, its output in its log (and on the console with `echo`)."""
-    cmd, env = launch(study, cell, parent, gpus, served, jobs, step)
+    cmd, env = launch(study, cell, parent, gpus, served, slots, step)
     process = CellProcess(cell.name, cmd, env, study.cell_log(cell), echo)
     process.start()
     return process
@@ -76,4 +76,4 @@ def start_local(study: Study, cell: Cell, gpus: list[str], parent: str, served: 
 Handle = CellProcess | Waited
 """A started cell: a process this runner started, or a job it watches."""
 Executor = Callable[..., Handle]
-"""start_local's signature: (study, cell, gpus, parent=, served=, jobs=, echo=, step=) -> its handle."""
+"""start_local's signature: (study, cell, gpus, parent=, served=, slots=, echo=, step=) -> its handle."""

@@ -8,12 +8,12 @@ import re
 from pathlib import Path
 
 from pipeline.config.documents import read_document
+from pipeline.job_record import KINDS
 from pipeline.study.matrix import plan_cells
 from pipeline.study.search_plan import check_space
 from pipeline.study.search_spec import parse_search
 from pipeline.study.spec import (
     AXES,
-    COMMANDS,
     LAUNCHERS,
     POST_STAGE,
     Block,
@@ -147,8 +147,8 @@ def _procedure(path: Path, name: str, spec: object) -> Procedure:
             raise study_error(path, f"{key}.{k}", "unknown key (expected command, overrides, launcher, "
                                                   f"{', '.join(STEP_OPTIONS)})")
     command = spec.get("command", "train")
-    if command not in COMMANDS:
-        raise study_error(path, f"{key}.command", f"{command!r}: must be one of {' | '.join(COMMANDS)}")
+    if command not in KINDS:
+        raise study_error(path, f"{key}.command", f"{command!r}: must be one of {' | '.join(KINDS)}")
     launcher = _launcher(path, spec["launcher"], f"{key}.launcher") if "launcher" in spec else None
     after = {step: options for step in POST_STAGE
              if step in spec and (options := STEP_OPTIONS[step](path, spec[step], f"{key}.{step}")) is not None}

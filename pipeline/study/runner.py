@@ -51,28 +51,28 @@ def dry_run(study: Study, cells: list[Cell]) -> int:
     return 0
 
 
-def run_study(study: Study, cells: list[Cell], jobs: int | None = None) -> int:
+def run_study(study: Study, cells: list[Cell], slots: int | None = None) -> int:
     """Run the cells on this node, up to `jobs` at once (default: one per GPU, one on a CPU), each
     on GPUs of its own; then the report. Returns 0, 1 (a cell failed) or 143 (SIGTERM)."""
     from mlflow import MlflowClient
 
-    from pipeline.study.devices import check_devices, default_jobs, visible_gpus
+    from pipeline.study.devices import check_devices, default_slots, visible_gpus
 
     gpus = visible_gpus()
-    jobs = jobs or default_jobs(gpus)
+    slots = slots or default_slots(gpus)
     check_devices(cells, gpus)
     opened = OpenStudy.open(study, cells)
-    log.info("study %s: %d cells, up to %d at once on %s; parent MLflow run %s in %s", study.name, len(cells), jobs,
+    log.info("study %s: %d cells, up to %d at once on %s; parent MLflow run %s in %s", study.name, len(cells), slots,
              f"{len(gpus)} GPU(s)" if gpus else "the CPU", opened.parent, opened.uri)
     outcomes = {c.name: opened.skipped(c) for c in cells}
     outcomes = {name: o for name, o in outcomes.items() if o is not None}
     try:
         to_run = len(cells) - len(outcomes)
-        with on_sigterm(raise_stopped), tracking_for_cells(study, opened.uri, jobs, to_run) as cell_uri:
+        with on_sigterm(raise_stopped), tracking_for_cells(study, opened.uri, slots, to_run) as cell_uri:
             # while a server serves the store, it is the store's one writer: the runner writes through it too
             live = opened if cell_uri == opened.uri else dataclasses.replace(
                 opened, client=MlflowClient(tracking_uri=cell_uri), uri=cell_uri)
-            schedule = Schedule(cells, outcomes, jobs, gpus)
+            schedule = Schedule(cells, outcomes, slots, gpus)
             for i, cell in enumerate((c for c in cells if c.name in outcomes), 1):
                 log.info("[%d/%d done, 0 running] %s: finished before; skipped", i, len(cells), cell.name)
                 _note_skip(study, cell, outcomes[cell.name])
@@ -201,10 +201,10 @@ def _note_skip(study: Study, cell: Cell, outcome: dict) -> None:
 
 
 @contextlib.contextmanager
-def tracking_for_cells(study: Study, uri: str, jobs: int, to_run: int) -> Iterator[str]:
+def tracking_for_cells(study: Study, uri: str, slots: int, to_run: int) -> Iterator[str]:
     """The URI the cells track to: the store itself while one runs at a time, else an MLflow
     server on it (store_server.py says why)."""
-    if jobs == 1 or to_run <= 1:
+    if slots == 1 or to_run <= 1:
         yield uri
         return
     from pipeline.study.store_server import serving
@@ -224,8 +224,8 @@ def _run_schedule(opened: OpenStudy, schedule: Schedule, served: str | None) -> 
     running: dict[str, tuple[Cell, Handle, list[str]]] = {}
     sharing: dict[str, set[str]] = {}  # cell -> the cells that ran beside it on one of its devices
     ran: dict[str, str] = {}  # cell -> what its process runs: "stage" or a post-stage step
-    echo = schedule.jobs == 1
-    start = functools.partial(start_local, study, parent=opened.parent, served=served, jobs=schedule.jobs, echo=echo)
+    echo = schedule.slots == 1
+    start = functools.partial(start_local, study, parent=opened.parent, served=served, slots=schedule.slots, echo=echo)
     try:
         while not schedule.done:
             for cell, broken in schedule.blocked():

@@ -12,7 +12,7 @@ from pipeline.study.spec import Cell
 
 
 class Schedule:
-    def __init__(self, cells: list[Cell], outcomes: dict[str, dict], jobs: int, gpus: list[str]):
+    def __init__(self, cells: list[Cell], outcomes: dict[str, dict], slots: int, gpus: list[str]):
         """`outcomes`: cells ended before the first start (finished before: skipped); `gpus`: the
         node's GPUs to hand out (none on a CPU)."""
         self.total = len(cells)
@@ -20,7 +20,7 @@ class Schedule:
         self.outcomes = dict(outcomes)
         self.running: dict[str, list[str]] = {}
         """Cell -> the GPUs it holds: the GPUs free are the others."""
-        self.jobs = jobs
+        self.slots = slots
         self.gpus = list(gpus)
 
     @property
@@ -44,7 +44,7 @@ class Schedule:
         a later one that fits may start before it."""
         started = False
         for cell in list(self.pending):
-            if len(self.running) >= self.jobs:
+            if len(self.running) >= self.slots:
                 break
             if not all(self.outcomes.get(n, {}).get("status") == "finished" for n in cell.needs):
                 continue

@@ -59,29 +59,29 @@ def optuna_study(study: Study, group: Group, create: bool = True):
                                direction=spec.direction, sampler=spec.make_sampler(), pruner=spec.make_pruner())
 
 
-def run_search(study: Study, cells: list[Cell], jobs: int | None = None, executor: str = "local") -> int:
+def run_search(study: Study, cells: list[Cell], slots: int | None = None, executor: str = "local") -> int:
     """The cells the search needs, each group's trials, the best trials' re-runs, the reports.
     Returns 0, 1 (a cell or trial failed) or 143 (SIGTERM)."""
     from pipeline.runtime.preemption import on_sigterm
-    from pipeline.study.devices import check_devices, default_jobs, visible_gpus
+    from pipeline.study.devices import check_devices, default_slots, visible_gpus
     from pipeline.study.runner import Stopped, raise_stopped
 
     needed, groups = plan_search(study, cells)
     gpus = visible_gpus() if executor == "local" else []
-    jobs = jobs or (default_jobs(gpus) if executor == "local" else 4)
+    slots = slots or (default_slots(gpus) if executor == "local" else 4)
     if executor == "local":
         check_devices(cells, gpus)
     opened = OpenStudy.open(study, needed)
     log.info("study %s: a search of %d group(s) x %d trials (%s), up to %d at once; Optuna storage %s; parent MLflow "
-             "run %s", study.name, len(groups), study.search.trials, ", ".join(g.name for g in groups), jobs,
+             "run %s", study.name, len(groups), study.search.trials, ", ".join(g.name for g in groups), slots,
              storage_url(study), opened.parent)
-    served_ok = executor == "local" and jobs > 1
+    served_ok = executor == "local" and slots > 1
     try:
-        with on_sigterm(raise_stopped), (tracking_for_cells(study, opened.uri, jobs, 2) if served_ok
+        with on_sigterm(raise_stopped), (tracking_for_cells(study, opened.uri, slots, 2) if served_ok
                                  else contextlib.nullcontext(opened.uri)) as cell_uri:
             live = opened if cell_uri == opened.uri else dataclasses.replace(
                 opened, client=_client(cell_uri), uri=cell_uri)
-            pool = Pool(live, jobs, gpus, executor, served=cell_uri if cell_uri != opened.uri else None)
+            pool = Pool(live, slots, gpus, executor, served=cell_uri if cell_uri != opened.uri else None)
             failed = pool.run_cells(needed)
             for group in groups:
                 if any(n in failed for n in group.template.needs):

@@ -33,7 +33,7 @@ from pathlib import Path
 from pipeline.errors import UserError
 from pipeline.study.spec import study_error
 
-KINDS = ("log_uniform", "uniform", "int", "log_int", "categorical")
+DISTRIBUTIONS = ("log_uniform", "uniform", "int", "log_int", "categorical")
 SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler", "cmaes": "CmaEsSampler", "qmc": "QMCSampler",
             "grid": "GridSampler"}
 PRUNERS = {"median": "MedianPruner", "percentile": "PercentilePruner", "hyperband": "HyperbandPruner",
@@ -170,10 +170,10 @@ def _dimension(path: Path, key: str, raw: object) -> Dimension:
     elif isinstance(raw, dict) and len(raw) == 1:
         ((kind, values),) = raw.items()
     else:
-        raise study_error(path, where, f"{raw!r}: expected one of {', '.join(KINDS)} as {{KIND: [...]}} or "
+        raise study_error(path, where, f"{raw!r}: expected one of {', '.join(DISTRIBUTIONS)} as {{KIND: [...]}} or "
                                        "KIND:LOW:HIGH")
-    if kind not in KINDS:
-        raise study_error(path, where, f"{kind!r}: expected one of {', '.join(KINDS)}")
+    if kind not in DISTRIBUTIONS:
+        raise study_error(path, where, f"{kind!r}: expected one of {', '.join(DISTRIBUTIONS)}")
     if not isinstance(values, list) or not values:
         raise study_error(path, where, f"{kind}: expected a list of values")
     if kind == "categorical":

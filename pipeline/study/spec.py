@@ -16,7 +16,6 @@ AXES = ("tasks", "models", "precisions", "procedures", "seeds")
 """The matrix axes, in the order a cell's name lists their values."""
 AXIS_KEY = {"tasks": "task", "models": "model", "precisions": "precision", "seeds": "seed"}
 """Axis -> the config key its value sets (a procedure sets a command and overrides instead)."""
-COMMANDS = ("train", "distill")
 LAUNCHERS = ("none", "torchrun", "deepspeed")
 POST_STAGE = {"export": ("exporting", lambda out: out.export_check)}
 """The steps a procedure may run after its stage, in this order, each `python -m pipeline STEP
@@ -111,7 +110,7 @@ class SlurmSettings:
     cpus_per_task: int | None = None
     mem: str | None = None
     gpus_per_node: int | None = None
-    """GPUs of a cell whose launcher's nproc is auto/gpu (other cells ask for their nproc); 0: CPU jobs."""
+    """GPUs of a cell whose launcher's nproc is auto/gpu (other cells ask for their nproc); 0: cells on CPUs."""
     extra: list[str] = field(default_factory=list)
     """More sbatch options, each as on the command line (--constraint=h100)."""
     report_time: str = "00:30:00"

@@ -64,11 +64,11 @@ class Pool:
     """Cells started through the study's executor, each in a slot (and on GPUs) of its own, and
     polled for their ends."""
 
-    def __init__(self, opened: OpenStudy, jobs: int, gpus: list[str], executor: str, served: str | None):
+    def __init__(self, opened: OpenStudy, slots: int, gpus: list[str], executor: str, served: str | None):
         self.opened, self.local = opened, executor == "local"
         self.launch = functools.partial(EXECUTORS[executor], opened.study, parent=opened.parent, served=served,
-                                        jobs=jobs)
-        self.slots = Schedule([], {}, jobs, gpus)
+                                        slots=slots)
+        self.schedule = Schedule([], {}, slots, gpus)
         self.running: dict[str, tuple[Cell, Handle, list[str]]] = {}
         self.orphans: set[str] = set()
         """Running cells whose job a killed runner started: once it ends unfinished, continued here."""
@@ -78,17 +78,17 @@ class Pool:
 
     @property
     def free(self) -> bool:
-        return len(self.running) < self.slots.jobs
+        return len(self.running) < self.schedule.slots
 
     def start(self, cell: Cell) -> Handle | None:
         """Start `cell` (resume=auto: a cell begun before continues from its checkpoint); None while
         no slot or too few GPUs are free."""
         if not self.free:
             return None
-        gpus = self.slots.take(cell)
+        gpus = self.schedule.take(cell)
         if gpus is None:
             return None
-        self.slots.running[cell.name] = gpus
+        self.schedule.running[cell.name] = gpus
         if _busy(cell):  # the job a killed runner started is still at it: waited for
             handle: Handle = _orphan(cell)
             self.orphans.add(cell.name)
@@ -116,7 +116,7 @@ class Pool:
                     self.running[name] = (cell, self._launch(cell, gpus), gpus)
                     continue
             del self.running[name]
-            self.slots.ended(cell, {})
+            self.schedule.ended(cell, {})
             out.append((cell, handle))
         return out
 

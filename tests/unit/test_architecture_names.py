@@ -36,7 +36,8 @@ def exists(path: str) -> bool:
 def test_every_module_the_architecture_names_exists():
     text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
     named = named_modules(text) | layout_modules(text)
-    assert {"runtime/world", "job/parts/step_losses", "job/records/metrics", "models"} <= named  # it reads the doc's spelling
+    # it reads the doc's spelling
+    assert {"runtime/world", "job/parts/step_losses", "job/records/metrics", "models"} <= named
     assert [path for path in sorted(named) if not exists(path)] == []
 
 

@@ -31,7 +31,7 @@ def start_all(schedule):
 
 def test_a_dependant_starts_only_after_its_teacher_finished():
     teacher, student, other = cell("teacher"), cell("student", needs=["teacher"]), cell("other")
-    schedule = Schedule([teacher, student, other], {}, jobs=4, gpus=[])
+    schedule = Schedule([teacher, student, other], {}, slots=4, gpus=[])
     assert start_all(schedule) == [("teacher", []), ("other", [])]  # the student waits
     schedule.ended(other, {"status": "finished"})
     assert start_all(schedule) == []
@@ -42,7 +42,7 @@ def test_a_dependant_starts_only_after_its_teacher_finished():
 
 def test_a_failed_teacher_leaves_its_dependants_unrun_and_the_rest_goes_on():
     teacher, student, other = cell("teacher"), cell("student", needs=["teacher"]), cell("other")
-    schedule = Schedule([teacher, student, other], {}, jobs=1, gpus=[])
+    schedule = Schedule([teacher, student, other], {}, slots=1, gpus=[])
     assert start_all(schedule) == [("teacher", [])]  # --jobs 1: one at a time, in run order
     schedule.ended(teacher, {"status": "failed"})
     assert [(c.name, broken) for c, broken in schedule.blocked()] == [("student", ["teacher"])]
@@ -52,7 +52,7 @@ def test_a_failed_teacher_leaves_its_dependants_unrun_and_the_rest_goes_on():
 def test_each_cell_gets_gpus_of_its_own():
     ddp = Launcher("torchrun", 2)
     cells = [cell("a", ddp), cell("b"), cell("c", ddp), cell("d")]
-    schedule = Schedule(cells, {}, jobs=8, gpus=["0", "1", "2", "3"])
+    schedule = Schedule(cells, {}, slots=8, gpus=["0", "1", "2", "3"])
     assert start_all(schedule) == [("a", ["0", "1"]), ("b", ["2"]), ("d", ["3"])]  # c waits for two free GPUs
     schedule.ended(cells[1], {"status": "finished"})
     assert start_all(schedule) == []  # one free is not enough for c
@@ -62,7 +62,7 @@ def test_each_cell_gets_gpus_of_its_own():
 
 def test_torchrun_auto_takes_the_whole_node_and_the_cpu_has_no_devices():
     assert width(cell("x", Launcher("torchrun", "gpu")), 8) == 8
-    cpu = Schedule([cell("x", Launcher("torchrun", 4))], {}, jobs=1, gpus=[])
+    cpu = Schedule([cell("x", Launcher("torchrun", 4))], {}, slots=1, gpus=[])
     assert start_all(cpu) == [("x", [])]  # CPU: cells share the cores
 
 
@@ -121,16 +121,16 @@ def test_a_slurm_dry_run_prints_every_script_and_its_dependencies_and_writes_not
     (out / "kd" / "sentiment-done" / "metrics.json").write_text("{}")  # finished before: not submitted
     code, printed = _cli(["study", path, "--executor", "slurm", "--dry-run"], capsys)
     assert code == 0, printed.err
-    jobs = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(
+    slurm_jobs = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(
         r"^- (\S+)\n  (sbatch .+)\n((?:    .*\n)+)", printed.out, re.M)}
-    assert list(jobs) == ["sentiment-teacher", "sentiment-student", "_report"]
+    assert list(slurm_jobs) == ["sentiment-teacher", "sentiment-student", "_report"]
     scripts = out / "kd" / "_slurm"
-    assert jobs["sentiment-teacher"][0] == f"sbatch --parsable {scripts / 'sentiment-teacher.sbatch'}"
-    assert jobs["sentiment-student"][0] == ("sbatch --parsable '--dependency=afterok:<sentiment-teacher>' "
-                                           f"--kill-on-invalid-dep=yes {scripts / 'sentiment-student.sbatch'}")
-    assert jobs["_report"][0].startswith("sbatch --parsable "
-                                         "'--dependency=afterany:<sentiment-teacher>:<sentiment-student>' ")
-    student = jobs["sentiment-student"][1]
+    assert slurm_jobs["sentiment-teacher"][0] == f"sbatch --parsable {scripts / 'sentiment-teacher.sbatch'}"
+    assert slurm_jobs["sentiment-student"][0] == ("sbatch --parsable '--dependency=afterok:<sentiment-teacher>' "
+                                                 f"--kill-on-invalid-dep=yes {scripts / 'sentiment-student.sbatch'}")
+    assert slurm_jobs["_report"][0].startswith("sbatch --parsable "
+                                               "'--dependency=afterany:<sentiment-teacher>:<sentiment-student>' ")
+    student = slurm_jobs["sentiment-student"][1]
     for line in ("#SBATCH --partition=gpu", "#SBATCH --time=01:00:00", "#SBATCH --gpus-per-node=2",
                  "#SBATCH --constraint=h100", "#SBATCH --job-name=kd.sentiment-student"):
         assert f"    {line}\n" in student
@@ -163,6 +163,6 @@ def test_a_dataset_logged_by_two_runs_at_once_is_linked_not_lost():
 
 def test_cells_side_by_side_on_a_cpu_split_its_cores():
     """N cells at once on a CPU each take cores / N threads (a torchrun cell's processes share its part)."""
-    assert cpu_threads(cell("one"), jobs=2, cores=16) == 8
-    assert cpu_threads(cell("ddp", Launcher("torchrun", 2)), jobs=2, cores=16) == 4
-    assert cpu_threads(cell("many"), jobs=4, cores=2) == 1
+    assert cpu_threads(cell("one"), slots=2, cores=16) == 8
+    assert cpu_threads(cell("ddp", Launcher("torchrun", 2)), slots=2, cores=16) == 4
+    assert cpu_threads(cell("many"), slots=4, cores=2) == 1
