@@ -6,7 +6,7 @@ on, each time the heap grows by a quarter a full collection walks all of them ag
 collections, ~5 s of CPU, in a 2-step stage of ~25 s on the 2-core development machine; and the
 interpreter's last collection at exit walks them once more. So `python -m pipeline` pauses the
 collector for a stage before anything is imported, and the stage turns it back on when it is set
-up (jobs/run.run), with what set-up made frozen (moved where no collection walks it): the loop's
+up (job/run.run), with what set-up made frozen (moved where no collection walks it): the loop's
 collections then walk only what the loop makes. Other commands keep it on. Code that calls
 `pipeline.job.run.run` itself (a notebook, the tests) never paused it and is left as it is.
 """
