@@ -39,8 +39,8 @@ def ds_config_file(value: str | None) -> Path | None:
 
 def zero_stage_of(deepspeed_path: str | None) -> int:
     """The ZeRO stage the DeepSpeed config asks for (the backend checks the rest of it)."""
-    stage = load_ds_config(deepspeed_path).get("zero_optimization", {}).get("stage", 0)
-    return stage if isinstance(stage, int) else 0
+    zero_stage = load_ds_config(deepspeed_path).get("zero_optimization", {}).get("stage", 0)
+    return zero_stage if isinstance(zero_stage, int) else 0
 
 
 def load_ds_config(path: str | None) -> dict:
@@ -94,10 +94,10 @@ def resolve_ds_config(raw: dict, train: Any, precision: str, world_size: int, so
 def check_supported(ds_cfg: dict, precision: str, device_type: str, source: str) -> int:
     """Combinations that cannot work, refused at start instead of deep inside DeepSpeed; returns the
     ZeRO stage."""
-    stage = ds_cfg.get("zero_optimization", {}).get("stage", 0)
+    zero_stage = ds_cfg.get("zero_optimization", {}).get("stage", 0)
     if ds_cfg.get("fp16", {}).get("enabled") is True and device_type == "cpu":
         raise UserError(f"precision={precision} with backend=deepspeed: DeepSpeed's CPU accelerator has no fp16 "
                         "training; use bf16 or fp32")
-    if stage not in (0, 1, 2, 3):
-        raise UserError(f"config: {source}: zero_optimization.stage={stage}: must be 0, 1, 2 or 3")
-    return stage
+    if zero_stage not in (0, 1, 2, 3):
+        raise UserError(f"config: {source}: zero_optimization.stage={zero_stage}: must be 0, 1, 2 or 3")
+    return zero_stage

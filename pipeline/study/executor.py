@@ -55,7 +55,7 @@ def launch(study: Study, cell: Cell, parent: str, gpus: list[str] | None, served
         cmd = cell.step_command(step, served)
     else:
         args = [*cell.args(), f"tracking.parent_run_id={parent}", *([f"tracking.uri={served}"] if served else [])]
-        cmd = cell.launcher.command(cell.command, args, f"{study.name}-{cell.name}", gpus)
+        cmd = cell.launcher.command(cell.kind, args, f"{study.name}-{cell.name}", gpus)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)

@@ -39,7 +39,7 @@ def plan_cells(study: Study) -> list[Cell]:
             name = _cell_name(values) or proc.name
             if any(c.name == name for c in cells):
                 name = f"{name}-{block.index}"
-            cell = Cell(name=name, procedure=proc.name, command=proc.command, launcher=launcher,
+            cell = Cell(name=name, procedure=proc.name, kind=proc.kind, launcher=launcher,
                         output_dir=study.output_root / study.name / name, overrides=overrides,
                         values=values, tables=tables, after=dict(proc.after))
             cells.append(cell)
@@ -154,7 +154,7 @@ def _effective(study: Study, cell: Cell) -> dict:
     if cfg.model_config:  # e.g. the baseline: the teacher's encoder cut to 3 layers
         model += " (" + ", ".join(f"{k}={v}" for k, v in cfg.model_config.items()) + ")"
     return {"task": cfg.task, "model": model, "precision": cfg.precision, "seed": cfg.seed,
-            "procedure": cell.procedure, "command": cell.command, "batch_size": cfg.train.batch_size,
+            "procedure": cell.procedure, "command": cell.kind, "batch_size": cfg.train.batch_size,
             "grad_accum": cfg.train.grad_accum, "memory_limit_mb": cfg.train.memory_limit_mb,
             "launcher": cell.launcher.describe() + (f" (fallback: asked {asked})" if asked else ""),
             "tables": cell.tables, "needs": cell.needs}

@@ -45,7 +45,7 @@ def dry_run(study: Study, cells: list[Cell]) -> int:
           f"{study.output_root / study.name}, report in {study.report_dir})")
     for cell in cells:
         done = " [finished: would skip]" if cell.done() else ""
-        print(f"- {cell.name}{done}\n    {shlex.join(cell.launcher.command(cell.command, cell.args(), 'PARENT'))}")
+        print(f"- {cell.name}{done}\n    {shlex.join(cell.launcher.command(cell.kind, cell.args(), 'PARENT'))}")
         for step in cell.after:
             print(f"    then {shlex.join(cell.step_command(step, None))}")
     return 0

@@ -299,7 +299,7 @@ def rerun_command(study: Study, group: Group, params: dict) -> str:
     from pipeline.study.search_plan import stage_args
 
     cell = group.template
-    return shlex.join(cell.launcher.command(cell.command, stage_args(cell, params), f"{study.name}-{group.name}"))
+    return shlex.join(cell.launcher.command(cell.kind, stage_args(cell, params), f"{study.name}-{group.name}"))
 
 
 def report_search(study: Study, cells: list[Cell]) -> int:
@@ -319,12 +319,12 @@ def dry_run_search(study: Study, cells: list[Cell]) -> int:
     print(f"study {study.name}: a search, {spec.trials} trials per group ({spec.sampler['type']} sampler, "
           f"{spec.pruner['type']} pruner) of {spec.objective} ({spec.direction}); Optuna storage {storage_url(study)}")
     for cell in needed:
-        print(f"- needed first: {cell.name}\n    {shlex.join(cell.launcher.command(cell.command, cell.args(), 'P'))}")
+        print(f"- needed first: {cell.name}\n    {shlex.join(cell.launcher.command(cell.kind, cell.args(), 'P'))}")
     for group in groups:
         print(f"- {group.name}: " + "; ".join(f"{d.key} {d.describe()}" for d in spec.space))
         sample = trial_cell(study, group, 0, {d.key: d.sample() for d in spec.space})
         print(f"    trial 0 with the space's first values: "
-              f"{shlex.join(sample.launcher.command(sample.command, sample.args(), 'P'))}")
+              f"{shlex.join(sample.launcher.command(sample.kind, sample.args(), 'P'))}")
         seeds = [c.values["seeds"] for c in group.cells[1:]]
         if seeds:
             print(f"    then the best trial with seed(s) {', '.join(seeds)}")

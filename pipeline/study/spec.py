@@ -42,10 +42,10 @@ class Launcher:
     config: str | None = None
     """DeepSpeed JSON config (deepspeed only)."""
 
-    def command(self, stage: str, args: list[str], rdzv_id: str, gpus: list[str] | None = None) -> list[str]:
+    def command(self, kind: str, args: list[str], rdzv_id: str, gpus: list[str] | None = None) -> list[str]:
         """The command line; `gpus`: the GPU indices the cell was given (the deepspeed launcher is
         told them with --include: given --num_gpus it takes GPUs 0..N-1 whatever is visible)."""
-        module = ["-m", "pipeline", stage, *args]
+        module = ["-m", "pipeline", kind, *args]
         if self.kind == "torchrun":
             head = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(self.nproc)]
             if self.nnodes == 1:
@@ -61,7 +61,7 @@ class Launcher:
             head += ["--include", f"localhost:{','.join(gpus)}"] if gpus else ["--num_gpus", str(self.nproc)]
             if self.nnodes > 1:
                 head += ["--num_nodes", str(self.nnodes)]
-            return head + ["--module", "pipeline", stage, *args]
+            return head + ["--module", "pipeline", kind, *args]
         return [sys.executable, *module]
 
     def overrides(self) -> list[str]:
@@ -79,7 +79,8 @@ class Launcher:
 @dataclass
 class Procedure:
     name: str
-    command: str = "train"
+    kind: str = "train"
+    """train | distill (job_record.KINDS): the study file's `command`."""
     overrides: list[tuple[str, str]] = field(default_factory=list)
     """(key=value, where it came from) pairs; the origin names the study-file key in errors."""
     launcher: Launcher | None = None
@@ -151,7 +152,7 @@ class Study:
 class Cell:
     name: str
     procedure: str
-    command: str
+    kind: str
     launcher: Launcher
     output_dir: Path
     overrides: list[tuple[str, str]]

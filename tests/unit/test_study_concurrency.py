@@ -21,7 +21,7 @@ from pipeline.study.spec import Cell, Launcher
 
 
 def cell(name, launcher=None, needs=()):
-    return Cell(name=name, procedure="train", command="train", launcher=launcher or Launcher(),
+    return Cell(name=name, procedure="train", kind="train", launcher=launcher or Launcher(),
                 output_dir=Path("/nowhere") / name, overrides=[], values={}, tables=[], needs=list(needs))
 
 
