@@ -97,14 +97,14 @@ def settle(cfg: Config, kind: str, rt: Runtime | None = None) -> Plan | None:
     decided here."""
     if kind not in KINDS:
         raise ValueError(f"kind={kind!r}: must be one of {KINDS}")
+    models.refuse_missing(cfg.model, "model")  # a mistyped local path: at once, no hub call, no world joined
+    if kind == "distill":
+        models.refuse_missing(cfg.kd.teacher, "kd.teacher")
     if rt is None:
         rt = world.init(cfg.backend, timeout_s=cfg.dist_timeout, fallback=cfg.fallback)
         if rt is None:
             return None
     cfg, rt = fit_to_world(cfg, rt)  # fewer processes than planned: same global batch
-    models.refuse_missing(cfg.model, "model")  # a mistyped local path: at once, no hub call
-    if kind == "distill":
-        models.refuse_missing(cfg.kd.teacher, "kd.teacher")
     policy = precision.resolve(cfg.precision, rt.device)
     compile_policy = compiler.resolve(cfg.train.compile, rt.device.type, rt.backend, cfg.deepspeed)
     task = get_task(cfg.task, cfg.task_options)

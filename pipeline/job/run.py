@@ -65,13 +65,13 @@ def _run_locked(stage: Stage, start: resume.Resume, uri: str) -> dict[str, float
     """The stage in its MLflow run, from its checkpoint or from scratch (what a previous job left
     in output_dir cleared first)."""
     ckpt = start.checkpoint
+    ran = what_ran(stage.cfg, stage.rt, stage.policy, stage.backend, stage.model_spec, stage.kind)
     if ckpt is None:
         start.start_over(stage.rt, uri)
     else:
         start.rewind(stage.rt)
     tracker = start_stage_run(stage.cfg, stage.rt, uri, StageRun(
-        stage.kind, stage.model_spec, stage.policy.name,
-        what_ran(stage.cfg, stage.rt, stage.policy, stage.backend, stage.model_spec, stage.kind),
+        stage.kind, stage.model_spec, stage.policy.name, ran,
         resumed=ckpt is not None, resume_run_id=ckpt.run_id if ckpt else None))
     start.record_accepted(tracker, stage.record)
     gc_pause.resume_after_setup()  # the CLI paused it through set-up (runtime/gc_pause.py)

@@ -63,13 +63,13 @@ def start_stage_run(cfg: Config, rt: Runtime, uri: str, run: StageRun) -> Tracke
     metrics on every node. Params are the config as requested plus `run.ran`'s. Returns the
     tracker, its run_id the same on every rank (None without tracking)."""
     out = Path(cfg.output_dir)
-    resolved = write_config(cfg, rt, uri, run.model_spec)
-    tracker = Tracker(out, active=rt.is_main, resume=run.resumed)
-    tracker.register_as = cfg.tracking.register_as
     tags = run_tags(cfg, rt, run)
     run_name = cfg.tracking.run_name or f"{cfg.task}-{run.model_spec.split('/')[-1]}-{run.precision}"
+    resolved = write_config(cfg, rt, uri, run.model_spec)
+    params = {**flatten(resolved), **{k: v for k, v in run.ran.get("params", {}).items() if v is not None}}
+    tracker = Tracker(out, active=rt.is_main, resume=run.resumed)
+    tracker.register_as = cfg.tracking.register_as
     try:
-        params = {**flatten(resolved), **{k: v for k, v in run.ran.get("params", {}).items() if v is not None}}
         tracker.start(uri, resolved["tracking"]["experiment"], run_name, tags, params,
                       resume_run_id=run.resume_run_id)
         tracker.log_artifact(OutputDir(out).config)
