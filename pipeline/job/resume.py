@@ -30,7 +30,9 @@ from pipeline.config.schema import RESUME_WORDS
 from pipeline.errors import UserError
 from pipeline.job import lock, same_job
 from pipeline.job.parts import checkpoint
+from pipeline.job.parts.best_model import BestModel
 from pipeline.job.parts.checkpoint import Checkpoint
+from pipeline.job.parts.progress import Progress
 from pipeline.job.plan import Plan
 from pipeline.job.same_job import Change, param_value
 from pipeline.job.stage import Stage
@@ -82,7 +84,7 @@ class Resume:
         if self.checkpoint is None:
             return stage
         self.compare(stage.record, accept, built=True)
-        step = self.checkpoint.load_bundle()["parts"]["progress"]["step"]
+        step = self.checkpoint.saved("progress", Progress()).step
         carried = [*self.trained.accepted, *(f"{c} (at step {step})" for c in self.accepted)]
         return dataclasses.replace(stage, record=dataclasses.replace(stage.record, accepted=carried))
 
@@ -108,7 +110,7 @@ class Resume:
             out, ckpt = self.out, self.checkpoint
             newer = [c.path for c in checkpoint.complete(out) if c.step > ckpt.step]
             then = ckpt.path / CheckpointFiles.BEST
-            knows_best = bool(ckpt.load_bundle()["parts"]["best"]["metrics"])
+            knows_best = bool(ckpt.saved("best", BestModel()).metrics)
             stale = out.best_weights.is_file() and (
                 not knows_best or (then.is_file() and not _same_content(out.best_weights, then)))
             if newer or stale:

@@ -8,7 +8,7 @@ on a CPU) and confirms a checkpoint
 against what was built (the stage's record, the job's from then on); then, holding the lock, it
 clears what a previous job left (Resume.start_over) or did after the checkpoint named
 (Resume.rewind), opens the MLflow run and hands the stage to
-the loop (train.py), and closes the run with how the loop ended.
+the loop (loop.py), and closes the run with how the loop ended.
 """
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.fsutil import write_json
 from pipeline.job.parts import checkpoint
+from pipeline.job.parts.best_model import BestModel
 from pipeline.job.resume import decide
 from pipeline.job_record import JobRecord
 from pipeline.layout import CheckpointFiles, OutputDir
@@ -41,8 +42,8 @@ def best_saved(out: OutputDir, weights: bytes):
 def saved(out: OutputDir, step: int):
     """A checkpoint of record()'s job at `step`, as the Checkpointer writes one: best/'s weights linked in."""
     out.root.mkdir(parents=True, exist_ok=True)
-    knows = {"eval/main": 0.5} if out.best_weights.is_file() else {}
-    state = {"format": checkpoint.FORMAT, "run_id": None, "parts": {"best": {"metrics": knows}}}
+    best = BestModel(metrics={"eval/main": 0.5} if out.best_weights.is_file() else {})
+    state = {"format": checkpoint.FORMAT, "run_id": None, "parts": {"best": best.state_dict()}}
     return checkpoint.save(out, step, state, rank=0, keep=10, files={"job.json": record().to_json()},
                            links={CheckpointFiles.BEST: out.best_weights})
 

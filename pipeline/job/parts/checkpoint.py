@@ -24,7 +24,7 @@ import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -62,6 +62,9 @@ class Stateful(Protocol):
     def state_dict(self) -> dict: ...
 
     def load_state_dict(self, state: dict) -> None: ...
+
+
+S = TypeVar("S", bound=Stateful)
 
 
 def collect(parts: Mapping[str, Stateful], run_id: str | None) -> dict:
@@ -106,6 +109,12 @@ class Checkpoint:
         without one) best/'s."""
         own = self.path / CheckpointFiles.BEST
         return own if own.is_file() else out.best_weights
+
+    def saved(self, name: str, part: S) -> S:
+        """`part` (a fresh one) with the state the checkpoint holds for the loop's part `name`, read
+        through the part's own load_state_dict: what a part saved is that part's to read."""
+        part.load_state_dict(self.load_bundle()["parts"][name])
+        return part
 
     @property
     def run_id(self) -> str | None:
