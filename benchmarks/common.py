@@ -136,21 +136,26 @@ def bare_step(model, optimizer, batch: dict, precision: str) -> None:
 
 def build_model(task_name: str, model: str, max_length: int, seed: int = 0, train: str | None = None,
                 splits: tuple[str, ...] = ("train", "dev")):
-    """What every contender of a comparison starts from: the task's examples (the training file
-    `train`, else the built-in sample set), the model and tokenizer from the pipeline's model
-    factory seeded as the pipeline seeds before building one, and each split's features.
-    -> (task, examples, tokenizer, model, features)."""
+    """What every contender of a comparison starts from: the task's splits as a stage assembles them
+    (pipeline/data/splits.py: the training file `train`, else the built-in sample set; dev and test
+    the sample sets), the model and tokenizer from the pipeline's model factory seeded as the
+    pipeline seeds before building one, and each split's features (the Dataset a stage's prepared
+    features hold). -> (task, examples, tokenizer, model, features)."""
     import transformers
 
     from pipeline import models
+    from pipeline.config.sections import SAMPLES, DataConfig
+    from pipeline.data.splits import read_splits
+    from pipeline.runtime.world import Runtime
     from pipeline.tasks import get_task
 
     task = get_task(task_name)
-    examples = {split: task.load(train if split == "train" else None, split) for split in splits}
+    stage_splits = read_splits(task, DataConfig(train=train, dev=SAMPLES, test=SAMPLES),
+                               Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu")), splits)
     transformers.set_seed(seed)
-    tokenizer, model = models.build(model, task, task.texts(examples["train"]), {}, max_length)
-    features = {split: task.featurize(examples[split], tokenizer, max_length, split) for split in splits}
-    return task, examples, tokenizer, model, features
+    tokenizer, model = models.build(model, task, stage_splits.examples["train"].texts, {}, max_length)
+    features = {split: prepared.dataset for split, prepared in stage_splits.features(tokenizer, max_length).items()}
+    return task, stage_splits.examples, tokenizer, model, features
 
 
 def long_sentiment_file(rows: int = 2400, median_words: float = 30, sigma: float = 0.7, seed: int = 0) -> Path:

@@ -4,6 +4,7 @@ OUTPUT_DIR/
   .lock               one job at a time (job/lock.py)
   config.yaml         the config as the job resolved it (job/records/stage_run.py)
   job.json            what the job trains with (job_record.py), for a resume=auto once it finished
+                      and for whatever reads the stage back (tracking/finished_stage.py)
   journal.jsonl       every param, tag, metric and artifact as produced (tracking/journal.py);
   journal.abandoned-STAMP.jsonl   a previous job's journal its store could not take
   checkpoints/step-NNNNNNNN/      (job/parts/checkpoint.py; CheckpointFiles below)

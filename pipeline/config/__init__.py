@@ -1,5 +1,6 @@
-"""The configuration: dataclasses whose fields carry their meaning (the top level in schema.py, the
-sections with their own checks in sections.py), the text of a YAML
+"""The configuration: dataclasses whose fields carry their meaning (the top level in schema.py, with
+a settled config to and from a job record's form; the sections with their own checks in
+sections.py), the text of a YAML
 value or override read as its field's type (coerce.py), dotted keys and the near-miss hint
 (keys.py), the Hugging Face Trainer's names and this project's keys for them
 (trainer_names.py), the precision modes, each declared once (precision_modes.py: torch-free, so a

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ from pipeline.config.documents import read_document
 from pipeline.config.keys import did_you_mean, dotted_keys, unknown_key_hint
 from pipeline.config.precision_modes import DEFAULT as DEFAULT_PRECISION
 from pipeline.config.precision_modes import names as precision_names
+from pipeline.config.secrets import redact_config
 from pipeline.config.sections import (
     COMPILE_MODES,
     CompileMode,
@@ -197,6 +199,30 @@ def load_config(path: str | None = None, overrides: list[str] = ()) -> Config:
             raise UserError(f"config: override {item!r}: expected key=value")
         _set_dotted(cfg, key.strip(), value)
     return cfg.validate()
+
+
+def to_record(settled: SettledConfig) -> dict[str, Any]:
+    """The settled config as a job's record holds it (JobRecord.config): flattened to dotted keys,
+    secrets masked as config.yaml masks them (no secrets in output_dir), an empty mapping
+    (model_config={}) no key, and every value as JSON reads it back."""
+    flat = {k: v for k, v in flatten(redact_config(settled.to_dict())).items() if v != {}}
+    return json.loads(json.dumps(flat, default=str))
+
+
+def from_record(config: dict[str, Any]) -> SettledConfig:
+    """The settled config a job's record holds (to_record) as the SettledConfig the job ran with.
+    Not validated again: it is what ran (a DeepSpeed file it named may be gone since); a key this
+    version does not know, or a value of the wrong type, is a UserError naming it."""
+    nested: dict[str, Any] = {}
+    for key, value in config.items():
+        *parts, last = key.split(".")  # under a mapping too, as a dotted override nests its keys
+        node = nested
+        for part in parts:
+            node = node.setdefault(part, {})
+        node[last] = value
+    cfg = _build(Config, nested, prefix="")
+    train = SettledTrain(**{f.name: getattr(cfg.train, f.name) for f in dataclasses.fields(cfg.train)})
+    return SettledConfig(**{**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}, "train": train})
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -10,16 +10,17 @@ An int8 graph differs by design: its figures are reported, and its test scores s
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
 from torch.utils.data import DataLoader
 
+from pipeline.config.sections import HOLDOUT
 from pipeline.errors import UserError
-from pipeline.layout import OutputDir
+from pipeline.tracking.finished_stage import FinishedStage
 
 FP32_MAX_ABS_DIFF = 1e-3
 """Relative to the largest |logit| of the PyTorch model (at least 1): float rounding stays far below."""
@@ -28,69 +29,39 @@ FP32_AGREEMENT = 0.99
 flip one of a hundred by rounding)."""
 
 
-def stage_data(out: OutputDir, tokenizer) -> tuple[DataLoader, DataLoader | None, Callable[..., dict[str, float]]]:
-    """The batches an export is checked on, of the stage whose output_dir is `out`, from its
-    config.yaml, as its evaluation batched them (train.eval_batch_size, the task's collator): the
-    split predictions are compared on (dev; test, or the training rows, in a stage without dev),
-    the test split (None in a stage without one), and its test scorer: the task's test metrics of
-    a model (PyTorch or exported) through the stage's own scorer (evaluation.evaluate; no figures
-    without a test split)."""
-    from pipeline.data import features, holdout
+def stage_data(stage: FinishedStage, tokenizer) -> tuple[DataLoader, DataLoader | None,
+                                                         Callable[..., dict[str, float]]]:
+    """The batches an export of `stage` is checked on, as its evaluation batched them
+    (train.eval_batch_size, the task's collator): the split predictions are compared on (dev; test,
+    or a draw of the training rows, in a stage without dev), the test split (None in a stage
+    without one), and its test scorer: the task's test metrics of a model (PyTorch or exported)
+    through the stage's own scorer (evaluation.evaluate; no figures without a test split)."""
     from pipeline.evaluation import evaluate
     from pipeline.runtime.precision import resolve
 
-    settings, task, data, rt = _stage(out)
-    train = settings.get("train", {})
-    max_length, batch = int(train.get("max_length", 128)), int(train.get("eval_batch_size", 64))
-    collate = task.collator(tokenizer)
-    examples, rows = {}, {}
-    for split in ("dev", "test"):
-        if data.reads(split):
-            examples[split] = rows[split] = task.load(data.source(split), split)
-    if data.holdout() is not None or not examples:  # rows of the training file (prepared by the stage)
-        train_rows = features.prepare_train(task, data.source("train"), rt)
-        # no dev and no test: a draw of at most 512 training rows to compare predictions on
-        draw = data.holdout() or (min(0.5, 512 / len(train_rows)), 0)
-        rows["dev"] = holdout.hold_out(task, train_rows, *draw, rt)[1]
-        examples["dev"] = rows["dev"].examples()
-    loaders, prepared = {}, {}
-    for split in examples:
-        source = data.source(split) if data.reads(split) else None
-        prepared[split] = features.prepare_features(task, split, source, rows[split], tokenizer, max_length, rt)
-        loaders[split] = DataLoader(prepared[split], batch_size=batch, collate_fn=collate)
+    splits = stage.splits(("dev", "test"))
+    if not splits.examples:  # no dev and no test: a draw of at most 512 training rows to compare predictions on
+        train_rows = len(stage.splits(("train",)).examples["train"])
+        draw = dataclasses.replace(stage.cfg.data, dev=f"{HOLDOUT}{min(0.5, 512 / train_rows)}:0")
+        splits = stage.splits(("dev",), data=draw)
+    prepared = splits.features(tokenizer, stage.cfg.train.max_length)
+    collate = stage.task.collator(tokenizer)
+    loaders = {split: DataLoader(rows, batch_size=stage.cfg.train.eval_batch_size, collate_fn=collate)
+               for split, rows in prepared.items()}
 
     def test_scores(model) -> dict[str, float]:
         if "test" not in loaders:
             return {}
-        scores = evaluate(model, loaders["test"], task, resolve("fp32", rt.device), rt, examples["test"],
-                          prepared["test"]).scores
+        scores = evaluate(model, loaders["test"], stage.task, resolve("fp32", splits.rt.device), splits.rt,
+                          splits.examples["test"], prepared["test"]).scores
         return {k: float(v) for k, v in scores.items() if k != "loss" and np.isfinite(v)}
 
     return loaders.get("dev", loaders.get("test")), loaders.get("test"), test_scores
 
 
-def training_texts(out: OutputDir):
-    """The training texts of the stage whose output_dir is `out` (its prepared entry: a cache hit)."""
-    from pipeline.data import features
-
-    _, task, data, rt = _stage(out)
-    return features.prepare_train(task, data.source("train"), rt).texts
-
-
-def _stage(out: OutputDir) -> tuple:
-    """The stage's config.yaml as written (secrets masked, task keys whole), its task, its data
-    keys and the one-process CPU runtime the check prepares data with."""
-    from pipeline.config import DataConfig
-    from pipeline.runtime.world import Runtime
-    from pipeline.tasks import get_task
-
-    if not out.config.is_file():
-        raise UserError(f"export --check: {out}: no {OutputDir.CONFIG}: not a stage's output_dir (the check needs "
-                        "its task and data)")
-    settings = yaml.safe_load(out.config.read_text(encoding="utf-8"))
-    task = get_task(settings["task"], settings.get("task_options") or {})
-    return (settings, task, DataConfig(**(settings.get("data") or {})),
-            Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu")))
+def training_texts(stage: FinishedStage):
+    """The training texts of `stage` (its prepared entry: a cache hit)."""
+    return stage.splits(("train",)).examples["train"].texts
 
 
 @torch.inference_mode()

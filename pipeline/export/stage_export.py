@@ -26,6 +26,7 @@ from pipeline import names
 from pipeline.errors import UserError
 from pipeline.fsutil import atomic_dir, write_json
 from pipeline.layout import OutputDir
+from pipeline.tracking import finished_stage
 
 log = logging.getLogger("pipeline")
 EXPORT, CHECK_JSON = OutputDir.EXPORT, OutputDir.EXPORT_CHECK
@@ -50,11 +51,10 @@ def export(spec: str, int8: bool = False, check: bool = False, uri: str | None =
     root = Path(spec).expanduser()
     if not root.is_dir():
         raise UserError(f"export: {spec}: no such directory")
+    # the check needs the stage's task and data: refused before any model loads
+    stage = finished_stage.read(root, f"export --{'trim-vocab' if trim_vocab else 'check'}") if check else None
     saved = SavedModel(str(root))  # best/ of an output_dir, or the model directory itself
     out = OutputDir(root)
-    if check and not out.config.is_file():
-        raise UserError(f"export --{'trim-vocab' if trim_vocab else 'check'}: {spec}: not a stage's output_dir (no "
-                        f"{OutputDir.CONFIG}): it needs the stage's task and data")
     t0 = time.perf_counter()
     model = saved.load(torch.float32, torch.device("cpu")).eval()
     tokenizer, size_mb, trim_figures, data = saved.tokenizer, saved.size_mb, {}, None
@@ -64,7 +64,7 @@ def export(spec: str, int8: bool = False, check: bool = False, uri: str | None =
         tokenizer_model(tokenizer)  # a tokenizer the cut cannot keep exact: refused before anything is written
     with atomic_dir(root / EXPORT, replace=True) as tmp:
         if trim_vocab:
-            model, tokenizer, trim_figures, data = _trim(out, model, tokenizer, saved.size_mb, tmp / TRIMMED)
+            model, tokenizer, trim_figures, data = _trim(stage, model, tokenizer, saved.size_mb, tmp / TRIMMED)
             size_mb = trim_figures[names.export_metric(TRIM, "size_mb")]
         params = count_params(model)
         input_names = list(tokenizer.model_input_names)
@@ -84,7 +84,7 @@ def export(spec: str, int8: bool = False, check: bool = False, uri: str | None =
                                        **({"trimmed": TRIMMED} if trim_vocab else {})})
         log.info("export: %s written in %.1fs (%s)", ", ".join(written.values()), time.perf_counter() - t0,
                  ", ".join(f"{v} {s:.1f} MB" for v, s in sizes.items()))
-        report = _check(out, model, tmp, data, written, params, sizes, size_mb) if check else None
+        report = _check(stage, model, tmp, data, written, params, sizes, size_mb) if check else None
         if report is not None:
             report["metrics"].update(trim_figures)
     if report is not None:
@@ -99,7 +99,8 @@ def export(spec: str, int8: bool = False, check: bool = False, uri: str | None =
                      run_id)
 
 
-def _trim(out: OutputDir, model: torch.nn.Module, tokenizer, size_mb: float, folder: Path) -> tuple:
+def _trim(stage: finished_stage.FinishedStage, model: torch.nn.Module, tokenizer, size_mb: float,
+          folder: Path) -> tuple:
     """The model and tokenizer cut to the stage's training tokens, saved in `folder` and proved on
     the dev split (trim_vocab.prove) with the tokenizer as saved; the export/trim/* figures, before
     and after; the stage's data through the saved tokenizer (check.stage_data), which the check reuses."""
@@ -110,19 +111,19 @@ def _trim(out: OutputDir, model: torch.nn.Module, tokenizer, size_mb: float, fol
     from pipeline.models import save_pretrained_fp32
 
     t0 = time.perf_counter()
-    texts = check.training_texts(out)
+    texts = check.training_texts(stage)
     trimmed = trim_vocab.trim(model, tokenizer, trim_vocab.used_ids(tokenizer, texts))
     folder.mkdir()
     save_pretrained_fp32(trimmed.model, trimmed.model.state_dict(), trimmed.tokenizer, folder)
-    data = check.stage_data(out, AutoTokenizer.from_pretrained(str(folder)))
-    proof = trim_vocab.prove(model, trimmed, check.stage_data(out, tokenizer)[0], data[0])
+    data = check.stage_data(stage, AutoTokenizer.from_pretrained(str(folder)))
+    proof = trim_vocab.prove(model, trimmed, check.stage_data(stage, tokenizer)[0], data[0])
     before, after = count_params(model), count_params(trimmed.model)
     on_disk = sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 2**20
     figures = {"vocab_size_before": model.config.vocab_size, "vocab_size": trimmed.model.config.vocab_size,
                "params_before": before[0], "params": after[0], "params_no_embed": after[1],
                "size_mb_before": size_mb, "size_mb": on_disk, **proof.metrics()}
     write_json(folder.parent / TRIM_JSON, figures)
-    _trimmed_card(out.best, folder, figures)
+    _trimmed_card(stage.out.best, folder, figures)
     log.info("export: vocabulary trimmed to the training data's tokens in %.1fs: %d -> %d tokens, %.1fM -> %.1fM "
              "parameters, %.1f -> %.1f MB; dev: %d rows, %d without a trimmed token, all predicted alike; %d with "
              "one (%d still alike)", time.perf_counter() - t0, figures["vocab_size_before"], figures["vocab_size"],
@@ -148,8 +149,8 @@ def _trimmed_card(best: Path, folder: Path, figures: dict) -> None:
     (folder / CARD).write_text(card, encoding="utf-8")
 
 
-def _check(out: OutputDir, model: torch.nn.Module, tmp: Path, data: tuple | None, written: dict[str, str],
-           params: tuple[int, int], sizes: dict[str, float], torch_size_mb: float) -> dict:
+def _check(stage: finished_stage.FinishedStage, model: torch.nn.Module, tmp: Path, data: tuple | None,
+           written: dict[str, str], params: tuple[int, int], sizes: dict[str, float], torch_size_mb: float) -> dict:
     """Each graph against `model`: dev agreement, test metrics; the fp32 graph's verdict; check.json,
     the MLflow model, and the metrics (in the returned report). `data`: the stage's data as the
     exported tokenizer makes it (check.stage_data), read from the saved tokenizer when None."""
@@ -160,7 +161,7 @@ def _check(out: OutputDir, model: torch.nn.Module, tmp: Path, data: tuple | None
     t0 = time.perf_counter()
     from transformers import AutoTokenizer
 
-    dev, test, test_scores = data or check.stage_data(out, AutoTokenizer.from_pretrained(str(tmp)))
+    dev, test, test_scores = data or check.stage_data(stage, AutoTokenizer.from_pretrained(str(tmp)))
     report = {"pytorch": {"test": test_scores(model), "size_mb": torch_size_mb}, "variants": {},
               "tolerance": {"fp32_agreement": check.FP32_AGREEMENT,
                             "fp32_max_abs_diff_relative": check.FP32_MAX_ABS_DIFF}}

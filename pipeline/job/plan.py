@@ -18,15 +18,13 @@ when it starts (stage.build_stage).
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from pipeline import models
-from pipeline.config import Config, DataConfig, flatten
+from pipeline.config import Config, DataConfig
 from pipeline.config.output_dir import default_output_dir
-from pipeline.config.schema import SettledConfig, SettledTrain, TrainConfig
-from pipeline.config.secrets import redact_config
+from pipeline.config.schema import SettledConfig, SettledTrain, TrainConfig, to_record
 from pipeline.data import features
 from pipeline.job_record import KINDS, JobRecord
 from pipeline.layout import OutputDir
@@ -116,9 +114,7 @@ def settle(cfg: Config, kind: str, rt: Runtime | None = None) -> Plan | None:
     per_rank = f"{t.batch_tokens * t.grad_accum} tokens" if t.batch_tokens else f"{t.batch_size * t.grad_accum} rows"
     amount, unit = per_rank.split()
     record = JobRecord(
-        # redacted as config.yaml is (no secrets in output_dir), and as JSON reads it back
-        config=json.loads(json.dumps({k: v for k, v in flatten(redact_config(settled.to_dict())).items() if v != {}},
-                                     default=str)),  # an empty mapping (model_config={}) is no key
+        config=to_record(settled),
         global_batch=f"{int(amount) * rt.world_size} {unit}", world_size=rt.world_size,
         backend=rt.checkpoint_layout,
         precision=policy.name,

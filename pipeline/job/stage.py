@@ -17,8 +17,9 @@ import transformers
 from transformers import PreTrainedTokenizerBase
 
 from pipeline import models, names
-from pipeline.data import features, holdout
+from pipeline.data import features
 from pipeline.data.loaders import shaped_collate
+from pipeline.data.splits import read_splits
 from pipeline.job.plan import Plan
 from pipeline.kd import student
 from pipeline.kd.distill import Distiller, build_distillation
@@ -27,7 +28,6 @@ from pipeline.measure.flops import FlopModel, ModelSize, model_size, step_flop_m
 from pipeline.measure.load import LoadSampler
 from pipeline.runtime.backend import Backend, StepLoss
 from pipeline.runtime.factory import make_backend
-from pipeline.tasks.base import SPLITS
 
 log = logging.getLogger("pipeline")
 
@@ -145,14 +145,8 @@ def build_stage(plan: Plan) -> Stage:
     memory.cap(rt.device, cfg.train.memory_limit_mb)  # a GPU behaves as one of this size
     # a DeepSpeed config is read and checked before data and models load (minutes on a real job)
     backend = make_backend(rt, policy, plan.compile, cfg.train, cfg.deepspeed)
-    # the training split is prepared once per node and memory-mapped: its size, digest and texts
-    # here, not its rows; dev/test keep their examples (the metrics read them)
-    rows = {"train": features.prepare_train(task, cfg.data.source("train"), rt)}
-    if cfg.data.holdout() is not None:  # dev: rows of the training file, trained on no more
-        rows["train"], rows["dev"] = holdout.hold_out(task, rows["train"], *cfg.data.holdout(), rt)
-    examples = {"train": rows["train"], **{split: task.load(cfg.data.source(split), split)
-                                            for split in ("dev", "test") if cfg.data.reads(split)},
-                **({"dev": rows["dev"].examples()} if "dev" in rows else {})}
+    splits = read_splits(task, cfg.data, rt)  # the rows now, their features once the tokenizer exists
+    examples = splits.examples
     transformers.set_seed(cfg.seed)  # identical initial weights on every rank
     train_texts = examples["train"].texts
     distiller = None
@@ -166,10 +160,7 @@ def build_stage(plan: Plan) -> Stage:
         models.checkpoint_activations(model, model_spec)
     identity = {"architecture": models.architecture(model), "tokenizer": features.tokenizer_identity(tokenizer),
                 "teacher": distiller.teacher_fingerprint if distiller is not None else None}
-    # a split the job does not have (data.dev=skip, no data.test) has no entry here
-    prepared = {split: features.prepare_features(task, split, cfg.data.source(split) if cfg.data.reads(split) else None,
-                                                 rows.get(split, examples[split]), tokenizer, cfg.train.max_length, rt)
-                for split in SPLITS if split in examples}
+    prepared = splits.features(tokenizer, cfg.train.max_length)
     examples["train"].release()  # the builder's rows: the features are on disk now
     size = model_size(task.model_class, model.config, cfg.train.max_length)
     lineage = {}

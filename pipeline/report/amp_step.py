@@ -22,9 +22,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from pipeline.config.precision_modes import MODES
+from pipeline.layout import OutputDir
 from pipeline.report.compare import amp_pairs
 
 FILE = "amp_step.json"
@@ -49,7 +49,7 @@ def measure(cells: pd.DataFrame, device: str | None = None, steps: int = STEPS) 
         if _autocast_dtype(precision) is None:
             skipped[label] = f"AMP ran {precision or 'nothing that finished'}: no autocast step to time"
         elif shape is None:
-            skipped[label] = "the FP32 side's best/ or config.yaml is not on this machine"
+            skipped[label] = f"the FP32 side's best/ or {OutputDir.JOB} is not on this machine"
         else:
             pairs.append((label, precision, *shape))
     record = {"steps": steps, "pairs": {}, "not_measured": skipped, "reason": ""}
@@ -60,19 +60,19 @@ def measure(cells: pd.DataFrame, device: str | None = None, steps: int = STEPS) 
 
 def _shape(rows: pd.DataFrame) -> tuple[str, int, int] | None:
     """(best/ directory, micro-batch, row length) of the first finished run with its outputs here."""
-    from pipeline.layout import OutputDir
+    from pipeline.tracking import finished_stage
 
     for r in rows.itertuples():
-        out = Path(r.output_dir) if isinstance(r.output_dir, str) and r.output_dir else None
-        best = OutputDir(out).trained_model() if out is not None and out.is_dir() else None
-        if best is None or not OutputDir(out).config.is_file():
+        out = OutputDir(r.output_dir) if isinstance(r.output_dir, str) and r.output_dir else None
+        if out is None or out.trained_model() is None or not out.job.is_file():
             continue
-        train = yaml.safe_load(OutputDir(out).config.read_text(encoding="utf-8"))["train"]
+        stage = finished_stage.read(out, "report")
+        train = stage.cfg.train
         rate, tokens = float(r.samples_per_s), float(r.tokens_per_s)
         mean = tokens / rate if rate > 0 and not math.isnan(tokens) else 0.0  # NaN > 0 is False
-        multiple = train.get("pad_to_multiple_of") or 8
-        length = min(int(train["max_length"]), max(multiple, math.ceil(mean / multiple) * multiple))
-        return str(best), int(train["batch_size"]), length
+        multiple = train.pad_to_multiple_of
+        length = min(train.max_length, max(multiple, math.ceil(mean / multiple) * multiple))
+        return str(stage.best), train.batch_size, length
     return None
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.fsutil import atomic_dir
 from pipeline.layout import OutputDir
+from pipeline.tracking import finished_stage
 from pipeline.tracking.model_card import CARD
 
 if TYPE_CHECKING:
@@ -39,21 +40,14 @@ def save_for_logging(out: OutputDir, task: Task, examples: list[dict]) -> bool:
     if task.serving_task is None:
         log.info("tracking.log_model: no transformers pipeline serves task %s; best/ uploaded as files", task.name)
         return False
+    max_length = finished_stage.read(out, "tracking.log_model").cfg.train.max_length  # truncated as trained
     try:
-        save_served_model(out.best, task, examples, out.mlflow_model, _max_length(out))
+        save_served_model(out.best, task, examples, out.mlflow_model, max_length)
     except Exception as e:  # noqa: BLE001 - a library's failure to build the pipeline must not fail the job
         reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
         log.warning("tracking.log_model: best/ could not be saved as an MLflow model (%s); not logged", reason)
         return False
     return True
-
-
-def _max_length(out: OutputDir) -> int | None:
-    """train.max_length of the job that wrote output_dir (its config.yaml), if it says."""
-    import yaml
-
-    settings = yaml.safe_load(out.config.read_text(encoding="utf-8")) if out.config.is_file() else None
-    return ((settings or {}).get("train") or {}).get("max_length")
 
 
 def save_served_model(best: Path, task: Task, examples: list[dict], target: Path, max_length: int | None = None

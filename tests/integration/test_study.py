@@ -523,7 +523,7 @@ def test_report_deltas_and_marks(hand_report):
             "measured) and kept 99.4% of FP32's F1; the scores, pair by pair, are below the table." in text)
     assert "RuntimeError: boom" in text
     # no run's best/ is on this machine: the AMP step is not timed, and the report says why
-    assert ("- sentiment / m1: AMP step not timed side by side: the FP32 side's best/ or config.yaml is not on "
+    assert ("- sentiment / m1: AMP step not timed side by side: the FP32 side's best/ or job.json is not on "
             "this machine." in text)
     assert not (hand_report["out"] / "amp_step.json").exists()
 
