@@ -72,8 +72,8 @@ Where a cell runs is one seam, study/executor.py: start a cell -> a handle to po
 stop; executor.start_local runs it on this node's slots (the runner's cells, a search's trials),
 slurm_job.start_slurm submits it as a Slurm job (a search's trials under --executor slurm).
 
-Inside, lowest first: cell_process champion spec store_server | search_spec devices matrix | executor search_plan |
-slurm_job parser schedule | runner | slurm | trial_pool | search
+Inside, lowest first: cell_process champion objective spec store_server | search_spec devices matrix |
+executor search_plan | slurm_job parser schedule | runner | slurm | trial_pool | search
 """
 from __future__ import annotations
 
