@@ -115,8 +115,11 @@ def _row(client: MlflowClient, name: str, plan: dict | None, run: Run | None) ->
     tables = plan.get("tables")
     if tables is None:  # a run the study runner did not plan: its tag, else a guess from the procedure
         tag = tags.get(TAG_REPORT_TABLES)
-        tables = [t for t in tag.split(",") if t in ("amp", "kd")] if tag else (
+        tables = [t for t in tag.split(",") if t in ("amp", "kd", "ceiling")] if tag else (
             ["amp"] + (["kd"] if procedure not in ("train", "") else []))
+    capped = plan.get("memory_limit_mb", _param(run, "train.memory_limit_mb"))
+    if capped not in (None, "") and tables:  # a memory ceiling's rung (ceiling.py), planned so or not
+        tables = ["ceiling"]
     launcher = plan.get("launcher") or (f"{tags[TAG_LAUNCHER]} x{tags.get(TAG_WORLD_SIZE, '?')}" if TAG_LAUNCHER in tags
                                         else "")
     if tags.get(TAG_FALLBACK) == "true" and "fallback" not in launcher:  # torchrun's surplus ranks left
