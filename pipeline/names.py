@@ -190,6 +190,10 @@ TAG_STALLED = "stalled"  # true | false: the best model's test predictions colla
 TAG_STALL_REASON = "stall_reason"  # how they collapsed, e.g. "no entity predicted" (stalled runs only)
 TAG_BATCH_FIT = "batch_fit"  # train.batch_size=auto: the split found and its peaks (batch_finder.py)
 
+TAG_TRIAL_FATE = "search/fate"  # a search trial's run: complete | pruned | failed (study/search.py)
+TAG_TRIAL_REASON = "search/reason"  # a failed trial's run: why (its job's last line, or its objective unlogged)
+
 # ---------------------------------------------------------------- a study's parent run
 STUDY_CELLS_FINISHED = "study/cells_finished"
 STUDY_CELLS_FAILED = "study/cells_failed"
+

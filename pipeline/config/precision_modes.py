@@ -99,3 +99,10 @@ def report_side(requested: str) -> str:
     """The side of the AMP table a run that asked for `requested` lands on; "" for none."""
     found = MODES.get(requested)
     return found.report if found else AMP if requested == AUTO else ""
+
+
+def sixteen_bit(requested: str) -> bool:
+    """Whether a run that asked for `requested` computes in 16 bit, as AMP does (auto: whatever the
+    device picks, which is its AMP); tf32 is fp32 arithmetic on TF32 matmuls, no AMP."""
+    found = MODES.get(requested)
+    return found.compute != "float32" if found else requested == AUTO

@@ -5,7 +5,8 @@ each ended; the child runs hold the metrics) and writes to reports/NAME/:
 - report.md: the AMP table (FP32 vs AMP per task x model, with speed-up, memory reduction and
   metric retention ± the seed spread, speed and memory averaged in one sentence), the KD table
   (per procedure), each finding in words with its uncertainty (compare, verdicts), the seed
-  statistics, the cells and their outcomes, the charts;
+  statistics, the cells and their outcomes, the charts; each section only where the cells' tables
+  (their plan's, study/matrix.py) call for it;
 - amp_step.json: each FP32/AMP pair's training step timed side by side in this process (amp_step.py),
   the AMP speed-up a busy machine cannot make; `--no-timing` leaves it out;
 - ceiling_table.csv: the memory ceiling (ceiling.py: per precision, each batch size's rung fits or

@@ -36,6 +36,8 @@ from pipeline.names import (
     TAG_STALLED,
     TAG_STUDY,
     TAG_TASK,
+    TAG_TRIAL_FATE,
+    TAG_TRIAL_REASON,
     TAG_WORLD_SIZE,
     TEST,
     TEST_MAIN,
@@ -105,13 +107,19 @@ def _row(client: MlflowClient, name: str, plan: dict | None, run: Run | None) ->
     plan = plan or {}
     tags = run.data.tags if run else {}
     status = _status(plan, run)
+    trial_failed = tags.get(TAG_TRIAL_FATE) == "failed"  # a search trial whose job ended without a value
+    if trial_failed:
+        status = "failed"
     requested = str(plan.get("precision") or tags.get(TAG_PRECISION_REQUESTED) or tags.get(TAG_PRECISION) or "")
     procedure = plan.get("procedure") or tags.get(TAG_PROCEDURE) or tags.get(TAG_STAGE) or "train"
     tables = plan.get("tables")
     if tables is None:  # a run the study runner did not plan: its tag, else a guess from the procedure
         tag = tags.get(TAG_REPORT_TABLES)
-        tables = [t for t in tag.split(",") if t in ("amp", "kd")] if tag else (
+        tables = [t for t in tag.split(",") if t in ("amp", "kd", "ceiling")] if tag else (
             ["amp"] + (["kd"] if procedure not in ("train", "") else []))
+    capped = plan.get("memory_limit_mb", _param(run, "train.memory_limit_mb"))
+    if capped not in (None, "") and tables:  # a memory ceiling's rung (ceiling.py), planned so or not
+        tables = ["ceiling"]
     launcher = plan.get("launcher") or (f"{tags[TAG_LAUNCHER]} x{tags.get(TAG_WORLD_SIZE, '?')}" if TAG_LAUNCHER in tags
                                         else "")
     if tags.get(TAG_FALLBACK) == "true" and "fallback" not in launcher:  # torchrun's surplus ranks left
@@ -128,7 +136,8 @@ def _row(client: MlflowClient, name: str, plan: dict | None, run: Run | None) ->
         "tables": ",".join(tables), "needs": ",".join(plan.get("needs") or []), "launcher": launcher,
         "status": status,
         "exit_code": plan.get("exit_code") if status == "failed" else (0 if status == "finished" else None),
-        "reason": plan.get("reason", "") if status == "failed" else "",
+        "reason": "" if status != "failed" else tags.get(TAG_TRIAL_REASON, "") if trial_failed
+        else plan.get("reason", ""),
         "run_id": run.info.run_id if run else plan.get("run_id"),
         "device_type": tags.get(TAG_DEVICE_TYPE), "cpu_bf16": tags.get(TAG_CPU_BF16, ""),
         "energy_available": tags.get(TAG_ENERGY_AVAILABLE),

@@ -6,6 +6,7 @@ from datetime import datetime, timezone
 
 import pandas as pd
 
+from pipeline.config.precision_modes import sixteen_bit
 from pipeline.names import (
     AVG_POWER,
     BEST_EPOCH,
@@ -106,22 +107,43 @@ SAME = "same precision: nothing to compare"
 
 
 def headline(amp: pd.DataFrame) -> str:
-    """Speed, memory and retention averaged over the matrix, one sentence per AMP precision (the
-    scores are compared pair by pair, against the seed spread: amp_sentence). Pairs whose sides
-    resolved to one precision have nothing to compare and are left out of the speed and memory
-    averages; a speed-up measured on a machine busy with other work (confound.py) is called
-    confounded in the sentence itself; a CPU run names its bf16 hardware and what its memory measures."""
+    """Speed, memory and retention averaged over the matrix, one sentence per precision compared
+    with FP32 (the scores are compared pair by pair, against the seed spread: amp_sentence). Pairs
+    whose sides resolved to one precision have nothing to compare and are left out of the speed and
+    memory averages; a pair with a side that did not finish is named with that side's precision; a
+    speed-up measured on a machine busy with other work (confound.py) is called confounded in the
+    sentence itself; a CPU run names its bf16 hardware and what its memory measures."""
     if amp.empty:
         return "No FP32/AMP pairs in this study."
-    groups = _per_precision(amp)
-    finished = sum(len(g) for _, g in groups)
-    if not finished:
-        return f"No task x model cell has both an FP32 and an AMP run that finished ({len(amp)} planned)."
-    left_out = f" ({len(amp) - finished} more failed or are missing)" if finished < len(amp) else ""
-    return " ".join(_headline(g, left_out) for _, g in groups)
+    done = dict(_per_precision(amp))
+    sentences = []
+    for requested, pairs in _by_requested(amp):
+        unfinished = pairs.drop(done[requested].index) if requested in done else pairs
+        left_out = "" if unfinished.empty else (
+            f" ({len(unfinished)} more failed or are missing: " + "; ".join(_unfinished(r) for r in
+                                                                            unfinished.itertuples()) + ")")
+        if requested in done:
+            sentences.append(_headline(done[requested], left_out, requested))
+        else:
+            sentences.append(f"No task x model cell has both an FP32 and a {requested} run that finished"
+                             f"{left_out.replace(' more', '', 1)}.")
+    return " ".join(sentences)
 
 
-def _headline(ok: pd.DataFrame, left_out: str) -> str:
+def _by_requested(amp: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """Every pair, finished or not, per precision requested on the compared side."""
+    return list(amp.groupby("amp_requested", sort=False)) if "amp_requested" in amp else [("amp", amp)]
+
+
+def _unfinished(r) -> str:
+    """"ner / m1: bf16 failed": a pair's sides that did not finish, each by its precision."""
+    sides = [f"{precision} {status}" for precision, status in (("fp32", r.fp32_status), (r.amp_requested, r.amp_status))
+             if status != "ok"]
+    return f"{r.task} / {r.model}: {', '.join(sides)}"
+
+
+def _headline(ok: pd.DataFrame, left_out: str, requested: str = "amp") -> str:
+    """One precision's sentence; its compared side is "AMP (bf16)" for a 16-bit mode, "tf32" for tf32."""
     same, compared = _same_and_compared(ok)
     where = _where(ok)
     if compared.empty:  # precision=auto on a device with neither bf16 nor fp16: no AMP ran
@@ -130,6 +152,8 @@ def _headline(ok: pd.DataFrame, left_out: str) -> str:
                 f"fp16): both sides ran {ran}, so there is nothing to compare: no AMP speed-up, no memory saving.")
     s, m, kept = compared.speedup_pct.mean(), compared.mem_reduction_pct.mean(), ok.retention_pct.mean()
     precisions = "/".join(sorted(set("/".join(compared.amp_precision).split("/"))))
+    amp16 = requested == "amp" or sixteen_bit(requested)
+    side = f"AMP ({precisions})" if amp16 else precisions
     memories = sorted(set(compared.memory) - {""})
     memory = "/".join(memories) or "peak memory"
     n = len(compared)
@@ -142,8 +166,8 @@ def _headline(ok: pd.DataFrame, left_out: str) -> str:
         f"; {len(same)} more ran one precision on both sides ("
         + ", ".join(f"{r.task} / {r.model}: {r.amp_precision}" for r in same.itertuples())
         + "): nothing to compare there")
-    cpu_memory = f" ({CPU_MEMORY_NOTE})" if "CPU peak RSS" in memories else ""
-    return (f"Averaged over {n} task x model cell{'s' if n != 1 else ''}{left_out}{where}, AMP ({precisions}) "
+    cpu_memory = f" ({CPU_MEMORY_NOTE})" if "CPU peak RSS" in memories and amp16 else ""
+    return (f"Averaged over {n} task x model cell{'s' if n != 1 else ''}{left_out}{where}, {side} "
             f"trained {abs(s):.1f}% {'faster' if s >= 0 else 'slower'} than FP32 (samples/s){confound}, used "
             f"{abs(m):.1f}% {'less' if m >= 0 else 'more'} peak memory ({memory}){cpu_memory} and kept {kept:.1f}% of "
             f"FP32's F1{same_note}; the scores, pair by pair, are below the table.")
@@ -221,7 +245,9 @@ def render(experiment: str, uri: str, parent_id: str | None, cells: pd.DataFrame
                              payoff if payoff is not None else pd.DataFrame(), side)
     if ceiling is not None and not ceiling.empty:
         lines += _ceiling_section(ceiling)
-    lines += _seed_section(stats) + _cells_section(cells)
+    if found:  # a study of no comparison (a memory ceiling, a search's re-runs alone) has no seed statistics
+        lines += _seed_section(stats)
+    lines += _cells_section(cells)
     return "\n".join(lines)
 
 
@@ -319,7 +345,7 @@ def _kd_section(kd: pd.DataFrame, charts: list[str], findings: list[str], payoff
              "- total time: the cell's process from start to finish as the study runner timed it (set-up, "
              f"training, evaluation, inference bench, saving: the thesis's total time); training: `{TRAIN_TIME}` "
              f"(training steps only); GPU util, avg power, energy: `{GPU_UTIL}`, `{AVG_POWER}`, `{ENERGY_JOULES}` "
-             "(NVML; n/a on a CPU or where NVML has no counter, never 0); P/R/F1: `{test_metric('precision')}`, "
+             f"(NVML; n/a on a CPU or where NVML has no counter, never 0); P/R/F1: `{test_metric('precision')}`, "
              f"`{test_metric('recall')}`, `{test_metric('f1')}` (the positive class for WikiQA); MAP/MRR: "
              f"`{test_metric('map')}`, `{test_metric('mrr')}`; n/a where the task has no such metric.", CONFOUND_NOTE,
              STALLED_NOTE, ""]

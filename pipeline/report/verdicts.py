@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+from pipeline.config.precision_modes import sixteen_bit
 from pipeline.errors import UserError
 from pipeline.report.compare import SPREAD_FACTOR, Comparison, difference, identical_scores, stalled
 
@@ -65,7 +66,9 @@ def amp_sentence(c: Comparison) -> str:
 def _amp_sentence(c: Comparison) -> str:
     d, name = difference(c, "main"), metric_name(c.task)
     # FP32 vs AMP of one model, or a KD procedure's AMP run vs its FP32 one
-    amp, fp32 = (f"AMP ({c.compared})", "FP32") if c.kind == "amp" else (f"{c.compared} (AMP)", c.reference)
+    # tf32 is compared with FP32 too, but is no AMP: named by itself
+    amp, fp32 = ((f"AMP ({c.compared})" if sixteen_bit(c.compared.split(" ")[0]) else c.compared, "FP32")
+                 if c.kind == "amp" else (f"{c.compared} (AMP)", c.reference))
     if not d["reference_n"] or not d["compared_n"]:
         return f"{_where(c)}: no finished {fp32 if not d['reference_n'] else amp} run: nothing to compare."
     pairs, same = identical_scores(c)

@@ -62,8 +62,9 @@ command-line overrides (key=value: every cell; PROCEDURE:key=value: that procedu
 `teacher:model=bert-base-uncased` changes the teacher and not its students), and last the
 runner's own (output_dir, tracking.*).
 
-Which report table a cell feeds: the AMP table (FP32 vs AMP per task x model) when its block
-has two or more precisions; the KD table (per procedure) when its block has a procedures axis.
+Which report table a cell feeds: the AMP table (FP32 vs AMP per task x model) when its block's
+precisions include fp32 and one compared with it; the KD table (per procedure) when its block has
+a procedure that distills; a cell under train.memory_limit_mb feeds the memory ceiling alone.
 
 May import: config, runtime.world, runtime.preemption, tasks, names, tracking, report, ui, optuna: a study
 starts stages as processes and never imports the loop (stage, train).
@@ -72,8 +73,8 @@ Where a cell runs is one seam, study/executor.py: start a cell -> a handle to po
 stop; executor.start_local runs it on this node's slots (the runner's cells, a search's trials),
 slurm_job.start_slurm submits it as a Slurm job (a search's trials under --executor slurm).
 
-Inside, lowest first: cell_process champion spec store_server | search_spec devices matrix | executor search_plan |
-slurm_job parser schedule | runner | slurm | trial_pool | search
+Inside, lowest first: cell_process champion objective spec store_server | search_spec devices matrix |
+executor search_plan | slurm_job parser schedule | runner | slurm | trial_pool | search
 """
 from __future__ import annotations
 

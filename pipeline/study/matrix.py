@@ -6,6 +6,7 @@ import itertools
 import logging
 import re
 
+from pipeline.config.precision_modes import AMP, REFERENCE, report_side
 from pipeline.errors import UserError
 from pipeline.names import TAG_CELL, TAG_PROCEDURE, TAG_REPORT_TABLES, TAG_STUDY
 from pipeline.study.spec import AXES, AXIS_KEY, Block, Cell, Procedure, Study, study_error
@@ -23,7 +24,7 @@ def plan_cells(study: Study) -> list[Cell]:
     by_block_values: dict[tuple, Cell] = {}
     for block in study.blocks:
         axes = {a: v for a, v in block.axes.items() if v is not None}
-        tables = (["amp"] if len(axes.get("precisions", {})) >= 2 else []) + (["kd"] if "procedures" in axes else [])
+        tables = _tables(study, axes)
         for combo in itertools.product(*(list(v.items()) for v in axes.values())):
             values = {axis: value for axis, (value, _) in zip(axes, combo)}
             proc = study.procedures[values["procedures"]] if "procedures" in values else Procedure("train")
@@ -50,7 +51,26 @@ def plan_cells(study: Study) -> list[Cell]:
     for cell in ordered:
         cell.overrides += runner_overrides(study, cell)
         cell.plan = _effective(study, cell)
+        if cell.plan["memory_limit_mb"] is not None:  # a rung of the memory ceiling, no AMP pair or KD procedure
+            _retable(cell, ["ceiling"])
     return ordered
+
+
+def _tables(study: Study, axes: dict) -> list[str]:
+    """The report tables a block's cells feed: the AMP table where its precisions put runs on both
+    of its sides (fp32 and one compared with it), the KD table where a procedure distills."""
+    sides = {report_side(p) for p in axes.get("precisions", {})}
+    distills = any(study.procedures[p].kind == "distill" for p in axes.get("procedures", {}))
+    return (["amp"] if {AMP, REFERENCE} <= sides else []) + (["kd"] if distills else [])
+
+
+def _retable(cell: Cell, tables: list[str]) -> None:
+    """The cell's tables replaced, in its plan and in the tag its run carries."""
+    tag = f"tracking.tags.{TAG_REPORT_TABLES}="
+    cell.tables = tables
+    cell.plan["tables"] = tables
+    cell.overrides = [(f"{tag}{','.join(tables)}" if text.startswith(tag) else text, origin)
+                      for text, origin in cell.overrides]
 
 
 def _block_key(study: Study, block: Block) -> str:

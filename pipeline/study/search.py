@@ -27,7 +27,7 @@ import shlex
 import time
 
 from pipeline.layout import OutputDir
-from pipeline.names import TAG_PARENT_RUN
+from pipeline.names import TAG_CELL, TAG_PARENT_RUN, TAG_TRIAL_FATE, TAG_TRIAL_REASON
 from pipeline.report.search import write_search_report
 from pipeline.study.executor import Handle, Waited
 from pipeline.study.runner import OpenStudy, publish_plan, tracking_for_cells
@@ -36,6 +36,9 @@ from pipeline.study.spec import Cell, Study
 from pipeline.study.trial_pool import POLL_S, Pool, log_end, objective_values
 
 log = logging.getLogger("pipeline")
+
+FAIL_REASON = "fail_reason"
+"""The Optuna user attribute that holds why a failed trial failed (Optuna's own name for it)."""
 
 
 def storage_url(study: Study) -> str:
@@ -61,7 +64,7 @@ def optuna_study(study: Study, group: Group, create: bool = True):
 
 def run_search(study: Study, cells: list[Cell], slots: int | None = None, executor: str = "local") -> int:
     """The cells the search needs, each group's trials, the best trials' re-runs, the reports.
-    Returns 0, 1 (a cell or trial failed) or 143 (SIGTERM)."""
+    Returns 0, 1 (a cell or trial failed, or every trial of a group) or 143 (SIGTERM)."""
     from pipeline.runtime.preemption import on_sigterm
     from pipeline.study.devices import check_devices, default_slots, visible_gpus
     from pipeline.study.runner import Stopped, raise_stopped
@@ -83,12 +86,14 @@ def run_search(study: Study, cells: list[Cell], slots: int | None = None, execut
                 opened, client=_client(cell_uri), uri=cell_uri)
             pool = Pool(live, slots, gpus, executor, served=cell_uri if cell_uri != opened.uri else None)
             failed = pool.run_cells(needed)
+            fruitless = []
             for group in groups:
                 if any(n in failed for n in group.template.needs):
                     log.warning("study %s: %s not searched: it needs %s, which failed", study.name, group.name,
                                 ", ".join(n for n in group.template.needs if n in failed))
                     continue
-                Search(live, pool, group).run()
+                if not Search(live, pool, group).run():
+                    fruitless.append(group.name)
             reruns = _best_reruns(live, groups)
             if reruns:  # their plan on the parent run beside the needed cells'
                 publish_plan(live.client, live.parent, needed + reruns)
@@ -102,7 +107,11 @@ def run_search(study: Study, cells: list[Cell], slots: int | None = None, execut
     out = write_search_report(study.report_dir, search_report(study, groups, opened), opened.client,
                               opened.parent)
     log.info("study %s: search report in %s", study.name, out)
-    return opened.finish()
+    code = opened.finish()
+    if fruitless:
+        log.error("study %s: every trial of %s failed: no value to search by (each trial's reason: its run's "
+                  "%s tag, the Optuna trial's %s)", study.name, ", ".join(fruitless), TAG_TRIAL_REASON, FAIL_REASON)
+    return 1 if fruitless else code
 
 
 def search_report(study: Study, groups: list[Group], opened: OpenStudy | None = None) -> str:
@@ -173,7 +182,9 @@ class Search:
         self.exhausted = False
         """The sampler has no point left to try (a grid, every point asked)."""
 
-    def run(self) -> None:
+    def run(self) -> bool:
+        """Ask, run and tell trials until the budget is spent; False when every trial the group's
+        Optuna study holds failed (none gave a value, none was pruned)."""
         import optuna
 
         spec, started = self.spec, time.monotonic()
@@ -209,6 +220,8 @@ class Search:
         if timed_out:
             log.info("study %s: %s: search.timeout_s reached after %d trials", self.opened.study.name,
                      self.group.name, self._count())
+        states = {t.state for t in self.optuna.get_trials(deepcopy=False)}
+        return states != {optuna.trial.TrialState.FAIL}
 
     def _count(self) -> int:
         return len(self.optuna.get_trials(deepcopy=False))
@@ -255,6 +268,7 @@ class Search:
         value = _final_value(cell, self.spec.objective, values, self.spec.direction)
         if end.exit_code != 0:
             fate, state = "failed", optuna.trial.TrialState.FAIL
+            outcome["reason"] = outcome.get("reason") or f"exit code {end.exit_code}"
         elif OutputDir(cell.output_dir).stop_request.exists():
             fate, state = "pruned", optuna.trial.TrialState.PRUNED
         elif value is None:
@@ -262,6 +276,9 @@ class Search:
             outcome["reason"] = f"{self.spec.objective}: not logged by the job (search.objective)"
         else:
             fate, state = "complete", optuna.trial.TrialState.COMPLETE
+        reason = outcome.get("reason", "") if fate == "failed" else ""
+        if reason:  # Optuna keeps it beside the trial's state
+            trial.set_user_attr(FAIL_REASON, reason)
         try:
             self.optuna.tell(trial, value if state == optuna.trial.TrialState.COMPLETE else None, state=state,
                              skip_if_finished=True)
@@ -269,16 +286,30 @@ class Search:
             if "Study.stop" not in str(e):
                 raise
             self.exhausted = True
-        run_id = outcome.get("run_id")
+        run_id = outcome.get("run_id") or _newest_run(self.opened, cell)
         if run_id:
-            tags = {f"{TRIAL_TAG}fate": fate, f"{TRIAL_TAG}params": json.dumps(trial.params),
+            tags = {TAG_TRIAL_FATE: fate, f"{TRIAL_TAG}params": json.dumps(trial.params),
                     f"{TRIAL_TAG}intermediate": json.dumps(values), TAG_PARENT_RUN: self.opened.parent}
             if value is not None:
                 tags[f"{TRIAL_TAG}value"] = repr(value)
+            if reason:
+                tags[TAG_TRIAL_REASON] = reason[:500]
             for k, v in tags.items():
                 self.opened.client.set_tag(run_id, k, v)
+        if reason:  # the parent run says why each failed trial failed, whether or not it left a run
+            self.opened.client.set_tag(self.opened.parent, f"{TRIAL_TAG}failed.{cell.name}", reason[:500])
+        if fate == "failed" and end.exit_code == 0:  # its job ended well: log_end would call it finished
+            log.warning("%s: failed after %.1fs: %s", cell.name, end.wall_s, reason)
+            return
         shown = f"{fate} ({self.spec.objective} {value:.4f})" if value is not None and fate != "failed" else fate
         log_end(cell, end, shown)
+
+
+def _newest_run(opened: OpenStudy, cell: Cell) -> str | None:
+    """The newest run of the cell whatever its status (a failed job's run is FAILED)."""
+    runs = opened.client.search_runs([opened.experiment_id], f"tags.{TAG_CELL} = '{cell.name}'",
+                                     order_by=["attributes.start_time DESC"], max_results=1)
+    return runs[0].info.run_id if runs else None
 
 
 def _final_value(cell: Cell, objective: str, values: list[float], direction: str) -> float | None:

@@ -118,14 +118,21 @@ def _text(value: object) -> str:
 
 
 def check_space(study: Study, cells: list[Cell]) -> None:
-    """Each searched cell's config takes every bound and choice of the space (unknown key, value
-    out of range): else a one-line error naming search.space.KEY."""
+    """Each searched cell's task logs the objective (objective.py), in a split the cell evaluates,
+    and its config takes every bound and choice of the space (unknown key, value out of range):
+    else a one-line error naming search.objective or search.space.KEY."""
     from pipeline.config import load_config
+    from pipeline.study.objective import objective_problem
+    from pipeline.tasks import get_task
 
     _, groups = plan_search(study, cells)
     for group in groups:
         args = stage_args(group.template, {})
-        data, objective = load_config(study.config, args).data, study.search.objective
+        cfg, objective = load_config(study.config, args), study.search.objective
+        data = cfg.data
+        problem = objective_problem(objective, get_task(cfg.task, cfg.task_options))
+        if problem:
+            raise study_error(study.path, "search.objective", f"{problem} (cell {group.name})")
         if objective.startswith(EVAL) and not data.evaluates("dev"):
             raise study_error(study.path, "search.objective", f"{objective} is a dev figure, and cell "
                               f"{group.name} has data.dev=skip (no dev evaluation): give it dev data, or a test/ "

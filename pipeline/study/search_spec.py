@@ -7,7 +7,8 @@ trial count and time budget of a hyperparameter search, checked, and turned into
         train.batch_size: {categorical: [16, 32, 64]}
         kd.temperature: {uniform: [1.0, 8.0]}
         train.epochs: {int: [2, 6]}         # or the text form: "log_uniform:1e-5:1e-3", "categorical:16,32"
-      objective: eval/main                  # default: the task's dev main metric; any logged metric
+      objective: eval/main                  # default: the task's dev main metric; any metric the task
+                                            #   scores (eval/NAME, test/NAME) or the job logs (perf/...)
       direction: maximize                   # or minimize (eval/loss ...)
       sampler: tpe                          # tpe | random | cmaes | qmc | grid, or {type: tpe, seed: 0, ...}
                                             #   (grid: {type: grid, search_space: {KEY: [values]}})
@@ -40,6 +41,8 @@ PRUNERS = {"median": "MedianPruner", "percentile": "PercentilePruner", "hyperban
            "successive_halving": "SuccessiveHalvingPruner", "none": "NopPruner"}
 SEARCH_KEYS = ("space", "objective", "direction", "sampler", "pruner", "trials", "timeout_s", "storage", "procedures",
                "champion")
+DIRECTIONS = {"max": "maximize", "min": "minimize"}
+"""--objective METRIC:WAY -> search.direction."""
 DEFAULT_OBJECTIVE = "eval/main"
 """The task's dev main metric, as every job logs it at each evaluation and in metrics.json."""
 
@@ -119,6 +122,9 @@ def parse_search(path: Path, raw: object) -> Search | None:
     objective = raw.get("objective", DEFAULT_OBJECTIVE)
     if not isinstance(objective, str) or not objective.strip():
         raise study_error(path, "search.objective", "expected a metric's name (eval/main, eval/f1, test/map ...)")
+    if ":" in objective:
+        raise study_error(path, "search.objective", f"{objective!r}: a metric's name holds no colon; the way is "
+                                                    "search.direction (maximize or minimize)")
     direction = raw.get("direction", "maximize")
     if direction not in ("maximize", "minimize"):
         raise study_error(path, "search.direction", f"{direction!r}: must be maximize or minimize")
@@ -209,11 +215,16 @@ def from_options(space: list[str], trials: int | None, objective: str | None, pr
     out: dict = {}
     if space:
         out["space"] = dict(item.partition("=")[::2] for item in space)
-    if objective:  # METRIC or METRIC:max|min
-        name, _, way = objective.rpartition(":") if objective.endswith((":max", ":min")) else (objective, "", "")
+    if objective:  # METRIC or METRIC:max|min; no metric name holds a colon
+        name, colon, way = objective.rpartition(":")
+        if not colon:
+            name, way = objective, ""
+        elif way not in DIRECTIONS:
+            raise UserError(f"study: --objective {objective}: {way!r} is no direction: expected METRIC, "
+                            f"METRIC:max or METRIC:min (eval/main:max, eval/loss:min)")
         out["objective"] = name
         if way:
-            out["direction"] = "maximize" if way == "max" else "minimize"
+            out["direction"] = DIRECTIONS[way]
     for key, value in (("trials", trials), ("pruner", pruner), ("sampler", sampler), ("timeout_s", timeout_s),
                        ("storage", storage)):
         if value is not None:

@@ -174,6 +174,14 @@ class Task(ABC):
         """Task metrics from all predictions of a split (row i = feature i of `features`, the
         Dataset featurize returned); must include `main_metric`."""
 
+    def metric_names(self) -> tuple[str, ...]:
+        """The keys metrics() returns, without running it (a search's objective is checked against
+        them before any trial starts); a key ending in `*` stands for any suffix (NER's f1_TYPE)."""
+        return (self.main_metric,)
+
+    scores_loss: ClassVar[bool] = True
+    """Its dev and test batches carry targets, so an evaluation has a loss (eval/loss, test/loss)."""
+
     def report(self, predictions: dict[str, np.ndarray], examples: list[dict], features: datasets.Dataset) -> str:
         """A human-readable per-class report (logged as an artifact)."""
         return ""

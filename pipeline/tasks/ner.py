@@ -227,6 +227,9 @@ class NerTask(Task):
         return [[self.labels[row[s]] if s >= 0 else "O" for s in starts]
                 for row, starts in zip(predictions["token_labels"], features["word_starts"])]
 
+    def metric_names(self) -> tuple[str, ...]:
+        return ("precision", "recall", "f1", "accuracy", "f1_*")  # f1_TYPE per entity type of the data
+
     def metrics(self, predictions: dict[str, np.ndarray], examples: list[dict],
                 features: datasets.Dataset) -> dict[str, float]:
         y_true = [e["tags"] for e in examples]

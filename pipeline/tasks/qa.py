@@ -237,6 +237,12 @@ class QaTask(Task):
             return None
         return "no question answered"
 
+    scores_loss = False
+    """Its dev and test windows carry no answer span (featurize keeps the targets for train only)."""
+
+    def metric_names(self) -> tuple[str, ...]:
+        return ("exact", "f1", "HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1")  # squad_v2_scores
+
     def metrics(self, predictions: dict[str, np.ndarray], examples: list[dict],
                 features: datasets.Dataset) -> dict[str, float]:
         return squad_v2_scores(self.postprocess(predictions, examples, features),

@@ -113,6 +113,9 @@ class TextClassificationTask(Task):
     def predictions(self, outputs: ModelOutput, batch: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
         return {"logits": logits_to_numpy(outputs.logits)}
 
+    def metric_names(self) -> tuple[str, ...]:
+        return ("accuracy", "macro_f1", f"{self.extra_average}_f1")
+
     def metrics(self, predictions: dict[str, np.ndarray], examples: list[dict],
                 features: datasets.Dataset) -> dict[str, float]:
         y_true = np.array([e["label"] for e in examples])

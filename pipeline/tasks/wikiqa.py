@@ -135,6 +135,9 @@ class WikiQaTask(Task):
         # at 1.0 (which would tie confident candidates)
         return {"logits": logits, "score": logits[:, 1] - logits[:, 0]}
 
+    def metric_names(self) -> tuple[str, ...]:
+        return ("precision", "recall", "f1", "accuracy", "map", "mrr")
+
     def metrics(self, predictions: dict[str, np.ndarray], examples: list[dict],
                 features: datasets.Dataset) -> dict[str, float]:
         y_true = np.array([e["label"] for e in examples])

@@ -44,6 +44,10 @@ BAD = [
     ({"space": SPACE, "pruner": "patience"}, "search.pruner: 'patience': expected one of"),
     ({"space": SPACE, "pruner": {"type": "median", "n_startup": 2}}, "search.pruner: median: "),
     ({"space": SPACE, "direction": "up"}, "search.direction: 'up': must be maximize or minimize"),
+    ({"space": SPACE, "objective": "eval/main:up"}, "search.objective: 'eval/main:up': a metric's name holds no colon"),
+    ({"space": SPACE, "objective": "eval/f1"},
+     "search.objective: eval/f1: task sentiment logs no such metric (did you mean eval/macro_f1? its dev scores: "
+     "eval/main, eval/loss, eval/accuracy"),
     ({"space": SPACE, "trials": 0}, "search.trials: 0: must be an integer >= 1"),
     ({"space": SPACE, "procedures": ["teacher"]}, "search.procedures: 'teacher': no cell runs it"),
     ({"space": SPACE, "storage": "optuna.db"}, "search.storage: 'optuna.db': expected a database URL"),
@@ -216,3 +220,132 @@ def test_the_champion_alias_moves_only_beyond_the_seed_spread(tmp_path):
     assert said.endswith(f"is the champion, after v{first}")
     assert client.get_model_version_by_alias("m", "champion").version == far
     assert float(client.get_model_version("m", far).tags["search/mean"]) == pytest.approx(0.8)
+
+
+# ------------------------------------------------------------------ the objective, and trials that fail
+
+
+def test_a_mistyped_direction_is_refused_before_any_trial(tmp_path, capsys):
+    """--objective METRIC:WAY takes max or min: `eval/main:up` is one line naming --objective, exit 2,
+    and nothing starts (it was once a metric's name no job logs, and every trial ran for nothing)."""
+    path = _study_file(tmp_path, None)
+    code, out = _cli(["study", path, "--dry-run", "--space", "train.lr=log_uniform:1e-5:1e-3", "--objective",
+                      "eval/main:up"], capsys)
+    assert code == 2 and out.err.strip() == ("error: study: --objective eval/main:up: 'up' is no direction: expected "
+                                             "METRIC, METRIC:max or METRIC:min (eval/main:max, eval/loss:min)")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("task,objective,near", [
+    ("sentiment", "eval/mian", "eval/main"), ("sentiment", "test/f1", "test/macro_f1"),
+    ("qa", "eval/exact_match", "eval/exact"), ("qa", "eval/loss", None),  # QA's dev windows: no answer span, no loss
+    ("wikiqa", "eval/MAP", "eval/map"), ("sentiment", "perf/samples_per_s", "perf/train_samples_per_s")])
+def test_an_objective_the_task_never_logs_is_refused_with_the_nearest_name(tmp_path, capsys, task, objective, near):
+    path = _study_file(tmp_path, {"space": SPACE, "objective": objective},
+                       matrix={"tasks": [task], "seeds": [1]})
+    code, out = _cli(["study", path, "--dry-run"], capsys)
+    assert code == 2, out
+    assert out.err.startswith(f"error: {path}: search.objective: {objective}: task {task} logs no such metric (")
+    assert near is None or f"(did you mean {near}? its dev scores: eval/main, " in out.err
+    assert len(out.err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("task,objective", [("ner", "eval/f1_symptom"), ("qa", "test/HasAns_f1"),
+                                            ("wikiqa", "test/mrr"), ("sentiment", "eval/loss"),
+                                            ("sentiment", "perf/train_samples_per_s")])
+def test_an_objective_the_task_logs_is_taken(tmp_path, task, objective):
+    study, _ = load_study(_study_file(tmp_path, {"space": SPACE, "objective": objective},
+                                      matrix={"tasks": [task], "seeds": [1]}))
+    assert study.search.objective == objective
+
+
+class _Store:
+    """The study's store as the search writes it: tags per run, the parent's included."""
+
+    def __init__(self, study):
+        self.study, self.parent, self.experiment_id, self.uri = study, "parent", "0", "fake://"
+        self.client, self.tags = self, {}
+
+    def outcome(self, cell, end):  # a job that ended with exit 0 and its run FINISHED
+        return {"status": "finished", "exit_code": end.exit_code, "run_id": f"run-{cell.name}", "wall_s": 1.0}
+
+    def set_tag(self, run, key, value):
+        self.tags.setdefault(run, {})[key] = value
+
+    def set_terminated(self, run, status):
+        self.tags.setdefault(run, {})["status"] = status
+
+    def finish(self):
+        return 0  # every trial's run FINISHED: the store alone counts them all finished
+
+    def search_runs(self, *args, **kwargs):
+        return []
+
+
+def _jobs_that_finish_without(monkeypatch, metrics):
+    """Each trial's job ends at once with exit 0, leaving `metrics` as its metrics.json."""
+    from pipeline.study import search, trial_pool
+    from pipeline.study.executor import Waited
+
+    def start(study, cell, gpus, **kwargs):
+        cell.output_dir.mkdir(parents=True, exist_ok=True)
+        (cell.output_dir / "metrics.json").write_text(json.dumps(metrics))
+        return Waited(cell.name, lambda: (0, "done"))
+
+    monkeypatch.setitem(trial_pool.EXECUTORS, "local", start)
+    monkeypatch.setattr(search, "POLL_S", 0)
+
+
+def test_a_trial_whose_job_logs_no_objective_fails_and_says_why(tmp_path, monkeypatch, caplog):
+    """The reason is on the console, in Optuna's trial attributes, on the trial's run and on the
+    parent run; a search whose every trial failed exits non-zero although every job exited 0."""
+    from pipeline.names import TAG_TRIAL_FATE, TAG_TRIAL_REASON
+    from pipeline.study import search
+
+    path = _study_file(tmp_path, {"space": SPACE, "trials": 2, "sampler": {"type": "random", "seed": 0}})
+    study, cells = load_study(path)
+    store = _Store(study)
+    monkeypatch.setattr(search.OpenStudy, "open", classmethod(lambda cls, study, cells: store))
+    monkeypatch.setattr(search, "write_search_report", lambda *a: tmp_path / "search.md")
+    _jobs_that_finish_without(monkeypatch, {"test/main": 0.5})  # eval/main (the objective) missing
+    caplog.set_level("INFO", logger="pipeline")
+    assert search.run_search(study, cells, slots=1) == 1
+    why = "eval/main: not logged by the job (search.objective)"
+    trials = search.optuna_study(study, plan_search(study, cells)[1][0], create=False).trials
+    assert [t.state for t in trials] == [optuna.trial.TrialState.FAIL] * 2
+    assert [t.user_attrs.get(search.FAIL_REASON) for t in trials] == [why, why]
+    for name in ("sentiment-t000", "sentiment-t001"):
+        assert store.tags[f"run-{name}"][TAG_TRIAL_FATE] == "failed"
+        assert store.tags[f"run-{name}"][TAG_TRIAL_REASON] == why
+        assert store.tags["parent"][f"search/failed.{name}"] == why
+        assert f"{name}: failed after " in caplog.text and f"s: {why}" in caplog.text
+    assert "every trial of sentiment failed" in caplog.text
+
+
+def test_a_search_with_a_completed_trial_keeps_the_stores_exit_code(tmp_path, monkeypatch):
+    from pipeline.study import search
+
+    study, cells = load_study(_study_file(tmp_path, {"space": SPACE, "trials": 1}))
+    store = _Store(study)
+    monkeypatch.setattr(search.OpenStudy, "open", classmethod(lambda cls, study, cells: store))
+    monkeypatch.setattr(search, "write_search_report", lambda *a: tmp_path / "search.md")
+    monkeypatch.setattr(search, "_best_reruns", lambda opened, groups: [])
+    _jobs_that_finish_without(monkeypatch, {"eval/main": 0.7})
+    assert search.run_search(study, cells, slots=1) == 0
+    assert store.tags["run-sentiment-t000"]["search/fate"] == "complete"
+    assert not any(k.startswith("search/failed.") for k in store.tags.get("parent", {}))
+
+
+def test_the_report_counts_a_failed_trial_as_failed_with_its_reason():
+    """A trial's run ended FINISHED (its job exited 0) but gave no value: a failed cell in the report
+    and the closing line, its reason beside it."""
+    from types import SimpleNamespace
+
+    from pipeline.names import TAG_TRIAL_FATE, TAG_TRIAL_REASON
+    from pipeline.report.cells import _row
+
+    tags = {TAG_TRIAL_FATE: "failed", TAG_TRIAL_REASON: "eval/main: not logged by the job (search.objective)"}
+    run = SimpleNamespace(data=SimpleNamespace(tags=tags, params={}, metrics={}),
+                          info=SimpleNamespace(status="FINISHED", run_id="r"))
+    row = _row(None, "sentiment-t000", {}, run)
+    assert (row["status"], row["reason"]) == ("failed", tags[TAG_TRIAL_REASON])

@@ -84,6 +84,7 @@ def test_five_class_metrics_against_hand_computed_values():
     assert m["accuracy"] == pytest.approx(4 / 6)
     assert m["macro_f1"] == pytest.approx((1 / 2 + 2 / 3 + 1 + 1 + 0) / 5)
     assert m["weighted_f1"] == pytest.approx((2 * 1 / 2 + 2 / 3 + 1 + 1 + 0) / 6)
+    assert set(m) == set(task.metric_names())  # what a search's objective is checked against
     report = task.report({"logits": logits}, examples, None)
     assert re.search(r"Multiple Errors\s+0\.0000\s+0\.0000\s+0\.0000\s+1\n", report)
 

@@ -227,6 +227,7 @@ def test_post_processing_picks_the_best_span_over_windows_and_the_null_answer(to
     assert task.metrics(preds, examples, features) == {
         "exact": 1.0, "f1": 1.0, "HasAns_exact": 1.0, "HasAns_f1": 1.0, "NoAns_exact": 1.0, "NoAns_f1": 1.0}
     assert task.tie_breakers == ("exact",)
+    assert set(task.metrics(preds, examples, features)) == set(task.metric_names()) and not task.scores_loss
     # spans longer than max_answer_length (tokens) are not answers
     wide = logits_for(features, [(1, answer - 1, answer, 5.0), (1, 0, 0, -20.0)])
     two_tokens = LONG[offsets[answer - 1][0]:offsets[answer][1]]

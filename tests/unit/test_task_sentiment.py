@@ -46,6 +46,7 @@ def test_metrics_against_hand_computed_values():
     assert m["macro_f1"] == pytest.approx((0.5 + 0.8 + 2 / 3) / 3)
     assert m["micro_f1"] == pytest.approx(4 / 6)
     assert TASK.tie_breakers == ("accuracy",)
+    assert set(m) == set(TASK.metric_names())  # what a search's objective is checked against
 
 
 def test_sample_set_is_deterministic_balanced_and_noisy(tmp_path):

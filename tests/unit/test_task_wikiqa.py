@@ -114,6 +114,7 @@ def test_precision_recall_f1_and_accuracy_by_hand():
     assert m["precision"] == pytest.approx(2 / 3) and m["recall"] == pytest.approx(2 / 3)
     assert m["f1"] == pytest.approx(2 / 3) and m["accuracy"] == pytest.approx(4 / 6)
     assert TASK.tie_breakers == ("map", "mrr") and set(TASK.tie_breakers) <= set(m)
+    assert set(m) == set(TASK.metric_names())  # what a search's objective is checked against
 
 
 def test_nothing_predicted_positive_scores_zero_not_nan():
