@@ -65,21 +65,20 @@ def log_to_run(out: OutputDir, metrics: dict[str, float], model: Path | None, na
     """Journal the metrics (and the MLflow model saved at `model`) as the stage's records, then
     replay what its run lacks; the run id, or None where the store could not take it (a warning
     says how to replay it later)."""
-    from pipeline.tracking import catch_up, read_journal
-    from pipeline.tracking.journal import Metric, Model, Start, append
+    from pipeline.tracking import catch_up, journal, read_journal
 
     if not out.journal.is_file():
         log.warning("export: %s has no journal: the export/* metrics are in export/check.json only", out)
         return None
     records = read_journal(out.journal)
-    start = next((r for r in records if isinstance(r, Start)), None)
+    start = next((r for r in records if r["type"] == "start"), None)
     if start is None:
         return None
-    step = max((r.step for r in records if isinstance(r, Metric)), default=0)
+    step = max((r["step"] for r in records if r["type"] == "metric"), default=0)
     now = int(time.time() * 1000)
-    append(out.journal, *[Metric(k, float(v), step, now) for k, v in metrics.items()],
-           *([Model(str(model), name, step)] if model is not None else []))
-    target = uri or os.environ.get("MLFLOW_TRACKING_URI") or start.uri
+    journal.append(out.journal, *[journal.metric(k, float(v), step, now) for k, v in metrics.items()],
+                   *([journal.model(str(model), name, step)] if model is not None else []))
+    target = uri or os.environ.get("MLFLOW_TRACKING_URI") or start["uri"]
     caught = catch_up(out.root, target, say=False)  # the export's own line names the run
     return caught.run_id if caught else None
 

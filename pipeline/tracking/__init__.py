@@ -5,7 +5,7 @@ If the tracking server cannot be reached (at start or mid-run) training goes on:
 keeps everything, and `python -m pipeline sync RUN_DIR` uploads it later. A job that fails,
 even because the journal itself cannot be written, ends its run FAILED (or KILLED).
 
-store: the tracking URI and the MLflow client; journal: the record types and their file;
+store: the tracking URI and the MLflow client; journal: the records and their file;
 sink: records into an MLflow run; tracker: live logging; replay: `pipeline sync`, replaying a
 journal, and catch_up, which replays a finished job's journal where the store lacks part of it;
 finished_stage: a finished stage read back from its output_dir (its job record's settled config,

@@ -1,14 +1,14 @@
-"""The journal: the records of a run, one JSON object a line in its output_dir. The record types
-below are the one schema of that file: the Tracker writes them and sync reads them back."""
+"""The journal: the records of a run, one JSON object a line in its output_dir. A record is that
+object as a dict, its kind under "type"; the makers below, one per kind, are the one schema of
+that file: the Tracker writes what they make and sync reads it back."""
 from __future__ import annotations
 
-import dataclasses
+import inspect
 import json
 import logging
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from pipeline import fsutil
 from pipeline.layout import OutputDir
@@ -17,121 +17,86 @@ log = logging.getLogger("pipeline")
 
 JOURNAL = OutputDir.JOURNAL
 
-
-@dataclass(frozen=True)
-class Start:
-    """The run as the job opened it; a resumed job appends another to its first attempt's journal."""
-
-    kind: ClassVar[str] = "start"
-    uri: str
-    """Redacted: a URI with credentials is never stored."""
-    experiment: str
-    run_name: str
-    tags: dict[str, str]
-    params: dict[str, str]
-    resume_run_id: str | None = None
+Record = dict[str, Any]
 
 
-@dataclass(frozen=True)
-class RunId:
+def start(uri: str, experiment: str, run_name: str, tags: dict[str, str], params: dict[str, str],
+          resume_run_id: str | None = None) -> Record:
+    """The run as the job opened it; a resumed job appends another to its first attempt's journal.
+    `uri` redacted: a URI with credentials is never stored."""
+    return {"type": "start", "uri": uri, "experiment": experiment, "run_name": run_name, "tags": tags,
+            "params": params, "resume_run_id": resume_run_id}
+
+
+def run(run_id: str | None) -> Record:
     """The MLflow run the job logs to; None when the store could not be reached at start."""
-
-    kind: ClassVar[str] = "run"
-    run_id: str | None
+    return {"type": "run", "run_id": run_id}
 
 
-@dataclass(frozen=True)
-class Metric:
-    kind: ClassVar[str] = "metric"
-    key: str
-    value: float
-    step: int
-    ts: int
-    """Milliseconds since the epoch, as MLflow stores it (sync compares it to find what is missing)."""
+def metric(key: str, value: float, step: int, ts: int) -> Record:
+    """`ts`: milliseconds since the epoch, as MLflow stores it (sync compares it to find what is missing)."""
+    return {"type": "metric", "key": key, "value": value, "step": step, "ts": ts}
 
 
-@dataclass(frozen=True)
-class Tags:
-    kind: ClassVar[str] = "tags"
-    tags: dict[str, str]
+def tags(tags: dict[str, str]) -> Record:
+    return {"type": "tags", "tags": tags}
 
 
-@dataclass(frozen=True)
-class Params:
+def params(params: dict[str, str]) -> Record:
     """Params beyond the start's: new keys only (MLflow keeps a param's first value)."""
-
-    kind: ClassVar[str] = "params"
-    params: dict[str, str]
+    return {"type": "params", "params": params}
 
 
-@dataclass(frozen=True)
-class Datasets:
+def datasets(datasets: list[dict[str, Any]]) -> Record:
     """Dataset inputs: one dict per split, as data.loaders.describe_datasets gives them."""
-
-    kind: ClassVar[str] = "datasets"
-    datasets: list[dict[str, Any]]
+    return {"type": "datasets", "datasets": datasets}
 
 
-@dataclass(frozen=True)
-class Artifact:
-    kind: ClassVar[str] = "artifact"
-    path: str
-    artifact_path: str | None = None
+def artifact(path: str, artifact_path: str | None = None) -> Record:
+    return {"type": "artifact", "path": path, "artifact_path": artifact_path}
 
 
-@dataclass(frozen=True)
-class Model:
+def model(path: str, name: str, step: int, register_as: str | None = None, description: str | None = None
+          ) -> Record:
     """An MLflow model saved on disk (tracking/served_model.py), logged as a logged model of the
-    run (MLflow 3: linked to the run and to its metrics at `step`)."""
-
-    kind: ClassVar[str] = "model"
-    path: str
-    name: str
-    step: int
-    register_as: str | None = None
-    """tracking.register_as: the registered model it becomes a new version of."""
-    description: str | None = None
-    """That version's description (the run's main test score)."""
+    run (MLflow 3: linked to the run and to its metrics at `step`); with `register_as`
+    (tracking.register_as), a new version of that registered model, described by `description`
+    (the run's main test score)."""
+    return {"type": "model", "path": path, "name": name, "step": step, "register_as": register_as,
+            "description": description}
 
 
-@dataclass(frozen=True)
-class End:
-    kind: ClassVar[str] = "end"
-    status: str
-    """FINISHED | FAILED | KILLED."""
+def end(status: str) -> Record:
+    """`status`: FINISHED | FAILED | KILLED."""
+    return {"type": "end", "status": status}
 
 
-@dataclass(frozen=True)
-class Synced:
+def synced(run_id: str, uri: str) -> Record:
     """`pipeline sync` uploaded the journal into this run."""
-
-    kind: ClassVar[str] = "synced"
-    run_id: str
-    uri: str
+    return {"type": "synced", "run_id": run_id, "uri": uri}
 
 
-Record = Start | RunId | Metric | Tags | Params | Datasets | Artifact | Model | End | Synced
-RECORD_TYPES: dict[str, type[Record]] = {
-    cls.kind: cls for cls in (Start, RunId, Metric, Tags, Params, Datasets, Artifact, Model, End, Synced)}
+MAKERS = {maker.__name__: maker for maker in (start, run, metric, tags, params, datasets, artifact, model, end, synced)}
 
 
 def to_json(record: Record) -> str:
     """One journal line (without its newline): the record's kind as "type", then its fields."""
-    return json.dumps({"type": record.kind, **dataclasses.asdict(record)}, ensure_ascii=False)
+    return json.dumps(record, ensure_ascii=False)
 
 
 def from_json(line: str) -> Record | None:
-    """The record on a journal line; None for a kind this schema does not know. Raises ValueError
-    for a line that is not a whole record."""
+    """The record on a journal line, made again by its kind's maker (fields it does not take are
+    dropped); None for a kind this schema does not know. Raises ValueError for a line that is not
+    a whole record."""
     obj = json.loads(line)
     if not isinstance(obj, dict):
         raise ValueError(f"not a record: {line[:80]}")
-    cls = RECORD_TYPES.get(obj.get("type"))
-    if cls is None:
+    maker = MAKERS.get(obj.get("type"))
+    if maker is None:
         return None
-    names = {f.name for f in dataclasses.fields(cls)}
+    names = inspect.signature(maker).parameters
     try:
-        return cls(**{k: v for k, v in obj.items() if k in names})
+        return maker(**{k: v for k, v in obj.items() if k in names})
     except TypeError as e:  # a field missing
         raise ValueError(str(e)) from e
 
@@ -142,9 +107,9 @@ def append(path: Path, *records: Record) -> None:
     with fsutil.writing(path), path.open("ab+") as f:
         # a kill mid-append leaves a torn last line; a resumed job starts on a fresh line so
         # that only the torn record is lost, not the next one glued onto it
-        end = f.seek(0, os.SEEK_END)
-        if end:
-            f.seek(end - 1)
+        size = f.seek(0, os.SEEK_END)
+        if size:
+            f.seek(size - 1)
             if f.read(1) != b"\n":
                 data = b"\n" + data
         f.write(data)

@@ -14,21 +14,8 @@ from typing import TYPE_CHECKING
 from pipeline.config.secrets import redact
 from pipeline.errors import UserError
 from pipeline.layout import OutputDir
-from pipeline.tracking import sink
-from pipeline.tracking.journal import (
-    JOURNAL,
-    End,
-    Metric,
-    Model,
-    Params,
-    Record,
-    RunId,
-    Start,
-    Synced,
-    Tags,
-    append,
-    read_journal,
-)
+from pipeline.tracking import journal, sink
+from pipeline.tracking.journal import JOURNAL, Record, append, read_journal
 from pipeline.tracking.store import few_retries, open_client, open_experiment, resolve_uri
 
 if TYPE_CHECKING:
@@ -47,18 +34,18 @@ def sync(run_dir: Path | str, uri: str | None = None, tags: dict[str, str] | Non
     """
     path = _journal_file(run_dir)
     records = read_journal(path)
-    start = next((r for r in records if isinstance(r, Start)), None)
+    start = next((r for r in records if r["type"] == "start"), None)
     if start is None:
         raise UserError(f"sync: {path}: the journal has no start record")
-    target = uri or os.environ.get("MLFLOW_TRACKING_URI") or start.uri
+    target = uri or os.environ.get("MLFLOW_TRACKING_URI") or start["uri"]
     if "***" in target:
         raise UserError("sync: the journal's tracking URI had credentials, which are never stored; pass --uri")
     target = resolve_uri(target)
-    client, experiment_id = open_experiment(target, start.experiment)
+    client, experiment_id = open_experiment(target, start["experiment"])
     run_id = _run_on_server(client, records) or sink.create_run(client, experiment_id, start)
     records = _as_replayed(records, tags)
     sink.apply(client, run_id, records, sink.present_in(client, run_id, records))
-    append(path, Synced(run_id, redact(target)))
+    append(path, journal.synced(run_id, redact(target)))
     return run_id
 
 
@@ -90,7 +77,7 @@ def catch_up(run_dir: Path | str, uri: str | None, tags: dict[str, str] | None =
         records = read_journal(Path(run_dir) / JOURNAL)
     except OSError:  # no journal (read_journal skips torn lines rather than raise)
         return None
-    if not any(isinstance(r, Start) for r in records):
+    if not any(r["type"] == "start" for r in records):
         return None
     few_retries()
     target = resolve_uri(uri)
@@ -115,9 +102,9 @@ def catch_up(run_dir: Path | str, uri: str | None, tags: dict[str, str] | None =
 def _as_replayed(records: list[Record], tags: dict[str, str] | None) -> list[Record]:
     """The records a replay applies: the journal's, then `tags`, and the end of a job that died
     without one (FAILED)."""
-    records = [*records, *([Tags(tags)] if tags else [])]
-    if not any(isinstance(r, End) for r in records):  # the job died
-        records.append(End("FAILED"))
+    records = [*records, *([journal.tags(tags)] if tags else [])]
+    if not any(r["type"] == "end" for r in records):  # the job died
+        records.append(journal.end("FAILED"))
     return records
 
 
@@ -128,21 +115,22 @@ def _lacking(client: MlflowClient, run_id: str | None, records: list[Record]) ->
     run = client.get_run(run_id)
     present = sink.present_in(client, run_id, records)
     lacking = []
-    status = [r for r in records if isinstance(r, End)][-1].status
+    status = [r for r in records if r["type"] == "end"][-1]["status"]
     if run.info.status != status:
         lacking.append(f"its end ({status}; the store has {run.info.status})")
-    start = next(r for r in records if isinstance(r, Start))
-    params = {*start.params, *(k for r in records if isinstance(r, Params) for k in r.params)}
+    start = next(r for r in records if r["type"] == "start")
+    params = {*start["params"], *(k for r in records if r["type"] == "params" for k in r["params"])}
     if any(k not in present.params for k in params):
         lacking.append("params")
-    tags = {k: v for r in records if isinstance(r, Start | Tags) for k, v in r.tags.items()}
+    tags = {k: v for r in records if r["type"] in ("start", "tags") for k, v in r["tags"].items()}
     if any(run.data.tags.get(k) != v for k, v in tags.items()):
         lacking.append("tags")
     logged = {key: {_point(*p) for p in points} for key, points in present.metrics.items()}
-    points = sum(1 for r in records if isinstance(r, Metric) and _point(r.step, r.ts, r.value) not in logged[r.key])
+    points = sum(1 for r in records
+                 if r["type"] == "metric" and _point(r["step"], r["ts"], r["value"]) not in logged[r["key"]])
     if points:
         lacking.append(f"{points} metric point(s)")
-    if any(isinstance(r, Model) and Path(r.path).is_dir() and r.name not in present.models for r in records):
+    if any(r["type"] == "model" and Path(r["path"]).is_dir() and r["name"] not in present.models for r in records):
         lacking.append("its model")
     return lacking
 
@@ -168,7 +156,7 @@ def _run_on_server(client: MlflowClient, records: list[Record]) -> str | None:
     """The newest run the journal went to that this server has: the job's own, or the run a
     sync created for a job that never reached MLflow (so that a second sync completes it)."""
     for record in reversed(records):
-        run_id = record.run_id if isinstance(record, RunId | Synced) else None
+        run_id = record["run_id"] if record["type"] in ("run", "synced") else None
         if not run_id:
             continue
         try:
@@ -191,7 +179,7 @@ def settle_abandoned_run(output_dir: Path, uri: str) -> str | None:
         records = read_journal(path)
     except OSError:  # no journal (read_journal skips torn lines rather than raise)
         return None
-    if not any(isinstance(r, Start) for r in records) or any(isinstance(r, End) for r in records):
+    if not any(r["type"] == "start" for r in records) or any(r["type"] == "end" for r in records):
         return None
     few_retries()
     try:

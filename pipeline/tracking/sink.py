@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pipeline.tracking.journal import Artifact, Datasets, End, Metric, Model, Params, Record, Start, Tags
+from pipeline.tracking.journal import Record
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -39,28 +39,28 @@ class Present:
 NOTHING = Present()
 
 
-def opened(start: Start) -> Present:
+def opened(start: Record) -> Present:
     """What a run holds of its start record once open_run returns: a new run has the start's tags
     (set as it is created); a reopened run keeps its params (MLflow refuses changing a param's value)."""
-    return Present(params=start.params) if start.resume_run_id else Present(tags=start.tags)
+    return Present(params=start["params"]) if start["resume_run_id"] else Present(tags=start["tags"])
 
 
-def open_run(client: MlflowClient, experiment_id: str, start: Start) -> str:
+def open_run(client: MlflowClient, experiment_id: str, start: Record) -> str:
     """The run a job logs to: the run a resumed job continues, RUNNING again, else a new one."""
-    if start.resume_run_id:
-        client.update_run(start.resume_run_id, status="RUNNING")
-        return start.resume_run_id
+    if start["resume_run_id"]:
+        client.update_run(start["resume_run_id"], status="RUNNING")
+        return start["resume_run_id"]
     return create_run(client, experiment_id, start)
 
 
-def create_run(client: MlflowClient, experiment_id: str, start: Start) -> str:
-    return client.create_run(experiment_id, run_name=start.run_name, tags=start.tags).info.run_id
+def create_run(client: MlflowClient, experiment_id: str, start: Record) -> str:
+    return client.create_run(experiment_id, run_name=start["run_name"], tags=start["tags"]).info.run_id
 
 
 def present_in(client: MlflowClient, run_id: str, records: Sequence[Record]) -> Present:
     """What the run on the server holds of these records' params and metrics (tags are set again:
     the journal's last value of a tag wins)."""
-    keys = {r.key for r in records if isinstance(r, Metric)}
+    keys = {r["key"] for r in records if r["type"] == "metric"}
     run = client.get_run(run_id)
     outputs = (run.outputs.model_outputs or []) if run.outputs else []
     return Present(params=run.data.params,
@@ -78,32 +78,33 @@ def apply(client: MlflowClient, run_id: str, records: Sequence[Record], present:
     from mlflow.entities import Metric as MlflowMetric
     from mlflow.entities import Param, RunTag
 
-    start = next((r for r in records if isinstance(r, Start)), None)
-    later = {k: v for r in records if isinstance(r, Params) for k, v in r.params.items()}
-    params = [Param(k, v) for k, v in {**(start.params if start else {}), **later}.items() if k not in present.params]
+    start = next((r for r in records if r["type"] == "start"), None)
+    later = {k: v for r in records if r["type"] == "params" for k, v in r["params"].items()}
+    params = [Param(k, v) for k, v in {**(start["params"] if start else {}), **later}.items()
+              if k not in present.params]
     for i in range(0, len(params), PARAMS_PER_BATCH):
         client.log_batch(run_id, params=params[i : i + PARAMS_PER_BATCH])
-    tags = {k: v for r in records if isinstance(r, Start | Tags) for k, v in r.tags.items()}
+    tags = {k: v for r in records if r["type"] in ("start", "tags") for k, v in r["tags"].items()}
     new_tags = [RunTag(k, v) for k, v in tags.items() if present.tags.get(k) != v]
     if new_tags:
         client.log_batch(run_id, tags=new_tags)
-    metrics = [MlflowMetric(r.key, r.value, r.ts, r.step) for r in records
-               if isinstance(r, Metric) and (r.step, r.ts, r.value) not in present.metrics.get(r.key, ())]
+    metrics = [MlflowMetric(r["key"], r["value"], r["ts"], r["step"]) for r in records
+               if r["type"] == "metric" and (r["step"], r["ts"], r["value"]) not in present.metrics.get(r["key"], ())]
     for i in range(0, len(metrics), METRICS_PER_BATCH):
         client.log_batch(run_id, metrics=metrics[i : i + METRICS_PER_BATCH])
-    inputs = [e for r in records if isinstance(r, Datasets) for e in r.datasets]
+    inputs = [e for r in records if r["type"] == "datasets" for e in r["datasets"]]
     if inputs:
         client.log_inputs(run_id, datasets=dataset_inputs(inputs))
     for r in records:
-        if isinstance(r, Artifact) and Path(r.path).exists():
-            log_artifact = client.log_artifacts if Path(r.path).is_dir() else client.log_artifact
-            log_artifact(run_id, r.path, r.artifact_path)
+        if r["type"] == "artifact" and Path(r["path"]).exists():
+            log_artifact = client.log_artifacts if Path(r["path"]).is_dir() else client.log_artifact
+            log_artifact(run_id, r["path"], r["artifact_path"])
     for r in records:
-        if isinstance(r, Model) and Path(r.path).is_dir() and r.name not in present.models:
+        if r["type"] == "model" and Path(r["path"]).is_dir() and r["name"] not in present.models:
             log_saved_model(client, run_id, r)
-    ends = [r for r in records if isinstance(r, End)]
+    ends = [r for r in records if r["type"] == "end"]
     if ends:
-        client.set_terminated(run_id, status=ends[-1].status)
+        client.set_terminated(run_id, status=ends[-1]["status"])
 
 
 def dataset_inputs(entries: list[dict[str, Any]]) -> list[DatasetInput]:
@@ -121,13 +122,13 @@ def reason(e: Exception) -> str:
     return text.splitlines()[0][:200] if text else type(e).__name__
 
 
-def log_saved_model(client: MlflowClient, run_id: str, record: Model) -> None:
+def log_saved_model(client: MlflowClient, run_id: str, record: Record) -> None:
     """An MLflow model already saved on disk, logged through the client's public API as MLflow 3's
     Model.log logs one (mlflow/models/model.py): a LoggedModel in the run's experiment (for a study
     cell, the study's) with the run as its source and the run's params, its files uploaded as they
     were saved (the MLmodel naming the logged model and run), READY, the run's output at
-    `record.step`, and the run's metrics at that step linked to it. With `record.register_as`, a new
-    version of that registered model (created on first use), described by `record.description`."""
+    record's step, and the run's metrics at that step linked to it. With the record's register_as, a
+    new version of that registered model (created on first use), described by its description."""
     import shutil
     import tempfile
 
@@ -137,29 +138,29 @@ def log_saved_model(client: MlflowClient, run_id: str, record: Model) -> None:
 
     run = client.get_run(run_id)
     source_tags = {k: v for k, v in run.data.tags.items() if k.startswith(SOURCE_TAGS)}
-    model = client.create_logged_model(run.info.experiment_id, name=record.name, source_run_id=run_id,
+    model = client.create_logged_model(run.info.experiment_id, name=record["name"], source_run_id=run_id,
                                        params=run.data.params, tags=source_tags)
     with tempfile.TemporaryDirectory() as tmp:
         files = Path(tmp) / "model"
-        shutil.copytree(record.path, files)
+        shutil.copytree(record["path"], files)
         described = MlflowModel.load(files)
         described.run_id, described.model_id, described.artifact_path = run_id, model.model_id, model.artifact_location
         described.save(str(files / "MLmodel"))
         client.log_model_artifacts(model.model_id, str(files))
     client.finalize_logged_model(model.model_id, LoggedModelStatus.READY)
-    client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=record.step)])
+    client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=record["step"])])
     linked = [MlflowMetric(m.key, m.value, m.timestamp, m.step, model_id=model.model_id, run_id=run_id)
               for key in run.data.metrics for m in client.get_metric_history(run_id, key)
-              if m.step == record.step and m.model_id is None]
+              if m.step == record["step"] and m.model_id is None]
     for i in range(0, len(linked), METRICS_PER_BATCH):
         client.log_batch(run_id, metrics=linked[i : i + METRICS_PER_BATCH])
-    log.info("model logged: %s in run %s (mlflow.pyfunc.load_model(\"models:/%s\"))", record.name, run_id,
+    log.info("model logged: %s in run %s (mlflow.pyfunc.load_model(\"models:/%s\"))", record["name"], run_id,
              model.model_id)
-    if record.register_as:
-        version = register(client, record.register_as, model.model_id, model.artifact_location, run_id,
-                           record.description)
-        log.info("model registered: %s version %d (models:/%s/%d)", record.register_as, version,
-                 record.register_as, version)
+    if record["register_as"]:
+        version = register(client, record["register_as"], model.model_id, model.artifact_location, run_id,
+                           record["description"])
+        log.info("model registered: %s version %d (models:/%s/%d)", record["register_as"], version,
+                 record["register_as"], version)
 
 
 def register(client: MlflowClient, name: str, model_id: str, location: str, run_id: str,

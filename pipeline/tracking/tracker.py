@@ -11,21 +11,8 @@ from typing import TYPE_CHECKING
 
 from pipeline import compat, fsutil
 from pipeline.config.secrets import redact
-from pipeline.tracking import sink
-from pipeline.tracking.journal import (
-    JOURNAL,
-    Artifact,
-    Datasets,
-    End,
-    Metric,
-    Model,
-    Params,
-    Record,
-    RunId,
-    Start,
-    Tags,
-    append,
-)
+from pipeline.tracking import journal, sink
+from pipeline.tracking.journal import JOURNAL, Record, append
 from pipeline.tracking.store import few_retries, open_experiment, resolve_experiment, safe_params
 
 if TYPE_CHECKING:
@@ -63,7 +50,7 @@ class Tracker:
         few_retries()
         # MLflow prints run links with the URI as given, credentials included; we log our own
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
-        start = Start(redact(uri), experiment, run_name, safe_params(tags), safe_params(params), resume_run_id)
+        start = journal.start(redact(uri), experiment, run_name, safe_params(tags), safe_params(params), resume_run_id)
         append(self.journal_path, start)
         try:
             self.client, self.experiment_id = open_experiment(uri, experiment)
@@ -71,7 +58,7 @@ class Tracker:
             sink.apply(self.client, self.run_id, [start], sink.opened(start))
         except Exception as e:  # noqa: BLE001 - any tracking failure degrades to journal-only
             self._degrade(e)
-        append(self.journal_path, RunId(self.run_id))
+        append(self.journal_path, journal.run(self.run_id))
 
     def end(self, status: str = "FINISHED") -> None:
         """End the run; MLflow hears of it even when the journal cannot be written (a full
@@ -79,7 +66,7 @@ class Tracker:
         self.stop_system_metrics()
         if not self.active:
             return
-        record = End(status)
+        record = journal.end(status)
         try:
             append(self.journal_path, record)
         except OSError as e:
@@ -120,37 +107,37 @@ class Tracker:
         if not self.active or not metrics:
             return
         now = int(time.time() * 1000)
-        self._record([Metric(key, float(value), step, now) for key, value in metrics.items()])
+        self._record([journal.metric(key, float(value), step, now) for key, value in metrics.items()])
 
     def set_tags(self, tags: dict[str, object]) -> None:
         if not self.active:
             return
-        self._record([Tags({k: str(v) for k, v in tags.items()})])
+        self._record([journal.tags({k: str(v) for k, v in tags.items()})])
 
     def log_params(self, params: dict[str, object]) -> None:
         """Params with new keys (those a run started with keep their values)."""
         if not self.active or not params:
             return
-        self._record([Params(safe_params(params))])
+        self._record([journal.params(safe_params(params))])
 
     def log_datasets(self, records: Iterable[dict]) -> None:
         """The run's data as MLflow dataset inputs (name, source, digest, rows, split as the
         input's context), so the UI's Dataset column says what it trained on."""
         if not self.active:
             return
-        self._record([Datasets(list(records))])
+        self._record([journal.datasets(list(records))])
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         if not self.active or not Path(path).exists():
             return
-        self._record([Artifact(str(path), artifact_path)])
+        self._record([journal.artifact(str(path), artifact_path)])
 
     def log_model(self, path: Path, name: str, step: int, description: str | None = None) -> None:
         """An MLflow model saved at `path` (tracking/served_model.py), as a logged model of the run,
         registered as a new version of `register_as` if set (`description`: that version's)."""
         if not self.active or not Path(path).is_dir():
             return
-        self._record([Model(str(path), name, step, self.register_as, description)])
+        self._record([journal.model(str(path), name, step, self.register_as, description)])
 
     # -------------------------------------------------------------- internals
     def _record(self, records: list[Record]) -> None:

@@ -15,16 +15,16 @@ import pytest
 
 from helpers import FAST, free_port, mlflow_runs, tracking_db
 from pipeline import names
-from pipeline.tracking import catch_up
-from pipeline.tracking.journal import End, Metric, RunId, Start, Synced, Tags, append, read_journal
+from pipeline.tracking import catch_up, journal
+from pipeline.tracking.journal import append, read_journal
 
 pytestmark = pytest.mark.slow  # every test creates and migrates or copies an MLflow store
 
-START = Start("http://127.0.0.1:9", "caught", "job", {"task": "sentiment", "cell": "a"},
+START = journal.start("http://127.0.0.1:9", "caught", "job", {"task": "sentiment", "cell": "a"},
               {"train.lr": "0.001", "seed": "7"})
-POINTS = [Metric("train/loss", 1.5, 5, 1700000000000), Metric("train/loss", 0.75, 10, 1700000001000),
-          Metric("test/macro_f1", 0.5, 10, 1700000002000),
-          Metric("test/energy_j", math.nan, 10, 1700000002000)]  # NaN equals nothing, itself included
+POINTS = [journal.metric("train/loss", 1.5, 5, 1700000000000), journal.metric("train/loss", 0.75, 10, 1700000001000),
+          journal.metric("test/macro_f1", 0.5, 10, 1700000002000),
+          journal.metric("test/energy_j", math.nan, 10, 1700000002000)]  # NaN equals nothing, itself included
 
 
 def client_for(db):
@@ -38,7 +38,7 @@ def history(client, run_id, key):
 
 
 def synced(out):
-    return [r for r in read_journal(out / "journal.jsonl") if isinstance(r, Synced)]
+    return [r for r in read_journal(out / "journal.jsonl") if r["type"] == "synced"]
 
 
 def test_a_run_the_server_left_running_is_completed_once_under_the_parent(tmp_path):
@@ -53,9 +53,10 @@ def test_a_run_the_server_left_running_is_completed_once_under_the_parent(tmp_pa
     out.mkdir()
     uri = f"sqlite:///{db}"
     client, experiment_id = open_experiment(uri, "caught")
-    run_id = client.create_run(experiment_id, run_name="job", tags=START.tags).info.run_id
+    run_id = client.create_run(experiment_id, run_name="job", tags=START["tags"]).info.run_id
     client.log_batch(run_id, metrics=[MlflowMetric("train/loss", 1.5, 1700000000000, 5)])
-    append(out / "journal.jsonl", START, RunId(run_id), *POINTS, Tags({"data_cache": "hit"}), End("FINISHED"))
+    append(out / "journal.jsonl", START, journal.run(run_id), *POINTS, journal.tags({"data_cache": "hit"}),
+           journal.end("FINISHED"))
 
     first = catch_up(out, uri, {names.TAG_PARENT_RUN: "parent-1"})
     assert (first.run_id, first.replayed) == (run_id, True)
@@ -78,7 +79,7 @@ def test_a_job_that_never_reached_the_store_gets_one_run(tmp_path):
     db, out = tracking_db(tmp_path), tmp_path / "out"
     out.mkdir()
     uri = f"sqlite:///{db}"
-    append(out / "journal.jsonl", START, RunId(None), *POINTS, End("FINISHED"))
+    append(out / "journal.jsonl", START, journal.run(None), *POINTS, journal.end("FINISHED"))
     first = catch_up(out, uri)
     assert first.replayed and first.run_id
     again = catch_up(out, uri)
@@ -93,7 +94,7 @@ def test_a_store_that_cannot_take_it_names_the_command_that_will(tmp_path, monke
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     out, dead = tmp_path / "out", f"http://127.0.0.1:{free_port()}"
     out.mkdir()
-    append(out / "journal.jsonl", START, RunId(None), *POINTS, End("FINISHED"))
+    append(out / "journal.jsonl", START, journal.run(None), *POINTS, journal.end("FINISHED"))
     with caplog.at_level(logging.WARNING, logger="pipeline"):
         caught = catch_up(out, dead)
     assert (caught.run_id, caught.replayed) == (None, False)

@@ -136,7 +136,7 @@ def test_distill_with_every_term_under_torchrun_and_deepspeed_logs_each_by_name(
            "kd.attention_weight=1.0", "train.max_steps=2", "train.batch_size=16", "train.eval_batch_size=128"]
     from safetensors.torch import load_file
 
-    from pipeline.tracking.journal import Metric, read_journal
+    from pipeline.tracking.journal import read_journal
 
     ddp = torchrun(2, *job, f"output_dir={tmp_path / 'ddp'}", f"tracking.uri=sqlite:///{tracking_db(tmp_path)}")
     assert ddp.returncode == 0, ddp.stderr[-3000:]
@@ -145,7 +145,7 @@ def test_distill_with_every_term_under_torchrun_and_deepspeed_logs_each_by_name(
     assert code == 0, log[-3000:]
     assert "student:teacher layers 1:2,2:4; hidden states through learned projections 128 -> 256" in ddp.stderr
     for out in ("ddp", "ds"):
-        logged = {r.key for r in read_journal(tmp_path / out / "journal.jsonl") if isinstance(r, Metric)}
+        logged = {r["key"] for r in read_journal(tmp_path / out / "journal.jsonl") if r["type"] == "metric"}
         assert {names.train_loss_term(t) for t in ("task", "kd", "hidden", "attention")} <= logged, out
         saved = load_file(tmp_path / out / "best" / "model.safetensors")
         assert not any(k.startswith("kd_projections") for k in saved) and "classifier.weight" in saved, out
@@ -163,11 +163,11 @@ def test_a_quarter_width_student_by_weight_selection_distils_and_states_its_size
                                      f"output_dir={out}", f"tracking.uri=sqlite:///{tracking_db(tmp_path)}"]),
                   kind="distill")
     assert np.isfinite(figures[names.TRAIN_LOSS])
-    from pipeline.tracking.journal import Metric, Tags, read_journal
+    from pipeline.tracking.journal import read_journal
 
     records = read_journal(out / "journal.jsonl")
-    logged = {r.key: r.value for r in records if isinstance(r, Metric)}
-    tags = {k: v for r in records if isinstance(r, Tags) for k, v in r.tags.items()}
+    logged = {r["key"]: r["value"] for r in records if r["type"] == "metric"}
+    tags = {k: v for r in records if r["type"] == "tags" for k, v in r["tags"].items()}
     assert tags[names.TAG_STUDENT_INIT] == "weight-selection"
     assert 0 < logged[names.KD_PARAM_RATIO_NON_EMBEDDING] <= 0.25
     assert logged[names.MODEL_PARAMS] > logged[names.MODEL_PARAMS_NON_EMBEDDING] > 0

@@ -20,7 +20,7 @@ from mlflow import MlflowClient
 from helpers import FAST, LAUNCHER_ENV, ROOT, mlflow_runs, run_cli, tracking_db, wait_for
 from pipeline import names
 from pipeline.tracking import catch_up, read_journal
-from pipeline.tracking.journal import End, Metric, RunId, Synced
+from pipeline.tracking.journal import end
 
 STUDY = "killed"
 CELLS = ["sentiment-fp32-s1", "sentiment-fp32-s2"]
@@ -30,7 +30,7 @@ def run_id_in(journal: Path) -> str | None:
     """The run id a cell's job wrote to its journal once its run was open in the store."""
     if not journal.is_file():
         return None
-    return next((r.run_id for r in read_journal(journal) if isinstance(r, RunId) and r.run_id), None)
+    return next((r["run_id"] for r in read_journal(journal) if r["type"] == "run" and r["run_id"]), None)
 
 
 def children(pid: int) -> list[int]:
@@ -75,7 +75,7 @@ def test_a_study_killed_mid_run_is_mended_by_one_rerun(tmp_path):
     in_store = {r.info.run_id: r.info.status for r in mlflow_runs(db, STUDY)}
     for cell in killed:  # they finished, with their records in their journals only
         assert (out / cell / "metrics.json").is_file()
-        assert End("FINISHED") in read_journal(out / cell / "journal.jsonl")
+        assert end("FINISHED") in read_journal(out / cell / "journal.jsonl")
         assert in_store.get(run_id_in(out / cell / "journal.jsonl"), "absent") in ("RUNNING", "absent")
 
     rerun = run_cli("study", path, "--jobs", "2")
@@ -98,12 +98,12 @@ def test_a_study_killed_mid_run_is_mended_by_one_rerun(tmp_path):
     for run in (r for r in cells if r.data.tags["cell"] in killed):
         journal = out / run.data.tags["cell"] / "journal.jsonl"
         assert run_id_in(journal) in (run.info.run_id, None)  # completed in place, or made once
-        points = [r for r in read_journal(journal) if isinstance(r, Metric) and r.key == names.TRAIN_LOSS]
+        points = [r for r in read_journal(journal) if r["type"] == "metric" and r["key"] == names.TRAIN_LOSS]
         assert len(client.get_metric_history(run.info.run_id, names.TRAIN_LOSS)) == len(points)  # each point once
         final = json.loads((journal.parent / "metrics.json").read_text())
         assert run.data.metrics[names.TEST_MAIN] == pytest.approx(final[names.TEST_MAIN])
         # exactly once: a later run of the study finds nothing to replay
-        assert len([r for r in read_journal(journal) if isinstance(r, Synced)]) == 1
+        assert len([r for r in read_journal(journal) if r["type"] == "synced"]) == 1
         assert not catch_up(journal.parent, f"sqlite:///{db}", {names.TAG_PARENT_RUN: parent.info.run_id}).replayed
 
         text = (out / "_logs" / f"{run.data.tags['cell']}.log").read_text()

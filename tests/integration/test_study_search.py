@@ -24,8 +24,8 @@ from pipeline import names
 from pipeline.layout import OutputDir
 from pipeline.study import search, slurm_job, trial_pool
 from pipeline.study.executor import Waited
-from pipeline.tracking import catch_up
-from pipeline.tracking.journal import End, Metric, RunId, Start, append
+from pipeline.tracking import catch_up, journal
+from pipeline.tracking.journal import append
 
 EPOCHS = 3
 
@@ -105,23 +105,25 @@ class FakeCell:
         return trial_pool.objective_values(self.out.root, "eval/main")
 
     def step(self) -> tuple[int, str] | None:
-        journal = self.out.journal
-        if self.epoch == 0 and not journal.is_file():
+        path = self.out.journal
+        if self.epoch == 0 and not path.is_file():
             self.out.root.mkdir(parents=True, exist_ok=True)
-            append(journal, Start(self.uri, self.experiment, self.run_name, self.tags, self.params), RunId(None))
+            append(path, journal.start(self.uri, self.experiment, self.run_name, self.tags, self.params),
+                   journal.run(None))
         if self.fail:  # its run FAILED in the store, as a job's live tracking leaves it
-            append(journal, End("FAILED"))
+            append(path, journal.end("FAILED"))
             catch_up(self.out.root, self.uri, {names.TAG_PARENT_RUN: self.parent}, say=False)
             return 1, "error: the fake cell failed"
         self.epoch += 1
         value = curve(self.params, self.epoch)
-        append(journal, Metric("eval/main", value, self.epoch * 10, int(time.time() * 1000)))
+        append(path, journal.metric("eval/main", value, self.epoch * 10, int(time.time() * 1000)))
         if self.epoch < self.epochs and not self.out.stop_request.exists():
             return None
         best = max(self.logged())
         (self.out.root / "best").mkdir(exist_ok=True)
         self.out.metrics.write_text(json.dumps({"eval/main": best, "test/main": best - 0.05}))
-        append(journal, Metric("test/main", best - 0.05, self.epoch * 10, int(time.time() * 1000)), End("FINISHED"))
+        append(path, journal.metric("test/main", best - 0.05, self.epoch * 10, int(time.time() * 1000)),
+               journal.end("FINISHED"))
         return 0, ""
 
 
