@@ -268,7 +268,7 @@ class StageMeters:
             self.flops += self.flop_model.rows(lengths)
             self.padded_flops += self.flop_model.batch(rows, padded_length)
 
-    def epoch_local(self) -> collectives.Local:
+    def epoch_local(self) -> collectives.Figures:
         """Ends the epoch's clocks (every training segment; evaluation comes after) and gives this
         rank's numbers for the epoch's collective (epoch_metrics takes them back reduced): work
         summed, time and peak memory the largest, each GPU's energy per rank (counted once by UUID)."""
@@ -276,20 +276,20 @@ class StageMeters:
         joules = self.energy.stop()
         self._load = self.load.stop()
         meter, energy, mem = self.throughput, self.energy, peak_memory(self.device)
-        return collectives.Local(
+        return collectives.Figures(
             sums={"samples": meter.samples, "tokens": meter.tokens, "padded_tokens": meter.padded_tokens,
                   "flops": self.flops, "padded_flops": self.padded_flops},
             maxes={"elapsed": elapsed, "compiling": meter.compile_seconds, **mem},
-            per_rank={"energy_available": float(energy.available), "uuid": _uuid_key(energy.uuid), "joules": joules,
-                      "utilization": math.nan if energy.mean_utilization is None else energy.mean_utilization,
-                      "gpu": self.gpu_key})
+            per_rank=[{"energy_available": float(energy.available), "uuid": _uuid_key(energy.uuid), "joules": joules,
+                       "utilization": math.nan if energy.mean_utilization is None else energy.mean_utilization,
+                       "gpu": self.gpu_key}])
 
     def end_epoch(self) -> dict:
         """Collective: the epoch's clocks stopped, its perf/ and energy/ metrics over every rank (the
         loop reduces epoch_local() with the step losses' figures instead: one collective)."""
         return self.epoch_metrics(collectives.reduce_local(self.epoch_local()))
 
-    def epoch_metrics(self, reduced: collectives.Reduced) -> dict:
+    def epoch_metrics(self, reduced: collectives.Figures) -> dict:
         """The epoch's perf/ and energy/ metrics from epoch_local()'s numbers over every rank; adds
         the epoch to the totals."""
         totals = self.totals

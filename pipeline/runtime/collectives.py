@@ -1,7 +1,7 @@
 """The collectives the pipeline runs (all of them no-ops in a single process): a barrier, a few
 host scalars reduced, objects gathered or broadcast (pickled into tensors), a function run on rank 0
-with its answer shared, and the named-figures channel: a part's figures (a Local) summed, maxed,
-mined or kept per rank in one all-gather (reduce_local). Every tensor a collective hands the
+with its answer shared, and the named-figures channel: a part's Figures summed, maxed, mined or
+kept per rank in one all-gather (reduce_local). Every tensor a collective hands the
 backend is kept until the backend lets go of it (held; wait_released before the group ends)."""
 from __future__ import annotations
 
@@ -39,61 +39,55 @@ def all_reduce(values: list[float], op: str = "sum") -> list[float]:
 
 
 @dataclass(frozen=True)
-class Local:
-    """A part's host figures for one collective, by name: summed over ranks, the largest or the
-    smallest over ranks, or kept per rank. Every rank gives the same names (reduce_local checks)."""
+class Figures:
+    """Host figures by name for one collective: summed over ranks, the largest or the smallest over
+    ranks, or kept per rank (a dict a rank, in rank order). A rank's own have one dict in per_rank;
+    reduce_local gives them back over every rank. Every rank gives the same names (reduce_local checks)."""
 
     sums: dict[str, float] = field(default_factory=dict)
     maxes: dict[str, float] = field(default_factory=dict)
     mins: dict[str, float] = field(default_factory=dict)
-    per_rank: dict[str, float] = field(default_factory=dict)
+    per_rank: list[dict[str, float]] = field(default_factory=lambda: [{}])
 
-
-@dataclass(frozen=True)
-class Reduced:
-    """A Local's figures over every rank, by the same names."""
-
-    sums: dict[str, float]
-    maxes: dict[str, float]
-    mins: dict[str, float]
-    per_rank: list[dict[str, float]]
-    """Each rank's per_rank figures, in rank order."""
-
-    def part(self, name: str) -> Reduced:
+    def part(self, name: str) -> Figures:
         """The figures of the part join() named `name`, by their own names."""
         def own(figures: dict[str, float]) -> dict[str, float]:
             return {k.removeprefix(f"{name}:"): v for k, v in figures.items() if k.startswith(f"{name}:")}
-        return Reduced(own(self.sums), own(self.maxes), own(self.mins), [own(rank) for rank in self.per_rank])
+        return Figures(own(self.sums), own(self.maxes), own(self.mins), [own(rank) for rank in self.per_rank])
 
 
-_OPS = ("sums", "maxes", "mins", "per_rank")
+_OPS = ("sums", "maxes", "mins")
 
 
-def join(**parts: Local) -> Local:
-    """Several parts' Locals as one (one collective for all of them), each figure named
-    `<part>:<name>`; Reduced.part takes a part's back."""
-    def named(op: str) -> dict[str, float]:
-        return {f"{part}:{k}": v for part, local in parts.items() for k, v in getattr(local, op).items()}
-    return Local(*(named(op) for op in _OPS))
+def join(**parts: Figures) -> Figures:
+    """Several parts' figures as one (one collective for all of them), each named `<part>:<name>`;
+    Figures.part takes a part's back."""
+    def named(figures: dict[str, dict[str, float]]) -> dict[str, float]:
+        return {f"{part}:{k}": v for part, own in figures.items() for k, v in own.items()}
+    ranks = zip(*(figures.per_rank for figures in parts.values()), strict=True)
+    return Figures(*(named({part: getattr(figures, op) for part, figures in parts.items()}) for op in _OPS),
+                   [named(dict(zip(parts, rank))) for rank in ranks])
 
 
-def reduce_local(local: Local) -> Reduced:
+def reduce_local(local: Figures) -> Figures:
     """One collective: every rank's figures, each kind's names in sorted order, all-gathered as one
     tensor with a key of the names (ranks that name different figures fail here, not with wrong
-    numbers), then summed, maxed, mined or kept per rank here. A Local without figures is no
+    numbers), then summed, maxed, mined or kept per rank here. Figures without any are no
     collective (ranks reach a log point in lockstep: all of them have none)."""
-    layout = [(op, name) for op in _OPS for name in sorted(getattr(local, op))]
+    (mine,) = local.per_rank
+    kinds = {**{op: getattr(local, op) for op in _OPS}, "per_rank": mine}
+    layout = [(op, name) for op, figures in kinds.items() for name in sorted(figures)]
     if not layout:
-        return Reduced({}, {}, {}, [{}])
+        return Figures()
     key = _names_key(layout)
-    rows = _all_gather_rows([float(getattr(local, op)[name]) for op, name in layout] + [key])
+    rows = _all_gather_rows([float(kinds[op][name]) for op, name in layout] + [key])
     if any(row[-1] != key for row in rows):
         raise RuntimeError(f"ranks name different figures at one log point; this rank's: {layout}")
     columns = {(op, name): [row[j] for row in rows] for j, (op, name) in enumerate(layout)}
 
     def of(op: str, reduce: Callable[[list[float]], float]) -> dict[str, float]:
         return {name: reduce(column) for (kind, name), column in columns.items() if kind == op}
-    return Reduced(of("sums", sum), of("maxes", max), of("mins", min),
+    return Figures(of("sums", sum), of("maxes", max), of("mins", min),
                    [{name: row[j] for j, (op, name) in enumerate(layout) if op == "per_rank"} for row in rows])
 
 

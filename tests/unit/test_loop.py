@@ -469,7 +469,7 @@ def test_an_epoch_figure_a_producer_adds_reaches_mlflow_by_its_name_through_the_
 
     def epoch_local():
         made = local()
-        return collectives.Local({**made.sums, "widgets": 3.0}, made.maxes, made.mins, made.per_rank)
+        return collectives.Figures({**made.sums, "widgets": 3.0}, made.maxes, made.mins, made.per_rank)
 
     monkeypatch.setattr(lp.meters, "epoch_local", epoch_local)
     monkeypatch.setattr(lp.meters, "epoch_metrics", lambda reduced: {**metrics(reduced),

@@ -130,11 +130,12 @@ def test_step_flops_match_the_analytic_bert_count_for_every_batch_shape():
         assert flop_model.batch(rows, length) == pytest.approx(expected, rel=1e-9)
 
 
-def two_ranks(local: collectives.Local, same_gpu: bool) -> collectives.Reduced:
+def two_ranks(local: collectives.Figures, same_gpu: bool) -> collectives.Figures:
     """What the epoch's collective gives two ranks of which the second did no work (sums are this
     rank's), on this rank's GPU or another one (the per-rank figure `gpu`: the GPU's key)."""
-    other = {**local.per_rank, "gpu": local.per_rank["gpu"] if same_gpu else local.per_rank["gpu"] + 1}
-    return collectives.Reduced(local.sums, local.maxes, local.mins, [local.per_rank, other])
+    (mine,) = local.per_rank
+    other = {**mine, "gpu": mine["gpu"] if same_gpu else mine["gpu"] + 1}
+    return collectives.Figures(local.sums, local.maxes, local.mins, [mine, other])
 
 
 def test_mfu_counts_a_gpu_two_ranks_share_once():

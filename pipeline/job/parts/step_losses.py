@@ -80,14 +80,14 @@ class StepLosses:
         self._stepped.append(torch.as_tensor(stepped, device=loss.total.device).reshape(()))
         self.scheduler.step()
 
-    def local(self) -> collectives.Local:
+    def local(self) -> collectives.Figures:
         """This rank's share of a read (one host read of every pending step), summed over ranks and
         named by step (k: the step's place among the pending ones): `loss/k` its finite loss (0
         where non-finite), `nonfinite/k` its non-finite flag, `<term>/k` each named term (0 where
         the total is non-finite). The skip flags stay local (every rank makes the same skip
         decision: its gradients are the all-reduced ones)."""
         if not self._losses:  # ranks step in lockstep: all of them have none
-            return collectives.Local()
+            return collectives.Figures()
         losses = torch.stack(self._losses)
         finite = torch.isfinite(losses)
         skipped = ~torch.stack(self._stepped).to(losses.device)
@@ -96,7 +96,7 @@ class StepLosses:
                      for name in self._term_names()}}
         values = torch.stack([skipped, *series.values()]).double().tolist()  # one host read
         self._skip_flags = values[0]
-        return collectives.Local(sums={_at(name, k): v for name, row in zip(series, values[1:])
+        return collectives.Figures(sums={_at(name, k): v for name, row in zip(series, values[1:])
                                        for k, v in enumerate(row)})
 
     def _term_names(self) -> list[str]:
@@ -108,7 +108,7 @@ class StepLosses:
         max_nonfinite non-finite losses on any rank raises Diverged, naming the last good checkpoint."""
         self.take(collectives.reduce_local(self.local()), step)
 
-    def take(self, reduced: collectives.Reduced, step: int) -> None:
+    def take(self, reduced: collectives.Figures, step: int) -> None:
         """read()'s work on local()'s figures over every rank (reduced with other parts' at an epoch's end)."""
         sums = reduced.sums
         n, term_names = len(self._losses), self._term_names()
