@@ -18,7 +18,7 @@ import textwrap
 import types
 import typing
 from collections.abc import Iterator, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from pipeline.config.keys import fields_of
 from pipeline.config.schema import VALUE_FORMS, Config, choices
@@ -42,13 +42,9 @@ range) is one line naming the key, exit code 2. A default shown as "unset" means
 meaning says (often a value derived when the stage starts)."""
 
 
-class Key(NamedTuple):
-    """One configuration key as the reference shows it."""
-
-    key: str  # dotted: train.lr
-    kind: str  # the annotation as written, the choices, or a mapping's KEY=VALUE form
-    default: str
-    meaning: str
+Key = tuple[str, str, str, str]
+"""One configuration key as the reference shows it: (dotted key: train.lr, its type: the
+annotation as written, the choices, or a mapping's KEY=VALUE form, its default, its meaning)."""
 
 
 def sections() -> list[tuple[str, str, list[Key]]]:
@@ -76,9 +72,9 @@ def help_text(command: str) -> str:
     lines += [INTRO, "", f"Every key, also in {PAGE} (KEY = DEFAULT  [TYPE], then its meaning):"]
     for name, meaning, keys in sections():
         lines += ["", f"{name or 'top level'}: {meaning}"]
-        for key in keys:
-            lines.append(f"  {key.key} = {key.default}  [{key.kind}]")
-            lines += textwrap.wrap(key.meaning, 100, initial_indent=" " * 6, subsequent_indent=" " * 6,
+        for key, kind, default, key_meaning in keys:
+            lines.append(f"  {key} = {default}  [{kind}]")
+            lines += textwrap.wrap(key_meaning, 100, initial_indent=" " * 6, subsequent_indent=" " * 6,
                                    break_on_hyphens=False, break_long_words=False)  # keep names whole
     return "\n".join(lines) + "\n"
 
@@ -92,8 +88,8 @@ def markdown() -> str:
     for name, meaning, keys in sections():
         lines += ["", f"## {f'`{name}`' if name else 'Top level'}", "", meaning, "",
                   "| key | type | default | meaning |", "|---|---|---|---|"]
-        lines += [f"| `{k.key}` | {_cell(k.kind)} | {'*unset*' if k.default == UNSET else _cell(k.default)} "
-                  f"| {_cell(k.meaning, code=False)} |" for k in keys]
+        lines += [f"| `{key}` | {_cell(kind)} | {'*unset*' if default == UNSET else _cell(default)} "
+                  f"| {_cell(key_meaning, code=False)} |" for key, kind, default, key_meaning in keys]
     return "\n".join([*lines, *_trainer_table()]) + "\n"
 
 
@@ -126,7 +122,7 @@ def _key(cls: type, f: dataclasses.Field, kind: Any, prefix: str, choices: Mappi
         kind_text = f"mapping: {key}.KEY=VALUE"
     else:
         kind_text = _type_name(kind)
-    return Key(key, kind_text, _show(default), _meaning(cls, f.name))
+    return key, kind_text, _show(default), _meaning(cls, f.name)
 
 
 def _type_name(kind: Any) -> str:

@@ -23,5 +23,5 @@ def test_train_help_lists_every_key_with_its_default_and_meaning():
             "(3; error_cls 5, qa 8)") in flat
     assert "precision = fp32 [fp32 | tf32 | fp16 | bf16 | bf16-pure | auto] fp32 (strict, TF32 off)" in flat
     for _, _, keys in reference.sections():  # every docstring's text, whitespace aside
-        for key in keys:
-            assert key.meaning and key.meaning in flat, f"{key.key}: no docstring under the field"
+        for key, _, _, meaning in keys:
+            assert meaning and meaning in flat, f"{key}: no docstring under the field"
