@@ -121,14 +121,14 @@ def _trim(stage: finished_stage.FinishedStage, model: torch.nn.Module, tokenizer
     on_disk = sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 2**20
     figures = {"vocab_size_before": model.config.vocab_size, "vocab_size": trimmed.model.config.vocab_size,
                "params_before": before[0], "params": after[0], "params_no_embed": after[1],
-               "size_mb_before": size_mb, "size_mb": on_disk, **proof.metrics()}
+               "size_mb_before": size_mb, "size_mb": on_disk, **proof}
     write_json(folder.parent / TRIM_JSON, figures)
     _trimmed_card(stage.out.best, folder, figures)
     log.info("export: vocabulary trimmed to the training data's tokens in %.1fs: %d -> %d tokens, %.1fM -> %.1fM "
              "parameters, %.1f -> %.1f MB; dev: %d rows, %d without a trimmed token, all predicted alike; %d with "
              "one (%d still alike)", time.perf_counter() - t0, figures["vocab_size_before"], figures["vocab_size"],
-             before[0] / 1e6, after[0] / 1e6, size_mb, figures["size_mb"], proof.rows, proof.rows_equal,
-             proof.rows_with_trimmed, proof.trimmed_rows_agree)
+             before[0] / 1e6, after[0] / 1e6, size_mb, figures["size_mb"], proof["dev_rows"], proof["dev_rows_equal"],
+             proof["dev_rows_with_trimmed"], proof["dev_rows_with_trimmed_agree"])
     return (trimmed.model, trimmed.tokenizer, {names.export_metric(TRIM, k): float(v) for k, v in figures.items()},
             data)
 

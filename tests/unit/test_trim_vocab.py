@@ -50,7 +50,7 @@ def test_an_input_of_kept_tokens_is_tokenized_and_predicted_the_same():
     assert cut.tokenizer.tokenize("far") == ["f", "##a", "##r"]
     proof = trim_vocab.prove(model, cut, [dict(tok(["the cat", "far"], padding=True, return_tensors="pt"))],
                              [dict(cut.tokenizer(["the cat", "far"], padding=True, return_tensors="pt"))])
-    assert (proof.rows, proof.rows_equal, proof.rows_with_trimmed) == (2, 1, 1)
+    assert (proof["dev_rows"], proof["dev_rows_equal"], proof["dev_rows_with_trimmed"]) == (2, 1, 1)
 
 
 def test_the_embedding_rows_follow_their_tokens():
