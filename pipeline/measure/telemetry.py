@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib.metadata
+import logging
 import math
 import platform
 import resource
@@ -25,6 +26,8 @@ from pipeline.measure.energy import EnergyMeter
 from pipeline.measure.flops import FlopModel
 from pipeline.measure.load import LoadSampler
 from pipeline.runtime import collectives, compiler
+
+log = logging.getLogger("pipeline")
 
 
 def synchronize(device: torch.device) -> None:
@@ -208,7 +211,7 @@ class StageMeters:
     def __init__(self, device: torch.device, precision_name: str, world_size: int, compiled: bool = False,
                  flop_model: FlopModel | None = None):
         self.device, self.world_size, self.compiled = device, world_size, compiled
-        self.recompile_warning = compiler.RecompileWarning()
+        self.warned_compiles = False
         self.energy = EnergyMeter(device, compiled)
         props = torch.cuda.get_device_properties(device) if device.type == "cuda" else None
         self.peak_tflops = peak_tflops(device_name(device), precision_name,
@@ -343,10 +346,13 @@ class StageMeters:
         return {names.COMPILE_TIME: seconds, names.COMPILES: compiler.compiles()}
 
     def check_compiles(self) -> None:
-        """One warning line once this process has compiled more graphs than expected."""
-        if self.compiled:
-            self.recompile_warning.check(compiler.compiles(), "batch shapes vary more than train.pad_to_multiple_of "
-                                         "buckets them (train.batch_tokens?); each new shape compiles again")
+        """One warning line, the first time this process has compiled more than compiler.WARN_COMPILES graphs."""
+        count = compiler.compiles() if self.compiled and not self.warned_compiles else 0
+        if count > compiler.WARN_COMPILES:
+            self.warned_compiles = True
+            log.warning("torch.compile has compiled %d graphs in this process (more than %d): batch shapes vary more "
+                        "than train.pad_to_multiple_of buckets them (train.batch_tokens?); each new shape compiles "
+                        "again", count, compiler.WARN_COMPILES)
 
     def compute_metrics(self, flops: float, padded_flops: float, samples: float, seconds: float) -> dict:
         """Achieved TFLOP/s and, on a GPU in the peak table, MFU (FLOPs summed over ranks, against the peak

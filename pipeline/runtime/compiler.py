@@ -163,16 +163,3 @@ def compiles() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["frames"]["ok"])
-
-
-class RecompileWarning:
-    """One warning line, the first time the process's compilations pass WARN_COMPILES."""
-
-    def __init__(self):
-        self.warned = False
-
-    def check(self, count: int, hint: str) -> None:
-        if not self.warned and count > WARN_COMPILES:
-            self.warned = True
-            log.warning("torch.compile has compiled %d graphs in this process (more than %d): %s", count,
-                        WARN_COMPILES, hint)
