@@ -13,6 +13,7 @@ import os
 import re
 import sys
 import warnings
+from collections.abc import Callable
 
 from pipeline.errors import MachineError, UserError
 
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(message)s", datefmt="%H:%M:%S")
     for handler in logging.getLogger().handlers:
-        handler.addFilter(HubOnce())
+        handler.addFilter(hub_once())
     _quiet_libraries()
     if not argv or argv[0] in HELP:
         print(USAGE, end="")
@@ -112,24 +113,23 @@ def _strip_local_rank(argv: list[str]) -> list[str]:
     return rest
 
 
-class HubOnce(logging.Filter):
-    """The Hugging Face Hub's libraries' lines once each: a retried request repeats its warning with
-    another count or delay (numbers aside, the same line is dropped)."""
+HUB_LIBRARIES = ("huggingface_hub", "transformers", "urllib3")
 
-    LIBRARIES = ("huggingface_hub", "transformers", "urllib3")
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: set[str] = set()
+def hub_once() -> Callable[[logging.LogRecord], bool]:
+    """A handler's filter: the Hugging Face Hub's libraries' lines once each (a retried request
+    repeats its warning with another count or delay: numbers aside, the same line is dropped)."""
+    seen: set[str] = set()
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not record.name.startswith(self.LIBRARIES):
+    def once(record: logging.LogRecord) -> bool:
+        if not record.name.startswith(HUB_LIBRARIES):
             return True
         key = re.sub(r"\d+(\.\d+)?", "N", f"{record.name} {record.getMessage()}")
-        if key in self.seen:
+        if key in seen:
             return False
-        self.seen.add(key)
+        seen.add(key)
         return True
+    return once
 
 
 def _quiet_libraries() -> None:

@@ -2,7 +2,7 @@
 block of what it resolved; the Hub's repeated warnings once."""
 import logging
 
-from pipeline.cli import HubOnce
+from pipeline.cli import hub_once
 from pipeline.job.records.start_block import model_line, precision_line, run_url, start_block
 from pipeline.measure.flops import ModelSize
 
@@ -42,15 +42,15 @@ def test_a_students_model_line_says_its_share_of_the_teacher_and_its_init():
 
 
 def test_a_hub_warning_repeated_with_other_numbers_is_printed_once():
-    once = HubOnce()
+    once = hub_once()
 
     def record(name, message):
         return logging.LogRecord(name, logging.WARNING, __file__, 1, message, None, None)
 
     lines = [f"Retrying in {i}s [Retry {i}/5]: HEAD https://huggingface.co/x" for i in range(1, 6)]
-    shown = [once.filter(record("huggingface_hub.utils._http", line)) for line in lines]
+    shown = [once(record("huggingface_hub.utils._http", line)) for line in lines]
     assert shown == [True, False, False, False, False]
-    assert once.filter(record("pipeline", lines[0])) and once.filter(record("pipeline", lines[0]))  # ours: all
+    assert once(record("pipeline", lines[0])) and once(record("pipeline", lines[0]))  # ours: all
 
 
 def test_a_model_line_without_counted_flops_says_so():
