@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             if rank == 0:
                 print(f"error: {full}", file=sys.stderr)
             return 1
-        from pipeline.job.loop import Preempted
+        from pipeline.runtime.preemption import Preempted
 
         if not isinstance(e, Preempted):
             raise

@@ -35,15 +35,11 @@ from pipeline.measure import collapse
 from pipeline.measure.telemetry import StageMeters
 from pipeline.runtime import collectives
 from pipeline.runtime.backend import StepLoss
-from pipeline.runtime.preemption import AgreedFlag, on_sigterm
+from pipeline.runtime.preemption import AgreedFlag, Preempted, on_sigterm
 from pipeline.tasks.base import SPLITS
 from pipeline.tracking.tracker import Tracker
 
 log = logging.getLogger("pipeline")
-
-
-class Preempted(Exception):
-    """SIGTERM arrived; a checkpoint was written at the step boundary (exit code 143)."""
 
 
 @dataclass

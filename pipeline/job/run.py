@@ -16,12 +16,13 @@ import logging
 
 from pipeline.config import Config
 from pipeline.job import batch_finder, lock, resume
-from pipeline.job.loop import Preempted, fit
+from pipeline.job.loop import fit
 from pipeline.job.plan import settle
 from pipeline.job.records.stage_run import StageRun, start_stage_run, what_ran
 from pipeline.job.records.start_block import precision_line, settled_line
 from pipeline.job.stage import Stage, build_stage
 from pipeline.runtime import gc_pause, world
+from pipeline.runtime.preemption import Preempted
 from pipeline.tracking import catch_up, resolve_uri
 
 log = logging.getLogger("pipeline")

@@ -1,6 +1,6 @@
 """SIGTERM (Slurm time limit, spot preemption) acted on by every rank at the same step:
 on_sigterm routes the signal to an action while a block runs, AgreedFlag makes the ranks agree on
-it without stalling the device."""
+it without stalling the device, and Preempted is the stop it ends in."""
 from __future__ import annotations
 
 import contextlib
@@ -11,6 +11,11 @@ from collections.abc import Callable
 import torch
 
 from pipeline.runtime.collectives import held
+
+
+class Preempted(Exception):
+    """SIGTERM arrived: a job wrote a checkpoint at the step boundary, a study's runner stopped its
+    running stages (exit code 143)."""
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from pipeline.names import (
     TAG_STUDY,
     TAG_STUDY_FILE,
 )
-from pipeline.runtime.preemption import on_sigterm
+from pipeline.runtime.preemption import Preempted, on_sigterm
 from pipeline.study.cell_process import FOLLOW_S, open_attempt
 from pipeline.study.devices import describe
 from pipeline.study.executor import Handle, start_local
@@ -80,7 +80,7 @@ def run_study(study: Study, cells: list[Cell], slots: int | None = None) -> int:
             _run_schedule(live, schedule, served=cell_uri if cell_uri != opened.uri else None)
     except BaseException as e:
         opened.client.set_terminated(opened.parent, status="KILLED")
-        if isinstance(e, Stopped):
+        if isinstance(e, Preempted):
             log.warning("study %s: stopped by SIGTERM; run it again to resume", study.name)
             return 143  # 128 + SIGTERM, as a stage that stopped on TERM
         raise
@@ -347,11 +347,7 @@ def finished_run(client: MlflowClient, experiment_id: str, study: Study, cell: C
     return runs[0].info.run_id if runs else None
 
 
-class Stopped(Exception):
-    """The study got SIGTERM (a scheduler's time limit): the running stage was stopped too."""
-
-
 def raise_stopped() -> None:
     """on_sigterm's action for a study's runner: the stop as an exception, so the stages are stopped
     on the way out."""
-    raise Stopped("SIGTERM")
+    raise Preempted("SIGTERM")

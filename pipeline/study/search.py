@@ -65,9 +65,9 @@ def optuna_study(study: Study, group: Group, create: bool = True):
 def run_search(study: Study, cells: list[Cell], slots: int | None = None, executor: str = "local") -> int:
     """The cells the search needs, each group's trials, the best trials' re-runs, the reports.
     Returns 0, 1 (a cell or trial failed, or every trial of a group) or 143 (SIGTERM)."""
-    from pipeline.runtime.preemption import on_sigterm
+    from pipeline.runtime.preemption import Preempted, on_sigterm
     from pipeline.study.devices import check_devices, default_slots, visible_gpus
-    from pipeline.study.runner import Stopped, raise_stopped
+    from pipeline.study.runner import raise_stopped
 
     needed, groups = plan_search(study, cells)
     gpus = visible_gpus() if executor == "local" else []
@@ -100,7 +100,7 @@ def run_search(study: Study, cells: list[Cell], slots: int | None = None, execut
                 pool.run_cells(reruns)
     except BaseException as e:
         opened.client.set_terminated(opened.parent, status="KILLED")
-        if isinstance(e, Stopped):
+        if isinstance(e, Preempted):
             log.warning("study %s: stopped by SIGTERM; run it again to resume the search", study.name)
             return 143
         raise
