@@ -79,8 +79,7 @@ def log_to_run(out: OutputDir, metrics: dict[str, float], model: Path | None, na
     journal.append(out.journal, *[journal.metric(k, float(v), step, now) for k, v in metrics.items()],
                    *([journal.model(str(model), name, step)] if model is not None else []))
     target = uri or os.environ.get("MLFLOW_TRACKING_URI") or start["uri"]
-    caught = catch_up(out.root, target, say=False)  # the export's own line names the run
-    return caught.run_id if caught else None
+    return catch_up(out.root, target, say=False)  # the export's own line names the run
 
 
 def example_rows(loader, input_names: list[str], rows: int = 2) -> dict[str, np.ndarray]:

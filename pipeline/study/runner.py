@@ -140,8 +140,7 @@ class OpenStudy:
         if cell.stage_done() and not cell.done():  # a post-stage step is still to run
             return None
         finished = cell.done()
-        caught = self.catch_up(cell) if finished else None
-        run_id = (caught.run_id if caught else None) or self.finished_run(cell)
+        run_id = (self.catch_up(cell) if finished else None) or self.finished_run(cell)
         if finished or run_id:
             return {"status": "finished", "exit_code": 0, "run_id": run_id, "skipped": True}
         return None
@@ -151,12 +150,11 @@ class OpenStudy:
         tracking server that failed it meanwhile did not take)."""
         wall = round(end.wall_s, 1)
         if end.exit_code == 0:
-            caught = self.catch_up(cell)
-            run_id = (caught.run_id if caught else None) or self.finished_run(cell)
+            run_id = self.catch_up(cell) or self.finished_run(cell)
             return {"status": "finished", "exit_code": 0, "run_id": run_id, "wall_s": wall}
         return {"status": "failed", "exit_code": end.exit_code, "reason": end.last_line[:300], "wall_s": wall}
 
-    def catch_up(self, cell: Cell):
+    def catch_up(self, cell: Cell) -> str | None:
         """The cell's run made to hold its whole journal (tracking.catch_up), under the parent run."""
         from pipeline.tracking import catch_up
 

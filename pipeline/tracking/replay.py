@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,28 +48,19 @@ def sync(run_dir: Path | str, uri: str | None = None, tags: dict[str, str] | Non
     return run_id
 
 
-@dataclass(frozen=True)
-class CaughtUp:
-    """What catch_up found: the run in the store that holds the job's journal."""
-
-    run_id: str | None
-    """None: the journal could not be replayed (catch_up said why, and the command that will)."""
-    replayed: bool
-    """The store lacked part of the journal, and this call replayed it."""
-
-
 def catch_up(run_dir: Path | str, uri: str | None, tags: dict[str, str] | None = None,
-             active: bool = True, say: bool = True) -> CaughtUp | None:
+             active: bool = True, say: bool = True) -> str | None:
     """A job's run in the store `uri`, made to hold everything its journal in run_dir holds:
     the journal is replayed (as `pipeline sync` does, into the run the job or a sync before
     created, else a new run) only where the store lacks some of it (the run, its end status,
     params, tags, metric points, logged models), so a second call replays nothing. For a job
     that finished while its tracking server was down (a study's cells after their runner was
-    killed) and a job asked again once finished. None when run_dir has no journal of a job. A
-    store that cannot take it is a warning naming the command that will, never an error: the
-    job's results stand on disk. Only global rank 0 talks to the store: elsewhere (active=False)
-    it does nothing. `say`: a line on what was replayed (False: a caller that journaled records
-    only to have them replayed here, and says so its own way)."""
+    killed) and a job asked again once finished. Returns the id of the run that holds it; None
+    when run_dir has no journal of a job, or the store cannot take it: a warning naming the
+    command that will, never an error (the job's results stand on disk). Only global rank 0 talks
+    to the store: elsewhere (active=False) it does nothing. `say`: a line on what was replayed
+    (False: a caller that journaled records only to have them replayed here, and says so its own
+    way)."""
     if not active:
         return None
     try:
@@ -86,17 +76,17 @@ def catch_up(run_dir: Path | str, uri: str | None, tags: dict[str, str] | None =
         run_id = _run_on_server(client, records)
         lacking = _lacking(client, run_id, _as_replayed(records, tags))
         if not lacking:
-            return CaughtUp(run_id, replayed=False)
+            return run_id
         run_id = sync(run_dir, target, tags)
     except Exception as e:  # noqa: BLE001 - the job's outputs are whole; its run waits for a sync
         log.warning("tracking: %s: its journal could not be replayed into %s (%s); to replay it: "
                     "python -m pipeline sync %s --uri %s", run_dir, redact(target), sink.reason(e), run_dir,
                     redact(target))
-        return CaughtUp(None, replayed=False)
+        return None
     if say:
         log.info("tracking: %s: the store lacked %s of its journal; replayed into run %s", run_dir,
                  ", ".join(lacking), run_id)
-    return CaughtUp(run_id, replayed=True)
+    return run_id
 
 
 def _as_replayed(records: list[Record], tags: dict[str, str] | None) -> list[Record]:

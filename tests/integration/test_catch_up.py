@@ -58,16 +58,15 @@ def test_a_run_the_server_left_running_is_completed_once_under_the_parent(tmp_pa
     append(out / "journal.jsonl", START, journal.run(run_id), *POINTS, journal.tags({"data_cache": "hit"}),
            journal.end("FINISHED"))
 
-    first = catch_up(out, uri, {names.TAG_PARENT_RUN: "parent-1"})
-    assert (first.run_id, first.replayed) == (run_id, True)
+    assert catch_up(out, uri, {names.TAG_PARENT_RUN: "parent-1"}) == run_id
+    assert len(synced(out)) == 1  # replayed
     (run,) = mlflow_runs(db, "caught")
     assert run.info.status == "FINISHED" and run.data.tags[names.TAG_PARENT_RUN] == "parent-1"
     assert run.data.tags["data_cache"] == "hit" and run.data.params == {"train.lr": "0.001", "seed": "7"}
     assert history(client, run_id, "train/loss") == [(5, 1700000000000), (10, 1700000001000)]
     assert math.isnan(run.data.metrics["test/energy_j"])
 
-    again = catch_up(out, uri, {names.TAG_PARENT_RUN: "parent-1"})
-    assert (again.run_id, again.replayed) == (run_id, False)
+    assert catch_up(out, uri, {names.TAG_PARENT_RUN: "parent-1"}) == run_id
     assert len(synced(out)) == 1  # replayed once
     assert history(client, run_id, "train/loss") == [(5, 1700000000000), (10, 1700000001000)]
     assert len(client.get_metric_history(run_id, "test/energy_j")) == 1
@@ -81,11 +80,11 @@ def test_a_job_that_never_reached_the_store_gets_one_run(tmp_path):
     uri = f"sqlite:///{db}"
     append(out / "journal.jsonl", START, journal.run(None), *POINTS, journal.end("FINISHED"))
     first = catch_up(out, uri)
-    assert first.replayed and first.run_id
-    again = catch_up(out, uri)
-    assert (again.run_id, again.replayed) == (first.run_id, False)
+    assert first and [r["run_id"] for r in synced(out)] == [first]  # replayed
+    assert catch_up(out, uri) == first
+    assert len(synced(out)) == 1  # replayed once
     (run,) = mlflow_runs(db, "caught")
-    assert run.info.run_id == first.run_id and run.info.status == "FINISHED"
+    assert run.info.run_id == first and run.info.status == "FINISHED"
     assert run.data.metrics["test/macro_f1"] == 0.5
     assert catch_up(tmp_path / "no-journal", uri) is None  # nothing to replay
 
@@ -96,8 +95,7 @@ def test_a_store_that_cannot_take_it_names_the_command_that_will(tmp_path, monke
     out.mkdir()
     append(out / "journal.jsonl", START, journal.run(None), *POINTS, journal.end("FINISHED"))
     with caplog.at_level(logging.WARNING, logger="pipeline"):
-        caught = catch_up(out, dead)
-    assert (caught.run_id, caught.replayed) == (None, False)
+        assert catch_up(out, dead) is None
     (line,) = [r.getMessage() for r in caplog.records]
     assert f"python -m pipeline sync {out} --uri {dead}" in line and str(out) in line
     assert synced(out) == []  # nothing was replayed
