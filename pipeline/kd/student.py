@@ -16,7 +16,6 @@ written.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -85,7 +84,7 @@ def from_teacher(spec: str, teacher: PreTrainedModel, task: Task, model_config: 
     theirs = teacher.config.to_dict()
     width = _width(spec, model_config, theirs)
     config = teacher.config.__class__.from_dict({**theirs, **width, "num_hidden_layers": n_layers})
-    selection = Selection.of(config, teacher.config, spec) if width else None
+    kept = _kept(config, teacher.config, spec) if width else None
     student = task.model_class.from_config(config, dtype=torch.float32)
     source = teacher.state_dict()
     chosen = spaced_layers(n_layers, total)
@@ -95,7 +94,7 @@ def from_teacher(spec: str, teacher: PreTrainedModel, task: Task, model_config: 
         if teacher_key not in source:
             raise UserError(f"config: model={spec}: the student's {key} has no counterpart in the teacher to "
                             "initialise it from")
-        mapped[key] = selection.slice(key, source[teacher_key], tuple(tensor.shape), spec) if selection else \
+        mapped[key] = _sliced(key, source[teacher_key], tuple(tensor.shape), kept, spec) if kept else \
             source[teacher_key]
     student.load_state_dict(mapped)
     return student
@@ -125,59 +124,53 @@ def _teacher_key(key: str, chosen: list[int]) -> str:
     return f"{head}.layer.{chosen[int(index)]}.{tail}" if index.isdigit() else key
 
 
-@dataclass(frozen=True)
-class Selection:
-    """The teacher's indices a narrower student keeps, per kind of dimension."""
+def _kept(student: PretrainedConfig, teacher: PretrainedConfig, spec: str) -> dict[str, tuple[int, list[int]]]:
+    """What a narrower student keeps of the teacher, per kind of dimension (hidden, heads: the
+    attention output units, heads x head size, whole heads each its first dims; ffn): the teacher's
+    size of it and the indices kept. A UserError names the width that cannot be sliced from the teacher's."""
+    h, a, f = student.hidden_size, student.num_attention_heads, student.intermediate_size
+    th, ta, tf = teacher.hidden_size, teacher.num_attention_heads, teacher.intermediate_size
+    for key, value, most in (("hidden_size", h, th), ("num_attention_heads", a, ta), ("intermediate_size", f, tf)):
+        if not 1 <= value <= most:
+            raise UserError(f"config: model_config.{key}={value}: model={spec} takes at least 1 and at most "
+                            f"the teacher's {most}")
+    if h % a:
+        raise UserError(f"config: model_config.num_attention_heads={a}: must divide the hidden size {h}")
+    size, teacher_size = h // a, th // ta
+    if size > teacher_size:
+        raise UserError(f"config: model_config.num_attention_heads={a}: heads of {size} dimensions "
+                        f"(hidden_size {h} / {a}) are wider than the teacher's ({teacher_size}); "
+                        f"give at least {-(-h // teacher_size)} heads")
+    heads = [head * teacher_size + d for head in spaced_layers(a, ta) for d in range(size)]
+    return {"hidden": (th, spaced_layers(h, th)), "heads": (ta * teacher_size, heads),
+            "ffn": (tf, spaced_layers(f, tf))}
 
-    hidden: list[int]
-    heads: list[int]
-    """Of the teacher's attention output units (heads x head size): whole heads, each its first dims."""
-    ffn: list[int]
-    teacher_hidden: int
-    teacher_ffn: int
 
-    @classmethod
-    def of(cls, student: PretrainedConfig, teacher: PretrainedConfig, spec: str) -> Selection:
-        """The indices, or a UserError naming the width that cannot be sliced from the teacher's."""
-        h, a, f = student.hidden_size, student.num_attention_heads, student.intermediate_size
-        th, ta, tf = teacher.hidden_size, teacher.num_attention_heads, teacher.intermediate_size
-        for key, value, most in (("hidden_size", h, th), ("num_attention_heads", a, ta), ("intermediate_size", f, tf)):
-            if not 1 <= value <= most:
-                raise UserError(f"config: model_config.{key}={value}: model={spec} takes at least 1 and at most "
-                                f"the teacher's {most}")
-        if h % a:
-            raise UserError(f"config: model_config.num_attention_heads={a}: must divide the hidden size {h}")
-        size, teacher_size = h // a, th // ta
-        if size > teacher_size:
-            raise UserError(f"config: model_config.num_attention_heads={a}: heads of {size} dimensions "
-                            f"(hidden_size {h} / {a}) are wider than the teacher's ({teacher_size}); "
-                            f"give at least {-(-h // teacher_size)} heads")
-        heads = [head * teacher_size + d for head in spaced_layers(a, ta) for d in range(size)]
-        return cls(spaced_layers(h, th), heads, spaced_layers(f, tf), th, tf)
+def _sliced(key: str, tensor: torch.Tensor, shape: tuple[int, ...], kept: dict[str, tuple[int, list[int]]],
+            spec: str) -> torch.Tensor:
+    """The teacher's `tensor` cut to the student's `shape`: each dimension that differs takes the
+    indices of its kind (_kind), which must be of the teacher's size of that kind."""
+    for axis, (have, want) in enumerate(zip(tensor.shape, shape, strict=True)):
+        if have == want:
+            continue
+        size, index = kept[_kind(key, axis, len(shape))]
+        if have != size or len(index) != want:
+            raise UserError(f"config: model={spec}: cannot slice the teacher's {key} {list(tensor.shape)} "
+                            f"to the student's {list(shape)}")
+        tensor = tensor.index_select(axis, torch.tensor(index))
+    return tensor
 
-    def slice(self, key: str, tensor: torch.Tensor, shape: tuple[int, ...], spec: str) -> torch.Tensor:
-        """The teacher's `tensor` cut to the student's `shape`: each dimension that differs takes the
-        indices of its kind, told by where the tensor sits (attention, feed-forward) and its size."""
-        for axis, (have, want) in enumerate(zip(tensor.shape, shape, strict=True)):
-            if have == want:
-                continue
-            index = self._index(key, axis, have, len(shape))
-            if index is None or len(index) != want:
-                raise UserError(f"config: model={spec}: cannot slice the teacher's {key} {list(tensor.shape)} "
-                                f"to the student's {list(shape)}")
-            tensor = tensor.index_select(axis, torch.tensor(index))
-        return tensor
 
-    def _index(self, key: str, axis: int, size: int, dims: int) -> list[int] | None:
-        attention_in = ".attention.self." in key and axis == 0  # query, key, value: heads out
-        attention_out = ".attention.output.dense.weight" in key and axis == 1
-        if attention_in or attention_out:
-            return self.heads
-        ffn_in = ".intermediate.dense." in key and axis == 0
-        ffn_out = ".output.dense.weight" in key and ".attention." not in key and axis == 1 and dims == 2
-        if ffn_in or ffn_out:
-            return self.ffn if size == self.teacher_ffn else None
-        return self.hidden if size == self.teacher_hidden else None
+def _kind(key: str, axis: int, dims: int) -> str:
+    """The kind of a tensor's dimension, told by where the tensor sits: attention heads (query,
+    key, value out; the attention output in), feed-forward units, else the hidden size."""
+    attention_in = ".attention.self." in key and axis == 0
+    attention_out = ".attention.output.dense.weight" in key and axis == 1
+    if attention_in or attention_out:
+        return "heads"
+    ffn_in = ".intermediate.dense." in key and axis == 0
+    ffn_out = ".output.dense.weight" in key and ".attention." not in key and axis == 1 and dims == 2
+    return "ffn" if ffn_in or ffn_out else "hidden"
 
 
 def init_of(spec: str, student: PretrainedConfig, teacher: PretrainedConfig) -> str:
