@@ -147,7 +147,7 @@ def begin(loop: Loop) -> None:
     # rank 0 logs the datasets: the others' would digest every dev and test example for nothing
     datasets = describe_datasets(stage.cfg.data, stage.task, stage.examples) if stage.rt.is_main else []
     loop.metrics.begin(stage.out, stage.backend.extra_artifacts, {**tags, **evaluated}, datasets)
-    loop.metrics.tracker.log_metrics(stage.size_metrics(), 0)  # rank 0's tracker is the active one
+    loop.metrics.tracker.log_metrics(stage.size_figures(), 0)  # rank 0's tracker is the active one
     loop.checkpointer.write_job()
     if stage.rt.is_main:
         tracker = loop.metrics.tracker
@@ -238,7 +238,7 @@ def optimizer_step(loop: Loop, group_loss: StepLoss | torch.Tensor, epoch_progre
         loop.metrics.log_step(progress.step, {**losses.figures(), names.TRAIN_LR: losses.lr,
                                               names.TRAIN_GRAD_NORM: float(result.grad_norm),
                                               names.TRAIN_EPOCH: epoch_progress,
-                                              **losses.amp_metrics(backend.loss_scale)})
+                                              **losses.amp_figures(backend.loss_scale)})
         bar.set_postfix(loss=f"{loss:.4f}")
     return stop
 
@@ -259,11 +259,11 @@ def end_epoch(loop: Loop, epoch: int) -> bool:
     stage, progress = loop.stage, loop.progress
     # one collective: the epoch's clocks stop, its figures and the steps still pending over every rank
     reduced = collectives.reduce_local(collectives.join(meters=loop.meters.epoch_local(), losses=loop.losses.local()))
-    meters = loop.meters.epoch_metrics(reduced.part("meters"))
+    meters = loop.meters.epoch_figures(reduced.part("meters"))
     loop.losses.take(reduced.part("losses"), progress.step)  # the epoch's non-finite count is complete
     has_dev = stage.cfg.data.evaluates("dev")
     dev = evaluate_dev(loop) if has_dev and progress.evaluated_at != progress.step else None
-    figures = {**meters, names.TRAIN_EPOCH_LOSS: loop.losses.close_epoch(), **loop.losses.amp_metrics(None),
+    figures = {**meters, names.TRAIN_EPOCH_LOSS: loop.losses.close_epoch(), **loop.losses.amp_figures(None),
                **(dev.figures(names.eval_metric) if dev else {})}
     loop.metrics.log_epoch(progress.step, figures, epoch, loop.epochs, stage.task.main_metric)
     if dev is not None:
@@ -331,8 +331,8 @@ def final_figures(loop: Loop, test: Evaluation | None, serving: dict[str, float]
     best, losses = loop.best, loop.losses
     figures = {**best.metrics, names.BEST_EPOCH: best.epoch, **(test.figures(names.test_metric) if test else {}),
                names.TRAIN_LOSS: losses.last_loss, names.TRAIN_STEPS: loop.progress.step,
-               names.TRAIN_EPOCHS: loop.progress.epoch, **loop.meters.final_metrics(best.time_to_best),
-               **losses.amp_metrics(loop.stage.backend.loss_scale), **serving}
+               names.TRAIN_EPOCHS: loop.progress.epoch, **loop.meters.final_figures(best.time_to_best),
+               **losses.amp_figures(loop.stage.backend.loss_scale), **serving}
     tags = {**(collapse.flag(test.stall, "test", loop.stage.rt.is_main) if test else {}),
             **({names.TAG_BEST_REASON: best.reason} if best.reason else {})}
     return figures, tags

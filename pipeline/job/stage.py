@@ -57,10 +57,10 @@ class Stage(Plan):
     student_init: str | None = None
     """Under distillation: how the student started (kd/student.py init_of)."""
 
-    def size_metrics(self) -> dict[str, float]:
+    def size_figures(self) -> dict[str, float]:
         """The run's model/* metrics, and under distillation the student's ratios to its teacher."""
         against = student.ratios(self.size, self.teacher_size) if self.teacher_size else {}
-        return {**self.size.metrics(), **against}
+        return {**self.size.figures(), **against}
 
     @property
     def teacher(self) -> torch.nn.Module | None:
@@ -127,7 +127,7 @@ class Stage(Plan):
         log.info("inference (%s, %d tokens): %.1f ms at batch 1 (p50), %.0f samples/s at batch %d; measured in %.1fs",
                  first.precision, first.length, first.latency_ms_p50, first.samples_per_s, result.batch_size,
                  time.perf_counter() - t0)
-        return {**result.metrics(), **load.last.metrics(names.INFER_LOAD)}
+        return {**result.figures(), **load.last.figures(names.INFER_LOAD)}
 
     def plain_step(self, batch: dict) -> None:
         """Forward, loss and backward of the unwrapped model, as the loop computes them."""

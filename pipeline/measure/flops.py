@@ -102,7 +102,7 @@ class ModelSize:
     forward_flops: float | None
     length: int
 
-    def metrics(self) -> dict[str, float]:
+    def figures(self) -> dict[str, float]:
         flops = {names.MODEL_FORWARD_FLOPS: self.forward_flops} if self.forward_flops is not None else {}
         return {names.MODEL_PARAMS: float(self.params),
                 names.MODEL_PARAMS_NON_EMBEDDING: float(self.params_non_embedding), **flops}

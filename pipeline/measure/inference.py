@@ -82,7 +82,7 @@ class BenchResult:
     reps: int = 1
     """Repetitions: models measured side by side take one turn each per repetition (bench_side_by_side)."""
 
-    def metrics(self) -> dict[str, float]:
+    def figures(self) -> dict[str, float]:
         """The infer/* metrics (names.py spells them)."""
         out = {names.INFER_PARAMS: float(self.params), names.INFER_PARAMS_NO_EMBED: float(self.params_no_embed),
                names.INFER_SIZE_MB: self.size_mb, names.INFER_BATCH: float(self.batch_size),

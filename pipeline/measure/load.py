@@ -88,7 +88,7 @@ class LoadFigures:
         """The most processes of others seen running on this GPU at one reading."""
         return self.gpu_procs if self._gpu else None
 
-    def metrics(self, prefix: str = names.PERF) -> dict[str, float]:
+    def figures(self, prefix: str = names.PERF) -> dict[str, float]:
         """The figures under their perf/ names (names.load_metric); those not measured left out."""
         values = {names.LOAD_OTHERS_CPU: self.others_cpu, names.LOAD_OTHERS_CPU_MAX: self.others_cpu_max,
                   names.LOAD_OTHERS_GPU_UTIL: self.others_gpu_util, names.LOAD_OWN_GPU_SHARE: self.own_gpu_share,

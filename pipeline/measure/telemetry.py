@@ -273,7 +273,7 @@ class StageMeters:
 
     def epoch_local(self) -> collectives.Figures:
         """Ends the epoch's clocks (every training segment; evaluation comes after) and gives this
-        rank's numbers for the epoch's collective (epoch_metrics takes them back reduced): work
+        rank's numbers for the epoch's collective (epoch_figures takes them back reduced): work
         summed, time and peak memory the largest, each GPU's energy per rank (counted once by UUID)."""
         elapsed = self.throughput.stop()
         joules = self.energy.stop()
@@ -290,9 +290,9 @@ class StageMeters:
     def end_epoch(self) -> dict:
         """Collective: the epoch's clocks stopped, its perf/ and energy/ metrics over every rank (the
         loop reduces epoch_local() with the step losses' figures instead: one collective)."""
-        return self.epoch_metrics(collectives.reduce_local(self.epoch_local()))
+        return self.epoch_figures(collectives.reduce_local(self.epoch_local()))
 
-    def epoch_metrics(self, reduced: collectives.Figures) -> dict:
+    def epoch_figures(self, reduced: collectives.Figures) -> dict:
         """The epoch's perf/ and energy/ metrics from epoch_local()'s numbers over every rank; adds
         the epoch to the totals."""
         totals = self.totals
@@ -312,15 +312,15 @@ class StageMeters:
         totals.peak = {k: max(v, totals.peak.get(k, 0.0)) for k, v in mem.items()}
         metrics = {names.EPOCH_TIME: elapsed, names.SAMPLES_PER_S: samples / elapsed,
                    names.TOKENS_PER_S: tokens / elapsed, names.PADDED_TOKENS_PER_S: padded_tokens / elapsed, **mem}
-        metrics.update(self.compute_metrics(flops, padded_flops, samples, elapsed))
-        metrics.update(self.compile_metrics(compiling))
-        metrics.update(_energy_metrics(reduced.per_rank, samples, elapsed))
+        metrics.update(self.compute_figures(flops, padded_flops, samples, elapsed))
+        metrics.update(self.compile_figures(compiling))
+        metrics.update(_energy_figures(reduced.per_rank, samples, elapsed))
         totals.joules += metrics.get(names.ENERGY_JOULES, 0.0)
-        metrics.update(self._load.metrics())
+        metrics.update(self._load.figures())
         return metrics
 
     # -------------------------------------------------------------- the job
-    def final_metrics(self, time_to_best: float | None) -> dict:
+    def final_figures(self, time_to_best: float | None) -> dict:
         """The whole job's perf/ and energy/ metrics, from the totals."""
         totals = self.totals
         metrics = {
@@ -329,15 +329,15 @@ class StageMeters:
             names.SAMPLES_PER_S: totals.samples / totals.train_seconds,
             names.TOKENS_PER_S: totals.tokens / totals.train_seconds,
             names.PADDED_TOKENS_PER_S: totals.padded_tokens / totals.train_seconds, **totals.peak,
-            **self.compute_metrics(totals.flops, totals.padded_flops, totals.samples, totals.train_seconds),
-            **self.compile_metrics(totals.compile_seconds), **self.load.job_figures().metrics(),
+            **self.compute_figures(totals.flops, totals.padded_flops, totals.samples, totals.train_seconds),
+            **self.compile_figures(totals.compile_seconds), **self.load.job_figures().figures(),
         }
         if totals.joules:
             metrics.update({names.ENERGY_JOULES: totals.joules, names.AVG_POWER: totals.joules / totals.train_seconds,
                             names.JOULES_PER_SAMPLE: totals.joules / totals.samples})
         return metrics
 
-    def compile_metrics(self, seconds: float) -> dict:
+    def compile_figures(self, seconds: float) -> dict:
         """Compiled jobs: the seconds spent compiling inside training (left out of every rate) and
         the graphs this process has compiled so far."""
         if not self.compiled:
@@ -354,7 +354,7 @@ class StageMeters:
                         "than train.pad_to_multiple_of buckets them (train.batch_tokens?); each new shape compiles "
                         "again", count, compiler.WARN_COMPILES)
 
-    def compute_metrics(self, flops: float, padded_flops: float, samples: float, seconds: float) -> dict:
+    def compute_figures(self, flops: float, padded_flops: float, samples: float, seconds: float) -> dict:
         """Achieved TFLOP/s and, on a GPU in the peak table, MFU (FLOPs summed over ranks, against the peak
         of the GPUs used: ranks sharing one count it once): of the real tokens (the useful work), and
         beside them of the batches as padded and computed."""
@@ -377,7 +377,7 @@ def _uuid_key(uuid: str | None) -> float:
     return float(int.from_bytes(hashlib.sha256(uuid.encode()).digest()[:6], "big"))
 
 
-def _energy_metrics(readings: list[dict[str, float]], samples: float, seconds: float) -> dict:
+def _energy_figures(readings: list[dict[str, float]], samples: float, seconds: float) -> dict:
     """Energy of the epoch summed over the job's GPUs (each counted once, by UUID): `readings`
     holds each rank's figures by name (energy_available, uuid, joules, utilization: NaN when unknown)."""
     per_gpu = {r["uuid"]: (r["joules"], r["utilization"]) for r in readings if r["energy_available"]}

@@ -101,7 +101,7 @@ def _run(record: dict, pairs: list, device_name: str | None) -> dict:
     record.update(host=socket.gethostname(), device=str(device), device_name=describe(device), threads=threads,
                   cpu_bf16=cpu_bf16() if device.type == "cpu" else "",
                   started_utc=started.isoformat(timespec="seconds"),
-                  finished_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"), load=load.last.metrics())
+                  finished_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"), load=load.last.figures())
     return record
 
 

@@ -149,7 +149,7 @@ def _run(record: dict, groups: dict, device_name: str | None) -> dict:
     record.update(host=socket.gethostname(), device=str(device), device_name=describe(device), threads=threads,
                   started_utc=started.isoformat(timespec="seconds"),
                   finished_utc=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                  load=load.last.metrics())
+                  load=load.last.figures())
     return record
 
 

@@ -62,7 +62,7 @@ def test_a_busy_process_elsewhere_shows_in_the_stages_logged_figures(busy_elsewh
     assert others - seen_by_spinner.others_cpu >= 0.5 * spinner
     assert metrics[names.load_metric(names.LOAD_OTHERS_CPU_MAX)] >= others
     assert not any("gpu" in k for k in metrics if k.startswith(names.PERF + "others"))  # a CPU: no GPU figures
-    final = meters.final_metrics(time_to_best=None)
+    final = meters.final_figures(time_to_best=None)
     assert final[names.load_metric(names.LOAD_OTHERS_CPU)] == pytest.approx(others)
 
 

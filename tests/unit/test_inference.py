@@ -69,7 +69,7 @@ def test_bench_measures_each_length_and_names_each_figure(saved):
     for m in by_length.values():
         assert m.latency_reps >= inference.LATENCY_REPS[0] and m.throughput_reps >= inference.THROUGHPUT_REPS[0]
         assert 0 < m.latency_ms_p50 <= m.latency_ms_p95 and m.samples_per_s > 0
-    metrics = result.metrics()
+    metrics = result.figures()
     p50 = names.infer_metric(names.INFER_LATENCY_P50, "fp32", "longest")
     assert metrics[p50] == by_length["longest"].latency_ms_p50
     assert metrics[names.infer_length("median")] == 8 and metrics[names.INFER_BATCH] == 4

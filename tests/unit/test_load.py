@@ -51,7 +51,7 @@ def test_gpu_use_is_split_into_this_jobs_and_the_others():
     assert figures.own_gpu_share == pytest.approx(32 / 92)
     assert figures.others_gpu_procs == 1
     assert nvml.asked_since[1] > nvml.asked_since[0]  # each read asks only for samples after the last
-    metrics = figures.metrics(names.INFER_LOAD)
+    metrics = figures.figures(names.INFER_LOAD)
     assert metrics["perf/infer_others_gpu_util_pct"] == pytest.approx(60)
     idle = StandInNvml(samples=[], running=[])  # NVML: no process sampled since
     sampler._nvml = idle

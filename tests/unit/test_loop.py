@@ -465,14 +465,14 @@ def test_an_epoch_figure_a_producer_adds_reaches_mlflow_by_its_name_through_the_
 
     fake_dev_evaluation(monkeypatch)
     lp = make_loop(tmp_path, ["train.log_every=100"], micro_batches=4)
-    local, metrics = lp.meters.epoch_local, lp.meters.epoch_metrics
+    local, metrics = lp.meters.epoch_local, lp.meters.epoch_figures
 
     def epoch_local():
         made = local()
         return collectives.Figures({**made.sums, "widgets": 3.0}, made.maxes, made.mins, made.per_rank)
 
     monkeypatch.setattr(lp.meters, "epoch_local", epoch_local)
-    monkeypatch.setattr(lp.meters, "epoch_metrics", lambda reduced: {**metrics(reduced),
+    monkeypatch.setattr(lp.meters, "epoch_figures", lambda reduced: {**metrics(reduced),
                                                                      "perf/widgets": reduced.sums["widgets"]})
     train_until_done(lp)
     assert logged(lp, "perf/widgets") == {lp.progress.step: 3.0}

@@ -148,7 +148,7 @@ def test_mfu_counts_a_gpu_two_ranks_share_once():
         meters.peak_tflops, meters.flop_model = 1e-12, FlopModel({n: 100.0 for n in (4, 8)})
         meters.start_epoch()
         meters.add_batch([4, 4], 2, 4)
-        figures[same_gpu] = meters.epoch_metrics(two_ranks(meters.epoch_local(), same_gpu))
+        figures[same_gpu] = meters.epoch_figures(two_ranks(meters.epoch_local(), same_gpu))
     assert figures[True][names.MFU] / figures[True][names.TFLOPS] == pytest.approx(
         2 * figures[False][names.MFU] / figures[False][names.TFLOPS])
 
@@ -168,7 +168,7 @@ def test_mfu_and_tokens_count_real_tokens_with_the_padded_figures_beside():
     meters.start_epoch()
     meters.add_batch([2, 5, 8], 4, 8)
     time.sleep(0.05)
-    figures = meters.epoch_metrics(two_ranks(meters.epoch_local(), same_gpu=False))
+    figures = meters.epoch_figures(two_ranks(meters.epoch_local(), same_gpu=False))
 
     seconds = figures[names.EPOCH_TIME]
     assert figures[names.TOKENS_PER_S] == pytest.approx(15 / seconds)
@@ -178,6 +178,6 @@ def test_mfu_and_tokens_count_real_tokens_with_the_padded_figures_beside():
     assert figures[names.TFLOPS_PADDED] == pytest.approx(4 * 114 / seconds / 1e12)
     assert figures[names.MFU] == pytest.approx(198 / seconds / 2)  # two devices' peak
     assert figures[names.MFU_PADDED] == pytest.approx(456 / seconds / 2)
-    final = meters.final_metrics(None)
+    final = meters.final_figures(None)
     assert final[names.MFU] / final[names.MFU_PADDED] == pytest.approx(198 / 456)
     assert final[names.TOKENS_PER_S] / final[names.PADDED_TOKENS_PER_S] == pytest.approx(15 / 32)

@@ -181,5 +181,5 @@ def test_a_model_that_cannot_run_on_the_meta_device_has_its_parameters_counted_a
                              intermediate_size=16, num_labels=2)
     size = model_size(TASK.model_class, config, 10)
     assert size.forward_flops is None and size.params > size.params_non_embedding > 0
-    assert names.MODEL_FORWARD_FLOPS not in size.metrics()
+    assert names.MODEL_FORWARD_FLOPS not in size.figures()
     assert names.KD_FLOPS_RATIO not in student.ratios(size, size)

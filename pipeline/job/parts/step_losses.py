@@ -155,7 +155,7 @@ class StepLosses:
         return {names.TRAIN_LOSS: self.last_loss,
                 **{names.train_loss_term(k): v for k, v in sorted(self.last_terms.items())}}
 
-    def amp_metrics(self, loss_scale: float | None) -> dict[str, float]:
+    def amp_figures(self, loss_scale: float | None) -> dict[str, float]:
         """AMP health: skipped steps, non-finite losses and (fp16) the current loss scale."""
         metrics = {names.SKIPPED_STEPS: self.skipped, names.NONFINITE_LOSSES: self.nonfinite}
         if loss_scale is not None:
