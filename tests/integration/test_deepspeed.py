@@ -3,8 +3,6 @@ others are in tests/unit/test_deepspeed.py)."""
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -201,24 +199,6 @@ def test_fp16_under_deepspeed_on_cpu_is_refused(tmp_path, monkeypatch):
     result = run_cli("train", *FAST, "backend=deepspeed", "precision=fp16", f"output_dir={tmp_path / 'out'}")
     assert result.returncode == 2
     assert "fp16" in result.stderr and len(result.stderr.strip().splitlines()) == 1
-
-
-@pytest.mark.slow
-def test_two_node_torchrun_on_loopback_is_one_run_with_two_nodes(tmp_path):
-    db = tracking_db(tmp_path)
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    agents = [subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1",
-         "--node_rank", str(node), "--master_addr", "127.0.0.1", "--master_port", str(port),
-         "-m", "pipeline", "train", *FAST, "train.max_steps=10", f"output_dir={tmp_path / 'out'}",
-         f"tracking.uri=sqlite:///{db}", "tracking.experiment=nodes"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for node in (0, 1)]
-    outputs = [a.communicate(timeout=600)[0] for a in agents]
-    assert all(a.returncode == 0 for a in agents), outputs[0][-2000:] + outputs[1][-2000:]
-    (mlrun,) = mlflow_runs(db, "nodes")
-    assert mlrun.data.tags["world_size"] == "2" and mlrun.data.tags["num_nodes"] == "2"
-    assert mlrun.info.status == "FINISHED"
 
 
 @pytest.mark.slow
