@@ -132,19 +132,13 @@ def test_server_dies_mid_run_training_finishes_and_sync_uploads_everything(tmp_p
         restarted.stop()
 
 
-def test_unreachable_server_at_start_then_sync_creates_the_run(tmp_path, server, monkeypatch):
-    """The job in this process (what is tested is the tracking, not the launcher; the CLI's sync is
-    the server-dies test's): its figures in the journal only, then uploaded by sync."""
-    from pipeline.config import load_config
-    from pipeline.job.run import run as run_job
-
-    for key, value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "2"), ("MLFLOW_HTTP_REQUEST_TIMEOUT", "20")):
-        monkeypatch.setenv(key, value)  # what the job sets for itself, undone after the test
+def test_unreachable_server_at_start_then_sync_creates_the_run(tmp_path, server):
     out = tmp_path / "out"
     dead = f"http://127.0.0.1:{free_port()}"
-    run_job(load_config(None, [*FAST, "train.max_steps=10", f"output_dir={out}", f"tracking.uri={dead}",
-                               "tracking.experiment=late"]))
-    assert sync(out, server.uri)  # to a server that is up
+    result = run_cli("train", *FAST, "train.max_steps=10", f"output_dir={out}", f"tracking.uri={dead}",
+                     "tracking.experiment=late")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert run_cli("sync", out, "--uri", server.uri).returncode == 0  # to a server that is up
     run = only_run(server.uri, "late")
     final = json.loads((out / "metrics.json").read_text())
     assert run.info.status == "FINISHED"
