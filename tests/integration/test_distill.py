@@ -79,7 +79,8 @@ def two_node_job(tmp_path, args, caches) -> list[subprocess.CompletedProcess]:
 
 @pytest.mark.slow
 def test_distill_on_two_nodes_splits_the_teacher_pass_and_learns(tmp_path, teacher_dir, monkeypatch):
-    """One process fills node 0's cache; then a 2-node torchrun job whose node 1 has an empty cache:
+    """One process fills node 0's cache; then a 2-node torchrun job on loopback (two agents of one
+    worker each, one MLflow run for both nodes) whose node 1 has an empty cache:
     every rank computes its share (one missing node makes all compute), node 1 writes its own copy,
     and that copy holds what the single process computed (to fp16 rounding). The 2-process
     student then learns from the cached logits (KD under DDP; the loss is checked in this file)."""
@@ -101,6 +102,7 @@ def test_distill_on_two_nodes_splits_the_teacher_pass_and_learns(tmp_path, teach
     (mlrun,) = mlflow_runs(db, "split")
     assert mlrun.data.tags[names.TAG_KD_CACHE] == "miss"  # node 0 alone would have hit
     assert mlrun.data.tags["stage"] == "distill" and mlrun.data.tags["world_size"] == "2"
+    assert mlrun.data.tags["num_nodes"] == "2" and mlrun.info.status == "FINISHED"  # two nodes, one run
     assert mlrun.data.params["kd.alpha"] == "0.5"
     split = node1 / single.relative_to(node0)  # the same key: the same features and teacher
     from safetensors.torch import load_file

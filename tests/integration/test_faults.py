@@ -178,11 +178,12 @@ def test_a_worker_killed_then_the_whole_job_killed_resumes_to_identical_results(
 
 
 @pytest.mark.slow
-def test_a_two_process_job_killed_mid_epoch_resumes_on_one_process_at_the_same_rows(tmp_path):
+def test_a_two_process_job_killed_mid_epoch_resumes_on_one_process_at_the_same_rows(tmp_path, caplog):
     """The fallback after a lost device: a 2-process DDP job is SIGKILLed after a checkpoint in its
     first epoch and resumed by one plain process with requested_world_size=2 (grad_accum 2, the
-    same global batch). The position is kept in optimizer steps, so the first epoch still ends
-    after its 38 steps (evaluated at step 38, as the uninterrupted job is) and the job at 76."""
+    same global batch), here this test's process. The position is kept in optimizer steps, so the
+    first epoch still ends after its 38 steps (evaluated at step 38, as the uninterrupted job is)
+    and the job at 76."""
     out, db = tmp_path / "out", tracking_db(tmp_path)
     job = [*JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}"]
     agent = start_torchrun("train", *job, log=tmp_path / "log")
@@ -190,10 +191,10 @@ def test_a_two_process_job_killed_mid_epoch_resumes_on_one_process_at_the_same_r
     kill_all(agent)
     assert 10 <= newest_step(out) < 38
 
-    result = run_cli("train", *job, "resume=auto", "requested_world_size=2")
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "train.grad_accum 1 -> 2 keeps the global batch of 2 processes" in result.stderr
-    assert "resumed from" in result.stderr
+    caplog.set_level(logging.INFO, logger="pipeline")
+    run(load_config(None, [*job, "resume=auto", "requested_world_size=2"]))
+    assert "train.grad_accum 1 -> 2 keeps the global batch of 2 processes" in caplog.text
+    assert "resumed from" in caplog.text
     (mlrun,) = mlflow_runs(db, "pipeline")
     assert mlrun.info.status == "FINISHED" and mlrun.data.tags["world_size"] == "1"
     history = MlflowClient(f"sqlite:///{db}").get_metric_history(mlrun.info.run_id, names.eval_metric("macro_f1"))
@@ -224,7 +225,8 @@ def test_resume_auto_on_a_finished_job_does_nothing(tmp_path, caplog):
 
 
 @pytest.mark.slow
-def test_no_usable_checkpoint_starts_over_says_so_and_fails_the_lost_run(tmp_path):
+def test_no_usable_checkpoint_starts_over_says_so_and_fails_the_lost_run(tmp_path, caplog):
+    """The job SIGKILLed with every checkpoint then corrupted; the next job (in this process) starts over."""
     out, db = tmp_path / "out", tracking_db(tmp_path)
     proc = start_cli("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log")
     wait_for(lambda: len(checkpoint.complete(OutputDir(out))) == 2 or proc.poll() is not None, what="two checkpoints")
@@ -236,12 +238,12 @@ def test_no_usable_checkpoint_starts_over_says_so_and_fails_the_lost_run(tmp_pat
     (lost,) = mlflow_runs(db, "pipeline")
     assert lost.info.status == "RUNNING"
 
-    result = run_cli("train", *FAST, "train.max_steps=10", f"output_dir={out}", f"tracking.uri=sqlite:///{db}",
-                     "resume=auto")
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert f"resume=auto: no usable checkpoint in {out}; starting over (removing checkpoints)" in result.stderr
+    caplog.set_level(logging.INFO, logger="pipeline")
+    run(load_config(None, [*FAST, "train.max_steps=10", f"output_dir={out}", f"tracking.uri=sqlite:///{db}",
+                           "resume=auto"]))
+    assert f"resume=auto: no usable checkpoint in {out}; starting over (removing checkpoints)" in caplog.text
     assert (f"the previous job's MLflow run {lost.info.run_id} never ended: synced from its journal and marked "
-            "FAILED") in result.stderr
+            "FAILED") in caplog.text
     status = {r.info.run_id: r.info.status for r in mlflow_runs(db, "pipeline")}
     assert status.pop(lost.info.run_id) == "FAILED" and list(status.values()) == ["FINISHED"]
     # no corrupted checkpoint of the lost job kept (10 steps: none saved)

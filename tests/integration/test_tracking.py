@@ -67,10 +67,15 @@ def only_run(uri, experiment):
     return runs[0]
 
 
-def test_two_process_job_against_an_http_server(tmp_path, server):
+def test_two_process_job_against_an_http_server_logs_one_run_and_no_secrets(tmp_path, server):
+    """A 2-process job tracking to a server over HTTP, with credentials in its tracking URI, tokens
+    in its environment and a secret-looking tag: one run with the job's figures and artifacts, and
+    no secret in its params, tags, output files or either rank's console output."""
     out = tmp_path / "out"
-    result = torchrun(2, "train", *FAST, "train.epochs=1", f"output_dir={out}", f"tracking.uri={server.uri}",
-                      "tracking.experiment=http")
+    secret_uri = server.uri.replace("http://", "http://alice:hunter2pw@")
+    env = {"HF_TOKEN": "hf_supersecret1", "WANDB_API_KEY": "key_supersecret2", "MLFLOW_TRACKING_PASSWORD": "pw3"}
+    result = torchrun(2, "train", *FAST, "train.epochs=1", f"output_dir={out}", f"tracking.uri={secret_uri}",
+                      "tracking.experiment=http", "tracking.tags.api_token=tok_supersecret4", env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     run = only_run(server.uri, "http")
     final = json.loads((out / "metrics.json").read_text())
@@ -80,6 +85,14 @@ def test_two_process_job_against_an_http_server(tmp_path, server):
         assert run.data.metrics[key] == pytest.approx(final[key]), key
     artifacts = {a.path for a in client(server.uri).list_artifacts(run.info.run_id)}
     assert {"config.yaml", "metrics.json", "report.txt"} <= artifacts
+    exposed = json.dumps({"params": run.data.params, "tags": run.data.tags})
+    for path in out.rglob("*"):
+        if path.is_file() and path.suffix in (".yaml", ".json", ".jsonl", ".txt"):
+            exposed += path.read_text(encoding="utf-8")
+    exposed += result.stderr + result.stdout
+    for secret in ("hunter2pw", "hf_supersecret1", "key_supersecret2", "tok_supersecret4"):
+        assert secret not in exposed, secret
+    assert run.data.tags["api_token"] == "***"
 
 
 def test_server_dies_mid_run_training_finishes_and_sync_uploads_everything(tmp_path):
@@ -131,24 +144,6 @@ def test_unreachable_server_at_start_then_sync_creates_the_run(tmp_path, server)
     assert run.info.status == "FINISHED"
     assert run.data.metrics[names.TEST_MAIN] == pytest.approx(final[names.TEST_MAIN])
     assert run.data.params["train.lr"] == "0.001" and run.data.tags["task"] == "sentiment"
-
-
-def test_no_secrets_in_params_tags_or_artifacts(tmp_path, server):
-    out = tmp_path / "out"
-    secret_uri = server.uri.replace("http://", "http://alice:hunter2pw@")
-    env = {"HF_TOKEN": "hf_supersecret1", "WANDB_API_KEY": "key_supersecret2", "MLFLOW_TRACKING_PASSWORD": "pw3"}
-    result = run_cli("train", *FAST, "train.max_steps=5", f"output_dir={out}", f"tracking.uri={secret_uri}",
-                     "tracking.experiment=secrets", "tracking.tags.api_token=tok_supersecret4", env=env)
-    assert result.returncode == 0, result.stderr[-2000:]
-    run = only_run(server.uri, "secrets")
-    exposed = json.dumps({"params": run.data.params, "tags": run.data.tags})
-    for path in out.rglob("*"):
-        if path.is_file() and path.suffix in (".yaml", ".json", ".jsonl", ".txt"):
-            exposed += path.read_text(encoding="utf-8")
-    exposed += result.stderr + result.stdout
-    for secret in ("hunter2pw", "hf_supersecret1", "key_supersecret2", "tok_supersecret4"):
-        assert secret not in exposed, secret
-    assert run.data.tags["api_token"] == "***"
 
 
 def test_malformed_tracking_uri_is_a_user_error(tmp_path):
