@@ -221,8 +221,13 @@ def from_record(config: dict[str, Any]) -> SettledConfig:
             node = node.setdefault(part, {})
         node[last] = value
     cfg = _build(Config, nested, prefix="")
-    train = SettledTrain(**{f.name: getattr(cfg.train, f.name) for f in dataclasses.fields(cfg.train)})
-    return SettledConfig(**{**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}, "train": train})
+    return SettledConfig(**{**shallow_fields(cfg), "train": SettledTrain(**shallow_fields(cfg.train))})
+
+
+def shallow_fields(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields, shallow (nested sections stay the same objects): a section rebuilt as
+    its settled kind."""
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

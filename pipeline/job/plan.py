@@ -24,7 +24,7 @@ from typing import Any
 from pipeline import models
 from pipeline.config import Config, DataConfig
 from pipeline.config.output_dir import default_output_dir
-from pipeline.config.schema import SettledConfig, SettledTrain, TrainConfig, to_record
+from pipeline.config.schema import SettledConfig, SettledTrain, TrainConfig, shallow_fields, to_record
 from pipeline.data import features
 from pipeline.job_record import KINDS, JobRecord
 from pipeline.layout import OutputDir
@@ -144,14 +144,15 @@ def settle_config(cfg: Config, model_spec: str, task: Task, device_type: str,
     train.compile from `compile_policy` (compiler.resolve); a distill stage's `teacher` names its
     default output_dir."""
     t = cfg.train
-    train = SettledTrain(**{**_fields(t), **device_defaults(t, device_type == "cuda", compile_policy),
+    train = SettledTrain(**{**shallow_fields(t), **device_defaults(t, device_type == "cuda", compile_policy),
                             "lr": t.lr if t.lr is not None else (
                                 PRESET_LR if model_spec.startswith("preset:") else task.pretrained_lr),
                             "epochs": t.epochs if t.epochs is not None else task.epochs,
                             "batch_size": AUTO_BATCH if t.batch_size == "auto" else t.batch_size,
                             "group_by_length": t.group_by_length if t.group_by_length is not None
                             else task.group_by_length})
-    return SettledConfig(**{**_fields(cfg), "train": train, "output_dir": default_output_dir(cfg, model_spec, teacher)})
+    return SettledConfig(**{**shallow_fields(cfg), "train": train,
+                            "output_dir": default_output_dir(cfg, model_spec, teacher)})
 
 
 def device_defaults(train: TrainConfig, gpu: bool, compile_policy: CompilePolicy) -> dict[str, Any]:
@@ -167,6 +168,3 @@ def device_defaults(train: TrainConfig, gpu: bool, compile_policy: CompilePolicy
     return {"compile": compile_policy.mode, "pad_to_multiple_of": multiple, "num_workers": workers}
 
 
-def _fields(obj: Any) -> dict[str, Any]:
-    """A dataclass's fields, shallow (nested sections stay the same objects)."""
-    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
