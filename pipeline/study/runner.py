@@ -161,7 +161,11 @@ class OpenStudy:
         return catch_up(cell.output_dir, self.uri, {TAG_PARENT_RUN: self.parent})
 
     def finished_run(self, cell: Cell) -> str | None:
-        return finished_run(self.client, self.experiment_id, self.study, cell)
+        return newest_run(self.client, self.experiment_id, self.study, cell, status="FINISHED")
+
+    def newest_run(self, cell: Cell) -> str | None:
+        """The cell's newest run whatever its status (a failed job's run is FAILED)."""
+        return newest_run(self.client, self.experiment_id, self.study, cell)
 
     def finish(self) -> int:
         """The count, the parent run's end and the report, all from the store as the report reads it
@@ -337,11 +341,12 @@ def publish_plan(client: MlflowClient, parent: str, cells: list[Cell]) -> dict[s
     return previous
 
 
-def finished_run(client: MlflowClient, experiment_id: str, study: Study, cell: Cell) -> str | None:
-    runs = client.search_runs([experiment_id], f"tags.{TAG_STUDY} = '{study.name}' and "
-                              f"tags.{TAG_CELL} = '{cell.name}' and attributes.status = 'FINISHED'",
-                              order_by=["attributes.start_time DESC"],
-                              max_results=1)
+def newest_run(client: MlflowClient, experiment_id: str, study: Study, cell: Cell, status: str | None = None
+               ) -> str | None:
+    """The newest run of this study's cell, of that status where one is given."""
+    query = f"tags.{TAG_STUDY} = '{study.name}' and tags.{TAG_CELL} = '{cell.name}'"
+    runs = client.search_runs([experiment_id], query + (f" and attributes.status = '{status}'" if status else ""),
+                              order_by=["attributes.start_time DESC"], max_results=1)
     return runs[0].info.run_id if runs else None
 
 

@@ -27,7 +27,7 @@ import shlex
 import time
 
 from pipeline.layout import OutputDir
-from pipeline.names import TAG_CELL, TAG_PARENT_RUN, TAG_TRIAL_FATE, TAG_TRIAL_REASON
+from pipeline.names import TAG_PARENT_RUN, TAG_TRIAL_FATE, TAG_TRIAL_REASON
 from pipeline.report.search import write_search_report
 from pipeline.study.executor import Handle, Waited
 from pipeline.study.runner import OpenStudy, publish_plan, tracking_for_cells
@@ -286,7 +286,7 @@ class Search:
             if "Study.stop" not in str(e):
                 raise
             self.exhausted = True
-        run_id = outcome.get("run_id") or _newest_run(self.opened, cell)
+        run_id = outcome.get("run_id") or self.opened.newest_run(cell)
         if run_id:
             tags = {TAG_TRIAL_FATE: fate, f"{TRIAL_TAG}params": json.dumps(trial.params),
                     f"{TRIAL_TAG}intermediate": json.dumps(values), TAG_PARENT_RUN: self.opened.parent}
@@ -303,13 +303,6 @@ class Search:
             return
         shown = f"{fate} ({self.spec.objective} {value:.4f})" if value is not None and fate != "failed" else fate
         log_end(cell, end, shown)
-
-
-def _newest_run(opened: OpenStudy, cell: Cell) -> str | None:
-    """The newest run of the cell whatever its status (a failed job's run is FAILED)."""
-    runs = opened.client.search_runs([opened.experiment_id], f"tags.{TAG_CELL} = '{cell.name}'",
-                                     order_by=["attributes.start_time DESC"], max_results=1)
-    return runs[0].info.run_id if runs else None
 
 
 def _final_value(cell: Cell, objective: str, values: list[float], direction: str) -> float | None:
