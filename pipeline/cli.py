@@ -2,7 +2,8 @@
 
 Exit codes: 0 done; 2 the user's input is wrong (one line on stderr); 1 anything else (a full
 disk among them, also one line: it is the environment that failed, and what helps is the same
-as for any failure: fix it, run again with resume=auto); 143 stopped by SIGTERM.
+as for any failure: fix it, run again with resume=auto); 130 stopped by Ctrl-C (one line: what
+survived, the command that continues); 143 stopped by SIGTERM.
 """
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import importlib
 import logging
 import os
 import re
+import shlex
 import sys
 import warnings
 from collections.abc import Callable
 
-from pipeline.errors import MachineError, UserError
+from pipeline.errors import Interrupted, MachineError, UserError
 
 HELP = {"-h", "--help"}
 COMMANDS = {  # the command -> its function in pipeline/commands/, imported on first use
@@ -66,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:  # every rank hits the same check; one line is enough
             print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        if rank == 0:
+            print(f"interrupted: {interrupted_line(e, command, rest)}", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports a command stopped by Ctrl-C
     except Exception as e:
         full = str(e) if isinstance(e, MachineError) else _disk_full(e) or _out_of_memory(e)
         if full is not None:  # the environment failed, not the input: exit 1, but one line
@@ -78,6 +84,17 @@ def main(argv: list[str] | None = None) -> int:
             raise
         logging.getLogger("pipeline").warning("preempted: %s; continue with resume=auto", e)
         return 143  # 128 + SIGTERM, what schedulers expect of a job that stopped on TERM
+
+
+def interrupted_line(error: KeyboardInterrupt, command: str, args: list[str]) -> str:
+    """What a Ctrl-C left and the command that continues: the same arguments, with Interrupted's
+    `again` in place of the same keys."""
+    survived, again = ("stopped before it finished", ())
+    if isinstance(error, Interrupted):
+        survived, again = error.survived, error.again
+    keys = {a.partition("=")[0] for a in again}
+    kept = [a for a in args if a.partition("=")[0] not in keys]
+    return f"{survived}; to continue: {shlex.join(['python', '-m', 'pipeline', command, *kept, *again])}"
 
 
 def _out_of_memory(error: BaseException) -> str | None:

@@ -40,7 +40,7 @@ from pipeline.job_record import JobRecord
 from pipeline.layout import CheckpointFiles, OutputDir
 from pipeline.runtime import collectives
 from pipeline.runtime.world import Runtime
-from pipeline.tracking import Tracker, settle_abandoned_run
+from pipeline.tracking import Tracker, settle_abandoned_run, unfinished_run
 
 log = logging.getLogger("pipeline")
 
@@ -125,12 +125,13 @@ class Resume:
                 shutil.rmtree(out.best)
         collectives.barrier()
 
-    def start_over(self, rt: Runtime, uri: str) -> None:
+    def start_over(self, rt: Runtime, uri: str) -> str | None:
         """Collective: a job that continues from nothing removes what a previous job left in
         output_dir (checkpoints, best model, final metrics), so nothing of the two mixes and a later
         resume=auto continues this job; the previous job's run, if it never ended, is synced from its
-        journal and marked FAILED (its journal kept aside if the store cannot take it)."""
-        out = self.out
+        journal and marked FAILED (its journal kept aside if the store cannot take it). Returns, on
+        rank 0, the run of a previous job that did not finish: the new run supersedes it."""
+        out, superseded = self.out, None
         if rt.is_main:
             leftovers = [name for name in OutputDir.PREVIOUS_JOB if (out / name).exists()]
             removing = f" (removing {', '.join(leftovers)})" if leftovers else ""
@@ -147,7 +148,9 @@ class Resume:
             if abandoned:
                 log.warning("the previous job's MLflow run %s never ended: synced from its journal and marked "
                             "FAILED", abandoned)
+            superseded = unfinished_run(out)
         collectives.barrier()
+        return superseded
 
 
 NAMED = ("model", "kd.teacher")

@@ -15,12 +15,15 @@ from __future__ import annotations
 import logging
 
 from pipeline.config import Config
+from pipeline.errors import Interrupted
 from pipeline.job import batch_finder, lock, resume
 from pipeline.job.loop import fit
+from pipeline.job.parts import checkpoint
 from pipeline.job.plan import settle
 from pipeline.job.records.stage_run import StageRun, start_stage_run, what_ran
 from pipeline.job.records.start_block import precision_line, settled_line
 from pipeline.job.stage import Stage, build_stage
+from pipeline.layout import OutputDir
 from pipeline.runtime import gc_pause, world
 from pipeline.runtime.preemption import Preempted
 from pipeline.tracking import catch_up, resolve_uri
@@ -29,7 +32,9 @@ log = logging.getLogger("pipeline")
 
 
 def run(cfg: Config, kind: str = "train") -> dict[str, float]:
-    """Run one stage (kind: train | distill); returns the final metrics (also in output_dir/metrics.json)."""
+    """Run one stage (kind: train | distill); returns the final metrics (also in output_dir/metrics.json).
+    Ctrl-C once output_dir is known: Interrupted, saying what it left there."""
+    plan = None
     try:
         plan = settle(cfg, kind)  # joins the job's world (world.init)
         if plan is None:  # a surplus torchrun rank under fallback: the others do the work
@@ -58,8 +63,21 @@ def run(cfg: Config, kind: str = "train") -> dict[str, float]:
         stage = start.confirm(stage, plan.cfg.accepted_changes)
         with lock.job_lock(plan.out):  # a second job into output_dir: UserError, nothing touched
             return _run_locked(stage, start, uri)
+    except KeyboardInterrupt:
+        if plan is None or not plan.rt.is_main:
+            raise
+        raise Interrupted(*interrupted_at(plan.out)) from None
     finally:
         world.shutdown()
+
+
+def interrupted_at(out: OutputDir) -> tuple[str, tuple[str, ...]]:
+    """What a job stopped by Ctrl-C leaves in output_dir, and the arguments that continue it."""
+    ckpt = next(reversed(checkpoint.complete(out)), None)
+    if ckpt is None:
+        return f"no checkpoint in {out} (train.save_every sets how often one is written); the same command " \
+               "starts over", ()
+    return f"{ckpt.path} (step {ckpt.step}) is the last checkpoint", ("resume=auto",)
 
 
 def _run_locked(stage: Stage, start: resume.Resume, uri: str) -> dict[str, float]:
@@ -67,13 +85,14 @@ def _run_locked(stage: Stage, start: resume.Resume, uri: str) -> dict[str, float
     in output_dir cleared first)."""
     ckpt = start.checkpoint
     ran = what_ran(stage.cfg, stage.rt, stage.policy, stage.backend, stage.model_spec, stage.kind)
+    superseded = None  # the run of an unfinished job before this one, retired once this job's opens
     if ckpt is None:
-        start.start_over(stage.rt, uri)
+        superseded = start.start_over(stage.rt, uri)
     else:
         start.rewind(stage.rt)
     tracker = start_stage_run(stage.cfg, stage.rt, uri, StageRun(
         stage.kind, stage.model_spec, stage.policy.name, ran,
-        resumed=ckpt is not None, resume_run_id=ckpt.run_id if ckpt else None))
+        resumed=ckpt is not None, resume_run_id=ckpt.run_id if ckpt else None, supersedes=superseded))
     start.record_accepted(tracker, stage.record)
     gc_pause.resume_after_setup()  # the CLI paused it through set-up (runtime/gc_pause.py)
     try:

@@ -44,8 +44,10 @@ class CellProcess:
             log.write(f"+ {subprocess.list2cmdline(self.cmd)}\n")
             log.flush()
             self.offset = self.log_path.stat().st_size
-            try:  # the stage appends to the log through its own descriptor
-                self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env)
+            try:  # the stage appends to the log through its own descriptor; in a session of its own, a
+                # terminal's Ctrl-C reaches only the runner, which stops it through stop()
+                self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+                                             start_new_session=True)
             except OSError as e:  # the launcher itself is missing (deepspeed not installed)
                 log.write(f"{e}\n")
                 self.last_line, self.exit_code = f"cannot start {self.cmd[0]}: {e.strerror}", 127

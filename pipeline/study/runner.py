@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pipeline.errors import Interrupted
 from pipeline.names import (
     CELL_TAG_PREFIX,
     PARENT_TAG,
@@ -274,14 +275,24 @@ def _run_schedule(opened: OpenStudy, schedule: Schedule, served: str | None) -> 
                             cell.name, end.exit_code, end.wall_s, where, end.last_line, process.log_path)
             opened.record(cell, outcome)
     except BaseException as e:
-        # Ctrl-C reached the stages too (same process group); a SIGTERM of the study is passed on
-        # to every running stage, which checkpoints at its next step, so the next invocation resumes it
+        # the stages run in process groups of their own: a SIGTERM or Ctrl-C of the study is passed
+        # on to each running stage, which checkpoints at its next step, so the next invocation resumes it
         for _, process, _ in running.values():
-            if not isinstance(e, KeyboardInterrupt):
-                process.stop()
+            process.stop()
         for _, process, _ in running.values():
             process.wait()
+        if isinstance(e, KeyboardInterrupt):
+            raise Interrupted(stopped_line(study, schedule, [p for _, p, _ in running.values()])) from None
         raise
+
+
+def stopped_line(study: Study, schedule: Schedule, stopped: list[Handle]) -> str:
+    """What a study stopped by Ctrl-C leaves: the cells that finished, those it stopped (at a
+    checkpoint: exit code 143) and those not started."""
+    finished = sum(1 for o in schedule.outcomes.values() if o.get("status") == "finished")
+    checkpointed = sum(1 for p in stopped if p.exit_code == 143)
+    return (f"study {study.name}: {finished}/{schedule.total} cells finished, {len(stopped)} stopped "
+            f"({checkpointed} at a checkpoint, resumed by the next run), {len(schedule.pending)} not started")
 
 
 def _note_sharing(sharing: dict[str, set[str]], name: str, gpus: list[str], running: dict) -> None:

@@ -26,6 +26,7 @@ import logging
 import shlex
 import time
 
+from pipeline.errors import Interrupted
 from pipeline.layout import OutputDir
 from pipeline.names import TAG_PARENT_RUN, TAG_TRIAL_FATE, TAG_TRIAL_REASON
 from pipeline.report.search import write_search_report
@@ -103,6 +104,9 @@ def run_search(study: Study, cells: list[Cell], slots: int | None = None, execut
         if isinstance(e, Preempted):
             log.warning("study %s: stopped by SIGTERM; run it again to resume the search", study.name)
             return 143
+        if isinstance(e, KeyboardInterrupt) and not isinstance(e, Interrupted):
+            raise Interrupted(f"study {study.name}: the running trials stopped at their next step and are "
+                              f"resumed by the next run; {storage_url(study)} keeps every trial told") from None
         raise
     out = write_search_report(study.report_dir, search_report(study, groups, opened), opened.client,
                               opened.parent)

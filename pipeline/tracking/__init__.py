@@ -19,11 +19,11 @@ evaluation, kd); never the job, report, study or the CLI.
 Inside, lowest first: finished_stage journal | model_card store | served_model sink ui | replay tracker
 """
 from pipeline.tracking.journal import JOURNAL, read_journal
-from pipeline.tracking.replay import catch_up, settle_abandoned_run, sync
+from pipeline.tracking.replay import catch_up, settle_abandoned_run, sync, unfinished_run
 from pipeline.tracking.sink import dataset_inputs
 from pipeline.tracking.store import open_client, open_experiment, resolve_uri, safe_params
 from pipeline.tracking.tracker import Tracker
 
 __all__ = ["JOURNAL", "Tracker", "catch_up", "dataset_inputs", "open_client",
            "open_experiment", "read_journal", "resolve_uri", "safe_params",
-           "settle_abandoned_run", "sync"]
+           "settle_abandoned_run", "sync", "unfinished_run"]

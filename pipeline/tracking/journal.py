@@ -21,11 +21,12 @@ Record = dict[str, Any]
 
 
 def start(uri: str, experiment: str, run_name: str, tags: dict[str, str], params: dict[str, str],
-          resume_run_id: str | None = None) -> Record:
+          resume_run_id: str | None = None, supersedes: str | None = None) -> Record:
     """The run as the job opened it; a resumed job appends another to its first attempt's journal.
-    `uri` redacted: a URI with credentials is never stored."""
+    `uri` redacted: a URI with credentials is never stored. `supersedes`: the run of an unfinished
+    job this one started over from, retired once this run exists (sink.create_run)."""
     return {"type": "start", "uri": uri, "experiment": experiment, "run_name": run_name, "tags": tags,
-            "params": params, "resume_run_id": resume_run_id}
+            "params": params, "resume_run_id": resume_run_id, "supersedes": supersedes}
 
 
 def run(run_id: str | None) -> Record:

@@ -157,6 +157,23 @@ def _run_on_server(client: MlflowClient, records: list[Record]) -> str | None:
     return None
 
 
+def unfinished_run(output_dir: Path) -> str | None:
+    """The MLflow run of the previous job in output_dir if that job did not finish (it failed, was
+    killed, or never ended): the run a job starting over there supersedes. None when it finished,
+    never reached a store, or there is no journal."""
+    try:
+        records = read_journal(Path(output_dir) / JOURNAL)
+    except OSError:
+        return None
+    starts = [i for i, r in enumerate(records) if r["type"] == "start"]
+    if not starts:
+        return None
+    last = records[starts[-1]:]  # the journal's last attempt: a resumed job appends one per attempt
+    if [r["status"] for r in last if r["type"] == "end"][-1:] == ["FINISHED"]:
+        return None
+    return next((r["run_id"] for r in reversed(records) if r["type"] in ("run", "synced") and r["run_id"]), None)
+
+
 def settle_abandoned_run(output_dir: Path, uri: str) -> str | None:
     """A previous job in output_dir that stopped without ending (killed, its checkpoints
     unusable) is synced as `pipeline sync` would: what its journal holds and MLflow lacks is

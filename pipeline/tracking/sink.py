@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeline.names import TAG_SUPERSEDED_BY as SUPERSEDED_BY
+from pipeline.names import TAG_SUPERSEDES as SUPERSEDES
 from pipeline.tracking.journal import Record
 
 if TYPE_CHECKING:
@@ -54,7 +56,33 @@ def open_run(client: MlflowClient, experiment_id: str, start: Record) -> str:
 
 
 def create_run(client: MlflowClient, experiment_id: str, start: Record) -> str:
-    return client.create_run(experiment_id, run_name=start["run_name"], tags=start["tags"]).info.run_id
+    """A new run from the start record; the run it supersedes, if any, retired."""
+    run_id = client.create_run(experiment_id, run_name=start["run_name"], tags=start["tags"]).info.run_id
+    if start["supersedes"]:
+        retire(client, start["supersedes"], run_id)
+    return run_id
+
+
+def retire(client: MlflowClient, old: str, new: str) -> None:
+    """One run per job in the view the UI, the study and the report read: the run of an unfinished
+    job (killed, failed) that a job started over from is tagged with its successor and deleted
+    (MLflow's soft delete: out of the default view, `mlflow runs restore` brings it back); the new
+    run names it. A run the store does not have is left alone."""
+    from mlflow.entities import RunTag
+
+    try:
+        fresh = client.get_run(old).info.lifecycle_stage != "deleted"  # a replayed start: retired already
+        if fresh:
+            client.set_tag(old, SUPERSEDED_BY, new)
+            client.delete_run(old)
+    except Exception as e:  # noqa: BLE001 - not in this store: nothing to retire
+        log.warning("tracking: run %s, which run %s supersedes, was not retired (%s)", old, new, reason(e))
+        return
+    client.log_batch(new, tags=[RunTag(SUPERSEDES, old)])
+    if fresh:
+        log.warning("tracking: run %s of the unfinished job before this one is superseded by run %s: deleted from "
+                    "the default view (tagged %s; mlflow runs restore --run-id %s brings it back)", old, new,
+                    SUPERSEDED_BY, old)
 
 
 def present_in(client: MlflowClient, run_id: str, records: Sequence[Record]) -> Present:

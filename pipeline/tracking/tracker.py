@@ -42,15 +42,17 @@ class Tracker:
 
     # -------------------------------------------------------------- lifecycle
     def start(self, uri: str, experiment: str, run_name: str, tags: dict[str, object], params: dict[str, object],
-              resume_run_id: str | None = None) -> None:
-        """Create the run (rank 0), or reopen `resume_run_id` when a job resumes."""
+              resume_run_id: str | None = None, supersedes: str | None = None) -> None:
+        """Create the run (rank 0), or reopen `resume_run_id` when a job resumes; a new run retires
+        `supersedes` (sink.retire)."""
         if not self.active:
             return
         self.uri = uri
         few_retries()
         # MLflow prints run links with the URI as given, credentials included; we log our own
         os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
-        start = journal.start(redact(uri), experiment, run_name, safe_params(tags), safe_params(params), resume_run_id)
+        start = journal.start(redact(uri), experiment, run_name, safe_params(tags), safe_params(params), resume_run_id,
+                              supersedes)
         append(self.journal_path, start)
         try:
             self.client, self.experiment_id = open_experiment(uri, experiment)

@@ -225,7 +225,7 @@ def test_resume_auto_on_a_finished_job_does_nothing(tmp_path, caplog):
 
 
 @pytest.mark.slow
-def test_no_usable_checkpoint_starts_over_says_so_and_fails_the_lost_run(tmp_path, caplog):
+def test_no_usable_checkpoint_starts_over_says_so_and_supersedes_the_lost_run(tmp_path, caplog):
     """The job SIGKILLed with every checkpoint then corrupted; the next job (in this process) starts over."""
     out, db = tmp_path / "out", tracking_db(tmp_path)
     proc = start_cli("train", *JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}", log=tmp_path / "log")
@@ -244,8 +244,12 @@ def test_no_usable_checkpoint_starts_over_says_so_and_fails_the_lost_run(tmp_pat
     assert f"resume=auto: no usable checkpoint in {out}; starting over (removing checkpoints)" in caplog.text
     assert (f"the previous job's MLflow run {lost.info.run_id} never ended: synced from its journal and marked "
             "FAILED") in caplog.text
-    status = {r.info.run_id: r.info.status for r in mlflow_runs(db, "pipeline")}
-    assert status.pop(lost.info.run_id) == "FAILED" and list(status.values()) == ["FINISHED"]
+    # one run per job in the default view: the lost run, FAILED, is superseded by the new one
+    (new,) = mlflow_runs(db, "pipeline")
+    old = MlflowClient(f"sqlite:///{db}").get_run(lost.info.run_id)
+    assert new.info.status == "FINISHED" and new.data.tags[names.TAG_SUPERSEDES] == lost.info.run_id
+    assert old.info.status == "FAILED" and old.info.lifecycle_stage == "deleted"
+    assert old.data.tags[names.TAG_SUPERSEDED_BY] == new.info.run_id
     # no corrupted checkpoint of the lost job kept (10 steps: none saved)
     assert not checkpoint.complete(OutputDir(out))
 

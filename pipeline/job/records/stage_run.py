@@ -39,6 +39,8 @@ class StageRun:
     """The job continues from a checkpoint: it appends to its first attempt's journal."""
     resume_run_id: str | None = None
     """The run the checkpoint's job logged to, reopened; None if that job never reached MLflow."""
+    supersedes: str | None = None
+    """The run of an unfinished job this one started over from: retired once this run exists."""
 
 
 def what_ran(cfg: Config, rt: Runtime, policy: PrecisionPolicy, backend: Backend, model_spec: str,
@@ -71,7 +73,7 @@ def start_stage_run(cfg: Config, rt: Runtime, uri: str, run: StageRun) -> Tracke
     tracker.register_as = cfg.tracking.register_as
     try:
         tracker.start(uri, resolved["tracking"]["experiment"], run_name, tags, params,
-                      resume_run_id=run.resume_run_id)
+                      resume_run_id=run.resume_run_id, supersedes=run.supersedes)
         tracker.log_artifact(OutputDir(out).config)
         tracker.run_id = collectives.broadcast_object(tracker.run_id)
         if cfg.tracking.system_metrics and rt.local_rank == 0:
