@@ -308,6 +308,25 @@ def test_a_journal_torn_by_a_kill_mid_append_still_syncs_its_whole_lines(tmp_pat
     assert [(m.step, m.value) for m in history] == [(5, 1.1), (15, 0.5)] and run.info.status == "FINISHED"
 
 
+@pytest.mark.slow  # a job trained to its first checkpoint, then Ctrl-C
+def test_ctrl_c_of_a_job_is_one_line_naming_its_last_checkpoint_and_its_run_ends_killed(tmp_path):
+    """Ctrl-C as a terminal sends it: SIGINT to the job's whole process group."""
+    out, db = tmp_path / "out", tracking_db(tmp_path)
+    args = [*JOB, f"output_dir={out}", f"tracking.uri=sqlite:///{db}"]
+    proc = start_cli("train", *args, log=tmp_path / "log")
+    wait_for(lambda: checkpoint.complete(OutputDir(out)) or proc.poll() is not None, what="a checkpoint")
+    os.killpg(proc.pid, signal.SIGINT)
+    assert proc.wait(timeout=120) == 130, (tmp_path / "log").read_text()[-3000:]
+    log = (tmp_path / "log").read_text()
+    ckpt = checkpoint.complete(OutputDir(out))[-1]
+    assert log.strip().splitlines()[-1] == (
+        f"interrupted: {ckpt.path} (step {ckpt.step}) is the last checkpoint; to continue: python -m pipeline "
+        f"train {' '.join(args)} resume=auto")
+    assert "Traceback" not in log
+    (mlrun,) = mlflow_runs(db, "pipeline")
+    assert mlrun.info.status == "KILLED"
+
+
 @pytest.mark.slow
 def test_a_disk_that_fills_mid_run_is_one_line_and_the_run_ends_failed(tmp_path, monkeypatch, capsys):
     """The disk fills from outside during training: from then on the journal's writes go to

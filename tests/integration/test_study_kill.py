@@ -9,6 +9,7 @@ cells as finished, from the store; each cell's log keeps both attempts.
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -111,3 +112,40 @@ def test_a_study_killed_mid_run_is_mended_by_one_rerun(tmp_path):
         # the first attempt whole: the stage wrote its log itself, to its end after the runner died
         assert first.startswith("=== attempt 1, ") and "\n+ " in first and "samples/s over" in first
         assert "finished before" in second
+
+
+@pytest.mark.slow  # one cell trained until Ctrl-C, which the runner passes on as a SIGTERM
+def test_ctrl_c_of_a_study_stops_its_cells_at_a_checkpoint_in_one_line_and_leaves_no_run_running(tmp_path):
+    """Ctrl-C as a terminal sends it: SIGINT to the runner's process group, which its cells are not in."""
+    db = tracking_db(tmp_path)
+    out = tmp_path / "outputs" / "stopped"
+    spec = {"name": "stopped", "output_root": str(tmp_path / "outputs"), "report_dir": str(tmp_path / "report"),
+            "overrides": [*FAST, "train.epochs=3", "train.save_every=0", "train.log_every=1",
+                          f"tracking.uri=sqlite:///{db}"],
+            "matrix": {"tasks": ["sentiment"], "precisions": ["fp32"], "seeds": [1, 2]}}
+    path = tmp_path / "stopped.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV}
+    with (tmp_path / "log").open("w") as log:
+        runner = subprocess.Popen([sys.executable, "-m", "pipeline", "study", str(path)], cwd=ROOT, env=env,
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    cell = out / "sentiment-fp32-s1"
+
+    def training() -> bool:  # a training step logged: the stage acts on a SIGTERM from here on
+        return cell.joinpath("journal.jsonl").is_file() and any(
+            r["type"] == "metric" for r in read_journal(cell / "journal.jsonl"))
+    try:
+        wait_for(lambda: training() or runner.poll() is not None, what="the first cell training")
+        os.killpg(runner.pid, signal.SIGINT)
+        code = runner.wait(timeout=120)
+    finally:
+        runner.kill()
+    text = (tmp_path / "log").read_text()
+    assert code == 130, text[-3000:]
+    assert text.strip().splitlines()[-1] == (
+        "interrupted: study stopped: 0/2 cells finished, 1 stopped (1 at a checkpoint, resumed by the next run), "
+        f"1 not started; to continue: python -m pipeline study {path}")
+    assert "Traceback" not in text
+    assert (cell / "checkpoints").is_dir() and not (cell / "metrics.json").exists()
+    status = {r.data.tags.get("cell", "parent"): r.info.status for r in mlflow_runs(db, "stopped")}
+    assert status == {"parent": "KILLED", "sentiment-fp32-s1": "KILLED"}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pipeline import fsutil
-from pipeline.errors import UserError
+from pipeline.errors import Interrupted, UserError
 from pipeline.job.parts import checkpoint
 from pipeline.layout import OutputDir
 from pipeline.tracking import sync
@@ -140,3 +140,36 @@ def test_json_files_are_on_disk_before_they_replace_the_old_ones(tmp_path, monke
     renamed = writes.renamed_to(tmp_path / "metrics.json")
     assert writes.events[renamed][1] in writes.synced_before(renamed)
     assert str(tmp_path) in writes.synced_after(renamed)
+
+
+@pytest.mark.parametrize("attempts, superseded", [
+    ([], None),  # no journal of a job
+    ([("r1", None)], "r1"),  # killed: never ended
+    ([("r1", "KILLED")], "r1"),  # Ctrl-C before its first checkpoint
+    ([("r1", "FAILED")], "r1"),
+    ([("r1", "FINISHED")], None),  # finished: overwrite=true keeps its run
+    ([("r1", "KILLED"), ("r1", "FINISHED")], None),  # preempted, then resumed to its end
+    ([("r1", "FINISHED"), ("r1", None)], "r1"),  # a finished job asked for more, killed
+    ([(None, None)], None),  # never reached a store
+])
+def test_the_run_a_job_starting_over_supersedes_is_the_previous_jobs_if_it_did_not_finish(
+        tmp_path, attempts, superseded):
+    from pipeline.tracking import journal, unfinished_run
+
+    for run_id, status in attempts:
+        journal.append(tmp_path / journal.JOURNAL, journal.start("sqlite:///m.db", "e", "job", {}, {}),
+                       journal.run(run_id), *([journal.end(status)] if status else []))
+    assert unfinished_run(tmp_path) == superseded
+
+
+@pytest.mark.parametrize("error, line", [
+    (Interrupted("OUT/checkpoints/step-00000010 (step 10) is the last checkpoint", ("resume=auto",)),
+     "OUT/checkpoints/step-00000010 (step 10) is the last checkpoint; to continue: python -m pipeline train "
+     "task=ner 'data.train=my file.tsv' resume=auto"),
+    (KeyboardInterrupt(), "stopped before it finished; to continue: python -m pipeline train task=ner "
+                          "'data.train=my file.tsv' resume=never"),
+])
+def test_ctrl_c_names_what_survived_and_the_same_command_that_continues(error, line):
+    from pipeline.cli import interrupted_line
+
+    assert interrupted_line(error, "train", ["task=ner", "data.train=my file.tsv", "resume=never"]) == line
