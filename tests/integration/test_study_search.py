@@ -250,6 +250,26 @@ def test_a_search_killed_mid_trial_resumes_without_losing_or_repeating_a_trial(t
         assert len(json.loads(run.data.tags["search/intermediate"])) == EPOCHS  # each evaluation told once
 
 
+@pytest.mark.slow  # 2 fake trials, the first interrupted, in this process
+def test_ctrl_c_of_a_search_is_one_line_exit_130_and_its_parent_run_killed(tmp_path, fake_cells, monkeypatch, capsys):
+    path, db = search_study(tmp_path, "stopped", 2, pruner="none")
+    start = trial_pool.EXECUTORS["local"]
+
+    def ctrl_c_in_the_first_trial(study, cell, gpus, parent, **kw):
+        handle = start(study, cell, gpus, parent, **kw)
+        handle.check = lambda: (_ for _ in ()).throw(KeyboardInterrupt)
+        return handle
+
+    monkeypatch.setitem(trial_pool.EXECUTORS, "local", ctrl_c_in_the_first_trial)
+    assert study_cli(path) == 130
+    storage = tmp_path / "outputs" / "stopped" / "optuna.db"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"interrupted: study stopped: the running trials stopped at their next step and are resumed by the next "
+        f"run; sqlite:///{storage} keeps every trial told; to continue: python -m pipeline study {path}")
+    (parent,) = [r for r in mlflow_runs(db, "stopped") if r.data.tags.get(names.PARENT_TAG) == "true"]
+    assert parent.info.status == "KILLED"
+
+
 @pytest.mark.slow  # the resumed trial's job finished while no runner watched: told, not started again
 def test_a_trial_whose_job_finished_after_the_runner_died_is_only_told(tmp_path, fake_cells, monkeypatch):
     path, db = search_study(tmp_path, "told", 2, pruner="none")
