@@ -202,7 +202,7 @@ def test_a_journal_that_cannot_be_written_still_ends_the_run(tmp_path, monkeypat
 JOURNAL_LINES = [
     '{"type": "start", "uri": "http://***@127.0.0.1:9", "experiment": "replay", "run_name": "job", '
     '"tags": {"task": "sentiment", "world_size": "1"}, "params": {"train.lr": "0.001", "seed": "7"}, '
-    '"resume_run_id": null}',
+    '"resume_run_id": null, "supersedes": null}',
     '{"type": "run", "run_id": null}',
     '{"type": "datasets", "datasets": [{"split": "train", "name": "train.tsv", "source_type": "local", '
     '"source": "{\\"uri\\": \\"/data/train.tsv\\"}", "digest": "0123456789abcdef", "rows": 12}]}',
@@ -221,6 +221,9 @@ def test_journal_records_read_back_as_written(tmp_path):
     path = tmp_path / "journal.jsonl"
     path.write_text("\n".join(JOURNAL_LINES) + "\n", encoding="utf-8")
     assert [to_json(r) for r in read_journal(path)] == JOURNAL_LINES
+    # a start record of a version before `supersedes` reads as superseding nothing
+    path.write_text(JOURNAL_LINES[0].replace(', "supersedes": null', "") + "\n", encoding="utf-8")
+    assert [to_json(r) for r in read_journal(path)] == JOURNAL_LINES[:1]
 
 
 def test_a_journal_replays_into_a_new_run(tmp_path):
