@@ -152,7 +152,8 @@ def _row(client: MlflowClient, name: str, plan: dict | None, run: Run | None) ->
     }
     if status == "finished":  # metrics of failed runs are partial: never reported
         row.update(_metrics(client, run))
-        row["cell_wall_s"] = plan.get("wall_s", math.nan)  # the runner's clock: absent for a run it did not start
+        # the runner's clock: absent for a run it did not start
+        row["cell_wall_s"], row["cell_export_s"] = plan.get("wall_s", math.nan), plan.get("export_s", math.nan)
     return row
 
 

@@ -65,9 +65,10 @@ METRICS = {
 """Report column -> MLflow metric (the main metric and peak memory are picked per run, in collect)."""
 MEMORY = {PEAK_MEM_ALLOCATED: "CUDA peak allocated", PEAK_RSS: "CPU peak RSS"}
 """The peak-memory metric a run has (the first one found) -> what the memory column says."""
-COLUMNS = ("main", "peak_mem_mb", "cell_wall_s", *METRICS)
-"""Every metric column of a cell row; cell_wall_s: the cell's process from start to finish, as the
-study runner timed it (set-up, training, evaluation, the inference bench, saving)."""
+COLUMNS = ("main", "peak_mem_mb", "cell_wall_s", "cell_export_s", *METRICS)
+"""Every metric column of a cell row; cell_wall_s: the cell from start to finish, as the study
+runner timed it: its stage (set-up, training, evaluation, the inference bench, saving) and its
+export after it, where it has one; cell_export_s: the export alone."""
 ENERGY_FIGURES = ("energy_j", "gpu_util_pct", "avg_power_w")
 """NVML's figures: n/a, never 0, on a run tagged energy_available=false (a CPU run)."""
 
@@ -76,8 +77,8 @@ AMP_COLUMNS = ("main", *(f"test_{name}" for name in PAPER_COLUMNS), "peak_mem_mb
 """The columns of each side (FP32, AMP) of the AMP table."""
 AMP_DELTAS = ("speedup_pct", "mem_reduction_pct", "retention_pct")
 """The AMP table's comparisons of the two sides."""
-KD_SHOWN = ("cell_wall_s", "train_time_s", "samples_per_s", "peak_mem_mb", "gpu_util_pct", "avg_power_w", "energy_j",
-            *(f"test_{n}" for n in TEST_COLUMNS))
+KD_SHOWN = ("cell_wall_s", "cell_export_s", "train_time_s", "samples_per_s", "peak_mem_mb", "gpu_util_pct",
+            "avg_power_w", "energy_j", *(f"test_{n}" for n in TEST_COLUMNS))
 """The columns of the KD table as written (CSV and markdown)."""
 KD_COLUMNS = (*KD_SHOWN, "main")
 """The KD table's columns, with the main metric for its chart."""

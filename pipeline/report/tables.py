@@ -88,7 +88,8 @@ def amp_table(cells: pd.DataFrame) -> pd.DataFrame:
 
 def kd_table(cells: pd.DataFrame) -> pd.DataFrame:
     """One row per procedure and precision (per task), as the KD thesis compares its procedures:
-    the cell's wall time from start to finish, training time, throughput, memory, GPU utilisation,
+    the cell's wall time from start to finish (its stage and export) and its export's, training time,
+    throughput, memory, GPU utilisation,
     average power, energy, P/R/F1, MAP/MRR. A procedure run in several precisions is one row each."""
     rows = []
     sub = cells[cells.tables.str.contains("kd")]

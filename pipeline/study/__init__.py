@@ -4,8 +4,9 @@
 Every cell of the matrix is one stage (`train` or `distill`) in its own process, started
 through its launcher (none, torchrun, deepspeed), logged as a child of the study's one MLflow
 parent run, with its outputs in OUTPUT_ROOT/STUDY/CELL. A cell that crashes is recorded (exit
-code and last line, on the parent run) and the study goes on; cells that already finished are
-skipped, so running a study again resumes it. At the end the comparison report is written.
+code and last line, on the parent run and beside its log: study/cell_end.py, which `--report-only`
+reads back) and the study goes on; cells that already finished are skipped, so running a study
+again resumes it. At the end the comparison report is written.
 
 `--jobs N` runs up to N ready cells at once on this node (default: one per visible GPU, one on
 a machine without GPUs), each on GPUs of its own (`CUDA_VISIBLE_DEVICES`: one for a
@@ -73,7 +74,7 @@ Where a cell runs is one seam, study/executor.py: start a cell -> a handle to po
 stop; executor.start_local runs it on this node's slots (the runner's cells, a search's trials),
 slurm_job.start_slurm submits it as a Slurm job (a search's trials under --executor slurm).
 
-Inside, lowest first: cell_process champion objective spec store_server | search_spec devices matrix |
+Inside, lowest first: cell_process champion objective spec store_server | cell_end search_spec devices matrix |
 executor search_plan | slurm_job parser schedule | runner | slurm | trial_pool | search
 """
 from __future__ import annotations

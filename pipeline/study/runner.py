@@ -28,11 +28,11 @@ from pipeline.names import (
     TAG_STUDY_FILE,
 )
 from pipeline.runtime.preemption import Preempted, on_sigterm
+from pipeline.study import cell_end
 from pipeline.study.cell_process import FOLLOW_S, open_attempt
 from pipeline.study.devices import describe
 from pipeline.study.executor import Handle, start_local
 from pipeline.study.schedule import Schedule
-from pipeline.study.slurm_job import exit_file, log_last_line
 from pipeline.study.spec import POST_STAGE, Cell, Study
 
 if TYPE_CHECKING:
@@ -90,12 +90,15 @@ def run_study(study: Study, cells: list[Cell], slots: int | None = None) -> int:
 
 def report_only(study: Study, cells: list[Cell]) -> int:
     """Record what the cells' outputs say (finished, failed and why, not run) on the parent run and
-    write the report; start nothing. The last job of a study on Slurm runs this."""
+    write the report; start nothing. The last job of a study on Slurm runs this; after a local
+    study, the outcomes its runner left (cell_end) make the same report."""
     opened = OpenStudy.open(study, cells)
     outcomes: dict[str, dict] = {}
     for cell in cells:
-        outcome = opened.skipped(cell) or _outcome_from_outputs(study, cell, outcomes)
-        outcome.pop("skipped", None)  # it ran under this submission's jobs
+        finished = opened.skipped(cell)
+        outcome = {**(cell_end.read(study, cell) or {}), **finished} if finished else (
+            _outcome_from_outputs(study, cell, outcomes))
+        outcome.pop("skipped", None)  # its times are its end's, not a previous invocation's
         outcomes[cell.name] = outcome
         opened.record(cell, outcome)
     return opened.finish()
@@ -146,14 +149,16 @@ class OpenStudy:
             return {"status": "finished", "exit_code": 0, "run_id": run_id, "skipped": True}
         return None
 
-    def outcome(self, cell: Cell, end: Handle) -> dict:
-        """A cell that ended; one that finished has its run caught up with its journal (what a
-        tracking server that failed it meanwhile did not take)."""
-        wall = round(end.wall_s, 1)
+    def outcome(self, cell: Cell, end: Handle, spent: dict[str, float] | None = None) -> dict:
+        """A cell that ended (`end`: its last process) and its times (`_times`); one that finished
+        has its run caught up with its journal (what a tracking server that failed it meanwhile did
+        not take). `spent`: what each of its processes took, "stage" and each post-stage step it ran
+        (default: `end` alone, as its stage)."""
+        times = _times(spent or {"stage": end.wall_s})
         if end.exit_code == 0:
             run_id = self.catch_up(cell) or self.finished_run(cell)
-            return {"status": "finished", "exit_code": 0, "run_id": run_id, "wall_s": wall}
-        return {"status": "failed", "exit_code": end.exit_code, "reason": end.last_line[:300], "wall_s": wall}
+            return {"status": "finished", "exit_code": 0, "run_id": run_id, **times}
+        return {"status": "failed", "exit_code": end.exit_code, "reason": end.last_line[:300], **times}
 
     def catch_up(self, cell: Cell) -> str | None:
         """The cell's run made to hold its whole journal (tracking.catch_up), under the parent run."""
@@ -227,6 +232,7 @@ def _run_schedule(opened: OpenStudy, schedule: Schedule, served: str | None) -> 
     running: dict[str, tuple[Cell, Handle, list[str]]] = {}
     sharing: dict[str, set[str]] = {}  # cell -> the cells that ran beside it on one of its devices
     ran: dict[str, str] = {}  # cell -> what its process runs: "stage" or a post-stage step
+    spent: dict[str, dict[str, float]] = {}  # cell -> seconds each of its ended processes took, by what it ran
     echo = schedule.slots == 1
     start = functools.partial(start_local, study, parent=opened.parent, served=served, slots=schedule.slots, echo=echo)
     try:
@@ -236,10 +242,12 @@ def _run_schedule(opened: OpenStudy, schedule: Schedule, served: str | None) -> 
                 schedule.ended(cell, outcome)
                 log.warning("%s %s: not run: it needs %s, which failed", schedule.count(), cell.name,
                             ", ".join(broken))
+                cell_end.write(study, cell, outcome)
                 opened.record(cell, outcome)
             for cell, gpus in schedule.startable():
                 _note_sharing(sharing, cell.name, gpus, running)
                 ran[cell.name] = cell.steps_left()[0] if cell.stage_done() else "stage"  # else only steps are left
+                cell_end.clear(study, cell)
                 process = start(cell, gpus, step=None if ran[cell.name] == "stage" else ran[cell.name])
                 running[cell.name] = (cell, process, gpus)
                 where = describe(gpus)
@@ -254,6 +262,7 @@ def _run_schedule(opened: OpenStudy, schedule: Schedule, served: str | None) -> 
                 continue
             cell, process, gpus = running.pop(end.name)
             done, steps = ran.pop(cell.name), list(cell.after)
+            spent.setdefault(cell.name, {})[done] = end.wall_s
             later = steps[steps.index(done) + 1:] if done in steps else steps
             left = [step for step in cell.steps_left() if step in later] if end.exit_code == 0 else []
             if left:  # the stage (or a step) finished: the next step, in its slot
@@ -263,16 +272,17 @@ def _run_schedule(opened: OpenStudy, schedule: Schedule, served: str | None) -> 
                 log.info("%s %s: %s finished in %.1fs; %s: %s", schedule.count(), cell.name, done, end.wall_s,
                          POST_STAGE[left[0]][0], shlex.join(process.cmd))
                 continue
-            outcome = opened.outcome(cell, end)
+            outcome = opened.outcome(cell, end, spent.pop(cell.name))
             if sharing.get(cell.name):  # its speed figures are partly its neighbours'
                 outcome["shared_device_with"] = sorted(sharing[cell.name])
             schedule.ended(cell, outcome)
-            where = describe(gpus)
+            where, took = describe(gpus), outcome.get("wall_s", end.wall_s)
             if end.exit_code == 0:
-                log.info("%s %s: finished in %.1fs on %s", schedule.count(), cell.name, end.wall_s, where)
+                log.info("%s %s: finished in %.1fs on %s", schedule.count(), cell.name, took, where)
             else:
                 log.warning("%s %s: failed with exit code %d after %.1fs on %s: %s (log: %s)", schedule.count(),
-                            cell.name, end.exit_code, end.wall_s, where, end.last_line, process.log_path)
+                            cell.name, end.exit_code, took, where, end.last_line, process.log_path)
+            cell_end.write(study, cell, outcome)
             opened.record(cell, outcome)
     except BaseException as e:
         # the stages run in process groups of their own: a SIGTERM or Ctrl-C of the study is passed
@@ -304,18 +314,26 @@ def _note_sharing(sharing: dict[str, set[str]], name: str, gpus: list[str], runn
             sharing.setdefault(other, set()).add(name)
 
 
+def _times(spent: dict[str, float]) -> dict:
+    """A cell's times as its outcome keeps them: wall_s, its whole life in its slot (its stage's
+    process and each post-stage step's after it), where its stage ran in this invocation (else its
+    start is not known); STEP_s, each post-stage step's own (export_s)."""
+    times = {"wall_s": round(sum(spent.values()), 1)} if "stage" in spent else {}
+    return {**times, **{f"{step}_s": round(s, 1) for step, s in spent.items() if step != "stage"}}
+
+
 def _outcome_from_outputs(study: Study, cell: Cell, outcomes: dict[str, dict]) -> dict:
-    """A cell that did not finish, as its job left it: the exit code its job wrote beside its log
-    (`exit_file`), else why it never ran."""
+    """A cell that did not finish, as its end left it beside its log (cell_end): the outcome this
+    node's runner recorded, or the exit code its Slurm job wrote and its log's last line; else why
+    it never ran."""
     broken = [n for n in cell.needs if outcomes.get(n, {}).get("status") != "finished"]
-    code_file, log_path = exit_file(study, cell), study.cell_log(cell)
-    if not code_file.is_file():
+    end, log_path = cell_end.read(study, cell), study.cell_log(cell)
+    if end is None:
         why = (f"needs {', '.join(broken)}, which failed" if broken else
                f"no exit code: its job was cancelled, ran out of time or never started (log: {log_path})")
         return {"status": "failed", "exit_code": None, "reason": why}
-    last = log_last_line(log_path)
-    code = int(code_file.read_text().strip() or -1)
-    return {"status": "failed", "exit_code": code, "reason": (last or "finished without a run")[:300]}
+    reason = end["reason"] if "reason" in end else cell_end.log_last_line(log_path) or "finished without a run"
+    return {**end, "status": "failed", "reason": reason[:300]}
 
 
 def open_parent(client: MlflowClient, experiment_id: str, study: Study) -> str:

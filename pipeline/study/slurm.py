@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from pipeline.errors import UserError
+from pipeline.study import cell_end
 from pipeline.study.runner import OpenStudy, report_only
 from pipeline.study.slurm_job import (
     cell_script,
@@ -103,6 +104,7 @@ def submit_study(study: Study, cells: list[Cell], extra: list[str]) -> int:
             log.info("%s %s: still queued or running as job %s; not submitted again", count, cell.name, held[name])
             continue
         after = [ids[n] for n in cell.needs if n in ids]
+        cell_end.clear(study, cell)  # the report job reads this job's end, not an earlier one's
         script = write(study, cell.name, cell_script(study, cell, parent, gpus[cell.name]))
         ids[cell.name] = sbatch(script, after)
         log.info("%s %s: job %s (%s GPU(s) x %d node(s)%s)", count, cell.name, ids[cell.name], gpus[cell.name],

@@ -1,6 +1,6 @@
 """One cell of a study as one Slurm job: its script, its submission with `sbatch`, and what Slurm
 still holds (`squeue`). The script runs the cell's command (executor.launch) and writes its exit
-code beside its log (`exit_file`), which is how the runner learns that the job ended. slurm.py
+code beside its log (cell_end.exit_file), which is how the runner learns that the job ended. slurm.py
 submits a whole study this way; `start_slurm` one cell, the executor of a search's trials.
 """
 from __future__ import annotations
@@ -13,7 +13,8 @@ import subprocess
 from pathlib import Path
 
 from pipeline.errors import UserError
-from pipeline.study.cell_process import ATTEMPT, last_line
+from pipeline.study import cell_end
+from pipeline.study.cell_process import ATTEMPT
 from pipeline.study.executor import Waited, launch
 from pipeline.study.spec import Cell, Study, study_error
 
@@ -34,27 +35,13 @@ exit "$code"
 """
 
 
-def exit_file(study: Study, cell: Cell) -> Path:
-    """Where a cell's Slurm job writes its exit code."""
-    return study.logs / f"{cell.name}.exit"
-
-
 def exit_code(study: Study, cell: Cell) -> tuple[int, str] | None:
     """(the exit code, the last line that says why) once the cell's job wrote its exit code; None
     before (or while the job is writing it)."""
-    path = exit_file(study, cell)
-    text = path.read_text().strip() if path.is_file() else ""
-    if not text:
+    end = cell_end.read(study, cell)
+    if end is None:
         return None
-    return int(text), log_last_line(study.cell_log(cell))
-
-
-def log_last_line(path: Path) -> str:
-    """What a cell's log says in one line (cell_process.last_line), '' where there is no log."""
-    if not path.is_file():
-        return ""
-    with path.open(encoding="utf-8", errors="replace") as f:
-        return last_line(f)
+    return end["exit_code"], cell_end.log_last_line(study.cell_log(cell))
 
 
 def gpus_per_node(study: Study, cell: Cell) -> int:
@@ -108,7 +95,7 @@ def cell_script(study: Study, cell: Cell, parent: str, gpus: int) -> str:
         lines.append('MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)')
         command = f"srun --ntasks-per-node=1 {command}"
     lines.append(RUN_AND_KEEP_CODE.format(command=command,
-                                          exit_file=shlex.quote(str(exit_file(study, cell).resolve()))))
+                                          exit_file=shlex.quote(str(cell_end.exit_file(study, cell).resolve()))))
     return "\n".join(lines)
 
 
@@ -163,7 +150,7 @@ def start_slurm(study: Study, cell: Cell, gpus: list[str], parent: str, **_) -> 
     if name in queued([name]):
         log.info("%s: still queued or running as a Slurm job; not submitted again", cell.name)
     else:
-        exit_file(study, cell).unlink(missing_ok=True)
+        cell_end.clear(study, cell)
         script = write(study, cell.name, cell_script(study, cell, parent, gpus_per_node(study, cell)))
         log.info("%s: Slurm job %s", cell.name, sbatch(script, []))
     return Waited(cell.name, lambda: exit_code(study, cell))
