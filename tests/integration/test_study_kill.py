@@ -147,5 +147,7 @@ def test_ctrl_c_of_a_study_stops_its_cells_at_a_checkpoint_in_one_line_and_leave
         f"1 not started; to continue: python -m pipeline study {path}")
     assert "Traceback" not in text
     assert (cell / "checkpoints").is_dir() and not (cell / "metrics.json").exists()
+    end = json.loads((out / "_logs" / "sentiment-fp32-s1.exit").read_text())  # what --report-only tells
+    assert end["exit_code"] == 143 and "WARNING preempted: SIGTERM: checkpoint " in end["reason"]
     status = {r.data.tags.get("cell", "parent"): r.info.status for r in mlflow_runs(db, "stopped")}
     assert status == {"parent": "KILLED", "sentiment-fp32-s1": "KILLED"}
