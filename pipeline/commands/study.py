@@ -1,6 +1,7 @@
 """`python -m pipeline study STUDY.yaml [--jobs N] [--executor local|slurm] [--dry-run] [--report-only]
-[--space KEY=KIND:A:B ... --trials N ...] [key=value | PROCEDURE:key=value ...]`: a matrix of stages run
-(pipeline/study/, whose docstring describes the study file), or a search over it (pipeline/study/search.py)."""
+[--no-timing] [--space KEY=KIND:A:B ... --trials N ...] [key=value | PROCEDURE:key=value ...]`: a matrix
+of stages run (pipeline/study/, whose docstring describes the study file), or a search over it
+(pipeline/study/search.py)."""
 from __future__ import annotations
 
 import argparse
@@ -25,6 +26,8 @@ def main(args: list[str]) -> int:
                         help="local: run the cells here; slurm: submit each cell as a Slurm job (sbatch)")
     parser.add_argument("--report-only", action="store_true",
                         help="record the cells' outcomes from their outputs and write the report; run nothing")
+    parser.add_argument("--no-timing", action="store_true",
+                        help="write the report without timing models side by side (as report --no-timing)")
     search = parser.add_argument_group("search (over the study file's search block: pipeline/study/search_spec.py)")
     search.add_argument("--space", action="append", default=[], metavar="KEY=KIND:A:B",
                         help="a searched config key: log_uniform:1e-5:1e-3, uniform:0.1:0.9, int:2:6, "
@@ -44,6 +47,7 @@ def main(args: list[str]) -> int:
     searched = from_options(opts.space, opts.trials, opts.objective, opts.pruner, opts.sampler, opts.timeout_s,
                             opts.storage)
     study, cells = load_study(opts.study, opts.overrides, searched)
+    study.timing = not opts.no_timing
     if opts.jobs is not None and opts.executor == "slurm" and not study.search:
         raise UserError("study: --jobs: with --executor slurm, Slurm decides how many cells run at once")
     if study.search:

@@ -2,6 +2,11 @@
 trial's fate, value, parameters and dev figures at each evaluation (from its Optuna study), the
 importance of each parameter (optuna.importance, its default evaluator), and the best configuration
 with its figures over the study's seeds (mean and spread) and the command that runs it again.
+
+A degenerate search says so instead of reading as a finding: trials whose test predictions
+collapsed (their run's stall tag, measure/collapse.py) are marked, completed trials that all scored
+the same are named as such, importance is left out where the values cannot rank the parameters,
+and a best trial that ties with others is called a tie.
 """
 from __future__ import annotations
 
@@ -26,6 +31,8 @@ class SearchSection:
     """The command that runs the best configuration as a stage of its own."""
     champion: str = ""
     """What became of the `champion` alias (study/champion.py), in a sentence; "" without search.champion."""
+    stalled: dict[int, str] = field(default_factory=dict)
+    """Trial number -> why its run's test predictions collapsed (its stall_reason tag)."""
 
 
 def spread(values: list[float]) -> tuple[float, float]:
@@ -34,12 +41,23 @@ def spread(values: list[float]) -> tuple[float, float]:
 
 
 def importances(optuna_study) -> dict[str, float] | str:
-    """Each parameter's importance for the objective, or why there is none."""
+    """Each parameter's importance for the objective, or why there is none: it takes two completed
+    trials and more distinct values than parameters (with all values equal the evaluator's shares
+    are arbitrary; one parameter's share is 1 whatever the values)."""
     import optuna
 
     complete = optuna_study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    values = {t.value for t in complete}
+    params = {k for t in complete for k in t.params}
     if len(complete) < 2:
         return f"n/a ({len(complete)} completed trial(s); it takes 2)"
+    if len(values) == 1:
+        return f"n/a (every completed trial scored {next(iter(values)):.4f})"
+    if len(params) == 1:
+        return "n/a (one parameter searched: its share is 1 whatever the trials scored)"
+    if len(values) <= len(params):
+        return (f"n/a ({len(values)} distinct values among {len(complete)} completed trials: {len(params)} "
+                f"parameters take at least {len(params) + 1})")
     try:
         return optuna.importance.get_param_importances(optuna_study)
     except (RuntimeError, ValueError) as e:  # e.g. every completed trial has the same parameters
@@ -63,8 +81,10 @@ def render_search(name: str, storage: str, settings: str, objective: str, sectio
         for t in trials:
             value = f"{t.value:.4f}" if t.value is not None else "-"
             evals = ", ".join(f"{v:.3f}" for _, v in sorted(t.intermediate_values.items()))
-            lines.append(f"| {t.number} | {t.state.name.lower()} | {value} | "
+            fate = t.state.name.lower() + (" (stalled)" if t.number in sec.stalled else "")
+            lines.append(f"| {t.number} | {fate} | {value} | "
                          + " | ".join(_fmt(t.params.get(k)) for k in keys) + f" | {evals} |")
+        lines += _degenerate(sec, [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE], objective)
         imp = importances(study)
         shown = imp if isinstance(imp, str) else ", ".join(f"{k} {v:.2f}" for k, v in imp.items())
         lines += ["", f"Parameter importance (optuna.importance, its default evaluator): {shown}", ""]
@@ -74,8 +94,14 @@ def render_search(name: str, storage: str, settings: str, objective: str, sectio
             lines += ["No trial completed: no best configuration.", ""]
             continue
         params = ", ".join(f"{k}={_fmt(v)}" for k, v in best.params.items())
-        lines += [f"Best configuration: trial {best.number}, {params} ({objective} {best.value:.4f} with its "
-                  "search seed)."]
+        tied = [t.number for t in trials if t.state == optuna.trial.TrialState.COMPLETE and t.value == best.value]
+        if len(tied) > 1:  # Optuna keeps the first of them: nothing made it better than the others
+            lines += [f"Best configuration: a tie of trials {', '.join(map(str, tied))} ({objective} "
+                      f"{best.value:.4f} with their search seed); Optuna's best trial is the first of them, trial "
+                      f"{best.number}, {params}, and it is the one re-run over the study's seeds."]
+        else:
+            lines += [f"Best configuration: trial {best.number}, {params} ({objective} {best.value:.4f} with its "
+                      "search seed)."]
         figures = sorted({k for m in sec.best_by_seed.values() for k in m})
         if sec.best_by_seed:
             lines += ["", "Over the study's seeds:", "", "| seed | " + " | ".join(figures) + " |",
@@ -90,6 +116,19 @@ def render_search(name: str, storage: str, settings: str, objective: str, sectio
             lines += ["", f"Champion: {sec.champion}."]
         lines += ["", "Run it again:", "", "```", sec.rerun, "```", ""]
     return "\n".join(lines)
+
+
+def _degenerate(sec: SearchSection, complete: list, objective: str) -> list[str]:
+    """The lines that say the trials compare nothing: collapsed runs, every value the same."""
+    lines = []
+    if sec.stalled:
+        lines += ["", f"Stalled (the trial's test predictions collapsed, so its {objective} ranks no "
+                  "configuration): " + "; ".join(f"trial {n}: {why}" for n, why in sorted(sec.stalled.items())) + "."]
+    values = {t.value for t in complete}
+    if len(complete) > 1 and len(values) == 1:
+        lines += ["", f"Every completed trial ({len(complete)}) scored {objective} {values.pop():.4f}: the search "
+                  "found no difference between its configurations (runs that collapse to one answer score alike)."]
+    return lines
 
 
 def _fmt(value: object) -> str:

@@ -67,15 +67,19 @@ Which report table a cell feeds: the AMP table (FP32 vs AMP per task x model) wh
 precisions include fp32 and one compared with it; the KD table (per procedure) when its block has
 a procedure that distills; a cell under train.memory_limit_mb feeds the memory ceiling alone.
 
-May import: config, runtime.world, runtime.preemption, tasks, names, tracking, report, ui, optuna: a study
-starts stages as processes and never imports the loop (stage, train).
+May import: config, runtime.world, runtime.preemption, runtime.precision, tasks, models and measure.flops
+(a dry run's checks and estimate: configs and the Hugging Face cache, never weights), names, tracking,
+report, ui, optuna: a study starts stages as processes and never imports the loop (stage, train).
+
+A dry run ends with what this machine lacks for the cells (readiness.py: data files, the hub, a
+device for their precision) and an estimate of their time here (estimate.py), preflight.py both.
 
 Where a cell runs is one seam, study/executor.py: start a cell -> a handle to poll, wait on and
 stop; executor.start_local runs it on this node's slots (the runner's cells, a search's trials),
 slurm_job.start_slurm submits it as a Slurm job (a search's trials under --executor slurm).
 
-Inside, lowest first: cell_process champion objective spec store_server | cell_end search_spec devices matrix |
-executor search_plan | slurm_job parser schedule | runner | slurm | trial_pool | search
+Inside, lowest first: cell_process champion objective spec store_server | cell_end search_spec devices matrix
+readiness | estimate executor search_plan | preflight slurm_job parser schedule | runner | slurm | trial_pool | search
 """
 from __future__ import annotations
 

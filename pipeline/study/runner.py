@@ -49,6 +49,9 @@ def dry_run(study: Study, cells: list[Cell]) -> int:
         print(f"- {cell.name}{done}\n    {shlex.join(cell.launcher.command(cell.kind, cell.args(), 'PARENT'))}")
         for step in cell.after:
             print(f"    then {shlex.join(cell.step_command(step, None))}")
+    from pipeline.study.preflight import preflight
+
+    print("\n".join(preflight(study, cells)))
     return 0
 
 
@@ -190,7 +193,7 @@ class OpenStudy:
         client.log_metric(parent, STUDY_CELLS_FINISHED, len(done))
         client.log_metric(parent, STUDY_CELLS_FAILED, len(others))
         client.set_terminated(parent, status="FAILED" if others else "FINISHED")
-        out = report.write_report(self.uri, study.name, study.report_dir)
+        out = report.write_report(self.uri, study.name, study.report_dir, timing=study.timing)
         unfinished: dict[str, list[str]] = {}
         for name in others:
             unfinished.setdefault(status[name], []).append(name)

@@ -28,7 +28,15 @@ import time
 
 from pipeline.errors import Interrupted
 from pipeline.layout import OutputDir
-from pipeline.names import TAG_PARENT_RUN, TAG_TRIAL_FATE, TAG_TRIAL_REASON
+from pipeline.names import (
+    TAG_CELL,
+    TAG_PARENT_RUN,
+    TAG_STALL_REASON,
+    TAG_STALLED,
+    TAG_STUDY,
+    TAG_TRIAL_FATE,
+    TAG_TRIAL_REASON,
+)
 from pipeline.report.search import write_search_report
 from pipeline.study.executor import Handle, Waited
 from pipeline.study.runner import OpenStudy, publish_plan, tracking_for_cells
@@ -125,10 +133,14 @@ def search_report(study: Study, groups: list[Group], opened: OpenStudy | None = 
     from pipeline.study.champion import crown
 
     spec, sections = study.search, []
+    stalled = stalled_cells(opened) if opened is not None else {}
     for group in groups:
         sec = SearchSection(group.name, f"{study.name}.{group.name}", [(d.key, d.describe()) for d in spec.space])
         try:
-            best = optuna_study(study, group, create=False).best_trial
+            searched = optuna_study(study, group, create=False)
+            sec.stalled = {t.number: stalled[name] for t in searched.get_trials(deepcopy=False)
+                           if (name := trial_cell(study, group, t.number, t.params).name) in stalled}
+            best = searched.best_trial
         except (ValueError, KeyError):
             sections.append(sec)
             continue
@@ -149,6 +161,14 @@ def search_report(study: Study, groups: list[Group], opened: OpenStudy | None = 
     settings = (f"{spec.direction}; sampler {spec.sampler['type']}, pruner {spec.pruner['type']}, "
                 f"{spec.trials} trials per group" + (f", at most {spec.timeout_s:g} s" if spec.timeout_s else ""))
     return render_search(study.name, storage_url(study), settings, spec.objective, sections)
+
+
+def stalled_cells(opened: OpenStudy) -> dict[str, str]:
+    """Cell -> why its run's test predictions collapsed, for the study's runs tagged stalled."""
+    runs = opened.client.search_runs([opened.experiment_id], f"tags.{TAG_STUDY} = '{opened.study.name}' and "
+                                     f"tags.{TAG_STALLED} = 'true'")
+    return {r.data.tags[TAG_CELL]: r.data.tags.get(TAG_STALL_REASON, "stalled") for r in runs
+            if TAG_CELL in r.data.tags}
 
 
 def _client(uri: str):
@@ -340,8 +360,13 @@ def report_search(study: Study, cells: list[Cell]) -> int:
     return opened.finish()
 
 
+SAMPLED = "SAMPLED"
+"""A searched key's value in the dry run's trial command: the sampler picks it as the trial starts."""
+
+
 def dry_run_search(study: Study, cells: list[Cell]) -> int:
-    """The cells the search needs, each group's space and its first trial's command; runs nothing."""
+    """The cells the search needs, each group's space and a trial's command (the searched keys
+    sampled as it starts); runs nothing."""
     needed, groups = plan_search(study, cells)
     spec = study.search
     print(f"study {study.name}: a search, {spec.trials} trials per group ({spec.sampler['type']} sampler, "
@@ -350,10 +375,15 @@ def dry_run_search(study: Study, cells: list[Cell]) -> int:
         print(f"- needed first: {cell.name}\n    {shlex.join(cell.launcher.command(cell.kind, cell.args(), 'P'))}")
     for group in groups:
         print(f"- {group.name}: " + "; ".join(f"{d.key} {d.describe()}" for d in spec.space))
-        sample = trial_cell(study, group, 0, {d.key: d.sample() for d in spec.space})
-        print(f"    trial 0 with the space's first values: "
-              f"{shlex.join(sample.launcher.command(sample.kind, sample.args(), 'P'))}")
+        trial = trial_cell(study, group, 0, {d.key: SAMPLED for d in spec.space})
+        print(f"    {', '.join(d.key for d in spec.space)}: sampled by the {spec.sampler['type']} sampler as each "
+              f"trial starts ({SAMPLED} below); trial 0: "
+              f"{shlex.join(trial.launcher.command(trial.kind, trial.args(), 'P'))}")
         seeds = [c.values["seeds"] for c in group.cells[1:]]
         if seeds:
             print(f"    then the best trial with seed(s) {', '.join(seeds)}")
+    from pipeline.study.preflight import preflight
+
+    trials = {g.template.name: spec.trials for g in groups}  # each trial runs the template's settings
+    print("\n".join(preflight(study, needed + [c for g in groups for c in g.cells], trials)))
     return 0

@@ -63,10 +63,6 @@ class Dimension:
             return trial.suggest_int(self.key, int(low), int(high), log=self.kind == "log_int")
         return trial.suggest_float(self.key, float(low), float(high), log=self.kind == "log_uniform")
 
-    def sample(self) -> object:
-        """A value in the space (its first choice, its low end): to check the key against the config."""
-        return self.values[0]
-
     def describe(self) -> str:
         if self.kind == "categorical":
             return f"categorical {{{', '.join(map(str, self.values))}}}"

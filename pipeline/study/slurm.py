@@ -122,6 +122,7 @@ def submit_study(study: Study, cells: list[Cell], extra: list[str]) -> int:
 
 def _report_script(study: Study, extra: list[str]) -> str:
     lines = header(study, f"{study.name}.report", study.slurm.report_time, study.logs / "_report.log")
-    cmd = [sys.executable, "-m", "pipeline", "study", str(study.path.resolve()), "--report-only", *extra]
+    cmd = [sys.executable, "-m", "pipeline", "study", str(study.path.resolve()), "--report-only",
+           *([] if study.timing else ["--no-timing"]), *extra]
     return "\n".join([*lines, f"exec {shlex.join(cmd)}", ""])
 

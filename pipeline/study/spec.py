@@ -137,6 +137,9 @@ class Study:
     search: object | None = None
     """The `search` block, a search_spec.Search (a layer above this one): each searched cell becomes
     an Optuna study of trials (study/search.py)."""
+    timing: bool = True
+    """Whether the report it writes times models side by side (`study --no-timing`: not, as `report
+    --no-timing`)."""
 
     @property
     def logs(self) -> Path:

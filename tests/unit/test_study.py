@@ -104,6 +104,88 @@ def test_shipped_study_files_plan(capsys):
         assert out.out.startswith(f"study {name[:-5]}: {n} cells")
 
 
+def _machine_study(tmp_path, **spec):
+    path = tmp_path / "m.yaml"
+    path.write_text(yaml.safe_dump({"name": "m", "output_root": str(tmp_path / "out"),
+                                    "overrides": [f"tracking.uri=sqlite:///{tmp_path}/m.db", "model=preset:bangla-tiny",
+                                                  "train.max_length=32", "train.batch_size=8"], **spec}))
+    return path
+
+
+def test_a_dry_run_names_the_data_files_and_hub_models_this_machine_lacks(tmp_path, capsys):
+    """Missing files and an uncached hub model, each with the cells they stop; the built-in sample
+    set and a preset need nothing."""
+    data = tmp_path / "nowhere"
+    path = _machine_study(tmp_path, matrix={
+        "tasks": {"sentiment": [], "error_cls": [f"data.{s}={data}/{s}.csv" for s in ("train", "dev", "test")]},
+        "models": ["preset:bangla-tiny", "nobody/not-cached-here"], "seeds": [1, 2]})
+    code, out = _cli(["study", path, "--dry-run"], capsys)
+    assert code == 0, out.err
+    assert "lacks what 6 of the 8 cells ask for; 6 of them would fail:" in out.out
+    assert (f"- data files not here: {data}/train.csv, {data}/dev.csv, {data}/test.csv (the 4 cells with task "
+            "error_cls)\n") in out.out
+    assert ("- the Hugging Face hub, for models not in its cache here: nobody/not-cached-here (the 4 cells with "
+            "model nobody/not-cached-here)\n") in out.out
+    assert "  Not estimated, 6 cell run(s): this machine lacks what they need (above)." in out.out
+    assert not (tmp_path / "m.db").exists()
+
+
+def test_a_dry_run_flags_fp16_on_a_machine_without_cuda_and_estimates_the_rest(tmp_path, capsys, monkeypatch):
+    """On a CPU without fp16 kernels, the fp16 cells fail as their stage would; the fp32 cells are
+    estimated: their steps counted from the plan, their time at the matmul rate timed here."""
+    import torch
+
+    from pipeline.runtime import precision
+    from pipeline.study import estimate
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(precision, "cpu_supports_fp16", lambda: False)
+    monkeypatch.setattr(estimate, "matmul_rate", lambda device, dtype, shape: 1e9)
+    path = _machine_study(tmp_path, matrix={"tasks": ["sentiment"], "precisions": ["fp32", "fp16"],
+                                            "seeds": [1, 2]}, overrides=[
+        f"tracking.uri=sqlite:///{tmp_path}/m.db", "model=preset:bangla-tiny", "train.max_length=32",
+        "train.batch_size=8", "train.max_steps=5"])
+    code, out = _cli(["study", path, "--dry-run"], capsys)
+    assert code == 0, out.err
+    assert ("This machine (a CPU, no CUDA) lacks what 2 of the 4 cells ask for; 2 of them would fail:\n"
+            "- a device that runs precision=fp16: this CPU has no fp16 kernels (oneDNN reports none); use bf16 or "
+            "fp32 (the 2 cells with precision fp16)\n") in out.out
+    found = re.search(r"^Time, an estimate \(not a measurement\): about (\d+) s for 2 cell run\(s\) one after another "
+                      r"on this CPU \(10 optimizer steps, (\S+) FLOPs\)\.$", out.out, re.M)
+    assert found, out.out
+    assert int(found.group(1)) == round(float(found.group(2)) / 1e9)  # at the rate timed
+    assert "  How: each cell's trained rows x 3 " in out.out and "at the matmul rate timed here" in out.out
+    assert "  Not estimated, 2 cell run(s): this machine lacks what they need (above)." in out.out
+
+
+def test_study_no_timing_reaches_the_report_here_and_on_slurm(tmp_path, capsys, monkeypatch):
+    """`study --no-timing` writes the report as `report --no-timing` does, and so does the report
+    job of a study on Slurm."""
+    import pandas as pd
+
+    from pipeline import report
+    from pipeline.report import cells as report_cells
+    from pipeline.study import runner
+
+    class Store:  # the study's store, where no cell ran
+        def __getattr__(self, name):
+            return lambda *args, **kwargs: []
+
+    monkeypatch.setattr(runner.OpenStudy, "open", classmethod(
+        lambda cls, study, cells: cls(study, None, "fake://", Store(), "0", "parent", {})))
+    monkeypatch.setattr(report_cells, "read_cells", lambda client, experiment: (None, pd.DataFrame(
+        {"cell": [], "status": []})))
+    asked = []
+    monkeypatch.setattr(report, "write_report", lambda uri, experiment, out, timing=True: asked.append(timing) or out)
+    path = _machine_study(tmp_path, matrix={"tasks": ["sentiment"]}, slurm={"partition": "gpu"})
+    for args in ([], ["--no-timing"]):
+        _cli(["study", path, "--report-only", *args], capsys)
+    assert asked == [True, False]
+    code, out = _cli(["study", path, "--executor", "slurm", "--dry-run", "--no-timing"], capsys)
+    assert code == 0, out.err
+    assert re.search(r"^    exec .+ -m pipeline study \S+ --report-only --no-timing$", out.out, re.M), out.out
+
+
 def _cell_commands(out: str) -> dict[str, str]:
     """A dry run's listing: cell name -> its command line."""
     return dict(re.findall(r"^- (\S+)\n    (.+)$", out, re.M))

@@ -93,9 +93,10 @@ def test_the_command_line_searches_a_study_without_a_search_block(tmp_path, caps
     assert code == 0, out.err
     assert "5 trials per group (tpe sampler, hyperband pruner) of eval/loss (minimize)" in out.out
     assert "train.lr log_uniform [1e-05, 0.001]; train.batch_size categorical {16, 32}" in out.out
-    trial = re.search(r"trial 0 with the space's first values: (.+)", out.out).group(1)
+    trial = re.search(r"train.lr, train.batch_size: sampled by the tpe sampler as each trial starts \(SAMPLED "
+                      r"below\); trial 0: (.+)", out.out).group(1)
     # the trial's values after the study's overrides, before the runner's own
-    assert re.search(r"seed=1 train\.lr=1e-05 train\.batch_size=16 output_dir=\S+/s/sentiment-t000 ", trial)
+    assert re.search(r"seed=1 train\.lr=SAMPLED train\.batch_size=SAMPLED output_dir=\S+/s/sentiment-t000 ", trial)
     assert "tracking.tags.search/trial=0" in trial and "tracking.tags.report_tables=none" in trial
     assert "then the best trial with seed(s) 2, 3" in out.out
     assert not (tmp_path / "out").exists()
@@ -175,6 +176,75 @@ def test_the_report_gives_trials_importance_best_config_and_its_spread_over_seed
     rerun = text.split("```")[1]
     assert "-m pipeline train " in rerun and "seed=1 train.lr=0.0005 train.batch_size=16" in rerun
     assert "output_dir=" not in rerun and "resume=auto" not in rerun
+
+
+def _searched(tmp_path, trials, space=None):
+    """A study of one group whose Optuna study holds `trials`: (train.lr, train.batch_size, value) each,
+    completed."""
+    space = space or {"train.lr": {"log_uniform": [1e-5, 1e-3]}, "train.batch_size": {"categorical": [16, 32]}}
+    study, cells = load_study(_study_file(tmp_path, {"space": space}))
+    _, (group,) = plan_search(study, cells)
+    from pipeline.study.search import optuna_study
+
+    opt = optuna_study(study, group)
+    dists = {"train.lr": optuna.distributions.FloatDistribution(1e-5, 1e-3, log=True),
+             "train.batch_size": optuna.distributions.CategoricalDistribution([16, 32])}
+    for lr, bs, value in trials:
+        params = {k: v for k, v in (("train.lr", lr), ("train.batch_size", bs)) if k in space}
+        opt.add_trial(optuna.trial.create_trial(params=params, distributions={k: dists[k] for k in params},
+                                                value=value, intermediate_values={1: value}))
+    return study, group
+
+
+def _importance(text):
+    return re.search(r"Parameter importance \(optuna.importance, its default evaluator\): (.+)", text).group(1)
+
+
+def test_a_search_whose_trials_all_scored_alike_says_so_and_ranks_nothing(tmp_path):
+    """Four runs collapsed to one class score alike: no importance, the best trial a tie."""
+    study, group = _searched(tmp_path, [(2.5e-5, 16, 0.3333), (1e-4, 32, 0.3333), (4e-4, 16, 0.3333),
+                                        (7e-5, 32, 0.3333)])
+    text = search_report(study, [group])
+    assert "Every completed trial (4) scored eval/main 0.3333: the search found no difference" in text
+    assert _importance(text) == "n/a (every completed trial scored 0.3333)"
+    assert ("Best configuration: a tie of trials 0, 1, 2, 3 (eval/main 0.3333 with their search seed); Optuna's "
+            "best trial is the first of them, trial 0, train.lr=2.5e-05, train.batch_size=16, and it is the one "
+            "re-run over the study's seeds.") in text
+
+
+@pytest.mark.parametrize("trials,space,why", [
+    ([(1e-4, 16, 0.5), (2e-4, 32, 0.6)], None, "n/a (2 distinct values among 2 completed trials: 2 parameters "
+                                               "take at least 3)"),
+    ([(1e-4, None, 0.5), (2e-4, None, 0.6), (3e-4, None, 0.7)], {"train.lr": {"log_uniform": [1e-5, 1e-3]}},
+     "n/a (one parameter searched: its share is 1 whatever the trials scored)"),
+])
+def test_importance_is_left_out_where_the_values_cannot_rank_the_parameters(tmp_path, trials, space, why):
+    study, group = _searched(tmp_path, trials, space)
+    text = search_report(study, [group])
+    assert _importance(text) == why
+    assert "a tie of trials" not in text and "Every completed trial" not in text
+
+
+def test_a_trial_whose_run_stalled_is_marked_stalled(tmp_path):
+    """The stall tag a trial's job put on its run (measure/collapse.py) reaches search.md."""
+    from types import SimpleNamespace
+
+    from mlflow import MlflowClient
+
+    from helpers import tracking_db
+    from pipeline.names import TAG_CELL, TAG_STALL_REASON, TAG_STALLED, TAG_STUDY
+
+    study, group = _searched(tmp_path, [(1e-4, 16, 0.3333), (2e-4, 32, 0.61), (3e-4, 16, 0.72), (5e-4, 32, 0.7)])
+    client = MlflowClient(f"sqlite:///{tracking_db(tmp_path)}")
+    experiment = client.create_experiment(study.name)
+    for cell, stalled in (("sentiment-t000", "true"), ("sentiment-t001", "false"), ("other-t002", "true")):
+        client.create_run(experiment, tags={TAG_STUDY: study.name, TAG_CELL: cell, TAG_STALLED: stalled,
+                                            TAG_STALL_REASON: "one class predicted for every row"})
+    opened = SimpleNamespace(client=client, experiment_id=experiment, study=study)
+    text = search_report(study, [group], opened)
+    assert "| 0 | complete (stalled) | 0.3333 |" in text and "| 1 | complete | 0.6100 |" in text
+    assert "(the trial's test predictions collapsed, so its eval/main ranks no configuration): trial 0: one class " \
+           "predicted for every row." in text
 
 
 def test_shipped_search_studies_plan(capsys):
