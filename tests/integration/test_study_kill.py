@@ -4,7 +4,8 @@ run again with the same command.
 The cells that were training outlive the runner and finish while the study's MLflow server (which
 died with the runner) is gone: their records reach their journals only. The re-run replays each
 into its run, under the study's parent run, once; its closing line and the report count the same
-cells as finished, from the store; each cell's log keeps both attempts.
+cells as finished, from the store; each cell's log keeps both attempts. A search killed before any
+checkpoint keeps one run per trial once run again; a Ctrl-C stops a study's cells at a checkpoint.
 """
 import json
 import os
@@ -19,6 +20,7 @@ import yaml
 from mlflow import MlflowClient
 
 from helpers import FAST, LAUNCHER_ENV, ROOT, mlflow_runs, run_cli, tracking_db, wait_for
+from integration.test_study_search import optuna_trials, search_study, study_cli, trial_runs
 from pipeline import names
 from pipeline.tracking import catch_up, read_journal
 from pipeline.tracking.journal import end
@@ -151,3 +153,38 @@ def test_ctrl_c_of_a_study_stops_its_cells_at_a_checkpoint_in_one_line_and_leave
     assert end["exit_code"] == 143 and "WARNING preempted: SIGTERM: checkpoint " in end["reason"]
     status = {r.data.tags.get("cell", "parent"): r.info.status for r in mlflow_runs(db, "stopped")}
     assert status == {"parent": "KILLED", "sentiment-fp32-s1": "KILLED"}
+
+
+@pytest.mark.slow  # a real trial killed before its first checkpoint, then the search run again
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the runner's children from /proc")
+def test_a_search_killed_before_any_checkpoint_keeps_one_run_per_trial(tmp_path):
+    """SIGKILL of the runner and its trial (each in a session of its own) once the trial's run is open,
+    nothing checkpointed; the same command again starts that trial over: the storage's trials and the
+    trial runs in the default view agree, the killed attempt's run retired behind the new one."""
+    path, db = search_study(tmp_path, "lost", 1, epochs=1, pruner="none")
+    spec = yaml.safe_load(path.read_text())
+    spec["overrides"].append("train.save_every=0")
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    first = tmp_path / "outputs" / "lost" / "sentiment-t000" / "journal.jsonl"
+    with (tmp_path / "first.log").open("w") as log:
+        runner = subprocess.Popen([sys.executable, "-m", "pipeline", "study", str(path)], cwd=ROOT,
+                                  env={k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV},
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: run_id_in(first) or runner.poll() is not None, what="the first trial's run")
+        stages = children(runner.pid)
+        for pid in [runner.pid, *stages]:
+            os.killpg(pid, signal.SIGKILL)
+    finally:
+        runner.kill()
+        runner.wait()
+    killed = run_id_in(first)
+    assert stages and killed and not (first.parent / "checkpoints").exists(), (tmp_path / "first.log").read_text()
+
+    assert study_cli(path) == 0
+    assert [t.state.name for t in optuna_trials(tmp_path, "lost")] == ["COMPLETE"]
+    (again,) = trial_runs(db, "lost")  # one run per trial
+    assert again.data.tags["search/trial"] == "0" and again.info.status == "FINISHED"
+    old = MlflowClient(f"sqlite:///{db}").get_run(killed)
+    assert again.data.tags[names.TAG_SUPERSEDES] == killed and old.info.lifecycle_stage == "deleted"
+    assert old.data.tags[names.TAG_SUPERSEDED_BY] == again.info.run_id and old.info.status == "FAILED"

@@ -10,9 +10,6 @@ tests/integration/test_study_concurrency.py) each trial's job runs a FakeCell in
 import contextlib
 import json
 import math
-import os
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,9 +17,8 @@ from pathlib import Path
 import optuna
 import pytest
 import yaml
-from mlflow import MlflowClient
 
-from helpers import LAUNCHER_ENV, ROOT, mlflow_runs, tracking_db, wait_for
+from helpers import mlflow_runs, tracking_db
 from integration.test_study_concurrency import fake_slurm, jobs  # noqa: F401 (a fixture)
 from pipeline import names
 from pipeline.layout import OutputDir
@@ -334,43 +330,6 @@ def test_trials_run_as_stage_processes_side_by_side_and_a_pruned_one_stops_at_it
     spans = sorted((r.info.start_time, r.info.end_time) for r in runs)
     assert any(b[0] < a[1] for a, b in zip(spans, spans[1:]))  # two trials ran side by side
     assert "Best configuration: trial " in (tmp_path / "report" / "search.md").read_text()
-
-
-@pytest.mark.slow  # a real trial killed before its first checkpoint, then the search run again
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the runner's children from /proc")
-def test_a_search_killed_before_any_checkpoint_keeps_one_run_per_trial(tmp_path):
-    """SIGKILL of the runner and its trial (each in a session of its own) once the trial's run is open,
-    nothing checkpointed; the same command again starts that trial over: the storage's trials and the
-    trial runs in the default view agree, the killed attempt's run retired behind the new one."""
-    from integration.test_study_kill import children, run_id_in
-
-    path, db = search_study(tmp_path, "lost", 1, epochs=1, pruner="none")
-    spec = yaml.safe_load(path.read_text())
-    spec["overrides"].append("train.save_every=0")
-    path.write_text(yaml.safe_dump(spec, sort_keys=False))
-    first = tmp_path / "outputs" / "lost" / "sentiment-t000" / "journal.jsonl"
-    with (tmp_path / "first.log").open("w") as log:
-        runner = subprocess.Popen([sys.executable, "-m", "pipeline", "study", str(path)], cwd=ROOT,
-                                  env={k: v for k, v in os.environ.items() if k not in LAUNCHER_ENV},
-                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_for(lambda: run_id_in(first) or runner.poll() is not None, what="the first trial's run")
-        stages = children(runner.pid)
-        for pid in [runner.pid, *stages]:
-            os.killpg(pid, signal.SIGKILL)
-    finally:
-        runner.kill()
-        runner.wait()
-    killed = run_id_in(first)
-    assert stages and killed and not (first.parent / "checkpoints").exists(), (tmp_path / "first.log").read_text()
-
-    assert study_cli(path) == 0
-    assert [t.state.name for t in optuna_trials(tmp_path, "lost")] == ["COMPLETE"]
-    (again,) = trial_runs(db, "lost")  # one run per trial
-    assert again.data.tags["search/trial"] == "0" and again.info.status == "FINISHED"
-    old = MlflowClient(f"sqlite:///{db}").get_run(killed)
-    assert again.data.tags[names.TAG_SUPERSEDES] == killed and old.info.lifecycle_stage == "deleted"
-    assert old.data.tags[names.TAG_SUPERSEDED_BY] == again.info.run_id and old.info.status == "FAILED"
 
 
 def fake_cell_command(study, cell, parent, gpus, *_, **__):
