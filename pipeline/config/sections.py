@@ -227,6 +227,26 @@ class TrainConfig:
         check("train.keep_checkpoints", t.keep_checkpoints, t.keep_checkpoints >= 1, "must be >= 1")
         check("train.max_nonfinite", t.max_nonfinite, t.max_nonfinite >= 1, "must be >= 1")
 
+def layer_pairs(spec: str) -> list[tuple[int, int]]:
+    """kd.layer_map as (student layer, teacher layer) pairs, checked as far as it can be without the
+    models (kd/terms.layer_map checks them against both): its form, layers from 1, increasing on
+    both sides."""
+    where = f"config: kd.layer_map={spec}"
+    try:
+        pairs = [tuple(int(x) for x in item.split(":")) for item in str(spec).split(",")]
+    except ValueError:
+        pairs = []
+    if not pairs or any(len(p) != 2 for p in pairs):
+        raise UserError(f"{where}: expected student:teacher layer pairs, e.g. 1:2,2:4,3:6")
+    for s, t in pairs:
+        for side, layer in (("student", s), ("teacher", t)):
+            if layer < 1:
+                raise UserError(f"{where}: {side} layer {layer} is out of range (layers are numbered from 1)")
+    if any(a[0] >= b[0] or a[1] >= b[1] for a, b in zip(pairs, pairs[1:])):
+        raise UserError(f"{where}: the layers must increase on both sides")
+    return pairs
+
+
 @dataclass
 class KDConfig:
     teacher: str | None = None
@@ -258,9 +278,12 @@ class KDConfig:
     """Student layer -> teacher layer pairs of the layer-wise terms (kd.hidden_weight,
     kd.attention_weight), numbered from 1 and increasing on both sides, e.g. 1:4,2:8,3:12 (quote
     it in YAML); unset = uniform (TinyBERT): student layer i -> teacher layer i*T/S of a T-layer
-    teacher and an S-layer student, the last to the last. Checked against both models at set-up."""
+    teacher and an S-layer student, the last to the last. Its form is checked as the config loads,
+    its layers against both models at set-up, whether or not a layer-wise term is on."""
 
     def validate(self) -> None:
+        if self.layer_map:
+            layer_pairs(self.layer_map)
         check("kd.alpha", self.alpha, 0 <= self.alpha <= 1, "must be in [0, 1]")
         check("kd.temperature", self.temperature, self.temperature > 0, "must be > 0")
         for name in (f.name for f in fields(self) if f.name.endswith("_weight")):  # a term's (kd/registry.py)
