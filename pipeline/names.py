@@ -177,6 +177,7 @@ TAG_STUDENT_INIT = "student.init"  # teacher-layers | weight-selection | scratch
 TAG_DATA_CACHE = "data_cache"  # hit | miss | partial: the prepared-features cache (features.py)
 TAG_DEV = "dev"  # where dev came from when not from a file of its own: holdout:F:SEED | skip (no dev evaluation)
 TAG_NO_TEST = "no_test"  # true: data.test unset beside a given data key, so the run has no test figures
+TAG_TEST_IS_TRAIN = "test_is_train"  # true: data.test is data.train's file, so the test figures are of rows trained on
 TAG_PRECISION_MODE = "precision_mode"  # autocast | pure16 | fp32: how 16-bit compute was done
 TAG_FALLBACK = "fallback"  # true when fewer processes ran than planned (grad_accum made up the rest)
 TAG_REQUESTED_WORLD_SIZE = "requested_world_size"  # the world size the global batch was planned for

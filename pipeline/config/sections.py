@@ -8,6 +8,7 @@ Every problem is a `UserError` naming the key and the reason (exit code 2).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.config.keys import did_you_mean
@@ -19,6 +20,8 @@ HOLDOUT = "holdout:"
 """data.dev's prefix for a fraction of the training rows held out."""
 DEV_SKIP = "skip"
 """data.dev's value for no dev evaluation (`none` would read as unset)."""
+HUB = "hub:"
+"""A data value's prefix for a Hugging Face Hub dataset (each split reads its own hub split)."""
 DATA_USES = {"train": "training", "dev": "dev evaluation, best-model selection and early stopping",
              "test": "the test figures"}
 COMPILE_MODES = ("auto", "off", "default", "reduce-overhead", "max-autotune")
@@ -43,7 +46,8 @@ def one_of(key: str, value: str, choices: tuple[str, ...], default: str) -> None
 class DataConfig:
     train: str | None = None
     """Training file, `hub:ID[:CONFIG]`, or `samples` (the task's built-in synthetic sample set).
-    Unset: the sample set, when no data key is given at all."""
+    Unset: the sample set, when no data key is given at all. Fewer than 100 rows to train on (a
+    held-out dev's taken out) draw a one-line warning as the job starts."""
     dev: str | None = None
     """Dev file (or hub:ID, or `samples`) for evaluation, best-model selection and early stopping;
     `holdout:F[:SEED]`: a fraction F of the training rows held out (the same rows on every rank,
@@ -55,7 +59,8 @@ class DataConfig:
     test: str | None = None
     """Test file (or hub:ID, or `samples`) evaluated once with the best model. Unset: the sample
     set when no data key is given; when another data key is, no test evaluation (no test/ figures,
-    said once on screen and by the run's tag no_test)."""
+    said once on screen and by the run's tag no_test). The training file itself: said once on
+    screen and by the run's tag test_is_train (its test figures are of rows trained on)."""
 
     def source(self, split: str) -> str | None:
         """The split's file or hub id; None: the task's built-in sample set. Only for a split read
@@ -90,6 +95,15 @@ class DataConfig:
             return None
         fraction, _, seed = self.dev[len(HOLDOUT):].partition(":")
         return float(fraction), int(seed or 0)
+
+    def tests_on_train(self) -> bool:
+        """Whether data.test is data.train's own file (the same path, resolved): the test figures
+        are then of rows the model trained on. The sample set and a hub dataset have a test split
+        of their own."""
+        files = (self.train, self.test)
+        if any(f is None or f == SAMPLES or f.startswith(HUB) for f in files):
+            return False
+        return Path(self.train).resolve() == Path(self.test).resolve()
 
     def holdout_name(self) -> str:
         """The held-out draw as holdout:F:SEED, its seed written out (tags, dataset names)."""
