@@ -337,11 +337,11 @@ def finish(loop: Loop) -> dict[str, float]:
 
 def final_figures(loop: Loop, test: Evaluation | None, serving: dict[str, float]) -> tuple[dict, dict[str, str]]:
     """The job's final figures by name (the best evaluation's eval/ ones and its epoch, the test
-    scores, the last logged loss, the whole job's perf/ and energy/ figures, AMP health, rank 0's
+    scores, the last logged loss and its terms, the whole job's perf/ and energy/ figures, AMP health, rank 0's
     `serving` figures) and the run's tags about them (the test split's collapse, why the best epoch)."""
     best, losses = loop.best, loop.losses
     figures = {**best.metrics, names.BEST_EPOCH: best.epoch, **(test.figures(names.test_metric) if test else {}),
-               names.TRAIN_LOSS: losses.last_loss, names.TRAIN_STEPS: loop.progress.step,
+               **losses.figures(), names.TRAIN_STEPS: loop.progress.step,
                names.TRAIN_EPOCHS: loop.progress.epoch, **loop.meters.final_figures(best.time_to_best),
                **losses.amp_figures(loop.stage.backend.loss_scale), **serving}
     tags = {**(collapse.flag(test.stall, "test", loop.stage.rt.is_main) if test else {}),
