@@ -162,6 +162,7 @@ TAG_DEVICE = "device"  # the device's name
 TAG_DEVICE_TYPE = "device_type"  # cuda | cpu
 TAG_CPU_BF16 = "cpu_bf16"  # a CPU run's bf16 hardware: AMX | AVX512-BF16 | none (bf16 emulated, slower than fp32)
 TAG_SEED = "seed"
+TAG_OUTPUT_DIR = "output_dir"  # the job's output_dir, resolved: an export of a copy of it opens a run of its own
 TAG_ENERGY_AVAILABLE = "energy_available"  # true | false: NVML's energy counter on some rank
 TAG_STUDY = "study"
 TAG_PROCEDURE = "procedure"
