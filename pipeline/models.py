@@ -19,7 +19,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -225,6 +225,30 @@ def _apply_overrides(config: PretrainedConfig, overrides: dict, spec: str) -> No
         if not hasattr(config, key):
             raise UserError(f"config: model_config.{key}: {spec}'s config has no such field")
         setattr(config, key, value)
+    hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+    if {"hidden_size", "num_attention_heads"} & set(overrides) and isinstance(heads, int) and hidden % heads:
+        rule = (f"must divide the hidden size {hidden}" if "num_attention_heads" in overrides
+                else f"{spec}'s {heads} attention heads must split it evenly")
+        raise heads_refusal(overrides, hidden, heads, rule, lambda h: h % heads == 0, lambda a: True, 2 * hidden)
+
+
+def heads_refusal(given: dict, hidden: int, heads: int, rule: str, hidden_ok: Callable[[int], bool],
+                  heads_ok: Callable[[int], bool], most: int) -> UserError:
+    """The one-line refusal of a hidden size and attention heads that do not fit (`rule` says why),
+    naming the model_config key the user gave (num_attention_heads where given, else hidden_size)
+    and a few nearby values that would work: hidden sizes up to `most` that `hidden_ok` takes with
+    these heads, head counts dividing this hidden size that `heads_ok` takes."""
+    def nearest(values: Iterable[int], to: int) -> str:
+        return ", ".join(map(str, sorted(sorted(values, key=lambda v: abs(v - to))[:4])))
+
+    key = "num_attention_heads" if "num_attention_heads" in given else "hidden_size"
+    fits = {"hidden_size": nearest((h for h in range(1, most + 1) if h != hidden and hidden_ok(h)), hidden),
+            "num_attention_heads": nearest((a for a in range(1, hidden + 1) if hidden % a == 0 and heads_ok(a)),
+                                           heads)}
+    works = [f"model_config.{k} {v}" for k, v in sorted(fits.items(), key=lambda kv: kv[0] != key) if v]
+    value = heads if key == "num_attention_heads" else hidden
+    return UserError(f"config: model_config.{key}={value}: {rule}" + (f"; would fit: {' or '.join(works)}"
+                                                                         if works else ""))
 
 
 def preset_tokenizer(texts: Iterable[str], vocab_size: int = PRESET_VOCAB) -> PreTrainedTokenizerFast:

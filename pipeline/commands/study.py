@@ -1,6 +1,6 @@
 """`python -m pipeline study STUDY.yaml [--jobs N] [--executor local|slurm] [--dry-run] [--report-only]
-[--no-timing] [--space KEY=KIND:A:B ... --trials N ...] [key=value | PROCEDURE:key=value ...]`: a matrix
-of stages run (pipeline/study/, whose docstring describes the study file), or a search over it
+[--no-timing] [--space KEY=KIND:A:B ... --trials N ...] [key=value | PROCEDURE:key=value | slurm.KEY=VALUE ...]`:
+a matrix of stages run (pipeline/study/, whose docstring describes the study file), or a search over it
 (pipeline/study/search.py)."""
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ def main(args: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline study")
     parser.add_argument("study", help="study file (YAML); see launch/studies/")
     parser.add_argument("overrides", nargs="*", help="key=value applied to every cell (after the study file's); "
-                        "PROCEDURE:key=value to that procedure's cells alone (teacher:model=bert-base-uncased)")
+                        "PROCEDURE:key=value to that procedure's cells alone (teacher:model=bert-base-uncased); "
+                        "slurm.KEY=VALUE: the study's slurm settings, over its file's (slurm.partition=gpu)")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the cells and their commands (with --executor slurm: every sbatch script and its "
                              "dependencies, checked as a submission checks them); run nothing")

@@ -68,10 +68,14 @@ class Config:
     unset keep the teacher's head size, the feed-forward its ratio to the width), each weight then
     the teacher's evenly spaced slice with attention heads whole (weight selection; the run's
     student.init tag says which init ran). A width the teacher cannot be sliced to (wider than
-    the teacher's, heads not dividing it or wider than the teacher's heads) is refused."""
+    the teacher's, heads not dividing it or wider than the teacher's heads; a hidden size with
+    heads unset not a multiple of the teacher's head size) is refused, naming the key given and
+    nearby values that would fit."""
     model_config: dict = field(default_factory=dict)
     """Overrides applied to the model's config, e.g. model_config.hidden_dropout_prob=0 (with
-    model=from_teacher:N the width keys shape the student only, the others both models)."""
+    model=from_teacher:N the width keys shape the student only, the others both models). A
+    hidden_size or num_attention_heads that leaves the heads not dividing the hidden size is
+    refused in one line naming the key given and nearby values that would fit."""
     task_options: dict = field(default_factory=dict)
     """Task-specific switches, e.g. task_options.binary=true for error_cls."""
     precision: str = DEFAULT_PRECISION

@@ -8,6 +8,7 @@ Every problem is a `UserError` naming the key and the reason (exit code 2).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Literal
 
 from pipeline.config.keys import did_you_mean
@@ -19,6 +20,8 @@ HOLDOUT = "holdout:"
 """data.dev's prefix for a fraction of the training rows held out."""
 DEV_SKIP = "skip"
 """data.dev's value for no dev evaluation (`none` would read as unset)."""
+HUB = "hub:"
+"""A data value's prefix for a Hugging Face Hub dataset (each split reads its own hub split)."""
 DATA_USES = {"train": "training", "dev": "dev evaluation, best-model selection and early stopping",
              "test": "the test figures"}
 COMPILE_MODES = ("auto", "off", "default", "reduce-overhead", "max-autotune")
@@ -43,7 +46,8 @@ def one_of(key: str, value: str, choices: tuple[str, ...], default: str) -> None
 class DataConfig:
     train: str | None = None
     """Training file, `hub:ID[:CONFIG]`, or `samples` (the task's built-in synthetic sample set).
-    Unset: the sample set, when no data key is given at all."""
+    Unset: the sample set, when no data key is given at all. Fewer than 100 rows to train on (a
+    held-out dev's taken out) draw a one-line warning as the job starts."""
     dev: str | None = None
     """Dev file (or hub:ID, or `samples`) for evaluation, best-model selection and early stopping;
     `holdout:F[:SEED]`: a fraction F of the training rows held out (the same rows on every rank,
@@ -55,7 +59,8 @@ class DataConfig:
     test: str | None = None
     """Test file (or hub:ID, or `samples`) evaluated once with the best model. Unset: the sample
     set when no data key is given; when another data key is, no test evaluation (no test/ figures,
-    said once on screen and by the run's tag no_test)."""
+    said once on screen and by the run's tag no_test). The training file itself: said once on
+    screen and by the run's tag test_is_train (its test figures are of rows trained on)."""
 
     def source(self, split: str) -> str | None:
         """The split's file or hub id; None: the task's built-in sample set. Only for a split read
@@ -90,6 +95,15 @@ class DataConfig:
             return None
         fraction, _, seed = self.dev[len(HOLDOUT):].partition(":")
         return float(fraction), int(seed or 0)
+
+    def tests_on_train(self) -> bool:
+        """Whether data.test is data.train's own file (the same path, resolved): the test figures
+        are then of rows the model trained on. The sample set and a hub dataset have a test split
+        of their own."""
+        files = (self.train, self.test)
+        if any(f is None or f == SAMPLES or f.startswith(HUB) for f in files):
+            return False
+        return Path(self.train).resolve() == Path(self.test).resolve()
 
     def holdout_name(self) -> str:
         """The held-out draw as holdout:F:SEED, its seed written out (tags, dataset names)."""
@@ -227,6 +241,26 @@ class TrainConfig:
         check("train.keep_checkpoints", t.keep_checkpoints, t.keep_checkpoints >= 1, "must be >= 1")
         check("train.max_nonfinite", t.max_nonfinite, t.max_nonfinite >= 1, "must be >= 1")
 
+def layer_pairs(spec: str) -> list[tuple[int, int]]:
+    """kd.layer_map as (student layer, teacher layer) pairs, checked as far as it can be without the
+    models (kd/terms.layer_map checks them against both): its form, layers from 1, increasing on
+    both sides."""
+    where = f"config: kd.layer_map={spec}"
+    try:
+        pairs = [tuple(int(x) for x in item.split(":")) for item in str(spec).split(",")]
+    except ValueError:
+        pairs = []
+    if not pairs or any(len(p) != 2 for p in pairs):
+        raise UserError(f"{where}: expected student:teacher layer pairs, e.g. 1:2,2:4,3:6")
+    for s, t in pairs:
+        for side, layer in (("student", s), ("teacher", t)):
+            if layer < 1:
+                raise UserError(f"{where}: {side} layer {layer} is out of range (layers are numbered from 1)")
+    if any(a[0] >= b[0] or a[1] >= b[1] for a, b in zip(pairs, pairs[1:])):
+        raise UserError(f"{where}: the layers must increase on both sides")
+    return pairs
+
+
 @dataclass
 class KDConfig:
     teacher: str | None = None
@@ -258,9 +292,12 @@ class KDConfig:
     """Student layer -> teacher layer pairs of the layer-wise terms (kd.hidden_weight,
     kd.attention_weight), numbered from 1 and increasing on both sides, e.g. 1:4,2:8,3:12 (quote
     it in YAML); unset = uniform (TinyBERT): student layer i -> teacher layer i*T/S of a T-layer
-    teacher and an S-layer student, the last to the last. Checked against both models at set-up."""
+    teacher and an S-layer student, the last to the last. Its form is checked as the config loads,
+    its layers against both models at set-up, whether or not a layer-wise term is on."""
 
     def validate(self) -> None:
+        if self.layer_map:
+            layer_pairs(self.layer_map)
         check("kd.alpha", self.alpha, 0 <= self.alpha <= 1, "must be in [0, 1]")
         check("kd.temperature", self.temperature, self.temperature > 0, "must be > 0")
         for name in (f.name for f in fields(self) if f.name.endswith("_weight")):  # a term's (kd/registry.py)

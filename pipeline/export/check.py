@@ -1,8 +1,9 @@
-"""An export checked against the model it came from, not trusted: on the dev split's batches (as the
-stage batched them for evaluation, each padded to its own longest row, so the dynamic axes are
-exercised) the largest absolute difference of every output and the share of predictions (argmax)
-that agree; then the task's test metrics computed with the exported graph through the task's own
-scorer (evaluation.evaluate), beside the PyTorch model's.
+"""An export checked against the model it came from, not trusted: on the dev split's batches (the
+test split's, or a draw of the training rows, in a stage without dev; as the stage batched them
+for evaluation, each padded to its own longest row, so the dynamic axes are exercised) the largest
+absolute difference of every output and the share of predictions (argmax) that agree; then the
+task's test metrics computed with the exported graph through the task's own scorer
+(evaluation.evaluate), beside the PyTorch model's.
 
 An fp32 graph is the same function as the PyTorch model up to float rounding: one whose predictions
 or logits differ beyond FP32_AGREEMENT / FP32_MAX_ABS_DIFF is a broken export and fails in one line.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,13 +31,23 @@ FP32_AGREEMENT = 0.99
 flip one of a hundred by rounding)."""
 
 
-def stage_data(stage: FinishedStage, tokenizer) -> tuple[DataLoader, DataLoader | None,
-                                                         Callable[..., dict[str, float]]]:
-    """The batches an export of `stage` is checked on, as its evaluation batched them
-    (train.eval_batch_size, the task's collator): the split predictions are compared on (dev; test,
-    or a draw of the training rows, in a stage without dev), the test split (None in a stage
-    without one), and its test scorer: the task's test metrics of a model (PyTorch or exported)
-    through the stage's own scorer (evaluation.evaluate; no figures without a test split)."""
+@dataclass(frozen=True)
+class CheckData:
+    """The batches an export is checked on, as the stage's evaluation batched them."""
+
+    compared: DataLoader
+    """The rows predictions are compared on: dev; test, or a draw of the training rows, in a stage without dev."""
+    rows: str
+    """What those rows are, as the check's lines and check.json name them."""
+    test: DataLoader | None
+    """The test split; None in a stage without one."""
+    test_scores: Callable[..., dict[str, float]]
+    """The task's test metrics of a model (PyTorch or exported) through the stage's own scorer
+    (evaluation.evaluate; no figures without a test split)."""
+
+
+def stage_data(stage: FinishedStage, tokenizer) -> CheckData:
+    """The batches an export of `stage` is checked on (train.eval_batch_size, the task's collator)."""
     from pipeline.evaluation import evaluate
     from pipeline.runtime.precision import resolve
 
@@ -44,6 +56,9 @@ def stage_data(stage: FinishedStage, tokenizer) -> tuple[DataLoader, DataLoader 
         train_rows = len(stage.splits(("train",)).examples["train"])
         draw = dataclasses.replace(stage.cfg.data, dev=f"{HOLDOUT}{min(0.5, 512 / train_rows)}:0")
         splits = stage.splits(("dev",), data=draw)
+        what = f"training rows ({len(splits.examples['dev'])} drawn: the stage has no dev or test split)"
+    else:
+        what = "dev split" if "dev" in splits.examples else "test split (the stage has no dev split)"
     prepared = splits.features(tokenizer, stage.cfg.train.max_length)
     collate = stage.task.collator(tokenizer)
     loaders = {split: DataLoader(rows, batch_size=stage.cfg.train.eval_batch_size, collate_fn=collate)
@@ -56,7 +71,7 @@ def stage_data(stage: FinishedStage, tokenizer) -> tuple[DataLoader, DataLoader 
                           splits.examples["test"], prepared["test"]).scores
         return {k: float(v) for k, v in scores.items() if k != "loss" and np.isfinite(v)}
 
-    return loaders.get("dev", loaders.get("test")), loaders.get("test"), test_scores
+    return CheckData(loaders.get("dev", loaders.get("test")), what, loaders.get("test"), test_scores)
 
 
 def training_texts(stage: FinishedStage):
@@ -89,12 +104,12 @@ def compare(reference: torch.nn.Module, exported, loader) -> dict[str, float]:
             "predictions": compared, "rows": rows}
 
 
-def verdict(path: Path, dev: dict[str, float]) -> None:
+def verdict(path: Path, dev: dict[str, float], rows: str) -> None:
     """An fp32 graph that disagrees with its PyTorch model beyond tolerance (`dev`: compare's
-    figures): the one-line refusal."""
+    figures on `rows`, CheckData.rows): the one-line refusal."""
     limit = FP32_MAX_ABS_DIFF * max(1.0, dev["logit_scale"])
     if dev["agreement"] < FP32_AGREEMENT or dev["max_abs_diff"] > limit:
-        raise UserError(f"export --check: {path.name} disagrees with the PyTorch model on the dev split: "
+        raise UserError(f"export --check: {path.name} disagrees with the PyTorch model on the {rows}: "
                         f"{100 * dev['agreement']:.1f}% of predictions agree (at least {100 * FP32_AGREEMENT:.0f}% "
                         f"expected), largest logit difference {dev['max_abs_diff']:.3g} (at most {limit:.3g}); "
                         "the export is not written")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,6 +28,9 @@ from pipeline.errors import UserError
 from pipeline.fsutil import atomic_dir, write_json
 from pipeline.layout import OutputDir
 from pipeline.tracking import finished_stage
+
+if TYPE_CHECKING:
+    from pipeline.export.check import CheckData
 
 log = logging.getLogger("pipeline")
 EXPORT, CHECK_JSON = OutputDir.EXPORT, OutputDir.EXPORT_CHECK
@@ -93,7 +97,8 @@ def export(spec: str, int8: bool = False, check: bool = False, uri: str | None =
 
         name = model_name(root / EXPORT / written[shown], shown)
         run_id = log_to_run(out, report["metrics"], root / EXPORT / MLFLOW_MODEL, name, uri)
-        log.info("export: checked: %s", "; ".join(_summary(v, report["variants"][v]) for v in written))
+        log.info("export: checked on the %s: %s", report["compared_on"],
+                 "; ".join(_summary(v, report["variants"][v]) for v in written))
         if run_id:
             log.info("export: export/* metrics and the %s graph (MLflow model %r) logged on run %s", shown, name,
                      run_id)
@@ -116,25 +121,27 @@ def _trim(stage: finished_stage.FinishedStage, model: torch.nn.Module, tokenizer
     folder.mkdir()
     save_pretrained_fp32(trimmed.model, trimmed.model.state_dict(), trimmed.tokenizer, folder)
     data = check.stage_data(stage, AutoTokenizer.from_pretrained(str(folder)))
-    proof = trim_vocab.prove(model, trimmed, check.stage_data(stage, tokenizer)[0], data[0])
+    proof = trim_vocab.prove(model, trimmed, check.stage_data(stage, tokenizer).compared, data.compared)
     before, after = count_params(model), count_params(trimmed.model)
     on_disk = sum(f.stat().st_size for f in folder.glob("*.safetensors")) / 2**20
     figures = {"vocab_size_before": model.config.vocab_size, "vocab_size": trimmed.model.config.vocab_size,
                "params_before": before[0], "params": after[0], "params_no_embed": after[1],
                "size_mb_before": size_mb, "size_mb": on_disk, **proof}
     write_json(folder.parent / TRIM_JSON, figures)
-    _trimmed_card(stage.out.best, folder, figures)
+    _trimmed_card(stage.out.best, folder, figures, data.rows)
     log.info("export: vocabulary trimmed to the training data's tokens in %.1fs: %d -> %d tokens, %.1fM -> %.1fM "
-             "parameters, %.1f -> %.1f MB; dev: %d rows, %d without a trimmed token, all predicted alike; %d with "
-             "one (%d still alike)", time.perf_counter() - t0, figures["vocab_size_before"], figures["vocab_size"],
-             before[0] / 1e6, after[0] / 1e6, size_mb, figures["size_mb"], proof["dev_rows"], proof["dev_rows_equal"],
-             proof["dev_rows_with_trimmed"], proof["dev_rows_with_trimmed_agree"])
+             "parameters, %.1f -> %.1f MB; on the %s: %d rows, %d without a trimmed token, all predicted alike; %d "
+             "with one (%d still alike)", time.perf_counter() - t0, figures["vocab_size_before"],
+             figures["vocab_size"], before[0] / 1e6, after[0] / 1e6, size_mb, figures["size_mb"], data.rows,
+             proof["dev_rows"], proof["dev_rows_equal"], proof["dev_rows_with_trimmed"],
+             proof["dev_rows_with_trimmed_agree"])
     return (trimmed.model, trimmed.tokenizer, {names.export_metric(TRIM, k): float(v) for k, v in figures.items()},
             data)
 
 
-def _trimmed_card(best: Path, folder: Path, figures: dict) -> None:
-    """best/'s model card in the trimmed folder, with what the cut changed and what the dev split proved."""
+def _trimmed_card(best: Path, folder: Path, figures: dict, rows: str) -> None:
+    """best/'s model card in the trimmed folder, with what the cut changed and what `rows` (the
+    check's, CheckData.rows) proved."""
     from pipeline.tracking.model_card import CARD
 
     card = (best / CARD).read_text(encoding="utf-8") if (best / CARD).is_file() else ""
@@ -143,13 +150,13 @@ def _trimmed_card(best: Path, folder: Path, figures: dict) -> None:
              "single character and continuation piece, so any input is still spelled: "
              f"{f['vocab_size_before']} -> {f['vocab_size']} tokens, {f['params_before'] / 1e6:.1f}M -> "
              f"{f['params'] / 1e6:.1f}M parameters, {f['size_mb_before']:.1f} -> {f['size_mb']:.1f} MB on disk. "
-             f"On the dev split ({f['dev_rows']} rows) the predictions equal the untrimmed model's on all "
+             f"On the {rows}, {f['dev_rows']} rows, the predictions equal the untrimmed model's on all "
              f"{f['dev_rows_equal']} rows without a trimmed token; {f['dev_rows_with_trimmed']} rows hold one, "
              f"{f['dev_rows_with_trimmed_agree']} of them predicted alike.\n")
     (folder / CARD).write_text(card, encoding="utf-8")
 
 
-def _check(stage: finished_stage.FinishedStage, model: torch.nn.Module, tmp: Path, data: tuple | None,
+def _check(stage: finished_stage.FinishedStage, model: torch.nn.Module, tmp: Path, data: CheckData | None,
            written: dict[str, str], params: tuple[int, int], sizes: dict[str, float], torch_size_mb: float) -> dict:
     """Each graph against `model`: dev agreement, test metrics; the fp32 graph's verdict; check.json,
     the MLflow model, and the metrics (in the returned report). `data`: the stage's data as the
@@ -161,8 +168,10 @@ def _check(stage: finished_stage.FinishedStage, model: torch.nn.Module, tmp: Pat
     t0 = time.perf_counter()
     from transformers import AutoTokenizer
 
-    dev, test, test_scores = data or check.stage_data(stage, AutoTokenizer.from_pretrained(str(tmp)))
-    report = {"pytorch": {"test": test_scores(model), "size_mb": torch_size_mb}, "variants": {},
+    data = data or check.stage_data(stage, AutoTokenizer.from_pretrained(str(tmp)))
+    dev, test, test_scores = data.compared, data.test, data.test_scores
+    report = {"compared_on": data.rows, "pytorch": {"test": test_scores(model), "size_mb": torch_size_mb},
+              "variants": {},
               "tolerance": {"fp32_agreement": check.FP32_AGREEMENT,
                             "fp32_max_abs_diff_relative": check.FP32_MAX_ABS_DIFF}}
     metrics = {}
@@ -170,7 +179,7 @@ def _check(stage: finished_stage.FinishedStage, model: torch.nn.Module, tmp: Pat
         graph = OnnxModel(tmp / name, params)
         agreement = check.compare(model, graph, dev)
         if variant == "fp32":
-            check.verdict(tmp / name, agreement)
+            check.verdict(tmp / name, agreement, data.rows)
         scores = test_scores(graph)
         report["variants"][variant] = {"file": name, "size_mb": sizes[variant], "dev": agreement, "test": scores}
         metrics.update({names.export_metric(variant, names.EXPORT_MAX_ABS_DIFF): agreement["max_abs_diff"],
@@ -189,5 +198,5 @@ def _check(stage: finished_stage.FinishedStage, model: torch.nn.Module, tmp: Pat
 def _summary(variant: str, entry: dict) -> str:
     dev, main = entry["dev"], entry["test"].get("main")
     tested = "no test split" if main is None else f"test main {main:.4f}"
-    return (f"{variant}: {100 * dev['agreement']:.1f}% of dev predictions agree with PyTorch, largest logit difference "
+    return (f"{variant}: {100 * dev['agreement']:.1f}% of predictions agree with PyTorch, largest logit difference "
             f"{dev['max_abs_diff']:.2g}, {tested}, {entry['size_mb']:.1f} MB")

@@ -57,7 +57,8 @@ def fit_batch(stage: Stage) -> Stage:
         picked, one_row = ([eval_row] * n, collate([train_row])) if evaluate else ([train_row] * n, None)
         return _trial(stage, collate(picked), one_row, limit)
 
-    longest = {split: _longest(rows[split]) for split in SPLITS if split in rows}  # (its row, its tokens)
+    collate = _collate(stage)
+    longest = {split: _longest(rows[split], collate) for split in SPLITS if split in rows}  # (its row, its length)
     # a job without dev and test evaluates nothing: its training rows stand in (the finder's shape)
     evaluated = [split for split in ("dev", "test") if split in rows] or ["train"]
     eval_split = max(evaluated, key=lambda split: longest[split][1])
@@ -65,7 +66,6 @@ def fit_batch(stage: Stage) -> Stage:
     what = f"{max(tokens for _, tokens in longest.values())} tokens"
     # the largest evaluation split's rows per rank: no evaluation batch is larger
     eval_rows = math.ceil(max(len(rows[split]) for split in evaluated) / stage.rt.world_size)
-    collate = _collate(stage)
     with _model_kept(stage):
         found = batch_fit.find(cfg.train.batch_size * cfg.train.grad_accum, eval_rows, trial,
                                functools.partial(trial, evaluate=True), _capacity(stage), what)
@@ -81,11 +81,11 @@ def check_batch(stage: Stage) -> Stage:
     (measure/memory.py). Past it, torch.OutOfMemoryError, as a capped GPU raises in its first
     step (the CLI's one line, exit 1); else the stage with the step's peak in its batch_fit tag.
     The memory-ceiling study's batch ladder runs its rungs on a CPU so."""
-    cfg = stage.cfg
-    row, tokens = _longest(stage.features["train"])
+    cfg, collate = stage.cfg, _collate(stage)
+    row, tokens = _longest(stage.features["train"], collate)
     capacity = _capacity(stage)
     with _model_kept(stage):
-        peak = _trial(stage, _collate(stage)([row] * cfg.train.batch_size), None, capacity)
+        peak = _trial(stage, collate([row] * cfg.train.batch_size), None, capacity)
     what = f"train.batch_size={cfg.train.batch_size} at {tokens} tokens under train.memory_limit_mb=" \
            f"{cfg.train.memory_limit_mb}"
     if peak is None:
@@ -98,11 +98,12 @@ def check_batch(stage: Stage) -> Stage:
     return stage.resplit(cfg.train.batch_size, cfg.train.grad_accum, cfg.train.eval_batch_size, found)
 
 
-def _longest(rows) -> tuple[dict, int]:
-    """A split's longest row (the first of the longest) and its tokens: every trial runs at it."""
+def _longest(rows, collate) -> tuple[dict, int]:
+    """A split's longest row (the first of the longest) and the length its batches run at (as
+    collated: train.pad_to_multiple_of's padding included): every trial runs at it."""
     lengths = features.sequence_lengths(rows)
     index = max(range(len(lengths)), key=lengths.__getitem__)
-    return rows[index], lengths[index]
+    return rows[index], collate([rows[index]])["input_ids"].shape[1]
 
 
 def _collate(stage: Stage):

@@ -29,7 +29,14 @@ from pipeline.job.parts.progress import Progress
 from pipeline.job.parts.step_losses import StepLosses
 from pipeline.job.records import stage_outputs
 from pipeline.job.records.metrics import MetricsProcessor
-from pipeline.job.records.start_block import evaluation_data, model_line, precision_line, run_url, start_block
+from pipeline.job.records.start_block import (
+    evaluation_data,
+    few_rows_warning,
+    model_line,
+    precision_line,
+    run_url,
+    start_block,
+)
 from pipeline.job.stage import Stage
 from pipeline.measure import collapse
 from pipeline.measure.telemetry import StageMeters
@@ -141,9 +148,13 @@ def begin(loop: Loop) -> None:
             **({names.TAG_KD_CACHE: stage.distiller.cache_outcome} if stage.distiller else {}),
             **({names.TAG_BATCH_FIT: stage.batch_found} if stage.batch_found else {}),
             **({names.TAG_STUDENT_INIT: stage.student_init} if stage.student_init else {})}
-    evaluated, note = evaluation_data(stage.cfg.data, {split: len(rows) for split, rows in stage.examples.items()})
+    counts = {split: len(rows) for split, rows in stage.examples.items()}
+    evaluated, note = evaluation_data(stage.cfg.data, counts)
     if note and stage.rt.is_main:  # what the job evaluates on where it is not a file of its own
         log.info(note)
+    few = few_rows_warning(stage.cfg.data, counts)
+    if few and stage.rt.is_main:
+        log.warning(few)
     # rank 0 logs the datasets: the others' would digest every dev and test example for nothing
     datasets = describe_datasets(stage.cfg.data, stage.task, stage.examples) if stage.rt.is_main else []
     loop.metrics.begin(stage.out, stage.backend.extra_artifacts, {**tags, **evaluated}, datasets)
@@ -326,11 +337,11 @@ def finish(loop: Loop) -> dict[str, float]:
 
 def final_figures(loop: Loop, test: Evaluation | None, serving: dict[str, float]) -> tuple[dict, dict[str, str]]:
     """The job's final figures by name (the best evaluation's eval/ ones and its epoch, the test
-    scores, the last logged loss, the whole job's perf/ and energy/ figures, AMP health, rank 0's
+    scores, the last logged loss and its terms, the whole job's perf/ and energy/ figures, AMP health, rank 0's
     `serving` figures) and the run's tags about them (the test split's collapse, why the best epoch)."""
     best, losses = loop.best, loop.losses
     figures = {**best.metrics, names.BEST_EPOCH: best.epoch, **(test.figures(names.test_metric) if test else {}),
-               names.TRAIN_LOSS: losses.last_loss, names.TRAIN_STEPS: loop.progress.step,
+               **losses.figures(), names.TRAIN_STEPS: loop.progress.step,
                names.TRAIN_EPOCHS: loop.progress.epoch, **loop.meters.final_figures(best.time_to_best),
                **losses.amp_figures(loop.stage.backend.loss_scale), **serving}
     tags = {**(collapse.flag(test.stall, "test", loop.stage.rt.is_main) if test else {}),

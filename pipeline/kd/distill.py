@@ -103,7 +103,8 @@ class Distiller:
         self.computes: dict[str, registry.Compute] = {}
         """Each term of `terms` built for the student watch_student was given, by name."""
         self.layer_pairs: list[tuple[int, int]] = []
-        """kd.layer_map as checked against the student and the teacher, where a layer-wise term is on."""
+        """kd.layer_map as checked against the student and the teacher, where a layer-wise term is on
+        or the map is given."""
         live = any(t.live for t in self.terms)
         self.use_cache = kd.cache and not live
         if kd.cache and live and rt.is_main:
@@ -217,13 +218,15 @@ class Distiller:
 
     def watch_student(self, student: PreTrainedModel) -> None:
         """Build every term that is on for `student`, before its optimizer exists (a term's
-        projections are its parameters): the layer-wise ones check kd.layer_map against both models,
-        hook Q/K/V on the mapped layers of both, attach the projections to it."""
+        projections are its parameters): kd.layer_map, where given or a layer-wise term is on, is
+        checked against both models; the layer-wise terms hook Q/K/V on the mapped layers of both and
+        attach the projections to it."""
         teacher = getattr(self.teacher, "_orig_mod", self.teacher)  # the module itself, compiled or not
         self.computes = {t.name: t.build(self.kd, self.task, self.policy, student, teacher) for t in self.terms}
-        if any(t.layer_wise for t in self.terms):
+        layer_wise = any(t.layer_wise for t in self.terms)
+        if layer_wise or self.kd.layer_map:  # a map given is checked even with no term to use it
             self.layer_pairs = registry.layer_pairs(self.kd, student, teacher)
-            if self.rt.is_main:
+            if layer_wise and self.rt.is_main:
                 log.info("layer-wise terms over student:teacher layers %s%s",
                          ",".join(f"{s}:{t}" for s, t in self.layer_pairs),
                          f"; hidden states through learned projections {student.config.hidden_size} -> "

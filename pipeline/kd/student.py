@@ -23,6 +23,7 @@ import torch
 from pipeline import names
 from pipeline.errors import UserError
 from pipeline.measure.flops import ModelSize
+from pipeline.models import heads_refusal
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -84,7 +85,7 @@ def from_teacher(spec: str, teacher: PreTrainedModel, task: Task, model_config: 
     theirs = teacher.config.to_dict()
     width = _width(spec, model_config, theirs)
     config = teacher.config.__class__.from_dict({**theirs, **width, "num_hidden_layers": n_layers})
-    kept = _kept(config, teacher.config, spec) if width else None
+    kept = _kept(config, teacher.config, spec, model_config) if width else None
     student = task.model_class.from_config(config, dtype=torch.float32)
     source = teacher.state_dict()
     chosen = spaced_layers(n_layers, total)
@@ -124,23 +125,35 @@ def _teacher_key(key: str, chosen: list[int]) -> str:
     return f"{head}.layer.{chosen[int(index)]}.{tail}" if index.isdigit() else key
 
 
-def _kept(student: PretrainedConfig, teacher: PretrainedConfig, spec: str) -> dict[str, tuple[int, list[int]]]:
+def _kept(student: PretrainedConfig, teacher: PretrainedConfig, spec: str, given: dict
+          ) -> dict[str, tuple[int, list[int]]]:
     """What a narrower student keeps of the teacher, per kind of dimension (hidden, heads: the
     attention output units, heads x head size, whole heads each its first dims; ffn): the teacher's
-    size of it and the indices kept. A UserError names the width that cannot be sliced from the teacher's."""
+    size of it and the indices kept. A UserError names the width that cannot be sliced from the
+    teacher's: the model_config key the user gave (`given`) and nearby values that would fit."""
     h, a, f = student.hidden_size, student.num_attention_heads, student.intermediate_size
     th, ta, tf = teacher.hidden_size, teacher.num_attention_heads, teacher.intermediate_size
     for key, value, most in (("hidden_size", h, th), ("num_attention_heads", a, ta), ("intermediate_size", f, tf)):
         if not 1 <= value <= most:
             raise UserError(f"config: model_config.{key}={value}: model={spec} takes at least 1 and at most "
                             f"the teacher's {most}")
-    if h % a:
-        raise UserError(f"config: model_config.num_attention_heads={a}: must divide the hidden size {h}")
     size, teacher_size = h // a, th // ta
-    if size > teacher_size:
-        raise UserError(f"config: model_config.num_attention_heads={a}: heads of {size} dimensions "
-                        f"(hidden_size {h} / {a}) are wider than the teacher's ({teacher_size}); "
-                        f"give at least {-(-h // teacher_size)} heads")
+    if h % a or size > teacher_size:
+        derived = "num_attention_heads" not in given  # heads follow the width at the teacher's head size
+        if derived:
+            rule = (f"with model_config.num_attention_heads unset the student keeps the teacher's head size "
+                    f"{teacher_size}, which must split it")
+        elif h % a:
+            rule = f"must divide the hidden size {h}"
+        else:
+            rule = f"heads of {size} dimensions (hidden_size {h} / {a}) are wider than the teacher's ({teacher_size})"
+
+        def hidden_ok(width: int) -> bool:
+            if derived:
+                return width % teacher_size == 0
+            return width % a == 0 and width // a <= teacher_size
+
+        raise heads_refusal(given, h, a, rule, hidden_ok, lambda n: n <= ta and h // n <= teacher_size, th)
     heads = [head * teacher_size + d for head in spaced_layers(a, ta) for d in range(size)]
     return {"hidden": (th, spaced_layers(h, th)), "heads": (ta * teacher_size, heads),
             "ffn": (tf, spaced_layers(f, tf))}

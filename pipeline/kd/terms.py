@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from pipeline.config.sections import layer_pairs
 from pipeline.errors import UserError
 
 if TYPE_CHECKING:
@@ -70,19 +71,12 @@ def layer_map(spec: str | None, student_layers: int, teacher_layers: int) -> lis
     not increase on both sides."""
     if not spec:
         return [(i, max(1, i * teacher_layers // student_layers)) for i in range(1, student_layers + 1)]
-    where = f"config: kd.layer_map={spec}"
-    try:
-        pairs = [tuple(int(x) for x in item.split(":")) for item in str(spec).split(",")]
-    except ValueError:
-        pairs = []
-    if not pairs or any(len(p) != 2 for p in pairs):
-        raise UserError(f"{where}: expected student:teacher layer pairs, e.g. 1:2,2:4,3:6")
+    pairs = layer_pairs(spec)
     for (s, t) in pairs:
         for side, layer, total in (("student", s, student_layers), ("teacher", t, teacher_layers)):
-            if not 1 <= layer <= total:
-                raise UserError(f"{where}: {side} layer {layer} is out of range (the {side} has layers 1..{total})")
-    if any(a[0] >= b[0] or a[1] >= b[1] for a, b in zip(pairs, pairs[1:])):
-        raise UserError(f"{where}: the layers must increase on both sides")
+            if layer > total:
+                raise UserError(f"config: kd.layer_map={spec}: {side} layer {layer} is out of range (the {side} "
+                                f"has layers 1..{total})")
     return pairs
 
 

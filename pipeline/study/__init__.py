@@ -27,6 +27,7 @@ Study file (YAML):
       time: "04:00:00"               #   a cell's time limit (quoted: YAML reads 4:00:00 as a number)
       account: proj1                 #   optional: account, qos, cpus_per_task, mem, extra: [--constraint=h100]
       gpus_per_node: 8               #   GPUs of a cell whose nproc is auto/gpu (others: their nproc); 0: CPU jobs
+                                     # each also slurm.KEY=VALUE on the command line, over the file's
     launcher: none                   # none | torchrun | deepspeed, or a mapping:
                                      #   {type: torchrun, nproc: 2, nnodes: 1, rdzv_endpoint: HOST:PORT}
                                      #   {type: deepspeed, nproc: 8, config: ds_configs/zero2.json}

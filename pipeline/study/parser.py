@@ -29,6 +29,8 @@ STUDY_KEYS = ("name", "description", "config", "overrides", "launcher", "procedu
               "report_dir", "slurm", "search")
 SLURM_TEXT = ("partition", "time", "account", "qos", "mem", "report_time")
 SLURM_COUNTS = ("cpus_per_task", "gpus_per_node")
+SLURM = "slurm."
+"""A command-line override's prefix for the study's own slurm settings (slurm.partition=gpu), not a cell's key."""
 
 
 def load_study(path: str | Path, extra: list[str] = (), search: dict | None = None) -> tuple[Study, list[Cell]]:
@@ -85,25 +87,35 @@ def _study(path: Path, raw: object, extra: list[str]) -> Study:
     for key in ("output_root", "report_dir"):
         if raw.get(key) is not None and not isinstance(raw[key], str):
             raise study_error(path, key, "expected a path")
-    plain, scoped = _command_line(path, extra, procedures)
+    plain, scoped, slurm = _command_line(path, extra, procedures)
     return Study(
         name=name, path=path, config=config,
         overrides=_overrides(path, raw.get("overrides"), "overrides"),
         extra=plain, scoped=scoped,
         launcher=_launcher(path, raw.get("launcher"), "launcher"), procedures=procedures, blocks=blocks,
         output_root=Path(raw.get("output_root") or "outputs"),
-        report_dir=Path(raw.get("report_dir") or f"reports/{name}"), slurm=_slurm(path, raw.get("slurm")))
+        report_dir=Path(raw.get("report_dir") or f"reports/{name}"),
+        slurm=_slurm(path, raw.get("slurm"), slurm))
 
 
 def _command_line(path: Path, extra: list[str], procedures: dict[str, Procedure]
-                  ) -> tuple[list[tuple[str, str]], dict[str, list[tuple[str, str]]]]:
+                  ) -> tuple[list[tuple[str, str]], dict[str, list[tuple[str, str]]], dict[str, object]]:
     """The command line's overrides: key=value for every cell, PROCEDURE:key=value for the cells of
-    one procedure (the teacher's model alone, say), applied last."""
+    one procedure (the teacher's model alone, say), applied last; and slurm.KEY=VALUE, the study's
+    own slurm settings over its file's (each slurm.extra one more sbatch option)."""
     plain: list[tuple[str, str]] = []
     scoped: dict[str, list[tuple[str, str]]] = {}
+    slurm: dict[str, object] = {}
     for item in extra:
         text = _check_override(path, item, "command line")
-        key, _, _ = text.partition("=")
+        key, _, value = text.partition("=")
+        if key.startswith(SLURM):
+            name = key[len(SLURM):]
+            if name == "extra":
+                slurm.setdefault("extra", []).append(value)
+            else:
+                slurm[name] = int(value) if name in SLURM_COUNTS and value.isdigit() else value
+            continue
         if ":" not in key:
             plain.append((text, "command line"))
             continue
@@ -113,15 +125,20 @@ def _command_line(path: Path, extra: list[str], procedures: dict[str, Procedure]
                               f"{', '.join(procedures) or 'none'}); PROCEDURE:key=value changes that procedure's cells")
         scoped.setdefault(procedure, []).append((_check_override(path, override, "command line"),
                                                  f"command line ({procedure})"))
-    return plain, scoped
+    return plain, scoped, slurm
 
 
-def _slurm(path: Path, raw: object) -> SlurmSettings:
-    if raw is None:
+def _slurm(path: Path, raw: object, command_line: dict[str, object]) -> SlurmSettings:
+    """The study file's `slurm` mapping with the command line's slurm.KEY=VALUE over it, checked."""
+    if raw is None and not command_line:
         return SlurmSettings()
     known = (*SLURM_TEXT, *SLURM_COUNTS, "extra")
-    if not isinstance(raw, dict):
+    if raw is not None and not isinstance(raw, dict):
         raise study_error(path, "slurm", f"expected a mapping with {', '.join(known)}")
+    in_file = raw or {}
+    raw = {**in_file, **command_line}
+    if "extra" in command_line and isinstance(in_file.get("extra"), list):
+        raw["extra"] = [*in_file["extra"], *command_line["extra"]]
     for k, v in raw.items():
         if k not in known:
             raise study_error(path, f"slurm.{k}", f"unknown key (expected one of {', '.join(known)})")

@@ -27,6 +27,7 @@ from pipeline.errors import UserError
 from pipeline.study import cell_end
 from pipeline.study.runner import OpenStudy, report_only
 from pipeline.study.slurm_job import (
+    WHERE,
     cell_script,
     gpus_per_node,
     header,
@@ -47,7 +48,7 @@ def check(study: Study, cells: list[Cell]) -> dict[str, int]:
     UserError naming the key): the partition; each cell's GPUs per node, returned by cell name."""
     if not study.slurm.partition:
         raise study_error(study.path, "slurm.partition", "required by --executor slurm (the partition of the cells' "
-                                                         "jobs)")
+                                                         f"jobs): {WHERE.format(key='partition', value='NAME')}")
     return {c.name: gpus_per_node(study, c) for c in cells}
 
 

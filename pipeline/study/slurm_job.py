@@ -44,6 +44,10 @@ def exit_code(study: Study, cell: Cell) -> tuple[int, str] | None:
     return end["exit_code"], cell_end.log_last_line(study.cell_log(cell))
 
 
+WHERE = "set {key}: {value} in the study file's `slurm:` mapping, or slurm.{key}={value} on the command line"
+"""Where a study's slurm settings are set, as a refusal of a missing one says."""
+
+
 def gpus_per_node(study: Study, cell: Cell) -> int:
     """GPUs per node of a cell's job: its processes per node, or slurm.gpus_per_node for auto/gpu."""
     nproc = cell.launcher.nproc
@@ -51,7 +55,8 @@ def gpus_per_node(study: Study, cell: Cell) -> int:
         return study.slurm.gpus_per_node
     if not isinstance(nproc, int):
         raise study_error(study.path, "slurm.gpus_per_node", f"required for cell {cell.name}: its launcher's "
-                                                             f"nproc={nproc} does not say how many GPUs to ask for")
+                                                             f"nproc={nproc} does not say how many GPUs to ask for; "
+                                                             f"{WHERE.format(key='gpus_per_node', value='N')}")
     return 1 if cell.launcher.kind == "none" else nproc
 
 

@@ -83,3 +83,25 @@ def test_two_gloo_ranks_agree_on_one_split_that_keeps_the_global_batch(tmp_path)
     (mlrun,) = mlflow_runs(db, "ddp-auto")
     assert mlrun.data.params["resolved.global_batch"] == "64"  # 16 x grad_accum 2 x 2 ranks, as asked
     assert mlrun.info.status == "FINISHED"
+
+
+@pytest.mark.slow
+def test_a_refusal_names_the_length_the_step_ran_at_padding_included(tmp_path, monkeypatch):
+    """bangla-tiny's longest training row is 18 tokens; padded to train.pad_to_multiple_of=64 every
+    step runs at 64, and that is the length a refusal names."""
+    import torch
+
+    from pipeline.errors import UserError
+    from pipeline.job import batch_finder
+    from pipeline.job.plan import settle
+    from pipeline.job.stage import build_stage
+    from pipeline.runtime.world import Runtime
+
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
+    cfg = load_config(None, ["model=preset:bangla-tiny", "train.max_length=64", "train.pad_to_multiple_of=64",
+                             "train.batch_size=4", "train.memory_limit_mb=1", f"output_dir={tmp_path / 'out'}"])
+    stage = build_stage(settle(cfg, "train", Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))))
+    with pytest.raises(torch.OutOfMemoryError, match="train.batch_size=4 at 64 tokens "):
+        batch_finder.check_batch(stage)
+    with pytest.raises(UserError, match="one row of 64 tokens does not fit"):
+        batch_finder.fit_batch(stage)

@@ -121,3 +121,40 @@ def test_a_trimmed_vocabulary_is_proven_on_dev_loads_serves_and_lands_on_the_run
     assert len(served) == 2
     (stage_run,) = mlflow_runs(exported["db"], "e")
     assert stage_run.data.metrics[names.export_metric("trim", "vocab_size")] == trim["vocab_size"]
+
+
+def test_an_export_of_a_copied_output_dir_goes_onto_a_run_of_its_own(tmp_path, caplog):
+    """A copy of an output_dir holds the original's journal, which names the original's run: the
+    copy's export opens a new run (the copied journal replayed into it, its output_dir tag the
+    copy's) and says so in one line; the original's run gets nothing. The copy's next export
+    finds its own run."""
+    import logging
+    import shutil
+
+    from pipeline.export.logged import log_to_run
+    from pipeline.layout import OutputDir
+    from pipeline.tracking import catch_up, journal
+    from pipeline.tracking.journal import append
+
+    db, original, copy = tracking_db(tmp_path), tmp_path / "original", tmp_path / "copy"
+    uri = f"sqlite:///{db}"
+    original.mkdir()
+    start = journal.start(uri, "copied", "job", {names.TAG_OUTPUT_DIR: str(original.resolve())}, {"seed": "7"})
+    append(original / "journal.jsonl", start, journal.run(None), journal.metric("train/loss", 0.5, 10, 1700000000000),
+           journal.end("FINISHED"))
+    first = catch_up(original, uri)
+    shutil.copytree(original, copy)
+    agreement = names.export_metric("fp32", names.EXPORT_AGREEMENT)
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        own = log_to_run(OutputDir(copy), {agreement: 1.0}, None, "graph", uri)
+    assert own and own != first
+    (said,) = [r.getMessage() for r in caplog.records if "is a copy of" in r.getMessage()]
+    assert said == f"export: {copy} is a copy of {original.resolve()}: its records and the export go onto a new run " \
+                   f"{own}, not that one's"
+    runs = {r.info.run_id: r for r in mlflow_runs(db, "copied")}
+    assert set(runs) == {first, own}
+    assert runs[own].data.tags[names.TAG_OUTPUT_DIR] == str(copy.resolve())
+    assert runs[own].data.metrics == {"train/loss": 0.5, agreement: 1.0} and runs[own].data.params == {"seed": "7"}
+    assert agreement not in runs[first].data.metrics
+    assert log_to_run(OutputDir(copy), {agreement: 0.5}, None, "graph", uri) == own  # its own run from now on
+    assert len(mlflow_runs(db, "copied")) == 2

@@ -23,6 +23,14 @@ def test_a_step_line_shows_every_figure_it_has_and_leaves_out_the_others():
         "step 900/900 (100%)  loss 0.5000  10.0 samples/s  elapsed 1:02:05  ETA 0:00:00")
 
 
+def test_a_distillation_step_line_shows_each_term_of_the_loss_in_the_registrys_order():
+    terms = {names.train_loss_term(t): v for t, v in (("kd", 0.685), ("attention", 0.0312), ("task", 0.70123),
+                                                      ("hidden", 0.25))}
+    line = step_line(12, 90, {names.TRAIN_LOSS: 0.693147, **terms, names.TRAIN_LR: 1e-4}, elapsed=10, eta=None)
+    assert line == ("step 12/90 (13%)  loss 0.6931 (task 0.7012 kd 0.6850 hidden 0.2500 attention 0.0312)  "
+                    "lr 1.00e-04  elapsed 0:00:10")
+
+
 class Meter:
     def __init__(self):
         self.samples = self.tokens = 0

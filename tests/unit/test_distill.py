@@ -259,6 +259,18 @@ def test_layer_map_defaults_to_uniform_and_refuses_bad_maps_in_one_line():
             terms.layer_map(spec, 3, 6)
 
 
+def test_a_layer_map_is_checked_when_set_even_with_no_layer_wise_term_on():
+    """Both layer-wise weights 0 (the defaults): the map is read by no term, yet a malformed one is
+    refused as the config loads and one out of the models' range as the student is watched."""
+    with pytest.raises(UserError, match=re.escape("config: kd.layer_map=garbage: expected student:teacher")):
+        load_config(None, ["kd.layer_map=garbage"])
+    with pytest.raises(UserError, match=re.escape("config: kd.layer_map=2:3,1:4: the layers must increase")):
+        load_config(None, ["kd.layer_map=2:3,1:4"])
+    d = make_distiller(bert(4, 16, 4), ["kd.cache=false", "kd.layer_map=1:2,3:4"])
+    with pytest.raises(UserError, match=re.escape("config: kd.layer_map=1:2,3:4: student layer 3 is out of range")):
+        d.watch_student(bert(2, 8, 2, seed=1))
+
+
 def bert(layers, width, heads, seed=0):
     torch.manual_seed(seed)
     return BertForSequenceClassification(BertConfig(vocab_size=50, hidden_size=width, intermediate_size=2 * width,

@@ -37,12 +37,13 @@ def test_agreement_per_row_and_per_real_token():
 
 
 def test_an_fp32_graph_that_disagrees_is_refused_in_one_line(tmp_path):
-    verdict(tmp_path / "model.onnx", {"max_abs_diff": 2e-6, "logit_scale": 8.0, "agreement": 1.0})
+    verdict(tmp_path / "model.onnx", {"max_abs_diff": 2e-6, "logit_scale": 8.0, "agreement": 1.0}, "dev split")
     for bad in ({"max_abs_diff": 0.0, "logit_scale": 1.0, "agreement": (int(100 * FP32_AGREEMENT) - 1) / 100},
                 {"max_abs_diff": 0.5, "logit_scale": 8.0, "agreement": 1.0}):
         with pytest.raises(UserError) as e:
-            verdict(tmp_path / "model.onnx", bad)
-        assert len(str(e.value).splitlines()) == 1 and "model.onnx disagrees with the PyTorch model" in str(e.value)
+            verdict(tmp_path / "model.onnx", bad, "dev split")
+        assert len(str(e.value).splitlines()) == 1 and "model.onnx disagrees with the PyTorch model on the dev split" \
+            in str(e.value)
 
 
 def test_a_graph_beside_no_export_record_is_refused(tmp_path):
@@ -51,3 +52,29 @@ def test_a_graph_beside_no_export_record_is_refused(tmp_path):
     (tmp_path / "model.onnx").write_bytes(b"")
     with pytest.raises(UserError, match="no export.json beside it"):
         served_graph(str(tmp_path / "model.onnx"))
+
+
+@pytest.mark.parametrize("data, rows", [
+    (["data.dev=skip"], "training rows (512 drawn: the stage has no dev or test split)"),
+    (["data.dev=skip", "data.test=samples"], "test split (the stage has no dev split)"),
+])
+def test_the_rows_an_export_is_checked_on_are_named_as_what_they_are(tmp_path, monkeypatch, data, rows):
+    """A stage without dev: its predictions are compared on its test split or a draw of its
+    training rows, and the check's lines and check.json say which, never "dev"."""
+    from pipeline.config import load_config
+    from pipeline.export.check import stage_data
+    from pipeline.fsutil import write_json
+    from pipeline.job.plan import settle
+    from pipeline.job.stage import build_stage
+    from pipeline.layout import OutputDir
+    from pipeline.runtime.world import Runtime
+    from pipeline.tracking import finished_stage
+
+    monkeypatch.setenv("PIPELINE_CACHE", str(tmp_path / "cache"))
+    out = OutputDir(tmp_path / "out")
+    cfg = load_config(None, ["model=preset:bangla-tiny", "train.max_length=32", f"output_dir={out.root}",
+                             "data.train=samples", *data])
+    built = build_stage(settle(cfg, "train", Runtime("none", "single", 0, 0, 1, 1, torch.device("cpu"))))
+    out.root.mkdir()
+    write_json(out.job, built.record.to_json())
+    assert stage_data(finished_stage.read(out, "export --check"), built.tokenizer).rows == rows

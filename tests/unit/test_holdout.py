@@ -70,7 +70,7 @@ def test_final_metrics_without_a_test_split_have_no_test_figures():
     processor.tracker = SimpleNamespace(set_tags=tags.update, log_metrics=lambda m, step=None: logged.update(m))
     loop = SimpleNamespace(
         best=BestModel(epoch=2, reason=LAST), progress=SimpleNamespace(step=8, epoch=2),
-        losses=SimpleNamespace(last_loss=0.5, amp_figures=lambda scale: {}),
+        losses=SimpleNamespace(figures=lambda: {names.TRAIN_LOSS: 0.5}, amp_figures=lambda scale: {}),
         meters=SimpleNamespace(final_figures=lambda _: {names.SAMPLES_PER_S: 1.0}),
         stage=SimpleNamespace(backend=SimpleNamespace(loss_scale=None), rt=SimpleNamespace(is_main=True)))
     final = processor.log_final(8, *job_loop.final_figures(loop, None, {}))

@@ -435,8 +435,9 @@ def test_early_stopping_counts_evaluations_between_steps_and_stops_at_the_step(t
 
 def test_named_loss_terms_reach_mlflow_by_name_over_the_window_of_train_loss_and_survive_a_resume(tmp_path):
     """A loss's named terms (StepLoss.terms) travel with the total through the one read of a log step:
-    train/loss_<term> is the mean over the same finite steps as train/loss, and a checkpoint taken
-    mid-window restores the window's term sums."""
+    train/loss_<term> is the mean over the same finite steps as train/loss, a checkpoint taken
+    mid-window restores the window's term sums, and the final figures (metrics.json) hold the last
+    window's terms beside its loss."""
     lp = make_loop(tmp_path, ["train.log_every=3"], total_steps=6)
     bar = SimpleNamespace(set_postfix=lambda **_: None)
     steps = [(1.0, 0.5), (math.nan, math.nan), (3.0, 1.5), (2.0, 1.0), (4.0, 2.0), (6.0, 3.0)]
@@ -452,6 +453,9 @@ def test_named_loss_terms_reach_mlflow_by_name_over_the_window_of_train_loss_and
     assert logged(lp, names.train_loss_term("kd")) == {3: pytest.approx(1.0)}  # (0.5 + 1.5) / 2 finite steps
     assert logged(lp, names.TRAIN_LOSS) == {3: pytest.approx(2.0)}
     assert logged(resumed, names.train_loss_term("kd")) == {6: pytest.approx(2.0)}  # (1 + 2 + 3) / 3
+    resumed.meters.final_figures = lambda time_to_best: {}  # no timed training here
+    final, _ = job_loop.final_figures(resumed, None, {})  # metrics.json's: the last logged window's
+    assert final[names.TRAIN_LOSS] == pytest.approx(4.0) and final[names.train_loss_term("kd")] == pytest.approx(2.0)
     old = {k: v for k, v in saved.items() if k not in ("term_sums", "last_terms")}  # a checkpoint before terms
     resumed.losses.load_state_dict(old)
     assert resumed.losses.term_sums == {}

@@ -141,3 +141,23 @@ def test_max_length_over_the_models_positions_is_refused_before_its_weights_load
     with pytest.raises(UserError, match=r"^config: train.max_length=1024: kd.teacher="):
         distill.load_teacher(str(tmp_path), task, {}, 1024)
     assert models.build(str(tmp_path), task, [], {}, 512)[0].model_max_length == 512
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"hidden_size": 100}, "config: model_config.hidden_size=100: preset:bangla-base's 6 attention heads must split "
+                           "it evenly; would fit: model_config.hidden_size 90, 96, 102, 108 or "
+                           "model_config.num_attention_heads 2, 4, 5, 10"),
+    ({"num_attention_heads": 5}, "config: model_config.num_attention_heads=5: must divide the hidden size 384; would "
+                                 "fit: model_config.num_attention_heads 2, 3, 4, 6 or model_config.hidden_size 375, "
+                                 "380, 385, 390"),
+])
+def test_a_hidden_size_its_heads_cannot_split_is_refused_naming_the_key_given(overrides, message):
+    """A preset's width overridden so its heads do not divide it: one line naming the key the user
+    set and nearby values that would fit, before the model is built (transformers would raise
+    deep inside it)."""
+    from pipeline.errors import UserError
+
+    task = get_task("sentiment")
+    with pytest.raises(UserError) as e:
+        models.build("preset:bangla-base", task, TEXTS, overrides, 48)
+    assert str(e.value) == message

@@ -2,8 +2,18 @@
 block of what it resolved; the Hub's repeated warnings once."""
 import logging
 
+from pipeline import names
 from pipeline.cli import hub_once
-from pipeline.job.records.start_block import model_line, precision_line, run_url, start_block
+from pipeline.config import load_config
+from pipeline.job.records.start_block import (
+    FEW_TRAIN_ROWS,
+    evaluation_data,
+    few_rows_warning,
+    model_line,
+    precision_line,
+    run_url,
+    start_block,
+)
 from pipeline.measure.flops import ModelSize
 
 
@@ -57,3 +67,30 @@ def test_a_model_line_without_counted_flops_says_so():
     line = model_line("microsoft/deberta-v3-small", ModelSize(2_000_000, 1_000_000, None, 128),
                       ModelSize(4_000_000, 2_000_000, None, 128), "pretrained")
     assert "forward FLOPs not countable on the meta device" in line and "of its FLOPs" not in line
+
+
+def test_a_test_file_that_is_the_training_file_is_said_and_tagged(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "train.tsv").write_text("")
+    rows = {"train": 800, "dev": 100, "test": 800}
+    # the same file by another spelling of its path
+    same = load_config(None, [f"data.train={tmp_path / 'sub' / '..' / 'train.tsv'}", "data.dev=samples",
+                              f"data.test={tmp_path / 'train.tsv'}"]).data
+    tags, note = evaluation_data(same, rows)
+    assert tags == {names.TAG_TEST_IS_TRAIN: "true"}
+    assert note == f"data.test={tmp_path / 'train.tsv'} is the training file: the test figures are of rows trained on"
+    # the sample set's and a hub dataset's splits are their own, whatever the values
+    for value in ("samples", "hub:some/set"):
+        data = load_config(None, [f"data.train={value}", f"data.dev={value}", f"data.test={value}"]).data
+        assert evaluation_data(data, rows) == ({}, "")
+
+
+def test_few_training_rows_draw_one_warning_naming_where_the_rest_went():
+    held = load_config(None, ["data.train=mine.tsv", "data.dev=holdout:0.99"]).data
+    assert few_rows_warning(held, {"train": 24, "dev": 2376}) == (
+        f"only 24 training rows (data.dev=holdout:0.99 held 2376 of the training file's 2400 rows out): under "
+        f"{FEW_TRAIN_ROWS}, this job's figures say little")
+    own = load_config(None, ["data.train=mine.tsv", "data.dev=d.tsv"]).data
+    assert few_rows_warning(own, {"train": FEW_TRAIN_ROWS - 1, "dev": 10}) == (
+        f"only {FEW_TRAIN_ROWS - 1} training rows: under {FEW_TRAIN_ROWS}, this job's figures say little")
+    assert few_rows_warning(own, {"train": FEW_TRAIN_ROWS, "dev": 10}) is None

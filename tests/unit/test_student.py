@@ -123,9 +123,17 @@ def test_electra_embeddings_narrower_than_the_hidden_size_keep_their_width(hidde
     ({"num_attention_heads": 8}, "model_config.num_attention_heads=8"),
     ({"hidden_size": 12, "num_attention_heads": 8}, "num_attention_heads=8"),
     ({"hidden_size": 10, "num_attention_heads": 4}, "model_config.num_attention_heads=4: must divide the hidden "
-                                                    "size 10"),
+                                                    "size 10; would fit: model_config.hidden_size 4, 8, 12, 16"),
     ({"hidden_size": 8, "num_attention_heads": 1}, "heads of 8 dimensions (hidden_size 8 / 1) are wider than the "
-                                                   "teacher's (4); give at least 2 heads"),
+                                                   "teacher's (4); would fit: model_config.num_attention_heads 2, 4 "
+                                                   "or model_config.hidden_size 1, 2, 3, 4"),
+    # heads unset: the key given is named, never the heads it implied
+    ({"hidden_size": 10}, "config: model_config.hidden_size=10: with model_config.num_attention_heads unset the "
+                          "student keeps the teacher's head size 4, which must split it; would fit: "
+                          "model_config.hidden_size 4, 8, 12, 16"),
+    ({"hidden_size": 6}, "config: model_config.hidden_size=6: with model_config.num_attention_heads unset the "
+                         "student keeps the teacher's head size 4, which must split it; would fit: "
+                         "model_config.hidden_size 4, 8, 12, 16 or model_config.num_attention_heads 2, 3"),
 ])
 def test_a_width_that_cannot_be_sliced_from_the_teacher_is_refused(teacher, overrides, message):
     with pytest.raises(UserError, match="^config: ") as e:

@@ -87,14 +87,21 @@ def _cli(args, capsys):
 
 @pytest.mark.parametrize("args,spec,message", [
     (["--jobs", "0"], {"name": "x"}, "error: study: --jobs 0: must be >= 1"),
-    (["--executor", "slurm"], {"name": "x"}, "slurm.partition: required by --executor slurm"),
+    (["--executor", "slurm"], {"name": "x"}, "slurm.partition: required by --executor slurm (the partition of the "
+     "cells' jobs): set partition: NAME in the study file's `slurm:` mapping, or slurm.partition=NAME on the command "
+     "line"),
     (["--executor", "slurm", "--dry-run"], {"name": "x"}, "slurm.partition: required by --executor slurm"),
     (["--executor", "slurm", "--dry-run"], {"name": "x", "slurm": {"partition": "gpu"},
                                             "launcher": {"type": "torchrun", "nproc": "auto"}},
-     "slurm.gpus_per_node: required for cell train: its launcher's nproc=auto"),
+     "slurm.gpus_per_node: required for cell train: its launcher's nproc=auto does not say how many GPUs to ask "
+     "for; set gpus_per_node: N in the study file's `slurm:` mapping, or slurm.gpus_per_node=N on the command line"),
+    (["--executor", "slurm", "--dry-run", "slurm.gpus=2"], {"name": "x"}, "slurm.gpus: unknown key"),
+    (["--executor", "slurm", "--dry-run", "slurm.partition=gpu", "slurm.cpus_per_task=many"], {"name": "x"},
+     "slurm.cpus_per_task: 'many': must be an integer >= 0"),
     ([], {"name": "x", "slurm": {"partition": "gpu", "time": 14400}}, "slurm.time: 14400: expected one word"),
     ([], {"name": "x", "slurm": {"gpus": 2}}, "slurm.gpus: unknown key"),
-], ids=["jobs", "partition", "dry-run partition", "dry-run gpus", "time", "key"])
+], ids=["jobs", "partition", "dry-run partition", "dry-run gpus", "command-line key", "command-line count", "time",
+        "key"])
 def test_bad_concurrency_input_is_one_line_exit_2(tmp_path, capsys, args, spec, message):
     path = tmp_path / "s.yaml"
     path.write_text(yaml.safe_dump({"output_root": str(tmp_path / "out"), **spec}))
@@ -103,6 +110,26 @@ def test_bad_concurrency_input_is_one_line_exit_2(tmp_path, capsys, args, spec, 
     lines = out.err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], out.err
     assert not (tmp_path / "out").exists()
+
+
+def test_slurm_settings_on_the_command_line_are_the_studys_own_over_its_files(tmp_path, capsys):
+    """slurm.KEY=VALUE on the study's command line: its slurm settings, not a cell's key; a value
+    there wins over the file's, each slurm.extra adds one sbatch option, and the report's job is
+    given them again."""
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "x", "output_root": str(tmp_path / "out"),
+                                    "slurm": {"partition": "cpu", "extra": ["--constraint=h100"]}}))
+    code, printed = _cli(["study", path, "--executor", "slurm", "--dry-run", "slurm.partition=gpu",
+                          "slurm.time=01:00:00", "slurm.cpus_per_task=8", "slurm.extra=--exclusive"], capsys)
+    assert code == 0, printed.err
+    for line in ("#SBATCH --partition=gpu", "#SBATCH --time=01:00:00", "#SBATCH --cpus-per-task=8",
+                 "#SBATCH --constraint=h100", "#SBATCH --exclusive"):
+        assert f"    {line}\n" in printed.out, line
+    (cell,) = [line for line in printed.out.splitlines() if " -m pipeline train " in line]
+    assert "slurm." not in cell  # the cells' jobs train as the file says
+    (report,) = [line for line in printed.out.splitlines() if "--report-only" in line]
+    assert report.endswith("--report-only slurm.partition=gpu slurm.time=01:00:00 slurm.cpus_per_task=8 "
+                           "slurm.extra=--exclusive")
 
 
 def test_a_slurm_dry_run_prints_every_script_and_its_dependencies_and_writes_nothing(tmp_path, capsys):

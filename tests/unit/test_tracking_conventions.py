@@ -57,3 +57,12 @@ def test_the_ad_hoc_demo_config_logs_apart_from_the_demo_study():
 
     study = load_study(str(root / "launch" / "studies" / "demo.yaml"))[0]
     assert demo.tracking.experiment and demo.tracking.experiment != study.name
+
+
+def test_the_run_records_its_output_dir_resolved(tmp_path):
+    """What an export of a copied output_dir tells the original's run from its own by."""
+    from pathlib import Path
+
+    cfg, rt = settled(tmp_path)
+    cfg.output_dir = "out"
+    assert run_tags(cfg, rt, RUN)[names.TAG_OUTPUT_DIR] == str(Path.cwd().resolve() / "out")

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 from pipeline import names
+from pipeline.kd.registry import TERMS
 from pipeline.measure.telemetry import StageMeters, ThroughputMeter, peak_memory
 
 log = logging.getLogger("pipeline")
@@ -65,11 +66,20 @@ class StepLines:
         log.info("%s", step_line(step, self.total_steps, metrics, now - self._started, eta))
 
 
+LOSS_TERMS = ("task", *TERMS)
+"""The named terms of a distillation step's loss, in the order the console line shows them: the
+task loss, then the registry's terms (kd/registry.py)."""
+
+
 def step_line(step: int, total_steps: int, metrics: dict[str, float], elapsed: float, eta: float | None) -> str:
-    """step 120/900 (13%)  epoch 1.40  loss 0.6931  lr 2.96e-04  45.3 samples/s  5812 tokens/s
-    MFU 31.2%  peak 1234 MB  elapsed 0:02:10  ETA 0:14:05 (a figure not measured is left out)."""
+    """step 120/900 (13%)  epoch 1.40  loss 0.6931 (task 0.7012 kd 0.6850)  lr 2.96e-04  45.3 samples/s
+    5812 tokens/s  MFU 31.2%  peak 1234 MB  elapsed 0:02:10  ETA 0:14:05 (a figure not measured is
+    left out; the loss's terms, unweighted, where it has them: distillation)."""
     parts = [f"step {step}/{total_steps} ({100 * step / max(total_steps, 1):.0f}%)"]
-    shown = ((names.TRAIN_EPOCH, "epoch {:.2f}"), (names.TRAIN_LOSS, "loss {:.4f}"), (names.TRAIN_LR, "lr {:.2e}"),
+    terms = " ".join(f"{term} {metrics[names.train_loss_term(term)]:.4f}" for term in LOSS_TERMS
+                     if names.train_loss_term(term) in metrics)
+    shown = ((names.TRAIN_EPOCH, "epoch {:.2f}"),
+             (names.TRAIN_LOSS, "loss {:.4f}" + (f" ({terms})" if terms else "")), (names.TRAIN_LR, "lr {:.2e}"),
              (names.TRAIN_SAMPLES_PER_S, "{:.1f} samples/s"), (names.TRAIN_TOKENS_PER_S, "{:.0f} tokens/s"),
              (names.TRAIN_MFU, "MFU {:.1%}"), (names.TRAIN_PEAK_MEM, "peak {:.0f} MB"))
     parts += [text.format(metrics[key]) for key, text in shown if metrics.get(key) is not None]

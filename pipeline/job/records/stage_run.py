@@ -108,7 +108,7 @@ def run_tags(cfg: Config, rt: Runtime, run: StageRun) -> dict[str, object]:
         names.TAG_REQUESTED_WORLD_SIZE: rt.requested_world_size or rt.world_size,
         names.TAG_NUM_NODES: rt.num_nodes, names.TAG_STAGE: run.kind, names.TAG_PROCEDURE: run.kind,
         names.TAG_DEVICE: telemetry.device_name(rt.device), names.TAG_DEVICE_TYPE: rt.device.type,
-        names.TAG_SEED: cfg.seed, names.TAG_STUDY: "",
+        names.TAG_SEED: cfg.seed, names.TAG_STUDY: "", names.TAG_OUTPUT_DIR: str(Path(cfg.output_dir).resolve()),
         # MLflow's own source tags: its run page and runs table show them
         names.TAG_SOURCE_NAME: f"python -m pipeline {run.kind}", names.TAG_SOURCE_TYPE: "LOCAL",
         names.TAG_USER: _user(),

@@ -78,4 +78,24 @@ def evaluation_data(data: DataConfig, rows: dict[str, int]) -> tuple[dict[str, s
     if not data.evaluates("test"):
         tags[names.TAG_NO_TEST] = "true"
         note += ("; " if note else "") + "no test split (data.test unset): no test figures"
+    if data.tests_on_train():
+        tags[names.TAG_TEST_IS_TRAIN] = "true"
+        note += ("; " if note else "") + (f"data.test={data.test} is the training file: the test figures are of "
+                                          "rows trained on")
     return tags, note
+
+
+FEW_TRAIN_ROWS = 100
+"""Fewer training rows than this draw a warning as the job starts: a handful of batches, whose
+figures say little about the recipe (a typo such as data.dev=holdout:0.99 leaves that few)."""
+
+
+def few_rows_warning(data: DataConfig, rows: dict[str, int]) -> str | None:
+    """The one-line warning of a job with fewer than FEW_TRAIN_ROWS training rows, and where the
+    rest went where a held-out dev took them; `rows`: each split's examples."""
+    n = rows["train"]
+    if n >= FEW_TRAIN_ROWS:
+        return None
+    held = (f" (data.dev={data.dev} held {rows['dev']} of the training file's {n + rows['dev']} rows out)"
+            if data.holdout() is not None else "")
+    return f"only {n} training rows{held}: under {FEW_TRAIN_ROWS}, this job's figures say little"
