@@ -25,8 +25,8 @@ a metric a run could not measure (energy on a CPU) shows as "n/a".
 May import: everything below the report layer except the job (it reads what jobs left: MLflow, the
 search's Optuna storage, finished stages' best models, never a running job).
 
-Inside, lowest first: columns compare confound search | amp_step ceiling cells charts side_by_side tables
-training_speed verdicts | payoff | markdown
+Inside, lowest first: columns compare confound search | amp_step ceiling cells charts reliability side_by_side tables
+training_speed verdicts | agreement payoff | markdown
 """
 from __future__ import annotations
 
