@@ -91,13 +91,19 @@ def resolve_ds_config(raw: dict, train: Any, precision: str, world_size: int, so
     return cfg
 
 
+def refuse_fp16_on_cpu(precision: str, device_type: str) -> None:
+    """DeepSpeed trains no fp16 on its CPU accelerator, whatever the CPU's own fp16 kernels."""
+    if device_type == "cpu":
+        raise UserError(f"precision={precision} with backend=deepspeed: DeepSpeed's CPU accelerator has no fp16 "
+                        "training; use bf16 or fp32")
+
+
 def check_supported(ds_cfg: dict, precision: str, device_type: str, source: str) -> int:
     """Combinations that cannot work, refused at start instead of deep inside DeepSpeed; returns the
     ZeRO stage."""
     zero_stage = ds_cfg.get("zero_optimization", {}).get("stage", 0)
-    if ds_cfg.get("fp16", {}).get("enabled") is True and device_type == "cpu":
-        raise UserError(f"precision={precision} with backend=deepspeed: DeepSpeed's CPU accelerator has no fp16 "
-                        "training; use bf16 or fp32")
+    if ds_cfg.get("fp16", {}).get("enabled") is True:
+        refuse_fp16_on_cpu(precision, device_type)
     if zero_stage not in (0, 1, 2, 3):
         raise UserError(f"config: {source}: zero_optimization.stage={zero_stage}: must be 0, 1, 2 or 3")
     return zero_stage

@@ -1,4 +1,4 @@
-"""Two runs' predictions on one split compared row by row (issue #74): how often they agree, who
+"""Two runs' predictions on one split compared row by row: how often they agree, who
 was right where they differ, whether that leans one way beyond chance, how each is calibrated,
 and one sentence a reader can act on.
 
