@@ -9,10 +9,11 @@ phase timed from inside the process by wrapping the function that does it:
 - run start: output_dir cleared, the MLflow run opened, its tags, params and datasets;
 - set-up: the FLOP model's counted steps, the loaders, the optimizer (job_loop.setup);
 - training: the epochs' training steps (job_loop.train_epoch);
-- dev evaluation, best/ written, epoch checkpoints, test evaluation (job_loop.evaluate, BestModel.consider,
-  Checkpointer.save);
+- dev evaluation, best/ written, epoch checkpoints, final evaluations: test, and dev once more, with
+  the best weights, their predictions kept (job_loop.evaluate, BestModel.consider, Checkpointer.save);
 - inference bench: what best/ costs to serve (Stage.bench_inference, infer.bench);
-- outputs: metrics.json, report.txt and their MLflow artifacts, the final metrics and the run's end;
+- outputs: predictions/, metrics.json, report.txt and their MLflow artifacts, the final metrics and the
+  run's end;
 - other: the rest of the process's wall time (the loop's own bookkeeping, exit).
 
 Phases nest nowhere: each wrapped function's time is counted once, by the outermost wrapper
@@ -36,7 +37,7 @@ JOB = ["task=wikiqa", "model=sentence-transformers/all-MiniLM-L6-v2", "precision
        "train.lr=5e-5", "train.warmup_ratio=0.1", "train.weight_decay=0.01", "train.epochs=2",
        "train.max_length=128", "seed=0"]
 PHASES = ("start-up", "settle", "data", "model", "run start", "set-up", "training", "dev evaluation",
-          "best/ written", "checkpoints", "test evaluation", "inference bench", "outputs", "other")
+          "best/ written", "checkpoints", "final evaluations", "inference bench", "outputs", "other")
 
 
 def child(overrides: list[str], started: float) -> None:
@@ -81,12 +82,12 @@ def child(overrides: list[str], started: float) -> None:
     timed(Tracker, "log_datasets", "run start")
     timed(loop, "setup", "set-up")
     timed(loop, "train_epoch", "training")
-    timed(loop, "evaluate", "", pick=lambda a, k: "test evaluation" if k.get("keep") else "dev evaluation")
+    timed(loop, "evaluate", "", pick=lambda a, k: "final evaluations" if k.get("keep") else "dev evaluation")
     timed(BestModel, "consider", "best/ written")
     timed(Checkpointer, "save", "checkpoints")
     timed(stage.Stage, "bench_inference", "inference bench")
     timed(MetricsProcessor, "log_final", "outputs")
-    for function in ("write_outputs", "announce"):
+    for function in ("write_predictions", "write_outputs", "announce"):
         timed(stage_outputs, function, "outputs")
     timed(Tracker, "end", "outputs")
     seconds["start-up"] = time.time() - started  # the interpreter and the imports above

@@ -16,6 +16,8 @@ OUTPUT_DIR/
   export/             best/ exported for serving (`python -m pipeline export`: pipeline/export/stage_export.py);
                       export/check.json, written with it, says it was checked
   report.txt          the task's report on the test split
+  predictions/        dev.jsonl, test.jsonl: the best model's prediction of every row of each split
+                      the job has (pipeline/predictions.py holds the format)
   deepspeed_config.json   the resolved DeepSpeed config (under DeepSpeed)
 
 Imports nothing of the pipeline: every layer may use it.
@@ -65,7 +67,8 @@ class OutputDir:
     EXPORT = "export"
     EXPORT_CHECK = "check.json"
     STOP_REQUEST = "stop.request"
-    PREVIOUS_JOB = (CHECKPOINTS, BEST, MLFLOW_MODEL, METRICS, REPORT, STOP_REQUEST)
+    PREDICTIONS = "predictions"
+    PREVIOUS_JOB = (CHECKPOINTS, BEST, MLFLOW_MODEL, METRICS, REPORT, PREDICTIONS, STOP_REQUEST)
     """What a job that starts over removes, so nothing of two jobs mixes (the journal is settled)."""
 
     def __init__(self, root: str | Path):
@@ -159,3 +162,10 @@ class OutputDir:
     @property
     def report(self) -> Path:
         return self.root / self.REPORT
+
+    @property
+    def predictions(self) -> Path:
+        return self.root / self.PREDICTIONS
+
+    def predictions_file(self, split: str) -> Path:
+        return self.predictions / f"{split}.jsonl"

@@ -1,11 +1,11 @@
 """The training loop: one stage, in any launch mode and precision, readable top to bottom.
 
 fit() runs the phases in the order written: set up, restore a checkpoint, train an epoch, end it
-(evaluate, keep the best model, checkpoint), finish (test with the best model); train.eval_every
-adds evaluations between an epoch's steps, each counted as an epoch end's. The job around it
-is job/run.py's; the Backend hides single/DDP/DeepSpeed; each piece of mutable state is a part
-that saves and restores itself (Loop.parts), saved by the Checkpointer on its own cadence; the
-MetricsProcessor decides when to log and makes every record.
+(evaluate, keep the best model, checkpoint), finish (test with the best model, keep its predictions
+on dev and test); train.eval_every adds evaluations between an epoch's steps, each counted as an
+epoch end's. The job around it is job/run.py's; the Backend hides single/DDP/DeepSpeed; each piece
+of mutable state is a part that saves and restores itself (Loop.parts), saved by the Checkpointer on
+its own cadence; the MetricsProcessor decides when to log and makes every record.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from dataclasses import InitVar, dataclass, field
 import torch
 from tqdm.auto import tqdm
 
-from pipeline import names
+from pipeline import names, predictions
 from pipeline.data import features
 from pipeline.data.loaders import Loaders, build_loaders, describe_datasets, real_rows
 from pipeline.evaluation import Evaluation, evaluate
@@ -316,19 +316,25 @@ def keep_best(loop: Loop, dev: Evaluation | None, epoch: int, train_seconds: flo
 
 
 def finish(loop: Loop) -> dict[str, float]:
-    """Test with the best weights (a job without a test split: no test figures); the final metrics
-    to MLflow, metrics.json and report.txt."""
+    """Test with the best weights and predict dev with them once more (a split the job does not have:
+    nothing of it); the final metrics to MLflow, metrics.json, report.txt and each split's
+    predictions file."""
     stage = loop.stage
     if loop.best.weights is not None:  # None only if every evaluation scored NaN
         stage.backend.load_full_state_dict(loop.best.weights)
-    test = None if not stage.cfg.data.evaluates("test") else evaluate(
-        stage.model, loop.loaders.test, stage.task, stage.policy, stage.rt, stage.examples["test"],
-        stage.features["test"], keep=True, compile=stage.compile)
+    # dev again rather than the best evaluation's predictions: the best weights are what a resume
+    # restores, so this holds whichever job reached them
+    kept = {split: evaluate(stage.model, getattr(loop.loaders, split), stage.task, stage.policy, stage.rt,
+                            stage.examples[split], stage.features[split], keep=True, compile=stage.compile)
+            for split in predictions.SPLITS if stage.cfg.data.evaluates(split)}
+    test = kept.get("test")
     serving = stage.bench_inference() if stage.rt.is_main else {}
     final = loop.metrics.log_final(loop.progress.step, *final_figures(loop, test, serving))
     if stage.rt.is_main:
         report = stage_outputs.NO_TEST if test is None else stage.task.report(
             test.predictions, stage.examples["test"], stage.features["test"])
+        stage_outputs.write_predictions(stage.out, stage.task, kept, stage.examples, stage.features,
+                                        stage.model_spec, stage.policy.name, stage.cfg.seed)
         stage_outputs.write_outputs(loop.metrics.tracker, stage.out, final, report, loop.progress.step, stage.task,
                                     stage_outputs.example_rows(stage.examples), stage.cfg.tracking.log_model)
         stage_outputs.announce(loop.meters, final, stage.task.main_metric, test and test.main, stage.out)

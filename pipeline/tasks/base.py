@@ -186,6 +186,17 @@ class Task(ABC):
         """A human-readable per-class report (logged as an artifact)."""
         return ""
 
+    def prediction_labels(self) -> list[str]:
+        """The labels a predictions file's header names (pipeline/predictions.py): the class names or
+        tags in id order; none where a row names no class (QA)."""
+        return []
+
+    @abstractmethod
+    def prediction_rows(self, predictions: dict[str, np.ndarray], examples: list[dict],
+                        features: datasets.Dataset) -> list[dict]:
+        """One JSON-ready row per example, in the split's order, keyed by "id" (example_ids): the
+        task's row of pipeline/predictions.py, what two runs on the same data are compared by."""
+
     def stall(self, predictions: dict[str, np.ndarray], examples: list[dict],
               features: datasets.Dataset) -> str | None:
         """Why these predictions are a collapsed solution rather than a trained one (one class
@@ -215,6 +226,15 @@ def missing_classes(predicted: np.ndarray, gold: np.ndarray, n_classes: int) -> 
     counts = np.bincount(np.asarray(gold, dtype=np.int64), minlength=n_classes)
     common = {c for c in seen if counts[c] * 2 * n_classes >= len(gold)}
     return sorted(common - named)
+
+
+def example_ids(examples: list[dict]) -> list[str]:
+    """The examples' own ids where every one has a distinct one, else their row numbers (from 0):
+    either way a key that lines up two runs' rows on the same data."""
+    ids = [str(e["id"]) for e in examples if "id" in e]
+    if len(ids) == len(examples) and len(set(ids)) == len(ids):
+        return ids
+    return [str(i) for i in range(len(examples))]
 
 
 def logits_to_numpy(t: torch.Tensor) -> np.ndarray:

@@ -29,10 +29,11 @@ from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 from seqeval.metrics import accuracy_score, classification_report, f1_score, precision_score, recall_score
+from seqeval.metrics.sequence_labeling import get_entities
 from transformers import AutoModelForTokenClassification, DataCollatorForTokenClassification
 
 from pipeline.errors import UserError
-from pipeline.tasks.base import Collate, Task
+from pipeline.tasks.base import Collate, Task, example_ids
 from pipeline.tasks.readers import read_text
 from pipeline.tasks.samples import ner as sample_set
 from pipeline.tasks.workers import normalize_texts
@@ -257,6 +258,16 @@ class NerTask(Task):
         if has_entities(y_true) and not has_entities(self.word_tags(predictions, features)):
             return "no entity predicted"
         return None
+
+    def prediction_labels(self) -> list[str]:
+        return list(self.labels)
+
+    def prediction_rows(self, predictions: dict[str, np.ndarray], examples: list[dict],
+                        features: datasets.Dataset) -> list[dict]:
+        """Gold and predicted tag per word, and the predicted entities as the metrics count them
+        (seqeval's default reading: an I- tag that continues no entity of its type starts one)."""
+        return [{"id": i, "gold": e["tags"], "pred": tags, "entities": [list(span) for span in get_entities(tags)]}
+                for i, e, tags in zip(example_ids(examples), examples, self.word_tags(predictions, features))]
 
     def report(self, predictions: dict[str, np.ndarray], examples: list[dict], features: datasets.Dataset) -> str:
         y_true, y_pred = [e["tags"] for e in examples], self.word_tags(predictions, features)

@@ -20,7 +20,7 @@ import string
 import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ from normalizer import normalize
 from transformers import AutoModelForQuestionAnswering, DataCollatorWithPadding
 
 from pipeline.errors import UserError
-from pipeline.tasks.base import Collate, Task, logits_to_numpy
+from pipeline.tasks.base import Collate, Task, example_ids, logits_to_numpy
 from pipeline.tasks.readers import read_json_lines, read_text
 from pipeline.tasks.samples import qa as sample_set
 from pipeline.tasks.workers import in_workers
@@ -40,6 +40,21 @@ if TYPE_CHECKING:
 OPTIONS = {"stride": None, "n_best": 20, "max_answer_length": 30}  # stride None = max_length // 4
 NEG = -1e9  # pads logits to a fixed width; never wins a max, and sums stay finite in float32
 TARGETS = ("start_positions", "end_positions")
+
+
+class Answer(NamedTuple):
+    """An example's answer over all its windows (QaTask.answers)."""
+
+    text: str
+    """The best span's text."""
+    score: float
+    """Its start + end logit; -inf where no span is valid."""
+    null_score: float
+    """The lowest CLS start + end logit over the windows: the no-answer score."""
+
+    @property
+    def pred(self) -> str:
+        return "" if self.null_score > self.score else self.text
 
 
 class QaTask(Task):
@@ -203,9 +218,9 @@ class QaTask(Task):
             out[key] = padded
         return out
 
-    def postprocess(self, predictions: dict[str, np.ndarray], examples: list[dict],
-                    features: datasets.Dataset) -> list[str]:
-        """Best answer text per example over all its windows; "" when the null score wins."""
+    def answers(self, predictions: dict[str, np.ndarray], examples: list[dict],
+                features: datasets.Dataset) -> list[Answer]:
+        """Per example, over all its windows: the best span's text and score, and the null score."""
         n_best, max_len = self.options["n_best"], self.options["max_answer_length"]
         best = [(-np.inf, "")] * len(examples)
         null = [np.inf] * len(examples)
@@ -225,7 +240,19 @@ class QaTask(Task):
                     score = float(start[s] + end[e])
                     if score > best[ex][0]:
                         best[ex] = (score, context[offsets[s][0]:offsets[e][1]])
-        return ["" if null[k] > score else text for k, (score, text) in enumerate(best)]
+        return [Answer(text, score, null[k]) for k, (score, text) in enumerate(best)]
+
+    def postprocess(self, predictions: dict[str, np.ndarray], examples: list[dict],
+                    features: datasets.Dataset) -> list[str]:
+        """Best answer text per example over all its windows; "" when the null score wins."""
+        return [a.pred for a in self.answers(predictions, examples, features)]
+
+    def prediction_rows(self, predictions: dict[str, np.ndarray], examples: list[dict],
+                        features: datasets.Dataset) -> list[dict]:
+        """The answer given and the two scores it was chosen by (4 decimals: float32 logits)."""
+        return [{"id": i, "pred": a.pred, "score": round(a.score, 4), "null_score": round(a.null_score, 4),
+                 "gold": e["answers"]["text"], "has_answer": bool(e["answers"]["text"])}
+                for i, e, a in zip(example_ids(examples), examples, self.answers(predictions, examples, features))]
 
     def stall(self, predictions: dict[str, np.ndarray], examples: list[dict],
               features: datasets.Dataset) -> str | None:

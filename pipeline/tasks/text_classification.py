@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from scipy.special import softmax
 from sklearn.metrics import accuracy_score, classification_report, f1_score
 
 from pipeline.errors import UserError
-from pipeline.tasks.base import Task, logits_to_numpy, missing_classes
+from pipeline.tasks.base import Task, example_ids, logits_to_numpy, missing_classes
 from pipeline.tasks.readers import read_table
 from pipeline.tasks.workers import normalize_texts
 
@@ -134,6 +135,16 @@ class TextClassificationTask(Task):
         missing = missing_classes(predicted, np.array([e["label"] for e in examples]), len(self.labels))
         return (f"predicts only {', '.join(self.labels[c] for c in np.unique(predicted))}, never "
                 f"{', '.join(self.labels[c] for c in missing)}") if missing else None
+
+    def prediction_labels(self) -> list[str]:
+        return list(self.labels)
+
+    def prediction_rows(self, predictions: dict[str, np.ndarray], examples: list[dict],
+                        features: datasets.Dataset) -> list[dict]:
+        logits = predictions["logits"]
+        probs = np.round(softmax(logits.astype(np.float64), axis=-1), 4)  # float64: 0.1234 stays 0.1234
+        return [{"id": i, "gold": self.labels[e["label"]], "pred": self.labels[p], "probs": row}
+                for i, e, p, row in zip(example_ids(examples), examples, logits.argmax(-1).tolist(), probs.tolist())]
 
     def report(self, predictions: dict[str, np.ndarray], examples: list[dict], features: datasets.Dataset) -> str:
         return classification_report([e["label"] for e in examples], predictions["logits"].argmax(-1),

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from scipy.special import softmax
 from sklearn.metrics import accuracy_score, classification_report, precision_recall_fscore_support
 
 from pipeline.errors import UserError
@@ -156,6 +157,23 @@ class WikiQaTask(Task):
         if not missing_classes(predicted, np.array([e["label"] for e in examples]), len(LABELS)):
             return None
         return "every candidate predicted correct" if predicted.all() else "no candidate predicted correct"
+
+    def prediction_labels(self) -> list[str]:
+        return ["0", "1"]
+
+    def prediction_rows(self, predictions: dict[str, np.ndarray], examples: list[dict],
+                        features: datasets.Dataset) -> list[dict]:
+        """A candidate's id is its question's and its place among the question's candidates; its score
+        the positive class's probability, unrounded (rounded, confident candidates would tie)."""
+        positive = softmax(predictions["logits"].astype(np.float64), axis=-1)[:, 1].tolist()
+        predicted = (predictions["score"] > 0).astype(int).tolist()  # as metrics() calls it
+        seen: dict[str, int] = {}
+        rows = []
+        for e, score, pred in zip(examples, positive, predicted):
+            k = seen[e["qid"]] = seen.get(e["qid"], -1) + 1
+            rows.append({"id": f"{e['qid']}:{k}", "question": e["qid"], "score": score, "pred": pred,
+                         "gold": e["label"]})
+        return rows
 
     def report(self, predictions: dict[str, np.ndarray], examples: list[dict], features: datasets.Dataset) -> str:
         y_true = [e["label"] for e in examples]

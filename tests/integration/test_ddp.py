@@ -2,11 +2,12 @@
 activation checkpointing on the DDP side), and exactly one MLflow run per job however many processes."""
 import json
 
+import numpy as np
 import pytest
 from safetensors.torch import load_file
 
 from helpers import mlflow_runs, run_cli, torchrun, tracking_db
-from pipeline import names
+from pipeline import names, predictions
 from pipeline.config import load_config
 from pipeline.job.run import run
 
@@ -61,6 +62,12 @@ def test_two_process_ddp_matches_single_process_and_logs_one_run(tmp_path, singl
             names.EPOCH_TIME, names.PEAK_RSS, names.SKIPPED_STEPS, names.TEST_MAIN} <= set(mlrun.data.metrics)
     assert ddp[names.TRAIN_STEPS] == 6  # optimizer steps of the job, not of each process
     assert names.infer_metric(names.INFER_SAMPLES_PER_S, "fp32", "median") in mlrun.data.metrics  # rank 0's
+    # the predictions files, rank 0's, line up with the single process's: every row once, by id
+    for split in predictions.SPLITS:
+        one, two = (predictions.read(out / "predictions" / f"{split}.jsonl")
+                    for out in (single_reference, tmp_path / "out"))
+        assert two.header == {**one.header, "rows": 400} and [r["id"] for r in two.rows] == [r["id"] for r in one.rows]
+        np.testing.assert_allclose([r["probs"] for r in two.rows], [r["probs"] for r in one.rows], atol=2e-4)
 
 
 def test_ddp_without_a_launcher_is_refused(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import FAST, ROOT, deepspeed, error_lines, free_port, mlflow_runs, run_cli, torchrun, tracking_db
-from pipeline import names
+from pipeline import names, predictions
 from pipeline.config import load_config
 from pipeline.errors import UserError
 from pipeline.fsutil import cache_root
@@ -180,6 +180,8 @@ def test_a_quarter_width_student_by_weight_selection_distils_and_states_its_size
 
     weights = load_file(out / "best" / "model.safetensors")
     assert sum(t.numel() for t in weights.values()) == logged[names.MODEL_PARAMS]
+    for split in predictions.SPLITS:  # a distill stage keeps its predictions as a train stage does
+        assert predictions.read(out / "predictions" / f"{split}.jsonl").header["model"] == "from_teacher:2"
     card = (out / "best" / "README.md").read_text()
     assert ("narrowed to hidden size 128 (the teacher's 256), attention heads 2 (the teacher's 4), feed-forward 512 "
             "(the teacher's 1024)") in card and "init weight-selection" in card

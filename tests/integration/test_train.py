@@ -8,7 +8,7 @@ import torch
 from safetensors import safe_open
 
 from helpers import FAST, error_lines, mlflow_runs, run_cli, tracking_db
-from pipeline import names
+from pipeline import names, predictions
 from pipeline.config import load_config
 from pipeline.config.precision_modes import MODES
 from pipeline.job.run import run
@@ -57,6 +57,25 @@ def test_sentiment_learns_and_lands_in_mlflow(tmp_path, prec):
     assert 0 < figures[names.INFER_PARAMS_NO_EMBED] < figures[names.INFER_PARAMS]
     assert figures[names.INFER_SIZE_MB] * 2**20 == (out / "best" / "model.safetensors").stat().st_size
     assert figures[names.infer_length("median")] <= figures[names.infer_length("longest")] <= 48
+
+    # every dev and test row's prediction by the best model, keyed by the row's id, in a small file
+    # that is also an artifact of the run; its header names the data as the run's dataset inputs do
+    from mlflow.tracking import MlflowClient
+
+    logged = {i.tags[0].value: i.dataset for i in mlrun.inputs.dataset_inputs}  # context tag: the split
+    for split, scores in (("dev", names.eval_metric), ("test", names.test_metric)):
+        path = out / "predictions" / f"{split}.jsonl"
+        kept = predictions.read(path)
+        assert kept.header == {"format": predictions.FORMAT, "task": "sentiment", "split": split, "rows": 400,
+                               "labels": ["Positive", "Negative", "Neutral"], "data": logged[split].digest,
+                               "model": "preset:bangla-tiny", "precision": prec, "seed": cfg.seed}
+        assert len({row["id"] for row in kept.rows}) == 400 and path.stat().st_size < 100 * 400  # ~86 bytes a row
+        hits = [row["pred"] == row["gold"] for row in kept.rows]
+        assert sum(hits) / len(hits) == pytest.approx(figures[scores("accuracy")])  # the scored model's
+        assert all(sum(row["probs"]) == pytest.approx(1, abs=2e-4) for row in kept.rows)
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    assert [a.path for a in client.list_artifacts(mlrun.info.run_id, "predictions")] == [
+        "predictions/dev.jsonl", "predictions/test.jsonl"]
 
 
 @pytest.mark.slow
@@ -190,6 +209,8 @@ def test_a_users_file_with_a_held_out_dev_split_and_no_test_reports_no_test_figu
     assert held_ids.isdisjoint(kept_ids) and len(held_ids | kept_ids) == 300  # nothing held out is trained on
     assert "No test split" in (tmp_path / "out" / "report.txt").read_text()
     assert "| data: test | none (unset" in (tmp_path / "out" / "best" / "README.md").read_text()
+    (written,) = (tmp_path / "out" / "predictions").iterdir()  # the held-out rows' predictions, no test file
+    assert written.name == "dev.jsonl" and {row["id"] for row in predictions.read(written).rows} == held_ids
 
 
 @pytest.mark.slow
@@ -205,3 +226,4 @@ def test_no_dev_evaluation_keeps_the_last_model(tmp_path):
     assert mlrun.data.tags[names.TAG_DEV] == "skip" and names.TAG_NO_TEST not in mlrun.data.tags
     assert mlrun.data.tags[names.TAG_BEST_REASON] == "the last model: no dev evaluation (data.dev=skip)"
     assert (tmp_path / "out" / "best" / "model.safetensors").is_file()
+    assert [p.name for p in (tmp_path / "out" / "predictions").iterdir()] == ["test.jsonl"]  # no dev split, no dev file

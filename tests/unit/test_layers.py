@@ -14,7 +14,7 @@ from helpers import ROOT
 
 PACKAGE = ROOT / "pipeline"
 LAYERS = [  # lowest first; a name covers a module or a package and everything in it
-    ("errors", "names", "fsutil", "layout", "compat", "job_record"),
+    ("errors", "names", "fsutil", "layout", "compat", "job_record", "predictions"),
     ("tasks",),
     ("config",),
     ("runtime",),

@@ -100,6 +100,13 @@ def test_binary_metrics_against_hand_computed_values():
     assert task.metrics({"logits": np.eye(2)[[1, 1]]}, [{"label": 1}] * 2, None)["macro_f1"] == pytest.approx(0.5)
 
 
+def test_prediction_rows_of_comments_without_ids_are_keyed_by_row_number():
+    task = get_task("error_cls", {"binary": True})
+    rows = task.prediction_rows({"logits": np.array([[0.0, 2.0], [1.0, -1.0]])}, [{"label": 1}, {"label": 1}], None)
+    assert [(r["id"], r["gold"], r["pred"]) for r in rows] == [("0", "Error", "Error"), ("1", "Error", "Correct")]
+    assert rows[0]["probs"] == [0.1192, 0.8808]  # 4 decimals
+
+
 # ------------------------------------------------------------------ sample set
 
 

@@ -185,6 +185,23 @@ def test_entity_scores_against_hand_computed_values():
     assert re.search(r"micro avg\s+0\.5714\s+0\.5714\s+0\.5714\s+7\n", report)
 
 
+def test_a_prediction_row_holds_each_words_tags_and_the_entities_the_metrics_count():
+    task = get_task("ner")
+    gold = [["B-Symptom", "I-Symptom", "O", "B-Medicine"], ["O", "B-Age"]]
+    pred = [["B-Symptom", "I-Symptom", "O", "B-Medicine"], ["I-Health Condition", "B-Age"]]
+    ids = np.full((2, 4), -100)
+    for i, tags in enumerate(pred):
+        ids[i, : len(tags)] = [LABELS.index(t) for t in tags]
+    # the first row's last word was cut off by truncation (no sub-word): "O", as the metrics score it
+    features = {"word_starts": [[0, 1, 2, -1], [0, 1]]}
+    rows = task.prediction_rows({"token_labels": ids}, [{"tags": g} for g in gold], features)
+    assert rows == [
+        {"id": "0", "gold": gold[0], "pred": ["B-Symptom", "I-Symptom", "O", "O"], "entities": [["Symptom", 0, 1]]},
+        # an I- tag that continues nothing starts an entity, as conlleval (and the F1) count it
+        {"id": "1", "gold": gold[1], "pred": pred[1], "entities": [["Health Condition", 0, 0], ["Age", 1, 1]]}]
+    assert task.prediction_labels() == LABELS
+
+
 @pytest.mark.parametrize("gold, pred, f1", [
     ([["O", "B-Medicine", "I-Medicine"]], [["O", "B-Medicine", "I-Medicine"]], 1.0),
     ([["O", "B-Medicine", "I-Medicine"]], [["O", "B-Medicine", "B-Medicine"]], 0.0),

@@ -235,6 +235,19 @@ def test_post_processing_picks_the_best_span_over_windows_and_the_null_answer(to
     assert get_task("qa", {**QA_OPTIONS, "max_answer_length": 1}).postprocess(wide, examples, features)[0] != two_tokens
 
 
+def test_a_prediction_row_holds_the_answer_given_and_both_scores_it_was_chosen_by(tokenizer):
+    task = get_task("qa", QA_OPTIONS)
+    examples = long_examples()
+    features = task.featurize(examples, tokenizer, 32, "dev")
+    answer = [i for i, o in enumerate(features[1]["offset_mapping"]) if o and LONG[o[0]:o[1]] == "৪২"][0]
+    short_context = features[2]["offset_mapping"].index(next(o for o in features[2]["offset_mapping"] if o))
+    preds = logits_for(features, [(1, answer, answer, 5.0), (2, 0, 0, 3.0), (2, short_context, short_context, 2.0)])
+    assert task.prediction_rows(preds, examples, features) == [
+        {"id": "a", "pred": "৪২", "score": 10.0, "null_score": 0.0, "gold": ["৪২"], "has_answer": True},
+        {"id": "b", "pred": "", "score": 4.0, "null_score": 6.0, "gold": [], "has_answer": False}]
+    assert task.prediction_labels() == []
+
+
 def test_a_model_that_answers_no_question_is_stalled(tokenizer):
     """The null-answer plateau: "" for every question scores the unanswerable share of F1."""
     task = get_task("qa", QA_OPTIONS)

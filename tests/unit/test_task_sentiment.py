@@ -49,6 +49,15 @@ def test_metrics_against_hand_computed_values():
     assert set(m) == set(TASK.metric_names())  # what a search's objective is checked against
 
 
+def test_a_prediction_row_names_gold_and_predicted_class_with_each_class_probability():
+    examples = [{"id": "c1", "label": 0}, {"id": "c2", "label": 2}]
+    logits = np.log(np.array([[0.7, 0.2, 0.1], [0.125, 0.5, 0.375]], dtype=np.float32)) + 3.0
+    assert TASK.prediction_rows({"logits": logits}, examples, None) == [
+        {"id": "c1", "gold": "Positive", "pred": "Positive", "probs": [0.7, 0.2, 0.1]},
+        {"id": "c2", "gold": "Neutral", "pred": "Negative", "probs": [0.125, 0.5, 0.375]}]
+    assert TASK.prediction_labels() == ["Positive", "Negative", "Neutral"]  # the order of probs
+
+
 def test_sample_set_is_deterministic_balanced_and_noisy(tmp_path):
     a = written_twice(TASK, tmp_path)
     examples = TASK.load(str(a["train"]), "train")

@@ -125,6 +125,15 @@ def test_nothing_predicted_positive_scores_zero_not_nan():
     assert m["map"] == 1.0 and m["mrr"] == 1.0  # ranking is still perfect: the positive scores highest
 
 
+def test_a_candidates_prediction_row_is_keyed_by_its_question_and_place_in_it():
+    examples = [ex("Q1", 1), ex("Q2", 0), ex("Q1", 0)]
+    rows = TASK.prediction_rows(scores_for(examples, [2.0, 0.0, -1.0]), examples, None)
+    assert [(r["id"], r["question"], r["pred"], r["gold"]) for r in rows] == [
+        ("Q1:0", "Q1", 1, 1), ("Q2:0", "Q2", 0, 0), ("Q1:1", "Q1", 0, 0)]  # a score of 0 (a tie) is negative
+    assert [r["score"] for r in rows] == pytest.approx([1 / (1 + math.exp(-2)), 0.5, 1 / (1 + math.exp(1))])
+    assert TASK.prediction_labels() == ["0", "1"]
+
+
 def test_map_mrr_skip_unanswered_questions_and_average_several_positives():
     qids = ["a", "a", "a", "b", "b", "c", "c", "c", "c"]
     labels = [0, 1, 0, 0, 0, 1, 0, 1, 0]

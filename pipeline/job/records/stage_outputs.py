@@ -1,13 +1,15 @@
-"""What a finished stage leaves behind: output_dir's report.txt, best/'s completed model card,
-metrics.json (last: its presence says the job finished), each logged to the run with the model
-(MLflow's transformers flavor) where tracking.log_model asks; and the closing console line.
+"""What a finished stage leaves behind: output_dir's predictions/ (pipeline/predictions.py),
+report.txt, best/'s completed model card, metrics.json (last: its presence says the job finished),
+each logged to the run with the model (MLflow's transformers flavor) where tracking.log_model
+asks; and the closing console line.
 """
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING
 
-from pipeline import names
+from pipeline import names, predictions
+from pipeline.data.features import examples_digest
 from pipeline.fsutil import write_json, write_text
 from pipeline.layout import OutputDir
 from pipeline.measure.telemetry import StageMeters
@@ -16,6 +18,7 @@ from pipeline.tracking.served_model import MODEL_NAME, save_for_logging
 from pipeline.tracking.tracker import Tracker
 
 if TYPE_CHECKING:
+    from pipeline.evaluation import Evaluation
     from pipeline.tasks.base import Task
 
 log = logging.getLogger("pipeline")
@@ -33,6 +36,17 @@ def announce(meters: StageMeters, final: dict[str, float], main_metric: str, tes
              final[names.SAMPLES_PER_S], meters.totals.train_seconds, out)
 
 
+def write_predictions(out: OutputDir, task: Task, kept: dict[str, Evaluation], examples: dict, features: dict,
+                      model: str, precision: str, seed: int) -> None:
+    """Rank 0: predictions/SPLIT.jsonl of each split evaluated with keep=True (`kept`), its header's
+    data the split's digest as its MLflow dataset input records it."""
+    for split, evaluation in kept.items():
+        rows = task.prediction_rows(evaluation.predictions, examples[split], features[split])
+        predictions.write(out.predictions_file(split), rows, task=task.name, split=split,
+                          labels=task.prediction_labels(), data=examples_digest(examples[split]), model=model,
+                          precision=precision, seed=seed)
+
+
 def write_outputs(tracker: Tracker, out: OutputDir, final: dict[str, float], report: str, step: int, task: Task,
                   examples: list[dict], log_model: bool) -> None:
     """Rank 0: the final metrics and the task's report into output_dir and the run (with best/
@@ -45,6 +59,7 @@ def write_outputs(tracker: Tracker, out: OutputDir, final: dict[str, float], rep
     write_json(out.metrics, final)
     for path in (out.metrics, out.report):
         tracker.log_artifact(path)
+    tracker.log_artifact(out.predictions, OutputDir.PREDICTIONS)  # none where the job has neither split
     if saved:
         tracker.log_model(out.mlflow_model, MODEL_NAME, step,  # after the metrics: it links them
                           f"test {task.main_metric} {final[names.TEST_MAIN]:.4f}" if names.TEST_MAIN in final
