@@ -191,3 +191,29 @@ def test_a_quarter_width_student_by_weight_selection_distils_and_states_its_size
                                "model_config.num_attention_heads=3", f"kd.teacher={teacher_dir}",
                                f"output_dir={refused}", f"tracking.uri=sqlite:///{refused}.db"]), kind="distill")
     assert not refused.exists() and not (tmp_path / "refused.db").exists()
+
+
+@pytest.mark.slow  # a student distilled to its first checkpoint, then Ctrl-C
+def test_ctrl_c_of_a_distill_job_is_one_line_and_its_run_ends_killed(tmp_path, teacher_dir):
+    import signal
+
+    from helpers import wait_for
+    from pipeline.job.parts import checkpoint
+    from pipeline.layout import OutputDir
+
+    out, db = tmp_path / "out", tracking_db(tmp_path)
+    args = [*FAST, f"kd.teacher={teacher_dir / 'best'}", "train.epochs=3", "train.save_every=5", f"output_dir={out}",
+            f"tracking.uri=sqlite:///{db}"]
+    with (tmp_path / "log").open("w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "pipeline", "distill", *args], cwd=ROOT, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    wait_for(lambda: checkpoint.complete(OutputDir(out)) or proc.poll() is not None, what="a checkpoint")
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal sends it: to the whole process group
+    assert proc.wait(timeout=120) == 130, (tmp_path / "log").read_text()[-3000:]
+    text = (tmp_path / "log").read_text()
+    last = text.strip().splitlines()[-1]
+    assert last.startswith("interrupted: ") and last.endswith(f"to continue: python -m pipeline distill "
+                                                              f"{' '.join(args)} resume=auto"), last
+    assert "Traceback" not in text
+    (mlrun,) = mlflow_runs(db, "pipeline")
+    assert mlrun.info.status == "KILLED"
