@@ -23,13 +23,12 @@ from typing import Any
 
 from pipeline import models
 from pipeline.config import Config, DataConfig
-from pipeline.config.deepspeed_files import refuse_fp16_on_cpu
 from pipeline.config.output_dir import default_output_dir
 from pipeline.config.schema import SettledConfig, SettledTrain, TrainConfig, shallow_fields, to_record
 from pipeline.data import features
 from pipeline.job_record import KINDS, JobRecord
 from pipeline.layout import OutputDir
-from pipeline.runtime import compiler, precision, world
+from pipeline.runtime import compiler, factory, precision, world
 from pipeline.runtime.compiler import CompilePolicy
 from pipeline.runtime.fallback import fit_to_world
 from pipeline.runtime.precision import PrecisionPolicy
@@ -105,8 +104,7 @@ def settle(cfg: Config, kind: str, rt: Runtime | None = None) -> Plan | None:
             return None
     cfg, rt = fit_to_world(cfg, rt)  # fewer processes than planned: same global batch
     policy = precision.resolve(cfg.precision, rt.device)
-    if rt.backend == "deepspeed" and policy.name == "fp16":  # before the start line, as the other refusals
-        refuse_fp16_on_cpu(policy.name, rt.device.type)
+    factory.refuse_unsupported(rt, policy)  # before the start line, as the other refusals
     compile_policy = compiler.resolve(cfg.train.compile, rt.device.type, rt.backend, cfg.deepspeed)
     task = get_task(cfg.task, cfg.task_options)
     planned_model = cfg.model or (task.default_model if kind == "train" else "from_teacher:")
