@@ -101,6 +101,18 @@ def export_test_metric(variant: str, name: str) -> str:
     return f"{EXPORT}{variant}/{TEST}{name}"
 
 
+# ---------------------------------------------------------------- predictions against a counterpart's (report)
+AGREEMENT = "agreement/"
+AGREEMENT_QUANTITIES = ("mcnemar_p", "only_reference_right", "only_this_right", "seed_noise")
+
+
+def agreement_metric(counterpart: str, quantity: str = "") -> str:
+    """A compared run's test predictions against its counterpart's of the same seed (report/prediction_pairs):
+    `agreement/vs_C` the % that agree; with a quantity, McNemar's p, the units only one side got right,
+    and the counterpart's own agreement across two seeds."""
+    return f"{AGREEMENT}vs_{counterpart}" + (f"/{quantity}" if quantity else "")
+
+
 # ---------------------------------------------------------------- model size (measure/flops.ModelSize; once a run)
 MODEL_PARAMS = "model/params"
 MODEL_PARAMS_NON_EMBEDDING = "model/params_non_embedding"  # outside the embedding tables

@@ -16,6 +16,9 @@ each ended; the child runs hold the metrics) and writes to reports/NAME/:
 - side_by_side.json: where a study has a KD section, its models' best/ timed side by side in this
   process (side_by_side.py), which the payoff's speed-ups come from; `--no-timing` reuses the one
   beside the report if it measured the same runs;
+- prediction_pairs.csv, agreement.json, reliability_*.png: what AMP and KD change in the test
+  predictions, run by run against the seed noise (prediction_pairs.py, agreement.py), each compared
+  run's agreement also logged on it as `agreement/vs_*` metrics;
 - speedup.png, memory_reduction.png, retention.png, kd.png, payoff.png (matplotlib, Agg).
 It also logs them as artifacts (report/) of the study's parent run.
 
@@ -26,7 +29,7 @@ May import: everything below the report layer except the job (it reads what jobs
 search's Optuna storage, finished stages' best models, never a running job).
 
 Inside, lowest first: columns compare confound search | amp_step ceiling cells charts reliability side_by_side tables
-training_speed verdicts | agreement payoff | markdown
+training_speed verdicts | agreement payoff | prediction_pairs | markdown
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ import logging
 from pathlib import Path
 
 from pipeline.errors import UserError
-from pipeline.report import amp_step, side_by_side
+from pipeline.report import amp_step, prediction_pairs, side_by_side
 from pipeline.report.ceiling import ceiling_table
 from pipeline.report.cells import read_cells
 from pipeline.report.charts import plot_amp, plot_kd
@@ -73,10 +76,12 @@ def write_report(uri: str, experiment: str, out: str | Path | None = None, timin
     kd_display(kd).to_csv(out / "kd_table.csv", index=False)
     stats.to_csv(out / "seed_stats.csv", index=False)
     payoff.to_csv(out / "payoff.csv", index=False)
+    paired = prediction_pairs.prediction_pairs(client, cells)
     charts = (plot_amp(amp, out) + plot_kd(kd, out, comparisons(cells) if not cells.empty else [])
-              + plot_payoff(payoff, out))
+              + plot_payoff(payoff, out) + prediction_pairs.write(paired, out))
+    prediction_pairs.log_metrics(client, cells, paired)
     text = render(experiment, redact(uri), parent.info.run_id if parent else None, cells, amp, kd, stats, charts,
-                  payoff, side, ceiling, step)
+                  payoff, side, ceiling, step, paired)
     (out / "report.md").write_text(text, encoding="utf-8")
     if parent is not None:
         client.log_artifacts(parent.info.run_id, str(out), "report")

@@ -31,6 +31,7 @@ from pipeline.report.columns import TEST_COLUMNS
 from pipeline.report.compare import SPREAD_FACTOR, comparisons, identical_counts
 from pipeline.report.confound import BUSY_CPU, BUSY_GPU_PCT
 from pipeline.report.payoff import NOTE, PAYOFF_CHART, payoff_display, sentences
+from pipeline.report.prediction_pairs import Paired, agreement_by_table_row, pair_name
 from pipeline.report.side_by_side import where_and_when
 from pipeline.report.tables import amp_display, kd_display
 from pipeline.report.training_speed import speed_sentences
@@ -228,21 +229,26 @@ def md_table(df: pd.DataFrame) -> str:
 
 def render(experiment: str, uri: str, parent_id: str | None, cells: pd.DataFrame, amp: pd.DataFrame,
            kd: pd.DataFrame, stats: pd.DataFrame, charts: list[str], payoff: pd.DataFrame | None = None,
-           side: dict | None = None, ceiling: pd.DataFrame | None = None, step: dict | None = None) -> str:
+           side: dict | None = None, ceiling: pd.DataFrame | None = None, step: dict | None = None,
+           paired: list[Paired] | None = None) -> str:
     """report.md: the header, the AMP and KD sections (where the study has them; KD opens with what
-    the student buys at inference), seeds, cells."""
+    the student buys at inference), what they change in the predictions, seeds, cells."""
     found = comparisons(cells) if not cells.empty else []
     counts = cells.status.value_counts().to_dict() if not cells.empty else {}
     lines = [f"# Study report: {experiment}", "",
              f"Experiment `{experiment}` in `{uri}`" + (f", parent run `{parent_id}`" if parent_id else "")
              + f"; generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC.",
              f"Cells: {len(cells)} ({', '.join(f'{v} {k}' for k, v in counts.items()) or 'none'}).", ""]
+    paired = paired or []
     if not amp.empty:
-        lines += _amp_section(amp, charts, [amp_sentence(c) for c in found if c.kind == "amp"], step)
+        lines += _amp_section(amp, charts, [amp_sentence(c) for c in found if c.kind == "amp"], step,
+                              agreement_by_table_row(paired))
     if not kd.empty:
         lines += _kd_section(kd, charts, [amp_sentence(c) for c in found if c.kind == "kd_amp"] + kd_sentences(found)
                              + speed_sentences(found),
                              payoff if payoff is not None else pd.DataFrame(), side)
+    if paired:
+        lines += _predictions_section(paired, charts)
     if ceiling is not None and not ceiling.empty:
         lines += _ceiling_section(ceiling)
     if found:  # a study of no comparison (a memory ceiling, a search's re-runs alone) has no seed statistics
@@ -251,9 +257,11 @@ def render(experiment: str, uri: str, parent_id: str | None, cells: pd.DataFrame
     return "\n".join(lines)
 
 
-def _amp_section(amp: pd.DataFrame, charts: list[str], findings: list[str], step: dict | None = None
-                 ) -> list[str]:
+def _amp_section(amp: pd.DataFrame, charts: list[str], findings: list[str], step: dict | None = None,
+                 agreement: dict[tuple, float] | None = None) -> list[str]:
     shown = amp_display(amp)
+    agreed = [(agreement or {}).get(key, math.nan) for key in zip(shown.task, shown.model, shown.procedure,
+                                                                   shown.amp_requested)]
     table = pd.DataFrame({
         "task": shown.task, "model": shown.model,
         "AMP precision": shown.amp_precision,
@@ -276,6 +284,7 @@ def _amp_section(amp: pd.DataFrame, charts: list[str], findings: list[str], step
                                                               amp.mem_reduction_pct_beyond)],
         "retention": [_retention(v, s, i) for v, s, i in zip(shown.retention_pct, shown.retention_spread_pct,
                                                             shown.identical_seeds)],
+        "agreement": ["n/a" if math.isnan(v) else f"{v:.1f}%" for v in agreed],
         "identical test scores": [_identical(v) for v in shown.identical_seeds],
         "stalled runs": [_stalled_runs(f, a) for f, a in zip(amp.fp32_stalled, amp.amp_stalled)],
         "FP32 runs": shown.fp32_seeds, "AMP runs": shown.amp_seeds,
@@ -299,7 +308,9 @@ def _amp_section(amp: pd.DataFrame, charts: list[str], findings: list[str], step
              "retention = AMP main / FP32 main; each ± the pooled std of the two sides in % of the FP32 mean, "
              f"\"within the spread\" where the difference is at most {SPREAD_FACTOR:g} x that std. With "
              "several seeds: means, ± the sample std; runs: finished / planned; identical test scores: seeds "
-             "whose FP32 and AMP runs have equal test scores in every metric, of those run in both.",
+             "whose FP32 and AMP runs have equal test scores in every metric, of those run in both; agreement: "
+             "the share of test predictions FP32 and AMP runs of one seed make alike, the mean over seeds (below: "
+             "What the predictions say; n/a where the runs kept no predictions).",
              f"- energy: `{ENERGY_JOULES}` (NVML); n/a where the run is tagged energy_available=false.",
              CONFOUND_NOTE, STALLED_NOTE, ""]
     lines += [f"![{c}]({c})" for c in charts if c not in ("kd.png", PAYOFF_CHART)] + [""]
@@ -354,6 +365,66 @@ def _kd_section(kd: pd.DataFrame, charts: list[str], findings: list[str], payoff
     if "kd.png" in charts:
         lines += ["![kd.png](kd.png)", ""]
     return lines
+
+
+def _predictions_section(found: list[Paired], charts: list[str]) -> list[str]:
+    """What AMP and KD change in the test predictions: a headline per comparison, then its pairs
+    (each seed, then the seed noise), the classes that moved most, NER's per-type F1, QA's flips."""
+    lines = ["## What the predictions say", ""]
+    lines += [f"- **{p.comparison.label}**: {p.headline()}" for p in found] + [""]
+    rows = []
+    for paired in found:
+        for pair in paired.pairs:
+            r = pair.result
+            cal = _calibration_text(r)
+            rows.append({"comparison": paired.comparison.label, "pair": pair_name(paired, pair), "seed": pair.seed,
+                         "compared": f"{r.units} {r.unit}", "agreement": _fmt(r.agreement, digits=2) + "%",
+                         "only reference right": r.mcnemar.only_a, "only compared right": r.mcnemar.only_b,
+                         "McNemar p": _fmt(r.mcnemar.p, digits=3), "ECE": cal[0], "Brier": cal[1],
+                         "moved most": _moved(r)})
+    lines += [md_table(pd.DataFrame(rows)), ""]
+    for paired in found:
+        first = paired.seeded[0].result
+        if first.entity_f1:
+            lines += [f"Entity F1 per type, {paired.comparison.label} ({paired.seeded[0].seed}; 95% bootstrap "
+                      "interval over sentences; rare: fewer than 30 gold entities):", "",
+                      md_table(pd.DataFrame([{
+                          "type": t.type + (" (rare)" if t.rare else ""), "gold entities": t.gold,
+                          paired.comparison.reference: _interval(t.a), paired.comparison.compared: _interval(t.b),
+                          "difference": _interval(t.diff)} for t in first.entity_f1])), ""]
+        if first.null_flips:
+            lines += [f"- {paired.comparison.label}: answered by {paired.comparison.reference} and left unanswered "
+                      f"by {paired.comparison.compared}: {first.null_flips['a_answered_b_null']} questions; the other "
+                      f"way: {first.null_flips['a_null_b_answered']}.", ""]
+    lines += ["- agreement: the share of test rows (NER: of predicted entities; QA: of questions) both runs "
+              "predicted alike, on the rows both predicted; only reference / compared right: the units exactly one "
+              "side got right, which McNemar's exact test weighs (p: the chance of a split at least as uneven if "
+              "neither side were better); seed noise: one setup at two seeds, what a reseed alone changes. A change "
+              "is beyond the seed noise when it changes more than the noise pair differs on and McNemar's p < 0.05. "
+              "ECE: expected calibration error of the top class (10 equal-width bins); Brier: the mean squared "
+              "error of the class probabilities; each reference -> compared. prediction_pairs.csv and "
+              "agreement.json hold every figure; each compared run carries its own as `agreement/vs_*` metrics.",
+              ""]
+    lines += [f"![{c}]({c})" for c in charts if c.startswith("reliability_")] + [""]
+    return lines
+
+
+def _calibration_text(r) -> tuple[str, str]:
+    a, b = (r.calibration or {}).get("a"), (r.calibration or {}).get("b")
+    if a is None or b is None:
+        return "n/a", "n/a"
+    return f"{a.ece:.3f} -> {b.ece:.3f}", f"{a.brier:.3f} -> {b.brier:.3f}"
+
+
+def _moved(r) -> str:
+    """The classes the compared side lost and gained most on (net units only it got right)."""
+    parts = [f"{name} {r.flips[name].net:+d}" for name in [*r.losing, *r.gaining] if r.flips[name].net]
+    return ", ".join(parts)
+
+
+def _interval(e) -> str:
+    return "n/a" if e.value is None or (isinstance(e.value, float) and math.isnan(e.value)) else (
+        f"{e.value:.3f} [{e.low:.3f}, {e.high:.3f}]")
 
 
 def _ceiling_section(ceiling: pd.DataFrame) -> list[str]:

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from helpers import FAST, ROOT, mlflow_runs, run_cli, tracking_db
-from pipeline import names
+from pipeline import names, predictions
 from unit.test_study import _cli  # noqa: F401
 
 STUDY = "tiny"
@@ -405,6 +405,36 @@ def cpu_metrics(main, sps, rss, epoch=10.0, accuracy=None):
             names.PEAK_RSS: rss, names.EPOCH_TIME: epoch, names.TRAIN_TIME: 3 * epoch}
 
 
+LABELS = ["Positive", "Negative", "Neutral"]
+
+
+def sentiment_rows(pred: str) -> list[dict]:
+    """Ten test rows of gold PPPPNNNUUU predicted as `pred` spells, each predicted class at 0.8."""
+    gold = "PPPPNNNUUU"
+    full = dict(zip("PNU", LABELS))
+    return [{"id": str(i), "gold": full[g], "pred": full[p], "probs": [0.8 if c == p else 0.1 for c in "PNU"]}
+            for i, (g, p) in enumerate(zip(gold, pred))]
+
+
+def wikiqa_rows(scores: list[float]) -> list[dict]:
+    gold = [1, 0, 0, 1, 0, 0]
+    return [{"id": f"q{i // 3}:{i % 3}", "question": f"q{i // 3}", "score": s, "pred": int(s > 0.5), "gold": g}
+            for i, (s, g) in enumerate(zip(scores, gold))]
+
+
+# fp32 s1 misses row 9; bf16 s1 also misses rows 0-3 (only FP32 right on 4: McNemar p = 2 x 0.5^4 = 0.125,
+# agreement 6/10); fp32 s2 misses row 4 too (the seed noise: 9/10 agree), bf16 s2 predicts as fp32 s2
+HAND_PREDICTIONS = {
+    "a-fp32-s1": ("m1", "fp32", 1, sentiment_rows("PPPPNNNUUP")),
+    "a-bf16-s1": ("m1", "bf16", 1, sentiment_rows("NNNNNNNUUP")),
+    "a-fp32-s2": ("m1", "fp32", 2, sentiment_rows("PPPPPNNUUP")),
+    "a-bf16-s2": ("m1", "bf16", 2, sentiment_rows("PPPPPNNUUP")),
+    # the student disagrees with its teacher on 2 of 6 candidates, the teacher right on both
+    "teacher": ("mini", "fp32", 1, wikiqa_rows([0.9, 0.2, 0.1, 0.8, 0.3, 0.2])),
+    "kd_fp32-s1": ("from_teacher:2", "fp32", 1, wikiqa_rows([0.9, 0.7, 0.1, 0.4, 0.3, 0.2])),
+}
+
+
 # slow: a new MLflow SQLite store, 14 runs and four charts take 10-15 s
 @pytest.fixture(scope="module")
 def hand_report(tmp_path_factory):
@@ -419,12 +449,15 @@ def hand_report(tmp_path_factory):
     cpu = {"device_type": "cpu", "energy_available": "false", names.TAG_CPU_BF16: "AVX512-BF16"}
     plan = {}
 
+    run_ids = {}
+
     def cell(name, task, model, precision, resolved, metrics, seed=1, status="FINISHED", **extra):
         tags = {k: extra.pop(k) for k in list(extra) if k == names.TAG_BATCH_FIT}
         plan[name] = plan_entry(task, model, precision, seed=seed, **extra)
         if metrics is not None:
-            log_run(client, exp, parent, name, {**cpu, "precision": resolved, "precision_requested": precision,
-                                                "seed": str(seed), **tags}, metrics, status)
+            run_ids[name] = log_run(client, exp, parent, name, {**cpu, "precision": resolved,
+                                                                "precision_requested": precision, "seed": str(seed),
+                                                                **tags}, metrics, status)
 
     # sentiment x m1: two seeds per side, known means
     cell("a-fp32-s1", "sentiment", "m1", "fp32", "fp32", cpu_metrics(0.80, 100, 1000), seed=1)
@@ -470,8 +503,9 @@ def hand_report(tmp_path_factory):
                   names.INFER_SIZE_MB: 90.0 if proc == "teacher" else 60.0,
                   names.infer_metric(names.INFER_SAMPLES_PER_S, "fp32", "median"): 40.0 if proc == "teacher" else 120.0,
                   names.infer_metric(names.INFER_LATENCY_P50, "fp32", "median"): 20.0 if proc == "teacher" else 8.0}
-        log_run(client, exp, parent, name, {**gpu, "precision": precision, names.TAG_PROCEDURE: proc,
-                                            "stage": command}, {**metrics, **served})
+        run_ids[name] = log_run(client, exp, parent, name, {**gpu, "precision": precision,
+                                                            names.TAG_PROCEDURE: proc, "stage": command},
+                                {**metrics, **served})
     # the memory ceiling's ladder (in no AMP or KD table): fp32 fits batches 16 and 32 and runs out of
     # memory at 64, fp16 fits all three; the finder reached a micro-batch of 32 in fp32
     capped = {"grad_accum": 1, "memory_limit_mb": 12288, "tables": ()}
@@ -492,6 +526,12 @@ def hand_report(tmp_path_factory):
                                  "12288 MiB less 10%"})
     for name, entry in plan.items():
         client.set_tag(parent, names.CELL_TAG_PREFIX + name, entry)
+    for name, (model, precision, seed, rows) in HAND_PREDICTIONS.items():  # as the jobs keep them
+        path = tmp / name / "test.jsonl"
+        task = "wikiqa" if "kd" in name or name == "teacher" else "sentiment"
+        predictions.write(path, rows, task=task, split="test", labels=["0", "1"] if task == "wikiqa" else LABELS,
+                          data="d1gest", model=model, precision=precision, seed=seed)
+        client.log_artifact(run_ids[name], str(path), "predictions")
     client.set_terminated(parent, status="FAILED")
     out = write_report(f"sqlite:///{db}", "hand", tmp / "report")
     return {"out": out, "client": client, "parent": parent}
@@ -612,6 +652,36 @@ def test_report_says_what_the_scores_show_with_their_spread(hand_report):
             in text)
     assert ("wikiqa: kd_fp32 scored F1 0.5100 ± 0.0141 vs 0.6000 for its teacher `teacher` (-0.0900): fewer than "
             "2 seeds a side: no spread to tell this difference from noise." in text)
+
+
+@pytest.mark.slow
+def test_report_says_what_amp_and_kd_change_in_the_predictions_against_the_seed_noise(hand_report):
+    out, client = hand_report["out"], hand_report["client"]
+    pairs = pd.read_csv(out / "prediction_pairs.csv")
+    amp = pairs[pairs.comparison == "sentiment / m1: bf16 vs fp32"].set_index("pair")
+    s1 = amp[amp.seed == "s1"].iloc[0]
+    assert (s1.agreement_pct, s1.only_reference_right, s1.only_compared_right) == (60.0, 4, 0)
+    assert s1.mcnemar_p == pytest.approx(0.125)
+    assert amp[amp.seed == "s2"].iloc[0].agreement_pct == 100.0 and amp[amp.seed == "s2"].iloc[0].mcnemar_p == 1.0
+    noise = amp.loc["fp32 vs fp32 (seed noise)"]
+    assert noise.seed == "s1 vs s2" and noise.agreement_pct == 90.0
+    # every predicted class at 0.8: ECE = |0.8 - accuracy|; Brier = mean of 0.06 (right) and 1.46 (wrong)
+    assert s1.ece_reference == pytest.approx(0.1) and s1.ece_compared == pytest.approx(0.3)
+    assert s1.brier_compared == pytest.approx(0.5 * 0.06 + 0.5 * 1.46)
+    text = (out / "report.md").read_text()
+    section = text.split("## What the predictions say")[1]
+    assert ("sentiment / m1: bf16 vs fp32**: bf16 changed 40.0% of test predictions against FP32 (two FP32 seeds "
+            "differ on 10.0%)") in section and "within the seed noise" in section
+    assert "the student disagrees with its teacher on 33.3% of test rows, of which 100% the teacher had right" \
+        in section
+    assert "reliability_sentiment_m1_bf16_vs_fp32.png" in section and (out / "reliability_sentiment_m1_bf16_vs_fp32.png"
+                                                                      ).stat().st_size > 1000
+    assert "| 80.0% |" in text.split("## AMP vs FP32")[1].split("## ")[0]  # the paper table's agreement column
+    (bf16,) = [r for r in client.search_runs([client.get_run(hand_report["parent"]).info.experiment_id])
+               if r.info.run_name == "a-bf16-s1"]
+    assert bf16.data.metrics[names.agreement_metric("fp32")] == 60.0
+    assert bf16.data.metrics[names.agreement_metric("fp32", "seed_noise")] == 90.0
+    assert json.loads((out / "agreement.json").read_text())[0]["mcnemar"]["p"] == pytest.approx(0.125)
 
 
 @pytest.mark.slow

@@ -33,6 +33,7 @@ EXPAND = {
     "export_test_metric": lambda f: {f("V", "NAME")},
     "infer_metric": lambda f: {f(q, "P", "L") for q in _parts("INFER_")},
     "infer_length": lambda f: {f(length) for length in names.INFER_LENGTHS},
+    "agreement_metric": lambda f: {f("C"), *(f("C", q) for q in names.AGREEMENT_QUANTITIES)},
 }
 
 
