@@ -4,6 +4,7 @@ the sections its cells call for and no other, and no unformatted placeholder; th
 what was compared with FP32 by its precision (tf32 is no AMP), failed arms included."""
 import json
 import re
+from pathlib import Path
 from types import SimpleNamespace
 
 import pandas as pd
@@ -13,12 +14,15 @@ from helpers import ROOT
 from pipeline import names
 from pipeline.study import load_study
 from pipeline.study.search_plan import best_cells, plan_search
+from pipeline.tasks import get_task
 
 SECTIONS = {"amp": "## AMP vs FP32", "kd": "## Knowledge distillation procedures",
-            "ceiling": "## Memory ceiling", "seeds": "## Seeds: is the difference larger than the spread?"}
+            "ceiling": "## Memory ceiling", "seeds": "## Seeds: is the difference larger than the spread?",
+            "predictions": "## What the predictions say"}
 SHIPPED = {  # the sections each shipped study's report has
-    "bangla_amp": {"amp", "seeds"}, "demo": {"amp", "kd", "seeds"}, "demo-gpu": {"amp", "seeds"},
-    "demo-gpu-check": {"amp", "seeds"}, "wikiqa_kd": {"kd", "seeds"}, "wikiqa_kd_search": {"kd", "seeds"},
+    "bangla_amp": {"amp", "seeds", "predictions"}, "demo": {"amp", "kd", "seeds", "predictions"},
+    "demo-gpu": {"amp", "seeds", "predictions"}, "demo-gpu-check": {"amp", "seeds", "predictions"},
+    "wikiqa_kd": {"kd", "seeds", "predictions"}, "wikiqa_kd_search": {"kd", "seeds", "predictions"},
     "bangla_search": set(),  # its trials and best configuration are search.md's
     "ceiling_12gb": {"ceiling"},  # its capped cells are rungs of a ladder: no AMP pair, no KD procedure
 }
@@ -47,6 +51,50 @@ class _Store:
     def log_artifacts(self, *args):
         pass
 
+    def get_run(self, run_id):
+        return next(r for r in self.runs if r.info.run_id == run_id)
+
+    def log_batch(self, run_id, metrics=()):
+        self.get_run(run_id).data.metrics.update({m.key: m.value for m in metrics})
+
+    def download_artifacts(self, run_id, path, dst):
+        """Each cell's test predictions as its job keeps them: its seed and precision move a few rows."""
+        from pipeline import predictions
+
+        run = self.get_run(run_id)
+        tags = run.data.tags
+        if names.TAG_CELL not in tags:
+            raise FileNotFoundError(path)
+        task, shift = tags["task"], int(tags["seed"]) + (tags[names.TAG_PRECISION] != "fp32")
+        out = Path(dst) / "test.jsonl"
+        predictions.write(out, _prediction_rows(task, shift), task=task, split="test",
+                          labels=get_task(task).prediction_labels(), data="digest", model=tags["model"],
+                          precision=tags[names.TAG_PRECISION], seed=int(tags["seed"]))
+        return str(out)
+
+
+def _prediction_rows(task: str, shift: int, n: int = 40) -> list[dict]:
+    """n rows of the task's format, each `shift`-th one predicted wrong (other settings: other rows)."""
+    wrong = [i % max(2, 7 - shift) == 0 for i in range(n)]
+    if task == "ner":
+        gold = [["B-" + t, "I-" + t, "O"] for t in ("PER", "LOC", "ORG", "PER")[: 1 + shift % 4]] * (n // 4)
+        return [{"id": str(i), "gold": g, "pred": ["O"] * 3 if wrong[i] else g,
+                 "entities": [] if wrong[i] else [[g[0][2:], 0, 1]]} for i, g in enumerate(gold)]
+    if task == "qa":
+        return [{"id": f"q{i}", "pred": "" if wrong[i] else "ঢাকা", "score": 2.0, "null_score": 1.0,
+                 "gold": ["ঢাকা"] if i % 3 else [], "has_answer": bool(i % 3)} for i in range(n)]
+    if task == "wikiqa":
+        return [{"id": f"q{i // 4}:{i % 4}", "question": f"q{i // 4}", "score": 0.2 if wrong[i] else 0.9,
+                 "pred": 0 if wrong[i] else 1, "gold": 1} for i in range(n)]
+    labels = get_task(task).prediction_labels()
+    rows = []
+    for i in range(n):
+        gold = labels[i % len(labels)]
+        pred = labels[(i + 1) % len(labels)] if wrong[i] else gold
+        rows.append({"id": str(i), "gold": gold, "pred": pred,
+                     "probs": [0.8 if label == pred else 0.2 / (len(labels) - 1) for label in labels]})
+    return rows
+
 
 def _run(run_id, tags, metrics=None, params=None):
     return SimpleNamespace(info=SimpleNamespace(run_id=run_id, run_name=run_id, status="FINISHED"),
@@ -73,6 +121,7 @@ def _store(study, cells):
         parent[names.CELL_TAG_PREFIX + cell.name] = json.dumps({**plan, "status": "finished", "wall_s": 30.0})
         ran = "bf16" if plan["precision"] == "auto" else plan["precision"]
         tags = {names.TAG_CELL: cell.name, names.TAG_STUDY: study.name, names.TAG_PARENT_RUN: "parent",
+                "task": plan["task"], "model": plan["model"], "seed": str(plan["seed"]),
                 names.TAG_PRECISION: ran, names.TAG_PRECISION_REQUESTED: plan["precision"],
                 names.TAG_DEVICE_TYPE: "cpu", names.TAG_ENERGY_AVAILABLE: "false", names.TAG_CPU_BF16: "AMX"}
         if plan["memory_limit_mb"] is not None:
@@ -103,6 +152,7 @@ def test_each_shipped_studys_report_has_the_sections_it_describes(name, tmp_path
     monkeypatch.setattr(mlflow.tracking, "MlflowClient", lambda tracking_uri: _Store(runs))
     for chart in ("plot_amp", "plot_kd", "plot_payoff"):  # the charts are no part of the text
         monkeypatch.setattr(report, chart, lambda *args: [])
+    monkeypatch.setattr(report.prediction_pairs, "plot_reliability", lambda *args: [])
     text = (report.write_report("synthetic://", study.name, tmp_path, timing=False) / "report.md").read_text()
     assert "{" not in text and "}" not in text, re.findall(r".{30}[{}].{30}", text)
     assert not re.search(r"\bnan\b", text), re.findall(r".{30}\bnan\b.{30}", text)
