@@ -187,10 +187,13 @@ def mcnemar(flips: Flips) -> McNemar:
     return McNemar(flips.only_a, flips.only_b, float(p))
 
 
-def headline(comparison: PairComparison, noise: PairComparison | None = None) -> str:
+def headline(comparison: PairComparison, noise: PairComparison | None = None, reference: str | None = None,
+             compared: str | None = None) -> str:
     """One sentence: how much B changed against A (the KD form where their models differ: B is
     the student), the noise pair's disagreement, McNemar's p and the verdict (the rule in the
-    module docstring); without a noise pair, no verdict on the noise."""
+    module docstring; a lean beyond chance within the noise's churn is said as such); without a
+    noise pair, no verdict on the noise. `reference`, `compared`: the sides in words where the
+    report knows their roles (its teacher, the baseline); else read from the headers."""
     c = comparison
     if noise is not None and (noise.task, noise.split, noise.data) != (c.task, c.split, c.data):
         raise ValueError(f"headline: the noise pair ({noise.task}, {noise.split}, data {noise.data}) is not "
@@ -198,18 +201,19 @@ def headline(comparison: PairComparison, noise: PairComparison | None = None) ->
     changed = 100.0 - c.agreement
     disagreed = c.units - c.agreed
     if c.a.get("model") != c.b.get("model"):
-        name_a, name_b = "the teacher", "the student"
+        name_a, name_b, with_a = reference or "the teacher", compared or "the student", reference or "its teacher"
         if not disagreed:
-            text = f"the student agrees with its teacher on every {c.split} {SINGULAR[_noun(c, 'kd')]}"
+            text = f"{name_b} agrees with {with_a} on every {c.split} {SINGULAR[_noun(c, 'kd')]}"
         else:
-            text = (f"the student disagrees with its teacher on {changed:.1f}% of {c.split} {_noun(c, 'kd')}, "
-                    f"of which {100.0 * c.disagreed_a_right / disagreed:.0f}% the teacher had right")
+            text = (f"{name_b} disagrees with {with_a} on {changed:.1f}% of {c.split} {_noun(c, 'kd')}, "
+                    f"of which {100.0 * c.disagreed_a_right / disagreed:.0f}% {name_a} had right")
     else:
-        name_a, name_b = _label(c.a, c.b), _label(c.b, c.a)
+        name_a, name_b = reference or _label(c.a, c.b), compared or _label(c.b, c.a)
         text = f"{name_b} changed {changed:.1f}% of {c.split} {_noun(c, 'amp')} against {name_a}"
     m = c.mcnemar
     if noise is not None:
-        text += f" ({_noise_words(noise)} differ on {100.0 - noise.agreement:.1f}%)"
+        seeds = f"two seeds of {name_a}" if reference else _noise_words(noise)
+        text += f" ({seeds} differ on {100.0 - noise.agreement:.1f}%)"
     text += f"; McNemar p = {m.p:.2g}"
     if noise is None:
         return text + (f" (only {name_a} right on {m.only_a}, only {name_b} on {m.only_b}); "
@@ -217,6 +221,10 @@ def headline(comparison: PairComparison, noise: PairComparison | None = None) ->
     if changed > 100.0 - noise.agreement and m.p < ALPHA:
         return text + (f": beyond the seed noise, {name_b} right on {abs(c.total.net)} "
                        f"{'more' if c.total.net > 0 else 'fewer'} {c.unit} than {name_a}")
+    if m.p < ALPHA:  # no more churn than a reseed, but the flips lean one way beyond chance
+        leans = name_b if m.only_b > m.only_a else name_a
+        return text + (f": no more change than a reseed makes, but it leans to {leans} (only {name_b} right on "
+                       f"{m.only_b}, only {name_a} on {m.only_a})")
     return text + ": within the seed noise"
 
 

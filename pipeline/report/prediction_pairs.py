@@ -74,8 +74,12 @@ class Paired:
         return next((p for p in self.pairs if p.noise == "reference"), None)
 
     def headline(self) -> str:
-        first = self.seeded[0]
-        return headline(first.result, self.noise.result if self.noise else None)
+        """The first seed's pair in one sentence, against the reference side's seed noise; a student's
+        sides named by their roles (its teacher, the baseline)."""
+        c, first = self.comparison, self.seeded[0]
+        roles = {"teacher": (f"its teacher `{c.reference}`", f"the student `{c.compared}`"),
+                 "baseline": (f"the baseline `{c.reference}`", f"the student `{c.compared}`")}
+        return headline(first.result, self.noise.result if self.noise else None, *roles.get(c.kind, (None, None)))
 
     def mean_agreement(self) -> float:
         values = [p.result.agreement for p in self.seeded if not math.isnan(p.result.agreement)]

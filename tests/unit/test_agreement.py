@@ -85,6 +85,20 @@ def test_the_headline_judges_against_the_seed_noise_and_has_a_kd_form():
         headline(c, compare(cls_file(GOLD, PRED_A, data="fp2"), cls_file(GOLD, PRED_A, data="fp2", seed=2)))
 
 
+def test_a_student_that_leans_beyond_chance_within_a_reseeds_churn_is_said_so_by_its_roles():
+    """Against the baseline, 8 of 20 rows flip to the student's favour (binomtest(8, 8) = 0.0078) while
+    two seeds of the baseline differ on 8 rows too: no more churn than a reseed, but a lean."""
+    gold = GOLD * 2
+    baseline = cls_file(gold, PRED_B * 2, model="baseline")
+    student = cls_file(gold, PRED_A * 2, model="student")
+    reseeded = cls_file(gold, PRED_A * 2, model="baseline", seed=2)
+    text = headline(compare(baseline, student), compare(baseline, reseeded), "the baseline `b`", "the student `s`")
+    assert text == ("the student `s` disagrees with the baseline `b` on 40.0% of test rows, of which 0% the baseline "
+                    "`b` had right (two seeds of the baseline `b` differ on 40.0%); McNemar p = 0.0078: no more "
+                    "change than a reseed makes, but it leans to the student `s` (only the student `s` right on 8, "
+                    "only the baseline `b` on 0)")
+
+
 def test_ece_and_brier_on_a_hand_made_case():
     golds, preds = ["pos", "neg", "neg", "pos"], ["pos", "pos", "neg", "neg"]
     probs = [[0.1, 0.0, 0.9], [0.15, 0.0, 0.85], [0.7, 0.0, 0.3], [0.6, 0.0, 0.4]]
