@@ -155,7 +155,8 @@ def _quiet_libraries() -> None:
     sync, ui and a study's driver among them, seconds of start-up. A user's own setting wins."""
     for name, value in (("TOKENIZERS_PARALLELISM", "false"),  # fork-safety warnings in DataLoader workers
                         ("MLFLOW_LOGGING_LEVEL", "WARNING"), ("TRANSFORMERS_VERBOSITY", "error"),
-                        ("HF_DATASETS_DISABLE_PROGRESS_BARS", "1"), ("HF_HUB_DISABLE_PROGRESS_BARS", "1")):
+                        ("HF_DATASETS_DISABLE_PROGRESS_BARS", "1"), ("HF_HUB_DISABLE_PROGRESS_BARS", "1"),
+                        ("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")):  # the report reads runs' files
         os.environ.setdefault(name, value)
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     for name in ("transformers", "datasets", "alembic", "mlflow", "mlflow.store.db.utils", "urllib3", "DeepSpeed"):

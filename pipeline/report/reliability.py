@@ -44,6 +44,7 @@ def top_class(gold: list[int], probs: np.ndarray, pred: list[int]) -> Calibratio
     from sklearn.metrics import brier_score_loss
 
     probs = np.asarray(probs, dtype=float)
+    probs = probs / probs.sum(axis=1, keepdims=True)  # the files round each to 4 decimals: sums off by 1e-4
     confidence = probs.max(axis=1)
     correct = (np.asarray(pred) == np.asarray(gold)).astype(float)
     brier = brier_score_loss(gold, probs, labels=np.arange(probs.shape[1]), scale_by_half=False)
