@@ -348,7 +348,7 @@ def test_study_opens_the_compare_view_of_its_finished_cells(ui_server, study):
     shown = re.findall(r'">([\w/.-]+)<i class="fa fa-chart-line', dom)
     logged = sorted(set().union(*(r.data.metrics for r in child_runs(study["db"], STUDY))))
     assert len(shown) >= 10 and shown == logged[:len(shown)], shown
-    for metric in (names.EVAL_MAIN, names.PEAK_RSS):
+    for metric in (names.agreement_metric("fp32"), names.EVAL_MAIN):  # the report's agreement, beside the scores
         assert metric in shown
     for run_id in children:
         assert run_id in dom
@@ -672,8 +672,8 @@ def test_report_says_what_amp_and_kd_change_in_the_predictions_against_the_seed_
     section = text.split("## What the predictions say")[1]
     assert ("sentiment / m1: bf16 vs fp32**: bf16 changed 40.0% of test predictions against FP32 (two FP32 seeds "
             "differ on 10.0%)") in section and "within the seed noise" in section
-    assert "the student disagrees with its teacher on 33.3% of test rows, of which 100% the teacher had right" \
-        in section
+    assert ("the student `kd_fp32` disagrees with its teacher `teacher` on 33.3% of test rows, of which 100% its "
+            "teacher `teacher` had right") in section
     assert "reliability_sentiment_m1_bf16_vs_fp32.png" in section and (out / "reliability_sentiment_m1_bf16_vs_fp32.png"
                                                                       ).stat().st_size > 1000
     assert "| 80.0% |" in text.split("## AMP vs FP32")[1].split("## ")[0]  # the paper table's agreement column
