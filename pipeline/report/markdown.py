@@ -27,11 +27,12 @@ from pipeline.names import (
     test_metric,
 )
 from pipeline.report import amp_step
+from pipeline.report.agreement import RARE_BELOW
 from pipeline.report.columns import TEST_COLUMNS
 from pipeline.report.compare import SPREAD_FACTOR, comparisons, identical_counts
 from pipeline.report.confound import BUSY_CPU, BUSY_GPU_PCT
 from pipeline.report.payoff import NOTE, PAYOFF_CHART, payoff_display, sentences
-from pipeline.report.prediction_pairs import Paired, agreement_by_table_row, pair_name
+from pipeline.report.prediction_pairs import Paired, agreement_by_table_row, calibration, pair_name
 from pipeline.report.side_by_side import where_and_when
 from pipeline.report.tables import amp_display, kd_display
 from pipeline.report.training_speed import speed_sentences
@@ -376,18 +377,20 @@ def _predictions_section(found: list[Paired], charts: list[str]) -> list[str]:
     for paired in found:
         for pair in paired.pairs:
             r = pair.result
-            cal = _calibration_text(r)
+            cal = calibration(r)
             rows.append({"comparison": paired.comparison.label, "pair": pair_name(paired, pair), "seed": pair.seed,
                          "compared": f"{r.units} {r.unit}", "agreement": _fmt(r.agreement, digits=2) + "%",
                          "only reference right": r.mcnemar.only_a, "only compared right": r.mcnemar.only_b,
-                         "McNemar p": _fmt(r.mcnemar.p, digits=3), "ECE": cal[0], "Brier": cal[1],
+                         "McNemar p": _fmt(r.mcnemar.p, digits=3),
+                         "ECE": _change(cal["ece_reference"], cal["ece_compared"]),
+                         "Brier": _change(cal["brier_reference"], cal["brier_compared"]),
                          "moved most": _moved(r)})
     lines += [md_table(pd.DataFrame(rows)), ""]
     for paired in found:
         first = paired.seeded[0].result
         if first.entity_f1:
             lines += [f"Entity F1 per type, {paired.comparison.label} ({paired.seeded[0].seed}; 95% bootstrap "
-                      "interval over sentences; rare: fewer than 30 gold entities):", "",
+                      f"interval over sentences; rare: fewer than {RARE_BELOW} gold entities):", "",
                       md_table(pd.DataFrame([{
                           "type": t.type + (" (rare)" if t.rare else ""), "gold entities": t.gold,
                           paired.comparison.reference: _interval(t.a), paired.comparison.compared: _interval(t.b),
@@ -409,11 +412,9 @@ def _predictions_section(found: list[Paired], charts: list[str]) -> list[str]:
     return lines
 
 
-def _calibration_text(r) -> tuple[str, str]:
-    a, b = (r.calibration or {}).get("a"), (r.calibration or {}).get("b")
-    if a is None or b is None:
-        return "n/a", "n/a"
-    return f"{a.ece:.3f} -> {b.ece:.3f}", f"{a.brier:.3f} -> {b.brier:.3f}"
+def _change(reference: float, compared: float) -> str:
+    """A calibration figure on both sides, "n/a" where a side's rows carry no probabilities."""
+    return "n/a" if math.isnan(reference) or math.isnan(compared) else f"{reference:.3f} -> {compared:.3f}"
 
 
 def _moved(r) -> str:

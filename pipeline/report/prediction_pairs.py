@@ -119,7 +119,7 @@ def write(found: list[Paired], out: Path) -> list[str]:
             rows.append({"comparison": paired.comparison.label, "pair": pair_name(paired, pair), "seed": pair.seed,
                          "noise": bool(pair.noise), "unit": r.unit, "units": r.units, "agreement_pct": r.agreement,
                          "only_reference_right": r.mcnemar.only_a, "only_compared_right": r.mcnemar.only_b,
-                         "mcnemar_p": r.mcnemar.p, **_calibration(r)})
+                         "mcnemar_p": r.mcnemar.p, **calibration(r)})
             whole.append({"comparison": paired.comparison.label, "pair": pair_name(paired, pair), "seed": pair.seed,
                           "noise": bool(pair.noise), **pair.result.to_dict()})
         first = paired.seeded[0].result
@@ -222,7 +222,8 @@ def pair_name(paired: Paired, pair: Pair) -> str:
     return f"{side} vs {side} (seed noise)"
 
 
-def _calibration(r: PairComparison) -> dict:
+def calibration(r: PairComparison) -> dict:
+    """Each side's ECE and Brier score, NaN where its rows carry no probabilities (NER, QA)."""
     a, b = (r.calibration or {}).get("a"), (r.calibration or {}).get("b")
     return {"ece_reference": a.ece if a else math.nan, "ece_compared": b.ece if b else math.nan,
             "brier_reference": a.brier if a else math.nan, "brier_compared": b.brier if b else math.nan}

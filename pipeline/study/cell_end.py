@@ -7,9 +7,9 @@ times). A cell that starts again has the file of its last attempt removed first.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from pipeline.fsutil import write_text
 from pipeline.study.cell_process import last_line
 from pipeline.study.spec import Cell, Study
 
@@ -24,9 +24,7 @@ def write(study: Study, cell: Cell, outcome: dict) -> None:
     another process)."""
     path = exit_file(study, cell)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(outcome), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text(path, json.dumps(outcome))
 
 
 def read(study: Study, cell: Cell) -> dict | None:

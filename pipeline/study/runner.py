@@ -295,8 +295,7 @@ def _run_schedule(opened: OpenStudy, schedule: Schedule, served: str | None) -> 
         for cell, process, _ in running.values():
             process.wait()
             if process.exit_code is not None:  # how it stopped, for a later --report-only
-                cell_end.write(study, cell, {"status": "failed", "exit_code": process.exit_code,
-                                             "reason": process.last_line[:300]})
+                cell_end.write(study, cell, opened.outcome(cell, process))
         if isinstance(e, KeyboardInterrupt):
             raise Interrupted(stopped_line(study, schedule, [p for _, p, _ in running.values()])) from None
         raise
